@@ -1,0 +1,404 @@
+//! `Rheo`: the handle users hold.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt, TryStreamExt};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::backend::Backend;
+use crate::error::{Error, ObjectKind, Result};
+use crate::memory::MemoryBackend;
+use crate::model::capabilities::Capabilities;
+use crate::model::event::{AppendOptions, Event, NewEvent};
+use crate::model::group::{
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, ReplayOptions,
+    ResetOptions, StreamInfo, StreamOptions,
+};
+use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
+use crate::model::names::{
+    DEFAULT_MAX_EVENT_BYTES, MAX_BATCH_EVENTS, validate_lease, validate_limit, validate_name,
+};
+use crate::model::query::{Page, Query};
+use crate::model::time::{Clock, SystemClock, Timestamp};
+
+/// The entry point: a cheap-to-clone handle on one backend.
+///
+/// ```
+/// # tokio_test_block(async {
+/// use rheo::{Rheo, GroupOptions, FetchOptions, AppendOptions, StreamOptions};
+/// use serde_json::json;
+///
+/// let rheo = Rheo::open("memory:").await?;
+/// rheo.create_stream("orders", StreamOptions::new().partitions(4)).await?;
+/// rheo.create_group("orders", "billing", GroupOptions::new()).await?;
+/// rheo.append("orders", &json!({"type": "order_placed", "key": "c-7", "total": 42}), AppendOptions::new()).await?;
+///
+/// for lease in rheo.fetch("orders", "billing", FetchOptions::new().limit(10)).await? {
+///     println!("{} #{}: {}", lease.event.partition, lease.event.sequence, lease.event.payload);
+///     rheo.ack(&lease).await?;
+/// }
+/// assert_eq!(rheo.lag("orders", "billing").await?.total, 0);
+/// # Ok::<(), rheo::Error>(()) });
+/// # fn tokio_test_block<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Rheo {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    backend: Arc<dyn Backend>,
+    consumer_id: String,
+    max_event_bytes: usize,
+}
+
+/// Configures a [`Rheo`] before opening it.
+#[derive(Debug, Clone)]
+pub struct RheoBuilder {
+    clock: Arc<dyn Clock>,
+    consumer_id: Option<String>,
+    max_event_bytes: usize,
+}
+
+impl Default for RheoBuilder {
+    fn default() -> Self {
+        RheoBuilder { clock: Arc::new(SystemClock), consumer_id: None, max_event_bytes: DEFAULT_MAX_EVENT_BYTES }
+    }
+}
+
+impl RheoBuilder {
+    /// The clock backends read (default: the system clock). Tests pass a
+    /// [`crate::ManualClock`] to move time without sleeping.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The consumer id used by `fetch` when the options name none
+    /// (default: `rheo-` and a random UUID, one per handle).
+    pub fn consumer_id(mut self, id: impl Into<String>) -> Self {
+        self.consumer_id = Some(id.into());
+        self
+    }
+
+    /// The largest event accepted, in encoded bytes (default 1 MiB).
+    pub fn max_event_bytes(mut self, n: usize) -> Self {
+        self.max_event_bytes = n;
+        self
+    }
+
+    /// Opens a backend from a URL: `memory:` (more schemes with their features).
+    pub async fn open(self, url: &str) -> Result<Rheo> {
+        let (scheme, _rest) = url.split_once(':').unwrap_or((url, ""));
+        let backend: Arc<dyn Backend> = match scheme {
+            "memory" => Arc::new(MemoryBackend::with_clock(self.clock.clone())),
+            "native" | "sqlite" | "postgres" | "postgresql" | "mongodb" => {
+                return Err(Error::Unsupported { backend: "rheo", operation: "this backend URL scheme (not built yet)" });
+            }
+            _ => {
+                return Err(Error::invalid(
+                    "url",
+                    format!("{url:?}: unknown backend; expected memory:, native:PATH, sqlite:PATH, postgres://... or mongodb://..."),
+                ));
+            }
+        };
+        backend.ensure_schema().await?;
+        self.with_backend(backend)
+    }
+
+    /// Wraps an already built backend.
+    pub fn with_backend(self, backend: Arc<dyn Backend>) -> Result<Rheo> {
+        let consumer_id = self.consumer_id.unwrap_or_else(|| format!("rheo-{}", uuid::Uuid::new_v4()));
+        validate_name(ObjectKind::Consumer, &consumer_id)?;
+        if self.max_event_bytes == 0 {
+            return Err(Error::invalid("max_event_bytes", "must be above zero"));
+        }
+        Ok(Rheo { inner: Arc::new(Inner { backend, consumer_id, max_event_bytes: self.max_event_bytes }) })
+    }
+}
+
+fn check_stream(stream: &str) -> Result<()> {
+    validate_name(ObjectKind::Stream, stream)
+}
+
+fn check_group(stream: &str, group: &str) -> Result<()> {
+    validate_name(ObjectKind::Stream, stream)?;
+    validate_name(ObjectKind::Group, group)
+}
+
+fn check_lease_ref(lease: &LeaseRef) -> Result<()> {
+    check_group(&lease.stream, &lease.group)
+}
+
+impl Rheo {
+    /// Opens a backend with default settings (see [`RheoBuilder::open`]).
+    pub async fn open(url: &str) -> Result<Rheo> {
+        RheoBuilder::default().open(url).await
+    }
+
+    /// A builder for non-default settings.
+    pub fn builder() -> RheoBuilder {
+        RheoBuilder::default()
+    }
+
+    /// The backend behind this handle.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// What the backend guarantees.
+    pub fn capabilities(&self) -> Capabilities {
+        self.inner.backend.capabilities()
+    }
+
+    /// The default consumer id of this handle.
+    pub fn consumer_id(&self) -> &str {
+        &self.inner.consumer_id
+    }
+
+    /// Checks the backend is reachable.
+    pub async fn ping(&self) -> Result<()> {
+        self.inner.backend.ping().await
+    }
+
+    /// Creates a stream.
+    pub async fn create_stream(&self, stream: &str, opts: StreamOptions) -> Result<StreamInfo> {
+        check_stream(stream)?;
+        opts.validate(stream)?;
+        self.inner.backend.create_stream(stream, &opts).await
+    }
+
+    /// Creates a consumer group.
+    pub async fn create_group(&self, stream: &str, group: &str, opts: GroupOptions) -> Result<GroupSummary> {
+        check_group(stream, group)?;
+        self.inner.backend.create_group(stream, group, &opts).await
+    }
+
+    fn prepare(&self, stream: &str, payload: Value, opts: AppendOptions) -> Result<NewEvent> {
+        let event = NewEvent::prepare(payload, opts);
+        let size_bytes = event.encoded_len();
+        if size_bytes > self.inner.max_event_bytes {
+            return Err(Error::EventTooLarge { stream: stream.to_owned(), size_bytes, max_bytes: self.inner.max_event_bytes });
+        }
+        Ok(event)
+    }
+
+    /// Appends one event: any serializable payload (a `serde_json::Value`, or
+    /// your own type).
+    pub async fn append<T: Serialize + ?Sized>(&self, stream: &str, payload: &T, opts: AppendOptions) -> Result<Event> {
+        check_stream(stream)?;
+        let event = self.prepare(stream, to_value(payload)?, opts)?;
+        self.inner.backend.append(stream, event).await
+    }
+
+    /// Appends payloads atomically (all or none), each with default options.
+    pub async fn append_batch<T, I>(&self, stream: &str, payloads: I) -> Result<Vec<Event>>
+    where
+        T: Serialize,
+        I: IntoIterator<Item = T>,
+    {
+        self.append_batch_with(stream, payloads.into_iter().map(|p| (p, AppendOptions::new()))).await
+    }
+
+    /// Appends payloads with their options atomically (all or none), at most
+    /// [`MAX_BATCH_EVENTS`] per call.
+    pub async fn append_batch_with<T, I>(&self, stream: &str, items: I) -> Result<Vec<Event>>
+    where
+        T: Serialize,
+        I: IntoIterator<Item = (T, AppendOptions)>,
+    {
+        check_stream(stream)?;
+        let mut events = Vec::new();
+        for (payload, opts) in items {
+            if events.len() == MAX_BATCH_EVENTS {
+                return Err(Error::invalid("append_batch", format!("more than {MAX_BATCH_EVENTS} events in one batch")));
+            }
+            events.push(self.prepare(stream, to_value(&payload)?, opts)?);
+        }
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.inner.backend.append_batch(stream, events).await
+    }
+
+    /// Events of one partition after a sequence, ascending; no group state.
+    pub async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
+        check_stream(stream)?;
+        validate_limit("limit", limit)?;
+        self.inner.backend.read(stream, partition, after, limit).await
+    }
+
+    /// The first page of a query's events.
+    pub async fn query(&self, query: &Query) -> Result<Vec<Event>> {
+        Ok(self.query_page(query).await?.events)
+    }
+
+    /// One page of a query, with the cursor of the next.
+    pub async fn query_page(&self, query: &Query) -> Result<Page> {
+        check_stream(&query.stream)?;
+        query.validate()?;
+        self.inner.backend.query(query).await
+    }
+
+    /// Every event matching a query, fetched lazily a page (`query.limit`
+    /// events) at a time.
+    ///
+    /// ```
+    /// # async fn f(rheo: rheo::Rheo) -> rheo::Result<()> {
+    /// use futures::TryStreamExt;
+    /// let all: Vec<_> = rheo.stream_query(rheo::Query::new("orders").eq("type", "paid")).try_collect().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn stream_query(&self, query: Query) -> impl Stream<Item = Result<Event>> + Send + 'static {
+        let rheo = self.clone();
+        futures::stream::try_unfold(Some(query), move |state| {
+            let rheo = rheo.clone();
+            async move {
+                let Some(q) = state else { return Ok(None) };
+                let page = rheo.query_page(&q).await?;
+                let next = page.next_cursor.map(|c| q.clone().cursor(c));
+                Ok(Some((futures::stream::iter(page.events.into_iter().map(Ok)), next)))
+            }
+        })
+        .try_flatten()
+        .boxed()
+    }
+
+    /// Claims deliveries for a group.
+    pub async fn fetch(&self, stream: &str, group: &str, opts: FetchOptions) -> Result<Vec<Lease>> {
+        check_group(stream, group)?;
+        validate_limit("limit", opts.limit)?;
+        validate_lease("lease", opts.lease)?;
+        let mut opts = opts;
+        match &opts.consumer_id {
+            Some(id) => validate_name(ObjectKind::Consumer, id)?,
+            None => opts.consumer_id = Some(self.inner.consumer_id.clone()),
+        }
+        self.inner.backend.fetch(stream, group, &opts).await
+    }
+
+    /// Extends a lease; returns the new expiry.
+    pub async fn renew(&self, lease: impl Into<LeaseRef>, lease_duration: Duration) -> Result<Timestamp> {
+        let lease = lease.into();
+        check_lease_ref(&lease)?;
+        validate_lease("lease", lease_duration)?;
+        self.inner.backend.renew(&lease, lease_duration).await
+    }
+
+    /// Acknowledges a delivery.
+    pub async fn ack(&self, lease: impl Into<LeaseRef>) -> Result<()> {
+        let lease = lease.into();
+        check_lease_ref(&lease)?;
+        self.inner.backend.ack(&lease).await
+    }
+
+    /// Acknowledges many deliveries in one call; one result per lease, in
+    /// order (a stale lease fails alone).
+    pub async fn ack_many<L, I>(&self, leases: I) -> Result<Vec<Result<()>>>
+    where
+        L: Into<LeaseRef>,
+        I: IntoIterator<Item = L>,
+    {
+        let leases: Vec<LeaseRef> = leases.into_iter().map(Into::into).collect();
+        if leases.len() > MAX_BATCH_EVENTS {
+            return Err(Error::invalid("ack_many", format!("more than {MAX_BATCH_EVENTS} leases in one call")));
+        }
+        for lease in &leases {
+            check_lease_ref(lease)?;
+        }
+        self.inner.backend.ack_many(&leases).await
+    }
+
+    /// Gives a delivery back with a reason; the group's backoff applies.
+    pub async fn retry(&self, lease: impl Into<LeaseRef>, reason: &str) -> Result<RetryOutcome> {
+        let lease = lease.into();
+        check_lease_ref(&lease)?;
+        self.inner.backend.retry(&lease, reason, None).await
+    }
+
+    /// Gives a delivery back, claimable again after `delay`.
+    pub async fn retry_after(&self, lease: impl Into<LeaseRef>, reason: &str, delay: Duration) -> Result<RetryOutcome> {
+        let lease = lease.into();
+        check_lease_ref(&lease)?;
+        if !delay.is_zero() {
+            validate_lease("delay", delay)?;
+        }
+        self.inner.backend.retry(&lease, reason, Some(delay)).await
+    }
+
+    /// Dead-letters a delivery for this group.
+    pub async fn reject(&self, lease: impl Into<LeaseRef>, reason: &str) -> Result<()> {
+        let lease = lease.into();
+        check_lease_ref(&lease)?;
+        self.inner.backend.reject(&lease, reason).await
+    }
+
+    /// Reopens deliveries; returns how many events were reopened.
+    pub async fn replay(&self, stream: &str, group: &str, opts: ReplayOptions) -> Result<u64> {
+        check_group(stream, group)?;
+        opts.mode(stream, group)?;
+        if let Some(q) = &opts.query {
+            q.validate()?;
+        }
+        self.inner.backend.replay(stream, group, &opts).await
+    }
+
+    /// Clears and restarts a group; `opts.confirm` must be true.
+    pub async fn reset_group(&self, stream: &str, group: &str, opts: ResetOptions) -> Result<()> {
+        check_group(stream, group)?;
+        if !opts.confirm {
+            return Err(Error::ConfirmRequired { operation: "reset_group", stream: stream.to_owned(), group: group.to_owned() });
+        }
+        self.inner.backend.reset_group(stream, group, &opts).await
+    }
+
+    /// Lag of a group over all its partitions.
+    pub async fn lag(&self, stream: &str, group: &str) -> Result<Lag> {
+        check_group(stream, group)?;
+        self.inner.backend.lag(stream, group, None).await
+    }
+
+    /// Lag of a group over some partitions.
+    pub async fn lag_of(&self, stream: &str, group: &str, partitions: &[u32]) -> Result<Lag> {
+        check_group(stream, group)?;
+        self.inner.backend.lag(stream, group, Some(partitions)).await
+    }
+
+    /// Every stream.
+    pub async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
+        self.inner.backend.list_streams().await
+    }
+
+    /// The groups of a stream.
+    pub async fn list_groups(&self, stream: &str) -> Result<Vec<GroupSummary>> {
+        check_stream(stream)?;
+        self.inner.backend.list_groups(stream).await
+    }
+
+    /// Dead letters of a group, oldest first.
+    pub async fn dead_letters(&self, stream: &str, group: &str, opts: DeadLetterOptions) -> Result<Vec<DeadLetter>> {
+        check_group(stream, group)?;
+        validate_limit("limit", opts.limit)?;
+        self.inner.backend.dead_letters(stream, group, &opts).await
+    }
+
+    /// Lag, in-flight and dead-letter counts of a group.
+    pub async fn group_info(&self, stream: &str, group: &str) -> Result<GroupInfo> {
+        check_group(stream, group)?;
+        self.inner.backend.group_info(stream, group).await
+    }
+
+    /// Waits until new events may be claimable on `stream`, or `timeout`.
+    pub async fn wait_for_events(&self, stream: &str, timeout: Duration) -> Result<()> {
+        check_stream(stream)?;
+        self.inner.backend.wait_for_events(stream, timeout).await
+    }
+}
+
+fn to_value<T: Serialize + ?Sized>(payload: &T) -> Result<Value> {
+    serde_json::to_value(payload).map_err(|e| Error::Payload { event_id: String::new(), reason: e.to_string() })
+}

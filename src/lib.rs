@@ -1,0 +1,56 @@
+//! # Rheo
+//!
+//! Durable consumer groups — partitions, fenced leases, ack / retry /
+//! dead-letter, replay, lag over a contiguous frontier — over an immutable,
+//! queryable event log, with one API over several backends.
+//!
+//! ```
+//! # fn main() -> rheo::Result<()> {
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {
+//! use rheo::{AppendOptions, FetchOptions, GroupOptions, Rheo, StreamOptions};
+//! use serde_json::json;
+//!
+//! let rheo = Rheo::open("memory:").await?;
+//! rheo.create_stream("orders", StreamOptions::new().partitions(4)).await?;
+//! rheo.create_group("orders", "billing", GroupOptions::new()).await?;
+//!
+//! rheo.append("orders", &json!({"type": "order_placed", "key": "c-7", "total": 42}), AppendOptions::new()).await?;
+//!
+//! for lease in rheo.fetch("orders", "billing", FetchOptions::new().limit(10)).await? {
+//!     println!("partition {} #{}: {}", lease.partition(), lease.sequence(), lease.event.payload);
+//!     rheo.ack(&lease).await?;
+//! }
+//! assert_eq!(rheo.lag("orders", "billing").await?.total, 0);
+//! # Ok(()) }) }
+//! ```
+//!
+//! See `SEMANTICS.md` (summarized in the README) for the exact rules every
+//! backend obeys, and [`Backend`] for the contract a backend implements.
+
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+pub mod backend;
+pub mod client;
+pub mod error;
+pub mod memory;
+pub mod model;
+mod rangeset;
+
+pub use backend::Backend;
+pub use client::{Rheo, RheoBuilder};
+pub use error::{Error, ObjectKind, Result};
+pub use memory::MemoryBackend;
+pub use model::capabilities::Capabilities;
+pub use model::event::{AppendOptions, Event, LINEAGE_FIELDS, Lineage, Metadata, NewEvent};
+pub use model::group::{
+    Backoff, DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, PartitionLag,
+    ReplayOptions, ResetOptions, StartPosition, StreamInfo, StreamOptions,
+};
+pub use model::lease::{Lease, LeaseRef, RetryOutcome};
+pub use model::names::{
+    DEFAULT_MAX_EVENT_BYTES, MAX_ATTEMPTS, MAX_BATCH_EVENTS, MAX_LEASE, MAX_LIMIT, MAX_NAME_BYTES, MAX_PARTITIONS,
+    validate_name,
+};
+pub use model::query::{Cursor, Filter, Op, OrderBy, Page, Query, compare_values};
+pub use model::routing::{partition_for_key, phash2, phash2_range};
+pub use model::time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -1,0 +1,283 @@
+//! The delivery state of one (group, partition) and its transitions.
+//!
+//! Costs (n = deliveries materialized and unsettled in the partition):
+//! a claim, settle or timer firing is O(log n); `fetch(limit)` is
+//! O(limit · log n) plus the timers that came due. Sequences above the
+//! materialization cursor cost nothing until claimed, and settled sequences
+//! above the frontier are kept as ranges, so memory follows what is in
+//! flight and unsettled, not the length of the log.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::model::time::Timestamp;
+use crate::rangeset::RangeSet;
+
+/// Where a materialized, unsettled delivery stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Holding {
+    /// Claimable (in `ready`).
+    Available,
+    /// Claimed; claimable again once `expires_at` passes.
+    Leased { lease_id: String, consumer_id: String, expires_at: Timestamp },
+    /// Retried; claimable again at `ready_at`.
+    Waiting { ready_at: Timestamp },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Delivery {
+    pub(crate) attempt: u32,
+    pub(crate) holding: Holding,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct DeadInfo {
+    pub(crate) reason: String,
+    pub(crate) attempts: u32,
+    pub(crate) at: Timestamp,
+    /// Position in the group's dead-letter order.
+    pub(crate) order: u64,
+}
+
+/// One group's view of one partition.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PartState {
+    /// Every sequence <= frontier is acked or dead-lettered.
+    pub(crate) frontier: u64,
+    /// Sequences above the cursor were never claimed since the last
+    /// (re)start, except those still in `deliveries` or `done`.
+    pub(crate) cursor: u64,
+    /// Acked or dead-lettered sequences above the frontier.
+    pub(crate) done: RangeSet,
+    /// Materialized, unsettled deliveries.
+    pub(crate) deliveries: BTreeMap<u64, Delivery>,
+    /// Claimable materialized sequences.
+    pub(crate) ready: BTreeSet<u64>,
+    /// (due time, sequence) of lease expiries and retry backoffs.
+    pub(crate) timers: BTreeSet<(Timestamp, u64)>,
+    /// Dead letters by sequence.
+    pub(crate) dead: BTreeMap<u64, DeadInfo>,
+}
+
+impl PartState {
+    /// A partition state whose first delivery is `frontier + 1`.
+    pub(crate) fn starting_after(frontier: u64) -> Self {
+        PartState { frontier, cursor: frontier, ..PartState::default() }
+    }
+
+    /// Moves every timer due at `now` into `ready`.
+    pub(crate) fn fire_timers(&mut self, now: Timestamp) {
+        while let Some(&(due, seq)) = self.timers.first() {
+            if due > now {
+                break;
+            }
+            self.timers.pop_first();
+            if let Some(d) = self.deliveries.get_mut(&seq) {
+                if let Holding::Waiting { .. } = d.holding {
+                    d.holding = Holding::Available;
+                }
+                self.ready.insert(seq);
+            }
+        }
+    }
+
+    /// The next claimable sequence (materializing it when it comes from
+    /// above the cursor), or None. Sequences come out ascending.
+    pub(crate) fn next_claimable(&mut self, high_watermark: u64) -> Option<u64> {
+        loop {
+            let ready = self.ready.first().copied();
+            let fresh = (self.cursor < high_watermark).then_some(self.cursor + 1);
+            match (ready, fresh) {
+                (Some(r), Some(f)) if r <= f => {
+                    if r == f {
+                        self.cursor = f;
+                    }
+                    return Some(r);
+                }
+                (_, Some(f)) => {
+                    self.cursor = f;
+                    if self.deliveries.contains_key(&f) || self.done.contains(f) || f <= self.frontier {
+                        continue;
+                    }
+                    self.deliveries.insert(f, Delivery { attempt: 0, holding: Holding::Available });
+                    self.ready.insert(f);
+                    return Some(f);
+                }
+                (Some(r), None) => return Some(r),
+                (None, None) => return None,
+            }
+        }
+    }
+
+    /// Stops tracking any timer or readiness of `seq`.
+    fn unschedule(&mut self, seq: u64) {
+        self.ready.remove(&seq);
+        if let Some(d) = self.deliveries.get(&seq) {
+            match d.holding {
+                Holding::Leased { expires_at, .. } => {
+                    self.timers.remove(&(expires_at, seq));
+                }
+                Holding::Waiting { ready_at } => {
+                    self.timers.remove(&(ready_at, seq));
+                }
+                Holding::Available => {}
+            }
+        }
+    }
+
+    /// Claims `seq` (which `next_claimable` returned) under a new lease.
+    pub(crate) fn lease(&mut self, seq: u64, lease_id: String, consumer_id: String, expires_at: Timestamp) -> u32 {
+        self.unschedule(seq);
+        self.timers.insert((expires_at, seq));
+        let d = self.deliveries.entry(seq).or_insert(Delivery { attempt: 0, holding: Holding::Available });
+        d.attempt = d.attempt.saturating_add(1);
+        d.holding = Holding::Leased { lease_id, consumer_id, expires_at };
+        d.attempt
+    }
+
+    /// The delivery at `seq` when it is held under `lease_id`.
+    pub(crate) fn held(&self, seq: u64, lease_id: &str) -> Option<&Delivery> {
+        self.deliveries.get(&seq).filter(|d| matches!(&d.holding, Holding::Leased { lease_id: l, .. } if l == lease_id))
+    }
+
+    /// Extends the lease of `seq` (which must be held).
+    pub(crate) fn renew(&mut self, seq: u64, expires_at: Timestamp) {
+        self.unschedule(seq);
+        if let Some(Delivery { holding: Holding::Leased { expires_at: e, .. }, .. }) = self.deliveries.get_mut(&seq) {
+            *e = expires_at;
+            self.timers.insert((expires_at, seq));
+        }
+    }
+
+    /// Marks `seq` settled for good and advances the frontier.
+    fn mark_done(&mut self, seq: u64) {
+        debug_assert!(seq > self.frontier, "settling {seq} at or below frontier {}", self.frontier);
+        self.done.insert(seq);
+        if let Some(end) = self.done.take_range_at(self.frontier + 1) {
+            self.frontier = end;
+        }
+    }
+
+    /// Acknowledges `seq` (which must be held).
+    pub(crate) fn ack(&mut self, seq: u64) {
+        self.unschedule(seq);
+        self.deliveries.remove(&seq);
+        self.mark_done(seq);
+    }
+
+    /// Schedules `seq` (which must be held) to be claimable at `ready_at`.
+    pub(crate) fn reschedule(&mut self, seq: u64, now: Timestamp, ready_at: Timestamp) {
+        self.unschedule(seq);
+        if let Some(d) = self.deliveries.get_mut(&seq) {
+            if ready_at <= now {
+                d.holding = Holding::Available;
+                self.ready.insert(seq);
+            } else {
+                d.holding = Holding::Waiting { ready_at };
+                self.timers.insert((ready_at, seq));
+            }
+        }
+    }
+
+    /// Dead-letters `seq` (which must be materialized).
+    pub(crate) fn dead_letter(&mut self, seq: u64, reason: String, at: Timestamp, order: u64) {
+        self.unschedule(seq);
+        let attempts = self.deliveries.remove(&seq).map_or(0, |d| d.attempt);
+        self.dead.insert(seq, DeadInfo { reason, attempts, at, order });
+        self.mark_done(seq);
+    }
+
+    /// Reopens every sequence > `s`: settled ones become claimable again with
+    /// fresh attempts; in-flight and waiting ones keep their state. Returns
+    /// how many settled events were reopened and the dead letters removed.
+    pub(crate) fn reopen_after(&mut self, s: u64) -> (u64, Vec<u64>) {
+        let mut reopened = self.frontier.saturating_sub(s);
+        reopened += self.done.remove_from(s.saturating_add(1));
+        let dead: Vec<u64> = self.dead.split_off(&s.saturating_add(1)).into_values().map(|d| d.order).collect();
+        self.frontier = self.frontier.min(s);
+        self.cursor = self.cursor.min(s);
+        (reopened, dead)
+    }
+
+    /// Reopens exactly `seq` when it is settled. Returns whether it was
+    /// reopened and the dead-letter order it had, if any.
+    pub(crate) fn reopen_one(&mut self, seq: u64) -> (bool, Option<u64>) {
+        let settled = if seq <= self.frontier {
+            // Everything between stays settled: keep it as a range.
+            self.done.insert_range(seq + 1, self.frontier);
+            self.frontier = seq - 1;
+            true
+        } else {
+            self.done.remove(seq)
+        };
+        if !settled {
+            return (false, None);
+        }
+        let dead = self.dead.remove(&seq).map(|d| d.order);
+        if seq <= self.cursor {
+            self.deliveries.insert(seq, Delivery { attempt: 0, holding: Holding::Available });
+            self.ready.insert(seq);
+        }
+        (true, dead)
+    }
+
+    /// (leased, waiting) counts.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        self.deliveries.values().fold((0, 0), |(l, w), d| match d.holding {
+            Holding::Leased { .. } => (l + 1, w),
+            Holding::Waiting { .. } => (l, w + 1),
+            Holding::Available => (l, w),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(ms: i64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
+
+    #[test]
+    fn frontier_waits_for_the_hole() {
+        let mut p = PartState::starting_after(0);
+        for _ in 0..3 {
+            let s = p.next_claimable(3).expect("claimable");
+            p.lease(s, format!("l{s}"), "c".into(), t(10));
+        }
+        p.ack(2);
+        p.ack(3);
+        assert_eq!(p.frontier, 0);
+        p.ack(1);
+        assert_eq!(p.frontier, 3);
+        assert_eq!(p.done.len(), 0);
+    }
+
+    #[test]
+    fn expired_lease_becomes_claimable_after_timers_fire() {
+        let mut p = PartState::starting_after(0);
+        let s = p.next_claimable(1).expect("claimable");
+        p.lease(s, "a".into(), "c".into(), t(10));
+        assert_eq!(p.next_claimable(1), None);
+        p.fire_timers(t(10));
+        assert_eq!(p.next_claimable(1), Some(1));
+        assert!(p.held(1, "a").is_some(), "an expired lease holds until reclaimed");
+        assert_eq!(p.lease(1, "b".into(), "c".into(), t(20)), 2);
+        assert!(p.held(1, "a").is_none());
+    }
+
+    #[test]
+    fn reopen_one_below_frontier_keeps_the_rest_settled() {
+        let mut p = PartState::starting_after(0);
+        for _ in 0..5 {
+            let s = p.next_claimable(5).expect("claimable");
+            p.lease(s, format!("l{s}"), "c".into(), t(10));
+            p.ack(s);
+        }
+        assert_eq!(p.frontier, 5);
+        assert_eq!(p.reopen_one(3), (true, None));
+        assert_eq!(p.frontier, 2);
+        assert_eq!(p.next_claimable(5), Some(3));
+        assert_eq!(p.reopen_one(3), (false, None), "already open");
+    }
+}

@@ -1,0 +1,53 @@
+//! What a backend guarantees and which mechanisms it uses.
+
+use serde::{Deserialize, Serialize};
+
+/// A backend's honest description of itself.
+///
+/// `at_least_once` and `lease_fencing` are guarantees every backend gives, so
+/// they are not fields that could be set false: they are methods that always
+/// answer `true`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// The backend's name (`memory`, `native`, `sqlite`, `postgres`, `mongo`).
+    pub backend: String,
+    /// Data survives a process restart.
+    pub durable: bool,
+    /// Several processes (on several hosts) may use the same data at once.
+    pub distributed: bool,
+    /// The backend has a native claim receipt distinct from the lease id.
+    pub native_receipts: bool,
+    /// `wait_for_events` returns as soon as new events are appended, rather
+    /// than polling.
+    pub wakeups: bool,
+    /// Queries use secondary indexes (otherwise they scan).
+    pub indexed_query: bool,
+    /// The backend answers the ops-inspect calls (`list_streams`, ...).
+    pub ops_inspect: bool,
+}
+
+impl Capabilities {
+    /// A description with every optional mechanism off.
+    pub fn new(backend: impl Into<String>) -> Self {
+        Capabilities {
+            backend: backend.into(),
+            durable: false,
+            distributed: false,
+            native_receipts: false,
+            wakeups: false,
+            indexed_query: false,
+            ops_inspect: false,
+        }
+    }
+
+    /// Deliveries are at-least-once: always true.
+    pub fn at_least_once(&self) -> bool {
+        true
+    }
+
+    /// Settles are fenced by lease id: always true.
+    pub fn lease_fencing(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,10 @@
+//! The data model shared by every backend.
+
+pub mod capabilities;
+pub mod event;
+pub mod group;
+pub mod lease;
+pub mod names;
+pub mod query;
+pub mod routing;
+pub mod time;

@@ -1,0 +1,161 @@
+//! Timestamps and the injectable clock.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// A UTC instant with millisecond precision, stored as milliseconds since the
+/// Unix epoch. Displays as RFC 3339 (`2026-11-29T18:14:25.123Z`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Timestamp(i64);
+
+impl Timestamp {
+    /// The Unix epoch.
+    pub const EPOCH: Timestamp = Timestamp(0);
+
+    /// From milliseconds since the Unix epoch.
+    pub const fn from_millis(ms: i64) -> Self {
+        Timestamp(ms)
+    }
+
+    /// Milliseconds since the Unix epoch.
+    pub const fn as_millis(self) -> i64 {
+        self.0
+    }
+
+    /// The current system time.
+    pub fn now() -> Self {
+        Timestamp::from(SystemTime::now())
+    }
+
+    /// This instant plus a duration (saturating).
+    pub fn saturating_add(self, d: Duration) -> Self {
+        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        Timestamp(self.0.saturating_add(ms))
+    }
+
+    /// The duration from `earlier` to `self`, zero when `earlier` is later.
+    pub fn duration_since(self, earlier: Timestamp) -> Duration {
+        Duration::from_millis(u64::try_from(self.0.saturating_sub(earlier.0)).unwrap_or(0))
+    }
+}
+
+impl From<SystemTime> for Timestamp {
+    fn from(t: SystemTime) -> Self {
+        match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => Timestamp(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+            Err(e) => Timestamp(-i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX)),
+        }
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.rem_euclid(1000);
+        let secs = self.0.div_euclid(1000);
+        let days = secs.div_euclid(86_400);
+        let rem = secs.rem_euclid(86_400);
+        let (y, m, d) = civil_from_days(days);
+        write!(
+            f,
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
+            rem / 3600,
+            (rem / 60) % 60,
+            rem % 60
+        )
+    }
+}
+
+/// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian calendar).
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// A source of the current time. Backends read time only through a clock, so
+/// tests can move time forward without sleeping.
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    /// The current instant.
+    fn now(&self) -> Timestamp;
+}
+
+/// The system clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
+}
+
+/// A clock that moves only when told to. Cheap to clone; clones share time.
+///
+/// ```
+/// use rheo::{ManualClock, Clock, Timestamp};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new(Timestamp::from_millis(1_000));
+/// clock.advance(Duration::from_secs(30));
+/// assert_eq!(clock.now(), Timestamp::from_millis(31_000));
+/// ```
+#[derive(Debug, Clone)]
+pub struct ManualClock {
+    ms: Arc<AtomicI64>,
+}
+
+impl ManualClock {
+    /// A clock stopped at `start`.
+    pub fn new(start: Timestamp) -> Self {
+        ManualClock { ms: Arc::new(AtomicI64::new(start.as_millis())) }
+    }
+
+    /// Moves the clock forward.
+    pub fn advance(&self, d: Duration) {
+        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        self.ms.fetch_add(ms, Ordering::SeqCst);
+    }
+
+    /// Sets the clock to an instant (which may be in its past).
+    pub fn set(&self, t: Timestamp) {
+        self.ms.store(t.as_millis(), Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(self.ms.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn displays_rfc3339() {
+        assert_eq!(Timestamp::EPOCH.to_string(), "1970-01-01T00:00:00.000Z");
+        assert_eq!(Timestamp::from_millis(1_795_911_265_123).to_string(), "2026-11-29T00:14:25.123Z");
+        assert_eq!(Timestamp::from_millis(951_782_400_000).to_string(), "2000-02-29T00:00:00.000Z");
+        assert_eq!(Timestamp::from_millis(-1).to_string(), "1969-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn arithmetic_saturates() {
+        let t = Timestamp::from_millis(i64::MAX - 1);
+        assert_eq!(t.saturating_add(Duration::from_secs(10)).as_millis(), i64::MAX);
+        assert_eq!(Timestamp::EPOCH.duration_since(Timestamp::from_millis(5)), Duration::ZERO);
+    }
+}

@@ -1,0 +1,162 @@
+//! A set of `u64` kept as disjoint inclusive ranges: memory proportional to
+//! the number of gaps, not the number of members.
+
+use std::collections::BTreeMap;
+
+/// Disjoint, non-adjacent inclusive ranges, keyed by start.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct RangeSet {
+    ranges: BTreeMap<u64, u64>,
+}
+
+impl RangeSet {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// True when `x` is a member.
+    pub(crate) fn contains(&self, x: u64) -> bool {
+        self.ranges.range(..=x).next_back().is_some_and(|(_, &end)| end >= x)
+    }
+
+    /// Adds every member of `start..=end`.
+    pub(crate) fn insert_range(&mut self, start: u64, end: u64) {
+        if start > end {
+            return;
+        }
+        let (mut lo, mut hi) = (start, end);
+        // Merge with a range that ends at or after start - 1.
+        if let Some((&s, &e)) = self.ranges.range(..=start).next_back()
+            && e.saturating_add(1) >= start
+        {
+            lo = s;
+            hi = hi.max(e);
+            self.ranges.remove(&s);
+        }
+        // Swallow ranges that start within lo..=hi+1.
+        let upper = hi.saturating_add(1);
+        let swallowed: Vec<(u64, u64)> = self.ranges.range(lo..=upper).map(|(&s, &e)| (s, e)).collect();
+        for (s, e) in swallowed {
+            hi = hi.max(e);
+            self.ranges.remove(&s);
+        }
+        self.ranges.insert(lo, hi);
+    }
+
+    /// Adds `x`.
+    pub(crate) fn insert(&mut self, x: u64) {
+        self.insert_range(x, x);
+    }
+
+    /// Removes `x`; true when it was a member.
+    pub(crate) fn remove(&mut self, x: u64) -> bool {
+        let Some((&s, &e)) = self.ranges.range(..=x).next_back() else { return false };
+        if e < x {
+            return false;
+        }
+        self.ranges.remove(&s);
+        if s < x {
+            self.ranges.insert(s, x - 1);
+        }
+        if x < e {
+            self.ranges.insert(x + 1, e);
+        }
+        true
+    }
+
+    /// Removes every member >= `x`; returns how many were removed.
+    pub(crate) fn remove_from(&mut self, x: u64) -> u64 {
+        let mut removed = 0;
+        if let Some((&s, &e)) = self.ranges.range(..x).next_back()
+            && e >= x
+        {
+            removed += e - x + 1;
+            self.ranges.insert(s, x - 1);
+        }
+        for (s, e) in self.ranges.split_off(&x) {
+            removed += e - s + 1;
+        }
+        removed
+    }
+
+    /// Removes and returns the range starting exactly at `start`.
+    pub(crate) fn take_range_at(&mut self, start: u64) -> Option<u64> {
+        self.ranges.remove(&start)
+    }
+
+    /// How many members.
+    pub(crate) fn len(&self) -> u64 {
+        self.ranges.iter().map(|(s, e)| e - s + 1).sum()
+    }
+
+    /// How many disjoint ranges (the memory cost).
+    #[cfg(test)]
+    pub(crate) fn range_count(&self) -> usize {
+        self.ranges.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn merges_adjacent_members() {
+        let mut r = RangeSet::new();
+        r.insert(3);
+        r.insert(5);
+        assert_eq!(r.range_count(), 2);
+        r.insert(4);
+        assert_eq!(r.range_count(), 1);
+        assert_eq!(r.len(), 3);
+        assert!(r.remove(4));
+        assert_eq!(r.range_count(), 2);
+        assert_eq!(r.remove_from(5), 1);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.take_range_at(3), Some(3));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u64, u64),
+        Remove(u64),
+        RemoveFrom(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u64..200, 0u64..8).prop_map(|(a, n)| Op::Insert(a, a + n)),
+            (0u64..200).prop_map(Op::Remove),
+            (0u64..220).prop_map(Op::RemoveFrom),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn behaves_like_a_set(ops in proptest::collection::vec(op(), 0..200)) {
+            let mut r = RangeSet::new();
+            let mut model = BTreeSet::new();
+            for op in ops {
+                match op {
+                    Op::Insert(a, b) => { r.insert_range(a, b); model.extend(a..=b); }
+                    Op::Remove(x) => prop_assert_eq!(r.remove(x), model.remove(&x)),
+                    Op::RemoveFrom(x) => {
+                        let gone = model.split_off(&x).len() as u64;
+                        prop_assert_eq!(r.remove_from(x), gone);
+                    }
+                }
+                prop_assert_eq!(r.len(), model.len() as u64);
+            }
+            for x in 0..230 {
+                prop_assert_eq!(r.contains(x), model.contains(&x));
+            }
+            // ranges are disjoint and never adjacent
+            let v: Vec<_> = r.ranges.iter().map(|(&s, &e)| (s, e)).collect();
+            for w in v.windows(2) {
+                prop_assert!(w[0].1 + 1 < w[1].0);
+            }
+        }
+    }
+}
