@@ -17,9 +17,7 @@ use crate::model::group::{
     ResetOptions, StreamInfo, StreamOptions,
 };
 use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
-use crate::model::names::{
-    DEFAULT_MAX_EVENT_BYTES, MAX_BATCH_EVENTS, validate_lease, validate_limit, validate_name,
-};
+use crate::model::names::{DEFAULT_MAX_EVENT_BYTES, MAX_BATCH_EVENTS, validate_lease, validate_limit, validate_name};
 use crate::model::query::{Page, Query};
 use crate::model::time::{Clock, SystemClock, Timestamp};
 
@@ -97,12 +95,17 @@ impl RheoBuilder {
         let backend: Arc<dyn Backend> = match scheme {
             "memory" => Arc::new(MemoryBackend::with_clock(self.clock.clone())),
             "native" | "sqlite" | "postgres" | "postgresql" | "mongodb" => {
-                return Err(Error::Unsupported { backend: "rheo", operation: "this backend URL scheme (not built yet)" });
+                return Err(Error::Unsupported {
+                    backend: "rheo",
+                    operation: "this backend URL scheme (not built yet)",
+                });
             }
             _ => {
                 return Err(Error::invalid(
                     "url",
-                    format!("{url:?}: unknown backend; expected memory:, native:PATH, sqlite:PATH, postgres://... or mongodb://..."),
+                    format!(
+                        "{url:?}: unknown backend; expected memory:, native:PATH, sqlite:PATH, postgres://... or mongodb://..."
+                    ),
                 ));
             }
         };
@@ -182,7 +185,11 @@ impl Rheo {
         let event = NewEvent::prepare(payload, opts);
         let size_bytes = event.encoded_len();
         if size_bytes > self.inner.max_event_bytes {
-            return Err(Error::EventTooLarge { stream: stream.to_owned(), size_bytes, max_bytes: self.inner.max_event_bytes });
+            return Err(Error::EventTooLarge {
+                stream: stream.to_owned(),
+                size_bytes,
+                max_bytes: self.inner.max_event_bytes,
+            });
         }
         Ok(event)
     }
@@ -215,7 +222,10 @@ impl Rheo {
         let mut events = Vec::new();
         for (payload, opts) in items {
             if events.len() == MAX_BATCH_EVENTS {
-                return Err(Error::invalid("append_batch", format!("more than {MAX_BATCH_EVENTS} events in one batch")));
+                return Err(Error::invalid(
+                    "append_batch",
+                    format!("more than {MAX_BATCH_EVENTS} events in one batch"),
+                ));
             }
             events.push(self.prepare(stream, to_value(&payload)?, opts)?);
         }
@@ -351,7 +361,11 @@ impl Rheo {
     pub async fn reset_group(&self, stream: &str, group: &str, opts: ResetOptions) -> Result<()> {
         check_group(stream, group)?;
         if !opts.confirm {
-            return Err(Error::ConfirmRequired { operation: "reset_group", stream: stream.to_owned(), group: group.to_owned() });
+            return Err(Error::ConfirmRequired {
+                operation: "reset_group",
+                stream: stream.to_owned(),
+                group: group.to_owned(),
+            });
         }
         self.inner.backend.reset_group(stream, group, &opts).await
     }

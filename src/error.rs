@@ -84,9 +84,7 @@ pub enum Error {
         lease_id: String,
     },
     /// The backend's native receipt differs from the one presented.
-    #[error(
-        "receipt mismatch for lease {lease_id} on {stream:?}/{group:?} partition {partition} sequence {sequence}"
-    )]
+    #[error("receipt mismatch for lease {lease_id} on {stream:?}/{group:?} partition {partition} sequence {sequence}")]
     ReceiptMismatch {
         /// The stream name.
         stream: String,

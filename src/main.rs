@@ -1,1 +1,7 @@
-fn main(){}
+//! The `rheo` command.
+
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
+}

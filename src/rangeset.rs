@@ -10,6 +10,7 @@ pub(crate) struct RangeSet {
 }
 
 impl RangeSet {
+    #[cfg(test)]
     pub(crate) fn new() -> Self {
         Self::default()
     }
@@ -85,6 +86,7 @@ impl RangeSet {
     }
 
     /// How many members.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> u64 {
         self.ranges.iter().map(|(s, e)| e - s + 1).sum()
     }

@@ -140,7 +140,11 @@ impl MemoryBackend {
             .map(|e| {
                 let p = match (e.partition, &e.key) {
                     (Some(p), _) if p >= count => {
-                        return Err(Error::InvalidPartition { stream: s.name.clone(), partition: p, partition_count: count });
+                        return Err(Error::InvalidPartition {
+                            stream: s.name.clone(),
+                            partition: p,
+                            partition_count: count,
+                        });
                     }
                     (Some(p), _) => p,
                     (None, Some(k)) => partition_for_key(k, count),
@@ -277,7 +281,13 @@ impl Backend for MemoryBackend {
             };
             s.groups.insert(
                 group.to_owned(),
-                GroupState { summary: summary.clone(), backoff: opts.retry_backoff, parts, dead_order: BTreeMap::new(), next_dead_order: 0 },
+                GroupState {
+                    summary: summary.clone(),
+                    backoff: opts.retry_backoff,
+                    parts,
+                    dead_order: BTreeMap::new(),
+                    next_dead_order: 0,
+                },
             );
             Ok(summary)
         })
@@ -465,7 +475,11 @@ impl Backend for MemoryBackend {
 
     async fn reset_group(&self, stream: &str, group: &str, opts: &ResetOptions) -> Result<()> {
         if !opts.confirm {
-            return Err(Error::ConfirmRequired { operation: "reset_group", stream: stream.to_owned(), group: group.to_owned() });
+            return Err(Error::ConfirmRequired {
+                operation: "reset_group",
+                stream: stream.to_owned(),
+                group: group.to_owned(),
+            });
         }
         self.with_stream(stream, |s| {
             let count = s.opts.partition_count;

@@ -144,7 +144,12 @@ pub struct GroupOptions {
 
 impl Default for GroupOptions {
     fn default() -> Self {
-        GroupOptions { max_attempts: 5, start: StartPosition::Beginning, partitions: None, retry_backoff: Backoff::None }
+        GroupOptions {
+            max_attempts: 5,
+            start: StartPosition::Beginning,
+            partitions: None,
+            retry_backoff: Backoff::None,
+        }
     }
 }
 
