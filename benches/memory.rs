@@ -1,8 +1,8 @@
 //! The memory backend's hot paths: append, and fetch(100) + ack_many.
-
-#![allow(missing_docs)] // criterion_group! generates undocumented functions
 //!
 //! Run: `cargo bench --bench memory`. Figures go to docs/benchmarks.md.
+
+#![allow(missing_docs)] // criterion_group! generates undocumented functions
 
 use std::time::{Duration, Instant};
 

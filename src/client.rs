@@ -17,7 +17,10 @@ use crate::model::group::{
     ResetOptions, StreamInfo, StreamOptions,
 };
 use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
-use crate::model::names::{DEFAULT_MAX_EVENT_BYTES, MAX_BATCH_EVENTS, validate_lease, validate_limit, validate_name};
+use crate::model::names::{
+    DEFAULT_MAX_EVENT_BYTES, MAX_BATCH_EVENTS, MAX_NAME_BYTES, MAX_REASON_BYTES, validate_lease, validate_limit,
+    validate_name,
+};
 use crate::model::query::{Page, Query};
 use crate::model::time::{Clock, SystemClock, Timestamp};
 
@@ -183,6 +186,12 @@ impl Rheo {
 
     fn prepare(&self, stream: &str, payload: Value, opts: AppendOptions) -> Result<NewEvent> {
         let event = NewEvent::prepare(payload, opts);
+        if event.id.is_empty() || event.id.len() > MAX_NAME_BYTES {
+            return Err(Error::invalid(
+                "id",
+                format!("event id must be 1 to {MAX_NAME_BYTES} bytes, got {}", event.id.len()),
+            ));
+        }
         let size_bytes = event.encoded_len();
         if size_bytes > self.inner.max_event_bytes {
             return Err(Error::EventTooLarge {
@@ -198,7 +207,7 @@ impl Rheo {
     /// your own type).
     pub async fn append<T: Serialize + ?Sized>(&self, stream: &str, payload: &T, opts: AppendOptions) -> Result<Event> {
         check_stream(stream)?;
-        let event = self.prepare(stream, to_value(payload)?, opts)?;
+        let event = self.prepare(stream, to_value(stream, payload)?, opts)?;
         self.inner.backend.append(stream, event).await
     }
 
@@ -227,7 +236,7 @@ impl Rheo {
                     format!("more than {MAX_BATCH_EVENTS} events in one batch"),
                 ));
             }
-            events.push(self.prepare(stream, to_value(&payload)?, opts)?);
+            events.push(self.prepare(stream, to_value(stream, &payload)?, opts)?);
         }
         if events.is_empty() {
             return Ok(Vec::new());
@@ -327,6 +336,7 @@ impl Rheo {
     pub async fn retry(&self, lease: impl Into<LeaseRef>, reason: &str) -> Result<RetryOutcome> {
         let lease = lease.into();
         check_lease_ref(&lease)?;
+        check_reason(reason)?;
         self.inner.backend.retry(&lease, reason, None).await
     }
 
@@ -334,6 +344,7 @@ impl Rheo {
     pub async fn retry_after(&self, lease: impl Into<LeaseRef>, reason: &str, delay: Duration) -> Result<RetryOutcome> {
         let lease = lease.into();
         check_lease_ref(&lease)?;
+        check_reason(reason)?;
         if !delay.is_zero() {
             validate_lease("delay", delay)?;
         }
@@ -344,6 +355,7 @@ impl Rheo {
     pub async fn reject(&self, lease: impl Into<LeaseRef>, reason: &str) -> Result<()> {
         let lease = lease.into();
         check_lease_ref(&lease)?;
+        check_reason(reason)?;
         self.inner.backend.reject(&lease, reason).await
     }
 
@@ -413,6 +425,18 @@ impl Rheo {
     }
 }
 
-fn to_value<T: Serialize + ?Sized>(payload: &T) -> Result<Value> {
-    serde_json::to_value(payload).map_err(|e| Error::Payload { event_id: String::new(), reason: e.to_string() })
+fn to_value<T: Serialize + ?Sized>(stream: &str, payload: &T) -> Result<Value> {
+    serde_json::to_value(payload)
+        .map_err(|e| Error::Payload { context: format!("appended to stream {stream:?}"), reason: e.to_string() })
+}
+
+/// Checks a settle reason: at most [`MAX_REASON_BYTES`] bytes.
+fn check_reason(reason: &str) -> Result<()> {
+    if reason.len() > MAX_REASON_BYTES {
+        return Err(Error::invalid(
+            "reason",
+            format!("{} bytes is above the maximum {MAX_REASON_BYTES}", reason.len()),
+        ));
+    }
+    Ok(())
 }

@@ -185,10 +185,10 @@ pub enum Error {
         reason: String,
     },
     /// A payload could not be encoded or decoded as the requested type.
-    #[error("payload of event {event_id:?}: {reason}")]
+    #[error("payload {context}: {reason}")]
     Payload {
-        /// The event id, when there is one.
-        event_id: String,
+        /// Which payload: `of event "<id>"` or `appended to stream "<name>"`.
+        context: String,
         /// What the serializer said.
         reason: String,
     },

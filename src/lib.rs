@@ -49,8 +49,13 @@ pub use model::group::{
 pub use model::lease::{Lease, LeaseRef, RetryOutcome};
 pub use model::names::{
     DEFAULT_MAX_EVENT_BYTES, MAX_ATTEMPTS, MAX_BATCH_EVENTS, MAX_LEASE, MAX_LIMIT, MAX_NAME_BYTES, MAX_PARTITIONS,
-    validate_name,
+    MAX_QUERY_TERMS, MAX_REASON_BYTES, validate_name,
 };
 pub use model::query::{Cursor, Filter, Op, OrderBy, Page, Query, compare_values};
 pub use model::routing::{partition_for_key, phash2, phash2_range};
 pub use model::time::{Clock, ManualClock, SystemClock, Timestamp};
+
+/// The README's code blocks, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -36,7 +36,7 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
     writeln!(out, "2. Producers append 20 orders, keyed by customer:")?;
     let payloads: Vec<_> = (1..=20u64)
         .map(|n| {
-            let customer = CUSTOMERS[(n as usize) % CUSTOMERS.len()];
+            let customer = CUSTOMERS[usize::try_from(n).unwrap_or(0) % CUSTOMERS.len()];
             (
                 json!({"type": "order_placed", "order": n, "customer": customer, "total": n * 15}),
                 AppendOptions::new().key(customer).producer("checkout"),

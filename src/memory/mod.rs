@@ -176,22 +176,15 @@ fn event_at(partitions: &[Vec<Event>], p: u32, seq: u64) -> Option<&Event> {
     partitions.get(p as usize)?.get(idx)
 }
 
-/// The frontier a group starts at in one partition.
-fn start_frontier(start: &StartPosition, events: &[Event]) -> u64 {
+/// The frontier a group starts at in one partition, given its events.
+fn start_frontier(start: &StartPosition, partition: u32, events: &[Event]) -> u64 {
     let hw = events.len() as u64;
     match start {
         StartPosition::Beginning => 0,
         StartPosition::After(n) => *n,
-        StartPosition::AfterPerPartition(m) => events.first().and_then(|e| m.get(&e.partition).copied()).unwrap_or(0),
+        StartPosition::AfterPerPartition(m) => m.get(&partition).copied().unwrap_or(0),
         StartPosition::At(t) => first_at_or_after(events, *t).map_or(hw, |seq| seq - 1),
         StartPosition::Latest => hw,
-    }
-}
-
-fn start_frontier_of(start: &StartPosition, partition: u32, events: &[Event]) -> u64 {
-    match start {
-        StartPosition::AfterPerPartition(m) => m.get(&partition).copied().unwrap_or(0),
-        other => start_frontier(other, events),
     }
 }
 
@@ -271,7 +264,7 @@ impl Backend for MemoryBackend {
             };
             let parts = partitions
                 .iter()
-                .map(|&p| (p, PartState::starting_after(start_frontier_of(&opts.start, p, &s.partitions[p as usize]))))
+                .map(|&p| (p, PartState::starting_after(start_frontier(&opts.start, p, &s.partitions[p as usize]))))
                 .collect();
             let summary = GroupSummary {
                 name: group.to_owned(),
@@ -488,7 +481,7 @@ impl Backend for MemoryBackend {
                 check_partitions(stream, &m.keys().copied().collect::<Vec<_>>(), count)?;
             }
             for p in scope(stream, count, g, opts.partitions.as_deref())? {
-                let frontier = start_frontier_of(&opts.start, p, &s.partitions[p as usize]);
+                let frontier = start_frontier(&opts.start, p, &s.partitions[p as usize]);
                 if let Some(part) = g.parts.get_mut(&p) {
                     for info in part.dead.values() {
                         g.dead_order.remove(&info.order);

@@ -51,7 +51,8 @@ impl Event {
     /// # Ok::<(), rheo::Error>(())
     /// ```
     pub fn payload_as<T: DeserializeOwned>(&self) -> Result<T> {
-        T::deserialize(&self.payload).map_err(|e| Error::Payload { event_id: self.id.clone(), reason: e.to_string() })
+        T::deserialize(&self.payload)
+            .map_err(|e| Error::Payload { context: format!("of event {:?}", self.id), reason: e.to_string() })
     }
 
     /// The lineage fields found in the metadata.

@@ -14,6 +14,10 @@ pub const MAX_BATCH_EVENTS: usize = 10_000;
 pub const MAX_LIMIT: usize = 10_000;
 /// The longest lease or retry delay accepted (24 hours).
 pub const MAX_LEASE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+/// The longest retry or reject reason, in bytes.
+pub const MAX_REASON_BYTES: usize = 4096;
+/// The most filters in one query, and the most values in one `in` filter.
+pub const MAX_QUERY_TERMS: usize = 1024;
 /// The largest `max_attempts` of a group.
 pub const MAX_ATTEMPTS: u32 = 1_000_000;
 

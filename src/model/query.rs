@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::event::Event;
-use super::names::validate_limit;
+use super::names::{MAX_QUERY_TERMS, validate_limit};
 use super::time::Timestamp;
 use crate::error::{Error, Result};
 
@@ -242,6 +242,13 @@ impl Query {
     /// Checks the limit and that the cursor was made for this order.
     pub fn validate(&self) -> Result<()> {
         validate_limit("limit", self.limit)?;
+        let terms: usize = self.filters.iter().map(|f| if let Op::In(v) = &f.op { v.len().max(1) } else { 1 }).sum();
+        if terms > MAX_QUERY_TERMS {
+            return Err(Error::invalid(
+                "query",
+                format!("{terms} filter terms is above the maximum {MAX_QUERY_TERMS}"),
+            ));
+        }
         if let Some(c) = &self.cursor
             && (c.order_by != self.order_by || c.descending != self.descending)
         {
