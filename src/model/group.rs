@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 /// Options of `create_stream`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamOptions {
-    /// How many partitions (1 to [`MAX_PARTITIONS`]) [1].
+    /// How many partitions (1 to [`MAX_PARTITIONS`]) (default: 1).
     pub partition_count: u32,
     /// Payload fields to index beyond the always-indexed ones.
     pub indexes: Vec<String>,
@@ -93,7 +93,7 @@ pub enum StartPosition {
 /// How long a retried delivery waits before it is claimable again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub enum Backoff {
-    /// Claimable at once [default].
+    /// Claimable at once (the default).
     #[default]
     None,
     /// The same delay after every retry.
@@ -131,14 +131,14 @@ impl Backoff {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupOptions {
-    /// Claims per delivery before a retry dead-letters it [5].
+    /// Claims per delivery before a retry dead-letters it (default: 5).
     pub max_attempts: u32,
     /// Where the group starts.
     pub start: StartPosition,
     /// The partitions this group consumes (None: all). Others are never
     /// delivered to it and do not count in its lag.
     pub partitions: Option<Vec<u32>>,
-    /// Delay before a retried delivery is claimable again [none].
+    /// Delay before a retried delivery is claimable again (default: none).
     pub retry_backoff: Backoff,
 }
 
@@ -226,11 +226,11 @@ pub(crate) fn check_partitions(stream: &str, partitions: &[u32], partition_count
 /// Options of `fetch`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FetchOptions {
-    /// The most deliveries to claim (1 to [`crate::MAX_LIMIT`]) [10].
+    /// The most deliveries to claim (1 to [`crate::MAX_LIMIT`]) (default: 10).
     pub limit: usize,
     /// Who is claiming (None: the client's own consumer id).
     pub consumer_id: Option<String>,
-    /// How long the leases last [30 s].
+    /// How long the leases last (default: 30 s).
     pub lease: Duration,
     /// Claim only from these partitions (None: all of the group's).
     pub partitions: Option<Vec<u32>>,
@@ -461,7 +461,7 @@ pub struct DeadLetter {
 /// Options of `dead_letters`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeadLetterOptions {
-    /// The most to return [100].
+    /// The most to return (default: 100).
     pub limit: usize,
     /// Return only those after the dead letter of this event id.
     pub after: Option<String>,

@@ -90,7 +90,7 @@ impl Filter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OrderBy {
-    /// By sequence, then partition [default].
+    /// By sequence, then partition (the default).
     #[default]
     Sequence,
     /// By timestamp, then partition, then sequence.
@@ -128,7 +128,7 @@ pub struct Query {
     pub order_by: OrderBy,
     /// Descending instead of ascending.
     pub descending: bool,
-    /// The most events per page (1 to [`crate::MAX_LIMIT`]) [100].
+    /// The most events per page (1 to [`crate::MAX_LIMIT`]) (default: 100).
     pub limit: usize,
     /// Continue after this cursor (from a previous page).
     pub cursor: Option<Cursor>,
