@@ -28,6 +28,7 @@
 //! backend obeys, and [`Backend`] for the contract a backend implements.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+#![warn(missing_docs)]
 
 pub mod backend;
 pub mod client;

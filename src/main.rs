@@ -1,5 +1,7 @@
 //! The `rheo` command.
 
+#![deny(clippy::unwrap_used)]
+
 mod cli;
 
 fn main() -> std::process::ExitCode {
