@@ -420,9 +420,9 @@ impl Backend for MemoryBackend {
             let mut dead_orders = Vec::new();
             match mode {
                 ReplayMode::Sequence(from) => {
-                    for p in &scope {
-                        if let Some(part) = g.parts.get_mut(p) {
-                            let (n, dead) = part.reopen_after(from);
+                    for &p in &scope {
+                        if let Some(part) = g.parts.get_mut(&p) {
+                            let (n, dead) = part.reopen_after(from, high_watermark(&s.partitions, p));
                             reopened += n;
                             dead_orders.extend(dead);
                         }
@@ -442,7 +442,7 @@ impl Backend for MemoryBackend {
                     }
                     for (p, seq) in starts {
                         if let Some(part) = g.parts.get_mut(&p) {
-                            let (n, dead) = part.reopen_after(seq - 1);
+                            let (n, dead) = part.reopen_after(seq - 1, high_watermark(&s.partitions, p));
                             reopened += n;
                             dead_orders.extend(dead);
                         }
@@ -545,7 +545,10 @@ impl Backend for MemoryBackend {
     }
 
     async fn group_info(&self, stream: &str, group: &str) -> Result<GroupInfo> {
+        let now = self.clock.now();
         self.with_group(stream, group, |g, partitions, _| {
+            // Backoffs that have passed are claimable, not waiting.
+            g.parts.values_mut().for_each(|part| part.fire_timers(now));
             let scope: Vec<u32> = g.parts.keys().copied().collect();
             let (inflight, retry_waiting) =
                 g.parts.values().map(PartState::counts).fold((0, 0), |(a, b), (l, w)| (a + l, b + w));

@@ -189,8 +189,9 @@ impl PartState {
     /// Reopens every sequence > `s`: settled ones become claimable again with
     /// fresh attempts; in-flight and waiting ones keep their state. Returns
     /// how many settled events were reopened and the dead letters removed.
-    pub(crate) fn reopen_after(&mut self, s: u64) -> (u64, Vec<u64>) {
-        let mut reopened = self.frontier.saturating_sub(s);
+    pub(crate) fn reopen_after(&mut self, s: u64, high_watermark: u64) -> (u64, Vec<u64>) {
+        // Sequences above the high watermark (a start past it) hold no event.
+        let mut reopened = self.frontier.min(high_watermark).saturating_sub(s);
         reopened += self.done.remove_from(s.saturating_add(1));
         let dead: Vec<u64> = self.dead.split_off(&s.saturating_add(1)).into_values().map(|d| d.order).collect();
         self.frontier = self.frontier.min(s);
