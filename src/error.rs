@@ -237,6 +237,12 @@ pub enum Error {
         /// What check failed.
         reason: String,
     },
+    /// The data directory is open in another process (or handle).
+    #[error("data directory {} is in use by another process (its LOCK file is held)", path.display())]
+    Locked {
+        /// The data directory.
+        path: PathBuf,
+    },
     /// A previous durable write failed; the writer refuses further writes
     /// until the data directory is reopened.
     #[error("writer for {scope} is poisoned after a failed write or fsync; reopen to recover: {reason}")]

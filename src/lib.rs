@@ -32,6 +32,7 @@
 
 pub mod backend;
 pub mod client;
+pub mod engine;
 pub mod error;
 pub mod memory;
 pub mod model;

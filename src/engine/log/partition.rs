@@ -1,0 +1,858 @@
+//! One partition's log: a run of segment files, the active one last.
+//!
+//! Writers hold the partition's writer lock (taken by the stream, in
+//! partition order). Readers never take it: they read the segment list and
+//! the published `visible` sequence, and never see a record above it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, MutexGuard, RwLock};
+
+use super::manifest::io_err;
+use crate::engine::options::{EngineOptions, RecoveryMode};
+use crate::engine::segment::file::{Footer, IndexEntry, SegmentHeader, decode_index, encode_index_header};
+use crate::engine::segment::format::*;
+use crate::engine::segment::record::{Doc, RecordHeader, decode_doc};
+use crate::engine::segment::scan::{Scanner, Step};
+use crate::engine::vfs::{Vfs, VfsFile};
+use crate::error::{Error, Result};
+use crate::model::event::Event;
+use crate::model::time::Timestamp;
+
+/// A record read back from a segment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredRecord {
+    /// Its fixed fields.
+    pub header: RecordHeader,
+    /// Its document.
+    pub doc: Doc,
+}
+
+impl StoredRecord {
+    /// The event it holds.
+    pub fn into_event(self, stream: &str, partition: u32) -> Event {
+        let (id, key, event_type, metadata, payload) = self.doc;
+        Event {
+            id,
+            stream: stream.to_owned(),
+            partition,
+            sequence: self.header.seq,
+            timestamp: Timestamp::from_millis(self.header.ts),
+            key,
+            event_type,
+            metadata,
+            payload,
+        }
+    }
+}
+
+/// One segment file and its index.
+#[derive(Debug)]
+pub struct Segment {
+    /// The sequence of its first record.
+    pub base_seq: u64,
+    log_path: String,
+    idx_path: String,
+    log: Arc<dyn VfsFile>,
+    /// The sparse index, complete for the records written so far (sealed
+    /// segments: loaded on first use).
+    index: RwLock<Option<Vec<IndexEntry>>>,
+    /// Set when sealed.
+    footer: RwLock<Option<Footer>>,
+}
+
+impl Segment {
+    /// The log file's path.
+    pub fn path(&self) -> &str {
+        &self.log_path
+    }
+
+    /// The footer, when sealed.
+    pub fn footer(&self) -> Option<Footer> {
+        *self.footer.read()
+    }
+}
+
+/// Where a scan of the active segment during recovery stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Truncation {
+    /// Where the kept records end.
+    pub offset: u64,
+    /// How many bytes after it were dropped (up to the first zero or EOF).
+    pub dropped_bytes: u64,
+    /// Why.
+    pub reason: &'static str,
+}
+
+/// The writer's state of the active segment.
+#[derive(Debug)]
+pub struct Writer {
+    active: Arc<Segment>,
+    idx: Arc<dyn VfsFile>,
+    /// The end of the written records in the active segment.
+    end: u64,
+    /// The end of the zero-filled region.
+    prealloc_end: u64,
+    idx_len: u64,
+    last_index_offset: u64,
+    /// The next sequence to assign.
+    pub next_seq: u64,
+    count: u64,
+    max_ts: i64,
+    /// The largest transaction id written in the active segment.
+    max_txn: u64,
+}
+
+/// What a write changed, so that it can be rolled back.
+#[derive(Debug, Clone, Copy)]
+pub struct Mark {
+    end: u64,
+    next_seq: u64,
+    count: u64,
+    max_ts: i64,
+    max_txn: u64,
+    idx_len: u64,
+    last_index_offset: u64,
+    index_len: usize,
+    base_seq: u64,
+}
+
+/// Where a partition lives.
+#[derive(Debug, Clone)]
+pub struct Location {
+    /// Its directory.
+    pub dir: String,
+    /// Its stream's id.
+    pub stream_id: u64,
+    /// Its number.
+    pub partition: u32,
+}
+
+/// One partition of a stream.
+#[derive(Debug)]
+pub struct Partition {
+    /// Its number.
+    pub partition: u32,
+    stream_id: u64,
+    dir: String,
+    vfs: Arc<dyn Vfs>,
+    opts: EngineOptions,
+    writer: Mutex<Writer>,
+    segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
+    visible: AtomicU64,
+}
+
+fn log_name(base_seq: u64) -> String {
+    format!("{base_seq:020}.log")
+}
+
+fn corrupt(vfs: &dyn Vfs, path: &str, offset: u64, reason: impl Into<String>) -> Error {
+    Error::Corrupt { file: vfs.describe(path), offset, reason: reason.into() }
+}
+
+impl Partition {
+    /// Opens (recovering) or creates the partition at `at`. Multi-partition
+    /// batches above `committed_txn` are dropped from the tail.
+    pub fn open(
+        vfs: Arc<dyn Vfs>,
+        opts: &EngineOptions,
+        at: Location,
+        now_ms: i64,
+        committed_txn: u64,
+        truncations: &mut Vec<(String, Truncation)>,
+    ) -> Result<Partition> {
+        let Location { dir, stream_id, partition } = at;
+        vfs.create_dir_all(&dir).map_err(|e| io_err(&*vfs, &dir, "create", e))?;
+        let mut bases: Vec<u64> = vfs
+            .list(&dir)
+            .map_err(|e| io_err(&*vfs, &dir, "list", e))?
+            .iter()
+            .filter_map(|n| n.strip_suffix(".log").filter(|b| b.len() == 20).and_then(|b| b.parse().ok()))
+            .collect();
+        bases.sort_unstable();
+        let mut segments = BTreeMap::new();
+        let mut expected_base = None;
+        for (i, &base) in bases.iter().enumerate() {
+            let seg = open_segment(&*vfs, &dir, base, stream_id, partition)?;
+            if let Some(exp) = expected_base
+                && base != exp
+            {
+                return Err(corrupt(
+                    &*vfs,
+                    &seg.log_path,
+                    0,
+                    format!("segment starts at sequence {base}, expected {exp}"),
+                ));
+            }
+            let last = i + 1 == bases.len();
+            match read_footer(&*vfs, &seg)? {
+                Some(f) => {
+                    expected_base = Some(f.last_seq + 1);
+                    *seg.footer.write() = Some(f);
+                    segments.insert(base, Arc::new(seg));
+                }
+                None if last => {
+                    segments.insert(base, Arc::new(seg));
+                }
+                None => {
+                    return Err(corrupt(&*vfs, &seg.log_path, 0, "a segment before the last one is not sealed"));
+                }
+            }
+        }
+        let p = |w| Partition {
+            partition,
+            stream_id,
+            dir: dir.clone(),
+            vfs: vfs.clone(),
+            opts: opts.clone(),
+            writer: Mutex::new(w),
+            segments: RwLock::new(BTreeMap::new()),
+            visible: AtomicU64::new(0),
+        };
+        let last = segments.values().next_back().cloned();
+        let writer = match last {
+            Some(seg) if seg.footer().is_none() => {
+                let (w, t) = recover_active(&*vfs, opts, seg, committed_txn)?;
+                if let Some(t) = t {
+                    truncations.push((w.active.log_path.clone(), t));
+                }
+                w
+            }
+            Some(seg) => {
+                let next = seg.footer().map_or(1, |f| f.last_seq + 1);
+                create_segment(&*vfs, opts, &dir, stream_id, partition, next, now_ms)?
+            }
+            None => create_segment(&*vfs, opts, &dir, stream_id, partition, 1, now_ms)?,
+        };
+        let visible = writer.next_seq - 1;
+        segments.insert(writer.active.base_seq, writer.active.clone());
+        let part = p(writer);
+        *part.segments.write() = segments;
+        part.visible.store(visible, Ordering::SeqCst);
+        Ok(part)
+    }
+
+    /// The last sequence readers may see.
+    pub fn visible(&self) -> u64 {
+        self.visible.load(Ordering::Acquire)
+    }
+
+    /// Makes sequences up to `seq` visible to readers.
+    pub fn publish(&self, seq: u64) {
+        self.visible.fetch_max(seq, Ordering::AcqRel);
+    }
+
+    /// Locks the writer.
+    pub fn lock_writer(&self) -> MutexGuard<'_, Writer> {
+        self.writer.lock()
+    }
+
+    /// The current write state, for rolling back a failed batch.
+    pub fn mark(w: &Writer) -> Mark {
+        Mark {
+            end: w.end,
+            next_seq: w.next_seq,
+            count: w.count,
+            max_ts: w.max_ts,
+            max_txn: w.max_txn,
+            idx_len: w.idx_len,
+            last_index_offset: w.last_index_offset,
+            index_len: w.active.index.read().as_ref().map_or(0, Vec::len),
+            base_seq: w.active.base_seq,
+        }
+    }
+
+    /// True when `len` more bytes do not fit in the active segment (which
+    /// holds at least one record), so it must roll first.
+    pub fn needs_roll(&self, w: &Writer, len: u64) -> bool {
+        w.count > 0 && w.end + len > self.opts.segment_bytes
+    }
+
+    /// The active segment's log file.
+    pub fn active_file(w: &Writer) -> Arc<dyn VfsFile> {
+        w.active.log.clone()
+    }
+
+    /// Writes one append's encoded records (sequences from `w.next_seq`,
+    /// `count` of them, largest timestamp `max_ts`, transaction `txn` or 0)
+    /// at the end of the active segment. Returns the file to sync.
+    pub fn write(&self, w: &mut Writer, bytes: &[u8], count: u64, max_ts: i64, txn: u64) -> Result<Arc<dyn VfsFile>> {
+        let len = bytes.len() as u64;
+        let vfs = &*self.vfs;
+        self.preallocate(w, w.end + len)?;
+        if let Err(e) = w.active.log.write_all_at(bytes, w.end) {
+            return Err(self.undo_partial_write(w, len, e));
+        }
+        if w.count == 0 || w.end - w.last_index_offset >= INDEX_INTERVAL_BYTES {
+            let entry =
+                IndexEntry { seq: w.next_seq, offset: w.end, max_ts_before: w.max_ts, max_txn_before: w.max_txn };
+            // The index is derived data: a failed write only costs a rebuild.
+            if w.idx.write_all_at(&entry.encode(), w.idx_len).is_ok() {
+                w.idx_len += ENTRY_LEN as u64;
+            } else {
+                tracing::warn!(file = %vfs.describe(&w.active.idx_path).display(), "index write failed; it will be rebuilt");
+            }
+            w.last_index_offset = w.end;
+            if let Some(ix) = w.active.index.write().as_mut() {
+                ix.push(entry);
+            }
+        }
+        w.end += len;
+        w.next_seq += count;
+        w.count += count;
+        w.max_ts = w.max_ts.max(max_ts);
+        w.max_txn = w.max_txn.max(txn);
+        Ok(w.active.log.clone())
+    }
+
+    /// After a failed write: zero what may have reached the file so no
+    /// partial record can resurface, and report the failure.
+    fn undo_partial_write(&self, w: &Writer, len: u64, e: std::io::Error) -> Error {
+        let zeros = vec![0u8; usize::try_from(len).unwrap_or(0)];
+        let path = &w.active.log_path;
+        match w.active.log.write_all_at(&zeros, w.end).and_then(|()| w.active.log.sync_data()) {
+            Ok(()) => io_err(&*self.vfs, path, "write", e),
+            Err(e2) => Error::Poisoned {
+                scope: self.vfs.describe(path).display().to_string(),
+                reason: format!("write failed ({e}) and could not be undone ({e2})"),
+            },
+        }
+    }
+
+    /// Rolls back the active segment to `mark` (a batch spanning several
+    /// partitions failed in another partition).
+    pub fn rollback(&self, w: &mut Writer, mark: Mark) -> Result<()> {
+        if w.active.base_seq != mark.base_seq || w.end < mark.end {
+            return Err(Error::Poisoned {
+                scope: self.vfs.describe(&self.dir).display().to_string(),
+                reason: "a failed batch spanned a segment roll and cannot be rolled back".into(),
+            });
+        }
+        let zeros = vec![0u8; usize::try_from(w.end - mark.end).unwrap_or(0)];
+        w.active.log.write_all_at(&zeros, mark.end).map_err(|e| Error::Poisoned {
+            scope: self.vfs.describe(&w.active.log_path).display().to_string(),
+            reason: format!("rolling back a failed batch: {e}"),
+        })?;
+        w.end = mark.end;
+        w.next_seq = mark.next_seq;
+        w.count = mark.count;
+        w.max_ts = mark.max_ts;
+        w.max_txn = mark.max_txn;
+        w.idx_len = mark.idx_len;
+        w.last_index_offset = mark.last_index_offset;
+        if let Some(ix) = w.active.index.write().as_mut() {
+            ix.truncate(mark.index_len);
+        }
+        Ok(())
+    }
+
+    /// Extends the zero-filled region to cover `upto`.
+    fn preallocate(&self, w: &mut Writer, upto: u64) -> Result<()> {
+        let chunk = self.opts.preallocate_bytes;
+        if chunk == 0 || upto <= w.prealloc_end {
+            return Ok(());
+        }
+        let target = upto.div_ceil(chunk) * chunk;
+        let zeros = vec![0u8; 1 << 20];
+        let mut at = w.prealloc_end.max(w.end);
+        while at < target {
+            let n = (target - at).min(zeros.len() as u64);
+            let slice = &zeros[..usize::try_from(n).unwrap_or(0)];
+            w.active
+                .log
+                .write_all_at(slice, at)
+                .map_err(|e| io_err(&*self.vfs, &w.active.log_path, "preallocate", e))?;
+            at += n;
+            w.prealloc_end = at;
+        }
+        Ok(())
+    }
+
+    /// Seals the active segment and starts a new one at `w.next_seq`. The
+    /// caller first makes every multi-partition batch in it committed.
+    pub fn roll(&self, w: &mut Writer, now_ms: i64) -> Result<()> {
+        let vfs = &*self.vfs;
+        let seg = w.active.clone();
+        let poisoned = |what: &str, e: std::io::Error| Error::Poisoned {
+            scope: vfs.describe(&seg.log_path).display().to_string(),
+            reason: format!("sealing the segment failed at {what}: {e}"),
+        };
+        let footer = Footer {
+            records_end: w.end,
+            first_seq: seg.base_seq,
+            last_seq: w.next_seq - 1,
+            count: w.count,
+            max_ts: w.max_ts,
+        };
+        seg.log.set_len(w.end).map_err(|e| poisoned("truncate", e))?;
+        seg.log.write_all_at(&footer.encode(), w.end).map_err(|e| poisoned("footer write", e))?;
+        seg.log.sync_data().map_err(|e| poisoned("sync", e))?;
+        *seg.footer.write() = Some(footer);
+        let next = create_segment(vfs, &self.opts, &self.dir, self.stream_id, self.partition, w.next_seq, now_ms)
+            .map_err(|e| Error::Poisoned {
+                scope: vfs.describe(&self.dir).display().to_string(),
+                reason: format!("starting a new segment: {e}"),
+            })?;
+        self.segments.write().insert(next.active.base_seq, next.active.clone());
+        *w = next;
+        Ok(())
+    }
+
+    /// Events with sequence > `after`, ascending, at most `limit`, never above
+    /// the visible sequence.
+    pub fn read(&self, after: u64, limit: usize) -> Result<Vec<StoredRecord>> {
+        let mut out = Vec::new();
+        self.scan(after, u64::MAX, |r| {
+            out.push(r);
+            out.len() < limit
+        })?;
+        Ok(out)
+    }
+
+    /// Calls `f` on each record with `after < seq <= until` (and visible), in
+    /// order, until `f` returns false.
+    pub fn scan(&self, after: u64, until: u64, mut f: impl FnMut(StoredRecord) -> bool) -> Result<()> {
+        let visible = self.visible();
+        let until = until.min(visible);
+        if after >= until {
+            return Ok(());
+        }
+        let first = after + 1;
+        let segs: Vec<Arc<Segment>> = {
+            let map = self.segments.read();
+            let start = map.range(..=first).next_back().map_or(0, |(&b, _)| b);
+            map.range(start..).map(|(_, s)| s.clone()).collect()
+        };
+        for seg in segs {
+            let start = self.seek(&seg, first)?;
+            let limit = match seg.footer() {
+                Some(f) => f.records_end,
+                None => seg.log.len().map_err(|e| io_err(&*self.vfs, &seg.log_path, "stat", e))?,
+            };
+            let mut scanner = Scanner::new(&*seg.log, start, limit);
+            let mut expected = None;
+            loop {
+                let step = scanner.next_step().map_err(|e| io_err(&*self.vfs, &seg.log_path, "read", e))?;
+                match step {
+                    Step::Record { header, doc, offset } => {
+                        if expected.is_some_and(|e| e != header.seq) {
+                            return Err(corrupt(
+                                &*self.vfs,
+                                &seg.log_path,
+                                offset,
+                                format!("sequence {} where {} was expected", header.seq, expected.unwrap_or(0)),
+                            ));
+                        }
+                        expected = Some(header.seq + 1);
+                        if header.seq > until {
+                            return Ok(());
+                        }
+                        if header.seq < first {
+                            continue;
+                        }
+                        let doc =
+                            decode_doc(doc).map_err(|reason| corrupt(&*self.vfs, &seg.log_path, offset, reason))?;
+                        if !f(StoredRecord { header, doc }) {
+                            return Ok(());
+                        }
+                    }
+                    Step::End { .. } => break,
+                    Step::Truncated { offset } | Step::Invalid { offset, .. } => {
+                        // Beyond the visible records a writer may be mid-write;
+                        // before them, or anywhere in a sealed segment, it is damage.
+                        if seg.footer().is_some() || expected.is_none_or(|e| e <= until) {
+                            let reason = match step {
+                                Step::Invalid { reason, .. } => reason,
+                                _ => "record runs past the end of the file",
+                            };
+                            return Err(corrupt(&*self.vfs, &seg.log_path, offset, reason));
+                        }
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The byte offset to start scanning `seg` for sequence `first`.
+    fn seek(&self, seg: &Segment, first: u64) -> Result<u64> {
+        self.ensure_index(seg)?;
+        let ix = seg.index.read();
+        let entries = ix.as_deref().unwrap_or(&[]);
+        let i = entries.partition_point(|e| e.seq <= first);
+        Ok(if i == 0 { HEADER_LEN as u64 } else { entries[i - 1].offset })
+    }
+
+    /// Loads a sealed segment's index, rebuilding it from the log when the
+    /// file is missing, stale or corrupt.
+    fn ensure_index(&self, seg: &Segment) -> Result<()> {
+        if seg.index.read().is_some() {
+            return Ok(());
+        }
+        let Some(footer) = seg.footer() else { return Ok(()) };
+        let vfs = &*self.vfs;
+        let loaded = match vfs.open(&seg.idx_path, false) {
+            Ok(f) => {
+                let len = f.len().unwrap_or(0).min(footer.count * ENTRY_LEN as u64 + IDX_HEADER_LEN as u64);
+                let mut buf = vec![0u8; usize::try_from(len).unwrap_or(0)];
+                let n = f.read_at(&mut buf, 0).unwrap_or(0);
+                decode_index(&buf[..n], seg.base_seq)
+            }
+            Err(_) => Vec::new(),
+        };
+        let entries = if loaded.last().is_some_and(|e| e.offset < footer.records_end && e.seq <= footer.last_seq)
+            && !loaded.is_empty()
+        {
+            loaded
+        } else {
+            let rebuilt = rebuild_index(vfs, seg, footer.records_end)?;
+            write_index(vfs, &seg.idx_path, seg.base_seq, &rebuilt);
+            rebuilt
+        };
+        *seg.index.write() = Some(entries);
+        Ok(())
+    }
+
+    /// Every segment, oldest first (for `verify` and `inspect`).
+    pub fn segments(&self) -> Vec<Arc<Segment>> {
+        self.segments.read().values().cloned().collect()
+    }
+}
+
+fn open_segment(vfs: &dyn Vfs, dir: &str, base: u64, stream_id: u64, partition: u32) -> Result<Segment> {
+    let log_path = format!("{dir}/{}", log_name(base));
+    let idx_path = format!("{dir}/{base:020}.idx");
+    let log = vfs.open(&log_path, false).map_err(|e| io_err(vfs, &log_path, "open", e))?;
+    let mut hdr = [0u8; HEADER_LEN];
+    let n = log.read_at(&mut hdr, 0).map_err(|e| io_err(vfs, &log_path, "read", e))?;
+    let h = SegmentHeader::decode(&hdr[..n]).map_err(|r| corrupt(vfs, &log_path, 0, r))?;
+    if h.base_seq != base || h.partition != partition || h.stream_id != stream_id {
+        return Err(corrupt(
+            vfs,
+            &log_path,
+            0,
+            format!(
+                "header names stream {} partition {} base {}, the file name says stream {stream_id} partition {partition} base {base}",
+                h.stream_id, h.partition, h.base_seq
+            ),
+        ));
+    }
+    Ok(Segment { base_seq: base, log_path, idx_path, log, index: RwLock::new(None), footer: RwLock::new(None) })
+}
+
+/// The footer at the end of a segment, when it is sealed.
+fn read_footer(vfs: &dyn Vfs, seg: &Segment) -> Result<Option<Footer>> {
+    let len = seg.log.len().map_err(|e| io_err(vfs, &seg.log_path, "stat", e))?;
+    if len < (HEADER_LEN + FOOTER_LEN) as u64 {
+        return Ok(None);
+    }
+    let mut b = [0u8; FOOTER_LEN];
+    let n = seg.log.read_at(&mut b, len - FOOTER_LEN as u64).map_err(|e| io_err(vfs, &seg.log_path, "read", e))?;
+    Ok(Footer::decode(&b[..n]).ok().filter(|f| f.records_end + FOOTER_LEN as u64 == len && f.first_seq == seg.base_seq))
+}
+
+/// Creates a new, empty active segment (header synced, directory synced).
+fn create_segment(
+    vfs: &dyn Vfs,
+    opts: &EngineOptions,
+    dir: &str,
+    stream_id: u64,
+    partition: u32,
+    base: u64,
+    now_ms: i64,
+) -> Result<Writer> {
+    let log_path = format!("{dir}/{}", log_name(base));
+    let idx_path = format!("{dir}/{base:020}.idx");
+    let log = vfs.open(&log_path, true).map_err(|e| io_err(vfs, &log_path, "create", e))?;
+    let header = SegmentHeader { partition, stream_id, base_seq: base, created_ms: now_ms }.encode();
+    log.set_len(0).map_err(|e| io_err(vfs, &log_path, "truncate", e))?;
+    log.write_all_at(&header, 0).map_err(|e| io_err(vfs, &log_path, "write", e))?;
+    let prealloc = opts.preallocate_bytes;
+    let mut prealloc_end = HEADER_LEN as u64;
+    if prealloc > 0 {
+        let zeros = vec![0u8; usize::try_from(prealloc).unwrap_or(0)];
+        log.write_all_at(&zeros, HEADER_LEN as u64).map_err(|e| io_err(vfs, &log_path, "preallocate", e))?;
+        prealloc_end += prealloc;
+    }
+    log.sync_data().map_err(|e| io_err(vfs, &log_path, "sync", e))?;
+    let idx = vfs.open(&idx_path, true).map_err(|e| io_err(vfs, &idx_path, "create", e))?;
+    idx.set_len(0).map_err(|e| io_err(vfs, &idx_path, "truncate", e))?;
+    idx.write_all_at(&encode_index_header(base), 0).map_err(|e| io_err(vfs, &idx_path, "write", e))?;
+    vfs.sync_dir(dir).map_err(|e| io_err(vfs, dir, "sync", e))?;
+    let active = Arc::new(Segment {
+        base_seq: base,
+        log_path,
+        idx_path,
+        log,
+        index: RwLock::new(Some(Vec::new())),
+        footer: RwLock::new(None),
+    });
+    Ok(Writer {
+        active,
+        idx,
+        end: HEADER_LEN as u64,
+        prealloc_end,
+        idx_len: IDX_HEADER_LEN as u64,
+        last_index_offset: HEADER_LEN as u64,
+        next_seq: base,
+        count: 0,
+        max_ts: i64::MIN,
+        max_txn: 0,
+    })
+}
+
+/// Scans a whole segment and returns index points at append boundaries.
+fn rebuild_index(vfs: &dyn Vfs, seg: &Segment, limit: u64) -> Result<Vec<IndexEntry>> {
+    let mut out = Vec::new();
+    let mut scanner = Scanner::new(&*seg.log, HEADER_LEN as u64, limit);
+    let mut last_entry_offset = 0u64;
+    let mut boundary = true;
+    let mut max_ts = i64::MIN;
+    let mut max_txn = 0;
+    loop {
+        match scanner.next_step().map_err(|e| io_err(vfs, &seg.log_path, "read", e))? {
+            Step::Record { offset, header, .. } => {
+                if boundary && (out.is_empty() || offset - last_entry_offset >= INDEX_INTERVAL_BYTES) {
+                    out.push(IndexEntry { seq: header.seq, offset, max_ts_before: max_ts, max_txn_before: max_txn });
+                    last_entry_offset = offset;
+                }
+                boundary = header.flags & FLAG_END != 0;
+                max_ts = max_ts.max(header.ts);
+                max_txn = max_txn.max(header.txn);
+            }
+            Step::End { .. } => return Ok(out),
+            Step::Truncated { offset } => {
+                return Err(corrupt(vfs, &seg.log_path, offset, "record runs past the end of a sealed segment"));
+            }
+            Step::Invalid { offset, reason } => return Err(corrupt(vfs, &seg.log_path, offset, reason)),
+        }
+    }
+}
+
+/// Writes a complete index file; failures are only logged (derived data).
+fn write_index(vfs: &dyn Vfs, path: &str, base: u64, entries: &[IndexEntry]) {
+    let mut bytes = encode_index_header(base).to_vec();
+    for e in entries {
+        bytes.extend_from_slice(&e.encode());
+    }
+    let r = vfs.open(path, true).and_then(|f| {
+        f.set_len(0)?;
+        f.write_all_at(&bytes, 0)
+    });
+    if let Err(e) = r {
+        tracing::warn!(file = %vfs.describe(path).display(), error = %e, "could not rewrite index");
+    }
+}
+
+/// A scanned record's position, for recovery.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    offset: u64,
+    end: u64,
+    header: RecordHeader,
+}
+
+/// Recovers the active (unsealed) segment: finds the last complete append
+/// (and drops multi-partition batches above `committed_txn`), truncates
+/// anything after it, and rebuilds the writer state.
+fn recover_active(
+    vfs: &dyn Vfs,
+    opts: &EngineOptions,
+    seg: Arc<Segment>,
+    committed_txn: u64,
+) -> Result<(Writer, Option<Truncation>)> {
+    let file_len = seg.log.len().map_err(|e| io_err(vfs, &seg.log_path, "stat", e))?;
+    let idx = vfs.open(&seg.idx_path, true).map_err(|e| io_err(vfs, &seg.idx_path, "open", e))?;
+    let idx_bytes_len = idx.len().unwrap_or(0).min(file_len / 8 + IDX_HEADER_LEN as u64 + ENTRY_LEN as u64);
+    let mut buf = vec![0u8; usize::try_from(idx_bytes_len).unwrap_or(0)];
+    let n = idx.read_at(&mut buf, 0).unwrap_or(0);
+    let mut entries = decode_index(&buf[..n], seg.base_seq);
+    // Trust only entries that point at a record with the right sequence and
+    // come before any uncommitted multi-partition batch.
+    while let Some(last) = entries.last() {
+        let valid = last.max_txn_before <= committed_txn
+            && record_at(&*seg.log, last.offset, file_len).is_some_and(|h| h.seq == last.seq);
+        if valid {
+            break;
+        }
+        entries.pop();
+    }
+    let (start, start_seq, start_max_ts, start_max_txn) =
+        entries.last().map_or((HEADER_LEN as u64, seg.base_seq, i64::MIN, 0), |e| {
+            (e.offset, e.seq, e.max_ts_before, e.max_txn_before)
+        });
+
+    // Scan to the end of the valid records.
+    let mut scanner = Scanner::new(&*seg.log, start, file_len);
+    let mut seen: Vec<Seen> = Vec::new();
+    let mut expected = start_seq;
+    let stop = loop {
+        match scanner.next_step().map_err(|e| io_err(vfs, &seg.log_path, "read", e))? {
+            Step::Record { offset, header, .. } => {
+                if header.seq != expected {
+                    break Some((offset, "sequence out of order"));
+                }
+                expected += 1;
+                let end = scanner.position();
+                seen.push(Seen { offset, end, header });
+            }
+            Step::End { footer: false, .. } => break None,
+            Step::End { offset, footer: true } => break Some((offset, "torn footer")),
+            Step::Truncated { offset } => break Some((offset, "record runs past the end of the file")),
+            Step::Invalid { offset, reason } => break Some((offset, reason)),
+        }
+    };
+    if let Some((offset, reason)) = stop {
+        check_tail(vfs, &seg, offset, reason, expected, file_len, opts.recovery)?;
+    }
+
+    // Keep only complete appends: up to the last record flagged END, and
+    // before the first multi-partition batch whose commit is not recorded.
+    let mut keep = seen.iter().rposition(|s| s.header.flags & FLAG_END != 0).map_or(0, |i| i + 1);
+    if let Some(i) = seen[..keep].iter().position(|s| s.header.flags & FLAG_MULTI != 0 && s.header.txn > committed_txn)
+    {
+        keep = i;
+    }
+    let kept = &seen[..keep];
+    let cut = kept.last().map_or(start, |s| s.end);
+    // Anything non-zero after the cut (a torn write, an unacknowledged append,
+    // pages flushed out of order) must go, or a later crash could revive it.
+    let data_end = zero_run_start(&*seg.log, cut, file_len).map_err(|e| io_err(vfs, &seg.log_path, "read", e))?;
+    let mut truncation = None;
+    if data_end > cut || stop.is_some() {
+        let reason = stop.map_or("incomplete or uncommitted batch", |(_, r)| r);
+        if opts.recovery == RecoveryMode::Strict {
+            return Err(corrupt(vfs, &seg.log_path, cut, format!("{reason} (strict recovery refuses to truncate)")));
+        }
+        tracing::warn!(file = %vfs.describe(&seg.log_path).display(), offset = cut, dropped_bytes = data_end.saturating_sub(cut), reason, "truncating torn tail");
+        truncate_tail(vfs, &seg, cut, file_len)?;
+        truncation = Some(Truncation { offset: cut, dropped_bytes: data_end.saturating_sub(cut), reason });
+    }
+
+    let count = kept.last().map_or(start_seq - seg.base_seq, |s| s.header.seq - seg.base_seq + 1);
+    let max_ts = kept.iter().map(|s| s.header.ts).fold(start_max_ts, i64::max);
+    let max_txn = kept.iter().map(|s| s.header.txn).fold(start_max_txn, u64::max);
+    // Rebuild the index tail from the scanned records.
+    let mut last_index_offset = entries.last().map_or(HEADER_LEN as u64, |e| e.offset);
+    let mut boundary = false;
+    let (mut running_ts, mut running_txn) = (start_max_ts, start_max_txn);
+    for s in kept {
+        if boundary && s.offset - last_index_offset >= INDEX_INTERVAL_BYTES {
+            entries.push(IndexEntry {
+                seq: s.header.seq,
+                offset: s.offset,
+                max_ts_before: running_ts,
+                max_txn_before: running_txn,
+            });
+            last_index_offset = s.offset;
+        }
+        boundary = s.header.flags & FLAG_END != 0;
+        running_ts = running_ts.max(s.header.ts);
+        running_txn = running_txn.max(s.header.txn);
+    }
+    if entries.is_empty() && !kept.is_empty() {
+        entries.push(IndexEntry {
+            seq: seg.base_seq,
+            offset: HEADER_LEN as u64,
+            max_ts_before: i64::MIN,
+            max_txn_before: 0,
+        });
+    }
+    write_index(vfs, &seg.idx_path, seg.base_seq, &entries);
+    let idx_len = (IDX_HEADER_LEN + entries.len() * ENTRY_LEN) as u64;
+    let prealloc_end = seg.log.len().map_err(|e| io_err(vfs, &seg.log_path, "stat", e))?;
+    *seg.index.write() = Some(entries);
+    let next_seq = seg.base_seq + count;
+    Ok((
+        Writer {
+            idx,
+            end: cut,
+            prealloc_end,
+            idx_len,
+            last_index_offset,
+            next_seq,
+            count,
+            max_ts,
+            max_txn,
+            active: seg,
+        },
+        truncation,
+    ))
+}
+
+/// The header of the record at `offset`, when a valid one starts there.
+fn record_at(log: &dyn VfsFile, offset: u64, file_len: u64) -> Option<RecordHeader> {
+    let mut s = Scanner::new(log, offset, file_len);
+    match s.next_step().ok()? {
+        Step::Record { header, .. } => Some(header),
+        _ => None,
+    }
+}
+
+/// Decides whether a bad record at `offset` is a torn tail (the last write
+/// was cut short) or corruption in the middle of the log. It is corruption
+/// when a valid record with a later sequence follows the damage.
+fn check_tail(
+    vfs: &dyn Vfs,
+    seg: &Segment,
+    offset: u64,
+    reason: &str,
+    expected: u64,
+    file_len: u64,
+    _mode: RecoveryMode,
+) -> Result<()> {
+    let log = &*seg.log;
+    // Where the damaged record claims to end, if its length is plausible.
+    let mut frame = [0u8; FRAME_LEN];
+    let n = log.read_at(&mut frame, offset).map_err(|e| io_err(vfs, &seg.log_path, "read", e))?;
+    if n == FRAME_LEN {
+        let len = u64::from(get_u32(&frame, REC_LEN));
+        if (BODY_MIN as u64..=u64::from(MAX_BODY_LEN)).contains(&len) {
+            let next = offset + FRAME_LEN as u64 + len;
+            if let Some(h) = record_at(log, next, file_len)
+                && h.seq > expected
+            {
+                return Err(corrupt(
+                    vfs,
+                    &seg.log_path,
+                    offset,
+                    format!("{reason}, followed by valid records (sequence {} at offset {next})", h.seq),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The offset where the run of zeros at the end of the written data starts
+/// (searching from `from`).
+fn zero_run_start(log: &dyn VfsFile, from: u64, file_len: u64) -> std::io::Result<u64> {
+    let mut last_nonzero_end = from;
+    let mut at = from;
+    let mut buf = vec![0u8; 1 << 20];
+    while at < file_len {
+        let n = log.read_at(&mut buf, at)?;
+        if n == 0 {
+            break;
+        }
+        if let Some(i) = buf[..n].iter().rposition(|&b| b != 0) {
+            last_nonzero_end = at + i as u64 + 1;
+        }
+        at += n as u64;
+    }
+    Ok(last_nonzero_end)
+}
+
+/// Drops everything after `cut` (keeping the file's preallocated length
+/// filled with zeros), durably.
+fn truncate_tail(vfs: &dyn Vfs, seg: &Segment, cut: u64, file_len: u64) -> Result<()> {
+    let log = &*seg.log;
+    log.set_len(cut).map_err(|e| io_err(vfs, &seg.log_path, "truncate", e))?;
+    if file_len > cut {
+        log.set_len(file_len).map_err(|e| io_err(vfs, &seg.log_path, "extend", e))?;
+    }
+    log.sync_data().map_err(|e| io_err(vfs, &seg.log_path, "sync", e))
+}

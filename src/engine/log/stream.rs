@@ -1,0 +1,241 @@
+//! A stream's log: its partitions, its transaction log, and the append path.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::partition::{Location, Partition, StoredRecord, Truncation};
+use super::txn::TxnLog;
+use crate::engine::commit::{Committer, Job, Poison, Ticket};
+use crate::engine::options::{Durability, EngineOptions};
+use crate::engine::segment::format::{FLAG_END, FLAG_MULTI};
+use crate::engine::segment::record::{DocRef, RecordHeader, encode_record, set_flags};
+use crate::engine::vfs::Vfs;
+use crate::error::{Error, Result};
+use crate::model::event::NewEvent;
+
+/// An event routed to a partition with its final timestamp.
+#[derive(Debug)]
+pub struct Routed<'a> {
+    /// The partition.
+    pub partition: u32,
+    /// The timestamp (ms).
+    pub ts: i64,
+    /// The event.
+    pub event: &'a NewEvent,
+}
+
+/// A stream's partitions and write path.
+#[derive(Debug)]
+pub struct StreamLog {
+    /// The manifest id.
+    pub id: u64,
+    /// The user-given name.
+    pub name: String,
+    dir: String,
+    partitions: Vec<Arc<Partition>>,
+    txn: Arc<TxnLog>,
+    /// Serializes appends; holds the next transaction id.
+    write: Mutex<u64>,
+}
+
+/// The directory of a stream.
+pub fn stream_dir(id: u64) -> String {
+    format!("streams/{id:016x}")
+}
+
+impl StreamLog {
+    /// Opens (recovering) or creates a stream's files.
+    pub fn open(
+        vfs: Arc<dyn Vfs>,
+        opts: &EngineOptions,
+        id: u64,
+        name: &str,
+        partition_count: u32,
+        now_ms: i64,
+        truncations: &mut Vec<(String, Truncation)>,
+    ) -> Result<StreamLog> {
+        let dir = stream_dir(id);
+        vfs.create_dir_all(&dir).map_err(|e| super::manifest::io_err(&*vfs, &dir, "create", e))?;
+        let txn = Arc::new(TxnLog::open(vfs.clone(), &dir)?);
+        let committed = txn.committed();
+        let partitions = (0..partition_count)
+            .map(|p| {
+                let at = Location { dir: format!("{dir}/{p:05}"), stream_id: id, partition: p };
+                Partition::open(vfs.clone(), opts, at, now_ms, committed, truncations).map(Arc::new)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        vfs.sync_dir(&dir).map_err(|e| super::manifest::io_err(&*vfs, &dir, "sync", e))?;
+        Ok(StreamLog { id, name: name.to_owned(), dir, partitions, txn, write: Mutex::new(committed + 1) })
+    }
+
+    /// The stream's directory.
+    pub fn dir(&self) -> &str {
+        &self.dir
+    }
+
+    /// The partition count.
+    pub fn partition_count(&self) -> u32 {
+        u32::try_from(self.partitions.len()).unwrap_or(u32::MAX)
+    }
+
+    /// A partition (callers check the range).
+    pub fn partition(&self, p: u32) -> Result<&Arc<Partition>> {
+        self.partitions.get(p as usize).ok_or_else(|| Error::InvalidPartition {
+            stream: self.name.clone(),
+            partition: p,
+            partition_count: self.partition_count(),
+        })
+    }
+
+    /// The last visible sequence of a partition (0 when empty).
+    pub fn high_watermark(&self, p: u32) -> u64 {
+        self.partitions.get(p as usize).map_or(0, |part| part.visible())
+    }
+
+    /// Reads records of a partition after a sequence.
+    pub fn read(&self, p: u32, after: u64, limit: usize) -> Result<Vec<StoredRecord>> {
+        self.partition(p)?.read(after, limit)
+    }
+
+    /// Appends events atomically. Returns the assigned (partition, sequence)
+    /// of each, in input order, and the ticket that resolves when durable.
+    pub fn append(
+        &self,
+        items: &[Routed<'_>],
+        opts: &EngineOptions,
+        committer: &Committer,
+        poison: &Poison,
+    ) -> Result<(Vec<(u32, u64)>, Ticket)> {
+        let mut next_txn = self.write.lock();
+        poison.check(&self.name)?;
+        let mut touched: Vec<u32> = items.iter().map(|r| r.partition).collect();
+        touched.sort_unstable();
+        touched.dedup();
+        let multi = touched.len() > 1;
+        let txn = if multi { *next_txn } else { 0 };
+        let mut writers = Vec::with_capacity(touched.len());
+        for &p in &touched {
+            writers.push((p, self.partition(p)?.clone()));
+        }
+        let mut guards: Vec<_> = writers.iter().map(|(_, part)| part.lock_writer()).collect();
+
+        // Encode each partition's records with their sequences.
+        let mut bufs: Vec<(Vec<u8>, u64, i64)> = Vec::with_capacity(touched.len());
+        let mut assigned = vec![(0u32, 0u64); items.len()];
+        for (slot, &p) in touched.iter().enumerate() {
+            let mut buf = Vec::new();
+            let mut max_ts = i64::MIN;
+            let mut last_start = 0;
+            let mut count = 0;
+            let first_seq = guards[slot].next_seq;
+            for (seq, (i, r)) in (first_seq..).zip(items.iter().enumerate().filter(|(_, r)| r.partition == p)) {
+                let e = r.event;
+                let h = RecordHeader { seq, ts: r.ts, flags: if multi { FLAG_MULTI } else { 0 }, txn };
+                last_start = buf.len();
+                let doc = DocRef(&e.id, e.key.as_deref(), e.event_type.as_deref(), &e.metadata, &e.payload);
+                encode_record(&mut buf, &h, &doc).map_err(|reason| Error::invalid("event", reason))?;
+                assigned[i] = (p, seq);
+                max_ts = max_ts.max(r.ts);
+                count += 1;
+            }
+            let flags = FLAG_END | if multi { FLAG_MULTI } else { 0 };
+            set_flags(&mut buf[last_start..], flags, txn);
+            bufs.push((buf, count, max_ts));
+        }
+
+        // Segments seal only with every multi-partition batch in them committed.
+        let rolls: Vec<usize> =
+            (0..touched.len()).filter(|&i| writers[i].1.needs_roll(&guards[i], bufs[i].0.len() as u64)).collect();
+        if !rolls.is_empty() {
+            self.commit_barrier(*next_txn - 1, &touched, &guards, poison)?;
+            for &i in &rolls {
+                if let Err(e) = writers[i].1.roll(&mut guards[i], now_ms()) {
+                    if let Error::Poisoned { reason, .. } = &e {
+                        poison.set(reason.clone());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+
+        // Write every partition; on failure undo the ones already written.
+        let mut files = Vec::with_capacity(touched.len());
+        let marks: Vec<_> = guards.iter().map(|g| Partition::mark(g)).collect();
+        for i in 0..touched.len() {
+            let (buf, count, max_ts) = &bufs[i];
+            match writers[i].1.write(&mut guards[i], buf, *count, *max_ts, txn) {
+                Ok(f) => files.push(f),
+                Err(e) => {
+                    for j in 0..i {
+                        if let Err(undo) = writers[j].1.rollback(&mut guards[j], marks[j]) {
+                            poison.set(undo.to_string());
+                        }
+                    }
+                    if let Error::Poisoned { reason, .. } = &e {
+                        poison.set(reason.clone());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        if multi {
+            *next_txn += 1;
+        }
+        let publish: Vec<(Arc<Partition>, u64)> =
+            writers.iter().zip(&guards).map(|((_, part), g)| (part.clone(), g.next_seq - 1)).collect();
+        let ticket = match opts.durability {
+            Durability::Sync => {
+                let txn = multi.then(|| (self.txn.clone(), txn));
+                committer.submit(Job { files, txn, publish, done: None }, true)
+            }
+            Durability::Batched { .. } | Durability::None => {
+                if multi {
+                    self.txn.commit(txn, false)?;
+                }
+                for (part, seq) in &publish {
+                    part.publish(*seq);
+                }
+                if matches!(opts.durability, Durability::Batched { .. }) {
+                    let txn_job = multi.then(|| (self.txn.clone(), txn));
+                    let _ = committer.submit(Job { files, txn: txn_job, publish: Vec::new(), done: None }, false);
+                }
+                Ticket::ready()
+            }
+        };
+        drop(guards);
+        drop(next_txn);
+        Ok((assigned, ticket))
+    }
+
+    /// Makes every batch written so far durable and committed: syncs the
+    /// active segment of every partition, then records `last_txn`.
+    fn commit_barrier(
+        &self,
+        last_txn: u64,
+        held: &[u32],
+        guards: &[parking_lot::MutexGuard<'_, super::partition::Writer>],
+        poison: &Poison,
+    ) -> Result<()> {
+        for (i, part) in self.partitions.iter().enumerate() {
+            let file = match held.iter().position(|&p| p as usize == i) {
+                Some(slot) => Partition::active_file(&guards[slot]),
+                None => Partition::active_file(&part.lock_writer()),
+            };
+            if let Err(e) = file.sync_data() {
+                let reason = format!("fdatasync before a segment roll failed: {e}");
+                poison.set(reason.clone());
+                return Err(Error::Poisoned { scope: self.name.clone(), reason });
+            }
+        }
+        if last_txn > 0 {
+            self.txn.commit(last_txn, true).inspect_err(|e| poison.set(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+/// The wall clock in ms, for segment headers (informational only).
+pub(crate) fn now_ms() -> i64 {
+    crate::model::time::Timestamp::now().as_millis()
+}

@@ -1,0 +1,184 @@
+//! The per-stream transaction log: the commit point of batches that span
+//! several partitions.
+//!
+//! A multi-partition batch writes its records (flagged `FLAG_MULTI` with a
+//! transaction id) to every partition, syncs them, and only then appends the
+//! transaction id here and syncs this file. Recovery drops a trailing
+//! multi-partition batch whose id is above the last id recorded here, so a
+//! batch is visible in all its partitions or in none.
+//!
+//! Layout (`format/segment.md`, "Transaction log"): a 16-byte header (magic
+//! `RHEOTXN\0`, version u16, reserved u16, CRC32 of the first 12 bytes), then
+//! 16-byte entries (txn id u64, reserved u32, CRC32 of the first 12 bytes).
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::engine::log::manifest::io_err;
+use crate::engine::segment::format::{FORMAT_VERSION, get_u16, get_u32, get_u64};
+use crate::engine::vfs::{Vfs, VfsFile};
+use crate::error::Result;
+
+/// Magic of a transaction log.
+pub const TXN_MAGIC: [u8; 8] = *b"RHEOTXN\0";
+/// Size of the header and of each entry.
+pub const TXN_RECORD_LEN: usize = 16;
+/// Rewrite the file once it grows past this size.
+const COMPACT_BYTES: u64 = 64 << 10;
+
+fn header() -> [u8; TXN_RECORD_LEN] {
+    let mut b = [0u8; TXN_RECORD_LEN];
+    b[..8].copy_from_slice(&TXN_MAGIC);
+    b[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let crc = crc32fast::hash(&b[..12]);
+    b[12..16].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Encodes one committed transaction id.
+pub fn encode_entry(txn: u64) -> [u8; TXN_RECORD_LEN] {
+    let mut b = [0u8; TXN_RECORD_LEN];
+    b[..8].copy_from_slice(&txn.to_le_bytes());
+    let crc = crc32fast::hash(&b[..12]);
+    b[12..16].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The last committed transaction id in a transaction log's bytes (0 for
+/// none), and the length of its valid prefix.
+pub fn decode(b: &[u8]) -> (u64, u64) {
+    let valid_header = b.len() >= TXN_RECORD_LEN
+        && b[..8] == TXN_MAGIC
+        && get_u16(b, 8) == FORMAT_VERSION
+        && crc32fast::hash(&b[..12]) == get_u32(b, 12);
+    if !valid_header {
+        return (0, 0);
+    }
+    let mut last = 0;
+    let mut valid = TXN_RECORD_LEN as u64;
+    for e in b[TXN_RECORD_LEN..].chunks_exact(TXN_RECORD_LEN) {
+        let txn = get_u64(e, 0);
+        if crc32fast::hash(&e[..12]) != get_u32(e, 12) || txn <= last {
+            break;
+        }
+        last = txn;
+        valid += TXN_RECORD_LEN as u64;
+    }
+    (last, valid)
+}
+
+#[derive(Debug)]
+struct TxnState {
+    file: Arc<dyn VfsFile>,
+    len: u64,
+    committed: u64,
+}
+
+/// A stream's transaction log.
+#[derive(Debug)]
+pub struct TxnLog {
+    vfs: Arc<dyn Vfs>,
+    path: String,
+    dir: String,
+    state: Mutex<TxnState>,
+}
+
+impl TxnLog {
+    /// Opens (creating when missing) the log at `dir/txn`.
+    pub fn open(vfs: Arc<dyn Vfs>, dir: &str) -> Result<Self> {
+        let path = format!("{dir}/txn");
+        let file = vfs.open(&path, true).map_err(|e| io_err(&*vfs, &path, "open", e))?;
+        let len = file.len().map_err(|e| io_err(&*vfs, &path, "stat", e))?;
+        let mut buf = vec![0u8; usize::try_from(len.min(COMPACT_BYTES * 2)).unwrap_or(0)];
+        let n = file.read_at(&mut buf, 0).map_err(|e| io_err(&*vfs, &path, "read", e))?;
+        let (committed, valid) = decode(&buf[..n]);
+        let log =
+            TxnLog { vfs, path, dir: dir.to_owned(), state: Mutex::new(TxnState { file, len: valid, committed }) };
+        if valid == 0 || valid != len {
+            // New, torn or oversized: rewrite it to exactly the committed state.
+            log.rewrite(&mut log.state.lock())?;
+        }
+        Ok(log)
+    }
+
+    /// The last committed transaction id.
+    pub fn committed(&self) -> u64 {
+        self.state.lock().committed
+    }
+
+    fn rewrite(&self, s: &mut TxnState) -> Result<()> {
+        let tmp = format!("{}.tmp", self.path);
+        let vfs = &*self.vfs;
+        let f = vfs.open(&tmp, true).map_err(|e| io_err(vfs, &tmp, "create", e))?;
+        let mut bytes = header().to_vec();
+        if s.committed > 0 {
+            bytes.extend_from_slice(&encode_entry(s.committed));
+        }
+        f.set_len(0).map_err(|e| io_err(vfs, &tmp, "truncate", e))?;
+        f.write_all_at(&bytes, 0).map_err(|e| io_err(vfs, &tmp, "write", e))?;
+        f.sync_data().map_err(|e| io_err(vfs, &tmp, "sync", e))?;
+        vfs.rename(&tmp, &self.path).map_err(|e| io_err(vfs, &self.path, "rename", e))?;
+        vfs.sync_dir(&self.dir).map_err(|e| io_err(vfs, &self.dir, "sync", e))?;
+        s.file = f;
+        s.len = bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Records `txn` as committed; durable when `sync`.
+    pub fn commit(&self, txn: u64, sync: bool) -> Result<()> {
+        let mut s = self.state.lock();
+        if txn <= s.committed {
+            return Ok(());
+        }
+        s.committed = txn;
+        if s.len >= COMPACT_BYTES {
+            return self.rewrite(&mut s);
+        }
+        let vfs = &*self.vfs;
+        s.file.write_all_at(&encode_entry(txn), s.len).map_err(|e| io_err(vfs, &self.path, "write", e))?;
+        s.len += TXN_RECORD_LEN as u64;
+        if sync {
+            s.file.sync_data().map_err(|e| io_err(vfs, &self.path, "sync", e))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::vfs::MemVfs;
+
+    #[test]
+    fn committed_ids_survive_a_crash_only_when_synced() {
+        let mem = MemVfs::new();
+        mem.create_dir_all("s").expect("mkdir");
+        mem.sync_dir("").expect("sync");
+        let vfs: Arc<dyn Vfs> = Arc::new(mem.clone());
+        let log = TxnLog::open(vfs.clone(), "s").expect("open");
+        log.commit(1, true).expect("commit");
+        log.commit(2, false).expect("commit unsynced");
+        mem.crash();
+        assert_eq!(TxnLog::open(vfs, "s").expect("reopen").committed(), 1);
+    }
+
+    #[test]
+    fn compaction_keeps_the_last_id() {
+        let vfs: Arc<dyn Vfs> = Arc::new(MemVfs::new());
+        let log = TxnLog::open(vfs.clone(), "").expect("open");
+        for t in 1..=10_000 {
+            log.commit(t, false).expect("commit");
+        }
+        assert_eq!(TxnLog::open(vfs, "").expect("reopen").committed(), 10_000);
+    }
+
+    #[test]
+    fn decode_stops_at_a_torn_entry() {
+        let mut b = header().to_vec();
+        b.extend_from_slice(&encode_entry(5));
+        b.extend_from_slice(&encode_entry(9)[..7]);
+        assert_eq!(decode(&b), (5, 32));
+        assert_eq!(decode(b"garbage"), (0, 0));
+    }
+}

@@ -1,0 +1,59 @@
+//! Engine settings.
+
+use std::time::Duration;
+
+/// When an append is durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// An append returns after its records are on disk (`fdatasync`).
+    /// Concurrent appends share one sync (group commit). The default.
+    #[default]
+    Sync,
+    /// An append returns once written to the OS; a background sync follows
+    /// within `max_delay`. A machine crash may lose that window; a process
+    /// crash loses nothing.
+    Batched {
+        /// The longest time between a write and its sync.
+        max_delay: Duration,
+    },
+    /// The OS decides when data reaches the disk. A process crash loses
+    /// nothing; a machine crash may lose any recent append.
+    None,
+}
+
+/// What recovery does with a damaged tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecoveryMode {
+    /// Truncate a torn tail (an append cut short by a crash) and log it;
+    /// damage followed by valid records is still `Error::Corrupt`. The default.
+    #[default]
+    TolerateTornTail,
+    /// Any damage, torn tail included, is `Error::Corrupt`.
+    Strict,
+}
+
+/// Settings of a native data directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// When appends are durable (default `Sync`).
+    pub durability: Durability,
+    /// Recovery policy (default `TolerateTornTail`).
+    pub recovery: RecoveryMode,
+    /// A segment rolls once it holds this many bytes (default 64 MiB).
+    pub segment_bytes: u64,
+    /// Zero-fill the active segment ahead of writes in steps of this many
+    /// bytes, so that a sync only flushes data, not the file size (default
+    /// 4 MiB; 0 disables).
+    pub preallocate_bytes: u64,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            durability: Durability::Sync,
+            recovery: RecoveryMode::TolerateTornTail,
+            segment_bytes: 64 << 20,
+            preallocate_bytes: 4 << 20,
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Sequential, buffered, checksum-verifying reads of a segment's records.
+
+use std::io;
+
+use super::format::{FRAME_LEN, MAX_BODY_LEN};
+use super::record::{Decoded, RecordHeader, decode_record};
+use crate::engine::vfs::VfsFile;
+
+/// The read size of a scan.
+const CHUNK: usize = 256 << 10;
+
+/// One step of a scan.
+#[derive(Debug)]
+pub enum Step<'a> {
+    /// A valid record at `offset`.
+    Record {
+        /// Where it starts.
+        offset: u64,
+        /// Its fixed fields.
+        header: RecordHeader,
+        /// Its MessagePack document.
+        doc: &'a [u8],
+    },
+    /// No more records: zeros, a footer, or the end of the file, at `offset`.
+    End {
+        /// Where the records end.
+        offset: u64,
+        /// True when a footer starts there.
+        footer: bool,
+    },
+    /// A record at `offset` runs past the end of the file (a torn write).
+    Truncated {
+        /// Where it starts.
+        offset: u64,
+    },
+    /// The bytes at `offset` are not a valid record.
+    Invalid {
+        /// Where they start.
+        offset: u64,
+        /// Why.
+        reason: &'static str,
+    },
+}
+
+/// Scans records from an offset, reading `CHUNK` bytes at a time and never
+/// more than one record's size beyond that.
+pub struct Scanner<'f> {
+    file: &'f dyn VfsFile,
+    /// The end of readable data (the file length when the scan started, or
+    /// a records_end).
+    limit: u64,
+    pos: u64,
+    buf: Vec<u8>,
+    buf_start: u64,
+}
+
+impl<'f> Scanner<'f> {
+    /// Scans `file` from `offset` up to `limit` bytes.
+    pub fn new(file: &'f dyn VfsFile, offset: u64, limit: u64) -> Self {
+        Scanner { file, limit, pos: offset, buf: Vec::new(), buf_start: offset }
+    }
+
+    /// The offset of the next record.
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Makes at least `need` bytes from `pos` available (fewer at the limit).
+    fn fill(&mut self, need: usize) -> io::Result<()> {
+        let have_from = self.pos.saturating_sub(self.buf_start);
+        let have = (self.buf.len() as u64).saturating_sub(have_from);
+        if self.pos >= self.buf_start && have >= need as u64 {
+            return Ok(());
+        }
+        let available = self.limit.saturating_sub(self.pos);
+        let want = u64::try_from(need.max(CHUNK)).unwrap_or(u64::MAX).min(available);
+        let want = usize::try_from(want).unwrap_or(usize::MAX);
+        self.buf.resize(want, 0);
+        let n = self.file.read_at(&mut self.buf, self.pos)?;
+        self.buf.truncate(n);
+        self.buf_start = self.pos;
+        Ok(())
+    }
+
+    /// The next step. After `End`, `Truncated` or `Invalid` the scan stays put.
+    pub fn next_step(&mut self) -> io::Result<Step<'_>> {
+        self.fill(FRAME_LEN)?;
+        let mut need = FRAME_LEN;
+        loop {
+            let at = usize::try_from(self.pos - self.buf_start).unwrap_or(usize::MAX);
+            let view = self.buf.get(at..).unwrap_or(&[]);
+            if view.is_empty() {
+                return Ok(Step::End { offset: self.pos, footer: false });
+            }
+            match decode_record(view) {
+                Decoded::Incomplete(n) if n > need && (n as u64) <= u64::from(MAX_BODY_LEN) + FRAME_LEN as u64 => {
+                    need = n;
+                    self.fill(n)?;
+                }
+                Decoded::Incomplete(_) => return Ok(Step::Truncated { offset: self.pos }),
+                Decoded::End => return Ok(Step::End { offset: self.pos, footer: false }),
+                Decoded::Footer => return Ok(Step::End { offset: self.pos, footer: true }),
+                Decoded::Invalid(reason) => return Ok(Step::Invalid { offset: self.pos, reason }),
+                Decoded::Record { header, size, .. } => {
+                    let offset = self.pos;
+                    self.pos += size as u64;
+                    // Re-borrow the document from the buffer for the caller.
+                    let at = usize::try_from(offset - self.buf_start).unwrap_or(usize::MAX);
+                    let doc = &self.buf[at + FRAME_LEN + super::format::BODY_DOC..at + size];
+                    return Ok(Step::Record { offset, header, doc });
+                }
+            }
+        }
+    }
+}
