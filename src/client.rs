@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::backend::Backend;
+use crate::engine::EngineOptions;
 use crate::error::{Error, ObjectKind, Result};
 use crate::memory::MemoryBackend;
 use crate::model::capabilities::Capabilities;
@@ -23,6 +24,7 @@ use crate::model::names::{
 };
 use crate::model::query::{Page, Query};
 use crate::model::time::{Clock, SystemClock, Timestamp};
+use crate::native::NativeBackend;
 
 /// The entry point: a cheap-to-clone handle on one backend.
 ///
@@ -61,13 +63,19 @@ struct Inner {
 #[derive(Debug, Clone)]
 pub struct RheoBuilder {
     clock: Arc<dyn Clock>,
+    engine: EngineOptions,
     consumer_id: Option<String>,
     max_event_bytes: usize,
 }
 
 impl Default for RheoBuilder {
     fn default() -> Self {
-        RheoBuilder { clock: Arc::new(SystemClock), consumer_id: None, max_event_bytes: DEFAULT_MAX_EVENT_BYTES }
+        RheoBuilder {
+            clock: Arc::new(SystemClock),
+            engine: EngineOptions::default(),
+            consumer_id: None,
+            max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+        }
     }
 }
 
@@ -86,18 +94,29 @@ impl RheoBuilder {
         self
     }
 
+    /// Settings of the native engine (a `native:` URL's query overrides them).
+    pub fn engine_options(mut self, opts: EngineOptions) -> Self {
+        self.engine = opts;
+        self
+    }
+
     /// The largest event accepted, in encoded bytes (default 1 MiB).
     pub fn max_event_bytes(mut self, n: usize) -> Self {
         self.max_event_bytes = n;
         self
     }
 
-    /// Opens a backend from a URL: `memory:` (more schemes with their features).
+    /// Opens a backend from a URL: `memory:` or `native:PATH[?options]`
+    /// (see [`crate::native`]).
     pub async fn open(self, url: &str) -> Result<Rheo> {
-        let (scheme, _rest) = url.split_once(':').unwrap_or((url, ""));
+        let (scheme, rest) = url.split_once(':').unwrap_or((url, ""));
         let backend: Arc<dyn Backend> = match scheme {
             "memory" => Arc::new(MemoryBackend::with_clock(self.clock.clone())),
-            "native" | "sqlite" | "postgres" | "postgresql" | "mongodb" => {
+            "native" => {
+                let (path, opts) = crate::native::parse_url(rest, self.engine.clone())?;
+                Arc::new(NativeBackend::open(&path, opts, self.clock.clone()).await?)
+            }
+            "sqlite" | "postgres" | "postgresql" | "mongodb" => {
                 return Err(Error::Unsupported {
                     backend: "rheo",
                     operation: "this backend URL scheme (not built yet)",

@@ -36,10 +36,12 @@ pub mod engine;
 pub mod error;
 pub mod memory;
 pub mod model;
+pub mod native;
 mod rangeset;
 
 pub use backend::Backend;
 pub use client::{Rheo, RheoBuilder};
+pub use engine::{Durability, EngineOptions, RecoveryMode};
 pub use error::{Error, ObjectKind, Result};
 pub use memory::MemoryBackend;
 pub use model::capabilities::Capabilities;
@@ -56,6 +58,7 @@ pub use model::names::{
 pub use model::query::{Cursor, Filter, Op, OrderBy, Page, Query, compare_values};
 pub use model::routing::{partition_for_key, phash2, phash2_range};
 pub use model::time::{Clock, ManualClock, SystemClock, Timestamp};
+pub use native::NativeBackend;
 
 /// The README's code blocks, compiled and run as doctests.
 #[cfg(doctest)]

@@ -28,7 +28,7 @@ use crate::model::group::{
 };
 use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
-use crate::model::routing::partition_for_key;
+use crate::model::routing::route;
 use crate::model::time::{Clock, SystemClock, Timestamp};
 use state::PartState;
 
@@ -135,24 +135,7 @@ impl MemoryBackend {
     fn append_locked(&self, s: &mut StreamState, events: Vec<NewEvent>) -> Result<Vec<Event>> {
         let count = s.opts.partition_count;
         // Route every event first so that a bad partition appends nothing.
-        let routed = events
-            .into_iter()
-            .map(|e| {
-                let p = match (e.partition, &e.key) {
-                    (Some(p), _) if p >= count => {
-                        return Err(Error::InvalidPartition {
-                            stream: s.name.clone(),
-                            partition: p,
-                            partition_count: count,
-                        });
-                    }
-                    (Some(p), _) => p,
-                    (None, Some(k)) => partition_for_key(k, count),
-                    (None, None) => 0,
-                };
-                Ok((p, e))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let routed = events.into_iter().map(|e| Ok((route(&s.name, &e, count)?, e))).collect::<Result<Vec<_>>>()?;
         let now = self.clock.now();
         let mut out = Vec::with_capacity(routed.len());
         for (p, e) in routed {

@@ -312,43 +312,90 @@ impl Query {
     where
         I: IntoIterator<Item = Event>,
     {
-        // A max-heap in query order keeps the `limit + 1` first matches.
-        struct Ranked<'q>(SortKey, Event, &'q Query);
-        impl PartialEq for Ranked<'_> {
-            fn eq(&self, o: &Self) -> bool {
-                self.0 == o.0
-            }
-        }
-        impl Eq for Ranked<'_> {}
-        impl PartialOrd for Ranked<'_> {
-            fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-                Some(self.cmp(o))
-            }
-        }
-        impl Ord for Ranked<'_> {
-            fn cmp(&self, o: &Self) -> Ordering {
-                self.2.compare_keys(self.0, o.0)
-            }
-        }
-        let keep = self.limit.saturating_add(1);
-        let mut heap = BinaryHeap::with_capacity(keep.min(1024));
+        let mut builder = self.page_builder();
         for e in candidates {
-            if !self.matches(&e) {
-                continue;
-            }
-            let key = self.sort_key(&e);
-            if heap.len() < keep {
-                heap.push(Ranked(key, e, self));
-            } else if heap.peek().is_some_and(|top| self.compare_keys(key, top.0) == Ordering::Less) {
-                heap.pop();
-                heap.push(Ranked(key, e, self));
-            }
+            builder.offer(e);
         }
-        let mut ranked = heap.into_sorted_vec();
-        let more = ranked.len() > self.limit;
-        ranked.truncate(self.limit);
+        builder.finish()
+    }
+
+    /// True when, within one partition, ascending sequence is also this
+    /// query's order (ascending by sequence or by partition).
+    pub fn scan_is_ordered(&self) -> bool {
+        !self.descending && matches!(self.order_by, OrderBy::Sequence | OrderBy::Partition)
+    }
+
+    /// A builder that takes candidate events one at a time (see [`Query::page_from`]).
+    pub fn page_builder(&self) -> PageBuilder<'_> {
+        let keep = self.limit.saturating_add(1);
+        PageBuilder { query: self, keep, heap: BinaryHeap::with_capacity(keep.min(1024)) }
+    }
+}
+
+/// A candidate ranked in its query's order (the heap's top is the last).
+struct Ranked<'q>(SortKey, Event, &'q Query);
+
+impl PartialEq for Ranked<'_> {
+    fn eq(&self, o: &Self) -> bool {
+        self.0 == o.0
+    }
+}
+impl Eq for Ranked<'_> {}
+impl PartialOrd for Ranked<'_> {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Ranked<'_> {
+    fn cmp(&self, o: &Self) -> Ordering {
+        self.2.compare_keys(self.0, o.0)
+    }
+}
+
+/// Collects the first `limit + 1` matches of a query, in its order, from
+/// candidates offered in any order.
+pub struct PageBuilder<'q> {
+    query: &'q Query,
+    keep: usize,
+    heap: BinaryHeap<Ranked<'q>>,
+}
+
+impl<'q> PageBuilder<'q> {
+    /// Considers one candidate.
+    pub fn offer(&mut self, e: Event) {
+        let q = self.query;
+        if !q.matches(&e) {
+            return;
+        }
+        let key = q.sort_key(&e);
+        if self.heap.len() < self.keep {
+            self.heap.push(Ranked(key, e, q));
+        } else if self.heap.peek().is_some_and(|top| q.compare_keys(key, top.0) == Ordering::Less) {
+            self.heap.pop();
+            self.heap.push(Ranked(key, e, q));
+        }
+    }
+
+    /// True when the page is full and `e` ranks after everything kept, so
+    /// it cannot be on the page. In a scan whose candidates come in the
+    /// query's order (see [`Query::scan_is_ordered`]), every later candidate
+    /// is past the end too and the scan may stop.
+    pub fn past_end(&self, e: &Event) -> bool {
+        self.heap.len() >= self.keep
+            && self
+                .heap
+                .peek()
+                .is_some_and(|top| self.query.compare_keys(self.query.sort_key(e), top.0) == Ordering::Greater)
+    }
+
+    /// The page.
+    pub fn finish(self) -> Page {
+        let q = self.query;
+        let mut ranked = self.heap.into_sorted_vec();
+        let more = ranked.len() > q.limit;
+        ranked.truncate(q.limit);
         let next_cursor = if more {
-            ranked.last().map(|r| Cursor { order_by: self.order_by, descending: self.descending, key: r.0 })
+            ranked.last().map(|r| Cursor { order_by: q.order_by, descending: q.descending, key: r.0 })
         } else {
             None
         };

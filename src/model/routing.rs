@@ -82,6 +82,20 @@ pub fn partition_for_key(key: &str, partition_count: u32) -> u32 {
     phash2_range(key.as_bytes(), partition_count)
 }
 
+/// The partition of an event in a stream of `partition_count` partitions:
+/// its explicit partition (`InvalidPartition` when out of range), else the
+/// hash of its key, else 0.
+pub fn route(stream: &str, event: &crate::model::event::NewEvent, partition_count: u32) -> crate::Result<u32> {
+    match (event.partition, &event.key) {
+        (Some(p), _) if p >= partition_count => {
+            Err(crate::Error::InvalidPartition { stream: stream.to_owned(), partition: p, partition_count })
+        }
+        (Some(p), _) => Ok(p),
+        (None, Some(k)) => Ok(partition_for_key(k, partition_count)),
+        (None, None) => Ok(0),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,254 @@
+//! The `native` backend: the [`Backend`] trait over our own storage engine.
+//!
+//! Open it with `Rheo::open("native:./data")`. Optional settings go in the
+//! URL query: `native:./data?durability=sync|batched|none&max_delay_ms=5&segment_bytes=67108864&recovery=strict`.
+//!
+//! The engine is synchronous. Appends write to the OS on the calling task
+//! (microseconds) and then await the group commit without blocking a thread;
+//! opening and stream creation, which sync files, run on the blocking pool.
+//! Consumer groups arrive with the write-ahead delivery table; until then the
+//! group operations answer `Unsupported`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::backend::Backend;
+use crate::engine::log::stream::{Routed, StreamLog};
+use crate::engine::{Durability, Engine, EngineOptions, RecoveryMode};
+use crate::error::{Error, Result};
+use crate::model::capabilities::Capabilities;
+use crate::model::event::{Event, NewEvent};
+use crate::model::group::{
+    FetchOptions, GroupOptions, GroupSummary, Lag, ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
+};
+use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
+use crate::model::query::{Page, Query};
+use crate::model::routing::route;
+use crate::model::time::{Clock, Timestamp};
+
+const BACKEND: &str = "native";
+
+/// The native backend.
+#[derive(Debug, Clone)]
+pub struct NativeBackend {
+    engine: Engine,
+    clock: Arc<dyn Clock>,
+}
+
+/// Parses `PATH[?key=value&...]` of a `native:` URL into a path and options.
+pub fn parse_url(rest: &str, mut opts: EngineOptions) -> Result<(String, EngineOptions)> {
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let path = path.strip_prefix("//").unwrap_or(path);
+    if path.is_empty() {
+        return Err(Error::invalid("url", "native: needs a directory, e.g. native:./rheo-data"));
+    }
+    let mut max_delay = Duration::from_millis(5);
+    let mut durability = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let number =
+            |v: &str| v.parse::<u64>().map_err(|_| Error::invalid("url", format!("{k}={v:?} is not a number")));
+        match k {
+            "durability" => durability = Some(v.to_owned()),
+            "max_delay_ms" => max_delay = Duration::from_millis(number(v)?),
+            "segment_bytes" => opts.segment_bytes = number(v)?.max(4096),
+            "preallocate_bytes" => opts.preallocate_bytes = number(v)?,
+            "recovery" => {
+                opts.recovery = match v {
+                    "strict" => RecoveryMode::Strict,
+                    "tolerate_torn_tail" => RecoveryMode::TolerateTornTail,
+                    _ => {
+                        return Err(Error::invalid(
+                            "url",
+                            format!("recovery={v:?}: expected strict or tolerate_torn_tail"),
+                        ));
+                    }
+                }
+            }
+            _ => return Err(Error::invalid("url", format!("unknown native option {k:?}"))),
+        }
+    }
+    match durability.as_deref() {
+        None => {}
+        Some("sync") => opts.durability = Durability::Sync,
+        Some("batched") => opts.durability = Durability::Batched { max_delay },
+        Some("none") => opts.durability = Durability::None,
+        Some(v) => return Err(Error::invalid("url", format!("durability={v:?}: expected sync, batched or none"))),
+    }
+    Ok((path.to_owned(), opts))
+}
+
+impl NativeBackend {
+    /// Opens (recovering) the data directory at `path`.
+    pub async fn open(path: &str, opts: EngineOptions, clock: Arc<dyn Clock>) -> Result<Self> {
+        let path = path.to_owned();
+        let engine = blocking(move || Engine::open_dir(&path, opts)).await?;
+        Ok(NativeBackend { engine, clock })
+    }
+
+    /// Wraps an open engine (tests use a `MemVfs` or `FaultyVfs` engine).
+    pub fn with_engine(engine: Engine, clock: Arc<dyn Clock>) -> Self {
+        NativeBackend { engine, clock }
+    }
+
+    /// The engine underneath.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    fn stream_info(&self, entry: &crate::engine::log::manifest::StreamEntry, log: &StreamLog) -> StreamInfo {
+        StreamInfo {
+            name: entry.name.clone(),
+            partition_count: entry.partition_count,
+            indexes: entry.indexes.clone(),
+            high_watermarks: (0..entry.partition_count).map(|p| log.high_watermark(p)).collect(),
+            created_at: Timestamp::from_millis(entry.created_ms),
+        }
+    }
+
+    fn append_events(
+        &self,
+        stream: &str,
+        events: Vec<NewEvent>,
+    ) -> Result<(Vec<Event>, crate::engine::commit::Ticket)> {
+        let log = self.engine.stream(stream)?;
+        let count = log.partition_count();
+        let now = self.clock.now();
+        let routed = events
+            .iter()
+            .map(|e| {
+                Ok(Routed { partition: route(stream, e, count)?, ts: e.timestamp.unwrap_or(now).as_millis(), event: e })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (assigned, ticket) = self.engine.append(&log, &routed)?;
+        let out = events.into_iter().zip(assigned).map(|(e, (p, seq))| e.into_event(stream, p, seq, now)).collect();
+        Ok((out, ticket))
+    }
+}
+
+/// Runs blocking engine work off the async workers.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| Error::failed("native", format!("engine task failed: {e}")))?
+}
+
+#[async_trait]
+impl Backend for NativeBackend {
+    fn capabilities(&self) -> Capabilities {
+        let mut c = Capabilities::new(BACKEND);
+        c.durable = true;
+        c
+    }
+
+    async fn ping(&self) -> Result<()> {
+        match self.engine.poisoned() {
+            Some(reason) => Err(Error::Poisoned { scope: "native data directory".into(), reason }),
+            None => Ok(()),
+        }
+    }
+
+    async fn ensure_schema(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn create_stream(&self, stream: &str, opts: &StreamOptions) -> Result<StreamInfo> {
+        opts.validate(stream)?;
+        let engine = self.engine.clone();
+        let (name, o) = (stream.to_owned(), opts.clone());
+        let now = self.clock.now().as_millis();
+        let entry = blocking(move || engine.create_stream(&name, o.partition_count, &o.indexes, now)).await?;
+        let log = self.engine.stream(stream)?;
+        Ok(self.stream_info(&entry, &log))
+    }
+
+    async fn create_group(&self, stream: &str, _group: &str, _opts: &GroupOptions) -> Result<GroupSummary> {
+        self.engine.stream(stream)?;
+        Err(self.unsupported("create_group"))
+    }
+
+    async fn append(&self, stream: &str, event: NewEvent) -> Result<Event> {
+        let mut out = self.append_batch(stream, vec![event]).await?;
+        out.pop().ok_or_else(|| Error::failed("append", "the batch returned no event"))
+    }
+
+    async fn append_batch(&self, stream: &str, events: Vec<NewEvent>) -> Result<Vec<Event>> {
+        let (out, ticket) = self.append_events(stream, events)?;
+        ticket.resolved().await?;
+        Ok(out)
+    }
+
+    async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
+        let log = self.engine.stream(stream)?;
+        let records = log.read(partition, after, limit)?;
+        Ok(records.into_iter().map(|r| r.into_event(stream, partition)).collect())
+    }
+
+    async fn query(&self, query: &Query) -> Result<Page> {
+        let log = self.engine.stream(&query.stream)?;
+        let mut builder = query.page_builder();
+        let ordered = query.scan_is_ordered();
+        for p in query.partitions(log.partition_count()) {
+            let (after, until) = query.sequence_bounds(p);
+            log.partition(p)?.scan(after, until, |r| {
+                let e = r.into_event(&query.stream, p);
+                if ordered && builder.past_end(&e) {
+                    return false;
+                }
+                builder.offer(e);
+                true
+            })?;
+        }
+        Ok(builder.finish())
+    }
+
+    async fn fetch(&self, stream: &str, _group: &str, _opts: &FetchOptions) -> Result<Vec<Lease>> {
+        self.engine.stream(stream)?;
+        Err(self.unsupported("fetch"))
+    }
+
+    async fn renew(&self, _lease: &LeaseRef, _d: Duration) -> Result<Timestamp> {
+        Err(self.unsupported("renew"))
+    }
+
+    async fn ack(&self, _lease: &LeaseRef) -> Result<()> {
+        Err(self.unsupported("ack"))
+    }
+
+    async fn retry(&self, _lease: &LeaseRef, _reason: &str, _delay: Option<Duration>) -> Result<RetryOutcome> {
+        Err(self.unsupported("retry"))
+    }
+
+    async fn reject(&self, _lease: &LeaseRef, _reason: &str) -> Result<()> {
+        Err(self.unsupported("reject"))
+    }
+
+    async fn replay(&self, stream: &str, _group: &str, _opts: &ReplayOptions) -> Result<u64> {
+        self.engine.stream(stream)?;
+        Err(self.unsupported("replay"))
+    }
+
+    async fn reset_group(&self, stream: &str, _group: &str, _opts: &ResetOptions) -> Result<()> {
+        self.engine.stream(stream)?;
+        Err(self.unsupported("reset_group"))
+    }
+
+    async fn lag(&self, stream: &str, _group: &str, _partitions: Option<&[u32]>) -> Result<Lag> {
+        self.engine.stream(stream)?;
+        Err(self.unsupported("lag"))
+    }
+
+    async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
+        let mut out = Vec::new();
+        for entry in self.engine.stream_entries() {
+            let log = self.engine.stream(&entry.name)?;
+            out.push(self.stream_info(&entry, &log));
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    fn unsupported(&self, operation: &'static str) -> Error {
+        Error::Unsupported { backend: BACKEND, operation }
+    }
+}
