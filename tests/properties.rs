@@ -1542,6 +1542,58 @@ async fn backend_matches_model(factory: Factory, group: ModelGroup, ops: Vec<Mod
 // One module of tests per backend
 // ---------------------------------------------------------------------------
 
+/// The properties that need only the log (streams, appends, reads, queries).
+macro_rules! log_properties {
+    ($backend:ident, $factory:expr) => {
+        mod $backend {
+            use super::*;
+
+            const FACTORY: Factory = $factory;
+
+            proptest! {
+                #![proptest_config(config(ROUTING_CASES))]
+                #[test]
+                fn routing_is_stable(input in routing_input()) {
+                    run(super::routing_is_stable(FACTORY, input))?;
+                }
+            }
+
+            proptest! {
+                #![proptest_config(config(CONTIGUOUS_CASES))]
+                #[test]
+                fn sequences_are_contiguous(count in 1u32..=4, ops in vec(append_op(), 1..25), page in 1usize..=7) {
+                    run(super::sequences_are_contiguous(FACTORY, count, ops, page))?;
+                }
+            }
+
+            proptest! {
+                #![proptest_config(config(PAGING_CASES))]
+                #[test]
+                fn paging_returns_each_event_once(
+                    count in 1u32..=4,
+                    events in vec(event_spec(), 0..40),
+                    spec in query_spec(),
+                ) {
+                    run(super::paging_returns_each_event_once(FACTORY, count, events, spec))?;
+                }
+            }
+
+            proptest! {
+                #![proptest_config(config(PAGING_APPENDS_CASES))]
+                #[test]
+                fn paging_survives_appends_between_pages(
+                    count in 1u32..=4,
+                    events in vec(event_spec(), 0..30),
+                    spec in query_spec().prop_map(|s| QuerySpec { descending: false, ..s }),
+                    between in vec(vec(event_spec(), 0..4), 0..10),
+                ) {
+                    run(super::paging_survives_appends_between_pages(FACTORY, count, events, spec, between))?;
+                }
+            }
+        }
+    };
+}
+
 macro_rules! properties {
     ($backend:ident, $factory:expr) => {
         mod $backend {
@@ -1626,3 +1678,8 @@ macro_rules! properties {
 }
 
 backends!(properties);
+// The log properties run on the native engine over `MemVfs`: the same code
+// as on disk (the Vfs contract test covers `StdVfs`), without an fsync per
+// append, which would make hundreds of generated cases take minutes. The
+// conformance suite runs the native backend on disk.
+log_properties!(native_mem, crate::common::native_mem);

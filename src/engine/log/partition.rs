@@ -222,9 +222,9 @@ impl Partition {
             }
             Some(seg) => {
                 let next = seg.footer().map_or(1, |f| f.last_seq + 1);
-                create_segment(&*vfs, opts, &dir, stream_id, partition, next, now_ms)?
+                create_segment(&*vfs, &dir, stream_id, partition, next, now_ms)?
             }
-            None => create_segment(&*vfs, opts, &dir, stream_id, partition, 1, now_ms)?,
+            None => create_segment(&*vfs, &dir, stream_id, partition, 1, now_ms)?,
         };
         let visible = writer.next_seq - 1;
         segments.insert(writer.active.base_seq, writer.active.clone());
@@ -354,7 +354,10 @@ impl Partition {
         if chunk == 0 || upto <= w.prealloc_end {
             return Ok(());
         }
-        let target = upto.div_ceil(chunk) * chunk;
+        // Grow geometrically from 64 KiB up to `chunk`, so that thousands of
+        // small partitions do not each reserve a whole chunk.
+        let step = chunk.min(w.prealloc_end.max(64 << 10));
+        let target = upto.div_ceil(step) * step;
         let zeros = vec![0u8; 1 << 20];
         let mut at = w.prealloc_end.max(w.end);
         while at < target {
@@ -390,11 +393,12 @@ impl Partition {
         seg.log.write_all_at(&footer.encode(), w.end).map_err(|e| poisoned("footer write", e))?;
         seg.log.sync_data().map_err(|e| poisoned("sync", e))?;
         *seg.footer.write() = Some(footer);
-        let next = create_segment(vfs, &self.opts, &self.dir, self.stream_id, self.partition, w.next_seq, now_ms)
-            .map_err(|e| Error::Poisoned {
+        let next = create_segment(vfs, &self.dir, self.stream_id, self.partition, w.next_seq, now_ms).map_err(|e| {
+            Error::Poisoned {
                 scope: vfs.describe(&self.dir).display().to_string(),
                 reason: format!("starting a new segment: {e}"),
-            })?;
+            }
+        })?;
         self.segments.write().insert(next.active.base_seq, next.active.clone());
         *w = next;
         Ok(())
@@ -555,28 +559,14 @@ fn read_footer(vfs: &dyn Vfs, seg: &Segment) -> Result<Option<Footer>> {
 }
 
 /// Creates a new, empty active segment (header synced, directory synced).
-fn create_segment(
-    vfs: &dyn Vfs,
-    opts: &EngineOptions,
-    dir: &str,
-    stream_id: u64,
-    partition: u32,
-    base: u64,
-    now_ms: i64,
-) -> Result<Writer> {
+fn create_segment(vfs: &dyn Vfs, dir: &str, stream_id: u64, partition: u32, base: u64, now_ms: i64) -> Result<Writer> {
     let log_path = format!("{dir}/{}", log_name(base));
     let idx_path = format!("{dir}/{base:020}.idx");
     let log = vfs.open(&log_path, true).map_err(|e| io_err(vfs, &log_path, "create", e))?;
     let header = SegmentHeader { partition, stream_id, base_seq: base, created_ms: now_ms }.encode();
     log.set_len(0).map_err(|e| io_err(vfs, &log_path, "truncate", e))?;
     log.write_all_at(&header, 0).map_err(|e| io_err(vfs, &log_path, "write", e))?;
-    let prealloc = opts.preallocate_bytes;
-    let mut prealloc_end = HEADER_LEN as u64;
-    if prealloc > 0 {
-        let zeros = vec![0u8; usize::try_from(prealloc).unwrap_or(0)];
-        log.write_all_at(&zeros, HEADER_LEN as u64).map_err(|e| io_err(vfs, &log_path, "preallocate", e))?;
-        prealloc_end += prealloc;
-    }
+    let prealloc_end = HEADER_LEN as u64;
     log.sync_data().map_err(|e| io_err(vfs, &log_path, "sync", e))?;
     let idx = vfs.open(&idx_path, true).map_err(|e| io_err(vfs, &idx_path, "create", e))?;
     idx.set_len(0).map_err(|e| io_err(vfs, &idx_path, "truncate", e))?;
