@@ -1,0 +1,94 @@
+//! Read throughput and reopen time of the native engine.
+//!
+//! `cargo bench --bench engine_read`. Reopen at 10M events writes ~2.7 GB;
+//! set `RHEO_BENCH_BIG=1` to include it.
+
+#![allow(missing_docs)] // criterion_group! generates undocumented functions
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use rheo::engine::log::stream::Routed;
+use rheo::engine::segment::scan::{Scanner, Step};
+use rheo::engine::{Durability, Engine, EngineOptions};
+use support::{engine, event};
+
+const EVENTS: u64 = 200_000;
+
+fn fill(engine: &Engine, log: &rheo::engine::log::stream::StreamLog, n: u64) {
+    let mut done = 0;
+    while done < n {
+        let batch: Vec<_> = (done..(done + 1000).min(n)).map(event).collect();
+        let routed: Vec<_> = batch.iter().map(|e| Routed { partition: 0, ts: 1, event: e }).collect();
+        let (_, ticket) = engine.append(log, &routed).expect("append");
+        ticket.wait().expect("durable");
+        done += batch.len() as u64;
+    }
+}
+
+fn none() -> EngineOptions {
+    EngineOptions { durability: Durability::None, ..EngineOptions::default() }
+}
+
+fn sequential_read(c: &mut Criterion) {
+    let (engine, log, _dir) = engine(none(), 1);
+    fill(&engine, &log, EVENTS);
+    let mut g = c.benchmark_group("engine_read");
+    g.throughput(Throughput::Elements(EVENTS));
+    g.bench_function("decoded_events", |b| {
+        b.iter(|| {
+            let mut n = 0u64;
+            log.partition(0).expect("p").scan(0, u64::MAX, |_| {
+                n += 1;
+                true
+            })
+            .expect("scan");
+            assert_eq!(n, EVENTS);
+        })
+    });
+    g.bench_function("raw_crc_scan", |b| {
+        let part = log.partition(0).expect("p");
+        b.iter(|| {
+            let mut n = 0u64;
+            for seg in part.segments() {
+                let file = rheo::engine::vfs::Vfs::open(&**engine.vfs(), seg.path(), false).expect("open");
+                let len = file.len().expect("len");
+                let mut scanner = Scanner::new(&*file, 64, len);
+                while let Step::Record { .. } = scanner.next_step().expect("read") {
+                    n += 1;
+                }
+            }
+            assert_eq!(n, EVENTS);
+        })
+    });
+    g.finish();
+}
+
+fn reopen(c: &mut Criterion) {
+    let mut sizes = vec![1_000_000u64];
+    if std::env::var_os("RHEO_BENCH_BIG").is_some() {
+        sizes.push(10_000_000);
+    }
+    let mut g = c.benchmark_group("engine_reopen");
+    g.sample_size(10);
+    for n in sizes {
+        let (engine, log, dir) = engine(none(), 1);
+        fill(&engine, &log, n);
+        drop(log);
+        drop(engine);
+        g.bench_function(format!("{n}_events"), |b| {
+            b.iter(|| Engine::open_dir(dir.path(), EngineOptions::default()).expect("reopen"))
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(10).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
+    targets = sequential_read, reopen
+}
+criterion_main!(benches);
