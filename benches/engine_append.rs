@@ -88,8 +88,8 @@ fn concurrent_producers(c: &mut Criterion) {
         });
         latencies.sort();
         if !latencies.is_empty() {
-            let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize];
-            eprintln!("  {producers} producers: commit latency p50 {:?} p99 {:?}", pct(0.5), pct(0.99));
+            let pct = |per_mille: usize| latencies[(latencies.len() - 1) * per_mille / 1000];
+            eprintln!("  {producers} producers: commit latency p50 {:?} p99 {:?}", pct(500), pct(990));
         }
     }
     g.finish();

@@ -41,11 +41,13 @@ fn sequential_read(c: &mut Criterion) {
     g.bench_function("decoded_events", |b| {
         b.iter(|| {
             let mut n = 0u64;
-            log.partition(0).expect("p").scan(0, u64::MAX, |_| {
-                n += 1;
-                true
-            })
-            .expect("scan");
+            log.partition(0)
+                .expect("p")
+                .scan(0, u64::MAX, |_| {
+                    n += 1;
+                    true
+                })
+                .expect("scan");
             assert_eq!(n, EVENTS);
         })
     });

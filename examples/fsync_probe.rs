@@ -40,12 +40,12 @@ fn main() -> std::io::Result<()> {
         }
         let elapsed = start.elapsed().as_secs_f64();
         latencies.sort();
-        let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
+        let pct = |per_mille: usize| latencies[(latencies.len() - 1) * per_mille / 1000];
         println!(
             "{name:>9}: {:>8.0} fdatasync/s  (p50 {:?}, p99 {:?}, {} syncs in {elapsed:.1} s)",
             latencies.len() as f64 / elapsed,
-            pct(0.5),
-            pct(0.99),
+            pct(500),
+            pct(990),
             latencies.len()
         );
         Ok(())

@@ -37,7 +37,8 @@ pub fn event(n: u64) -> NewEvent {
 
 /// Appends `events` to partition 0 as one atomic batch and waits until durable.
 pub fn append(engine: &Engine, log: &StreamLog, events: &[NewEvent]) {
-    let routed: Vec<Routed<'_>> = events.iter().map(|e| Routed { partition: 0, ts: 1_700_000_000_000, event: e }).collect();
+    let routed: Vec<Routed<'_>> =
+        events.iter().map(|e| Routed { partition: 0, ts: 1_700_000_000_000, event: e }).collect();
     let (_, ticket) = engine.append(log, &routed).expect("append");
     ticket.wait().expect("durable");
 }

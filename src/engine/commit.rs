@@ -2,20 +2,24 @@
 //!
 //! Writers write their records (to the OS) under their partition lock and
 //! queue a job naming the files to sync, the transaction to commit and the
-//! sequences to publish. The commit thread takes every queued job at once,
-//! syncs each file once, records committed multi-partition transactions,
-//! then publishes the sequences and wakes the writers. While it syncs, new
-//! jobs queue up: the more concurrent writers, the more each sync carries.
+//! sequences to publish. The commit thread takes every queued job at once
+//! (a *round*), syncs each file once, records committed multi-partition
+//! transactions, publishes the sequences, then wakes every waiter of the
+//! round at once (one condition-variable broadcast for threads, a waker per
+//! async task). While it syncs, new jobs queue into the next round: the
+//! more concurrent writers, the more each sync carries.
 //!
 //! A failed sync poisons the engine: the kernel may have dropped the dirty
 //! pages, so nothing written since the last good sync can be trusted, and
 //! every later write fails until the data directory is reopened.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use futures::channel::oneshot;
 use parking_lot::{Condvar, Mutex};
 
 use super::log::partition::Partition;
@@ -55,6 +59,7 @@ impl Poison {
 }
 
 /// Something to make durable.
+#[derive(Default)]
 pub struct Job {
     /// Files to `fdatasync`.
     pub files: Vec<Arc<dyn VfsFile>>,
@@ -62,14 +67,34 @@ pub struct Job {
     pub txn: Option<(Arc<TxnLog>, u64)>,
     /// Sequences to publish once durable.
     pub publish: Vec<(Arc<Partition>, u64)>,
-    /// Told the outcome.
-    pub done: Option<oneshot::Sender<Result<()>>>,
 }
 
-/// Waits for an append to be durable.
+/// The outcome of commit rounds, shared by the commit thread and tickets.
+#[derive(Default)]
+struct Rounds {
+    /// Every round up to this one is durable.
+    durable: u64,
+    /// The first round that failed, and why; it and every later round fail.
+    failed: Option<(u64, Error)>,
+    /// Async waiters: (round, waker), woken when their round is decided.
+    wakers: Vec<(u64, Waker)>,
+}
+
+impl Rounds {
+    fn outcome(&self, round: u64) -> Option<Result<()>> {
+        match &self.failed {
+            Some((from, e)) if round >= *from => Some(Err(e.clone())),
+            _ if round <= self.durable => Some(Ok(())),
+            _ => None,
+        }
+    }
+}
+
+/// Waits for an append to be durable: resolves when the commit round it
+/// joined is synced (or has failed).
 #[derive(Debug)]
 #[must_use = "an append is durable only when its ticket resolves"]
-pub struct Ticket(Option<oneshot::Receiver<Result<()>>>);
+pub struct Ticket(Option<(u64, Arc<Shared>)>);
 
 impl Ticket {
     /// A ticket that is already resolved.
@@ -79,32 +104,62 @@ impl Ticket {
 
     /// Blocks the thread until durable.
     pub fn wait(self) -> Result<()> {
-        futures::executor::block_on(self.resolved())
+        let Some((round, shared)) = self.0 else { return Ok(()) };
+        let mut r = shared.rounds.lock();
+        loop {
+            if let Some(outcome) = r.outcome(round) {
+                return outcome;
+            }
+            shared.decided.wait(&mut r);
+        }
     }
 
-    /// Resolves when durable (for async callers: never blocks a thread).
-    pub async fn resolved(self) -> Result<()> {
-        match self.0 {
-            None => Ok(()),
-            Some(rx) => rx.await.unwrap_or_else(|_| Err(Error::ambiguous("append", "the commit thread stopped"))),
+    /// Resolves when durable; never blocks a thread.
+    pub fn resolved(self) -> TicketFuture {
+        TicketFuture(self.0)
+    }
+}
+
+/// The future of [`Ticket::resolved`].
+#[derive(Debug)]
+pub struct TicketFuture(Option<(u64, Arc<Shared>)>);
+
+impl Future for TicketFuture {
+    type Output = Result<()>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let Some((round, shared)) = &self.0 else { return Poll::Ready(Ok(())) };
+        let mut r = shared.rounds.lock();
+        if let Some(outcome) = r.outcome(*round) {
+            return Poll::Ready(outcome);
         }
+        r.wakers.push((*round, cx.waker().clone()));
+        Poll::Pending
     }
 }
 
 #[derive(Default)]
 struct Queue {
+    /// The round that queued jobs join.
+    open: u64,
     jobs: Vec<Job>,
     first_at: Option<Instant>,
     shutdown: bool,
 }
 
-struct Shared {
+/// State shared by the commit thread, writers and tickets.
+pub struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
+    rounds: Mutex<Rounds>,
+    decided: Condvar,
     poison: Arc<Poison>,
     durability: Durability,
-    /// The most jobs taken in one commit (bounds memory per round).
-    max_jobs: usize,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("durability", &self.durability).finish()
+    }
 }
 
 /// The commit thread and its queue.
@@ -123,11 +178,12 @@ impl Committer {
     /// Starts the commit thread.
     pub fn start(durability: Durability, poison: Arc<Poison>) -> Result<Self> {
         let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue::default()),
+            queue: Mutex::new(Queue { open: 1, ..Queue::default() }),
             wake: Condvar::new(),
+            rounds: Mutex::new(Rounds::default()),
+            decided: Condvar::new(),
             poison,
             durability,
-            max_jobs: 65_536,
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -137,24 +193,21 @@ impl Committer {
         Ok(Committer { shared, thread: Mutex::new(Some(thread)) })
     }
 
-    /// Queues a job and returns the ticket of its outcome (resolved at once
-    /// when the job has no `done`).
-    pub fn submit(&self, mut job: Job, wants_ticket: bool) -> Ticket {
-        let ticket = if wants_ticket {
-            let (tx, rx) = oneshot::channel();
-            job.done = Some(tx);
-            Ticket(Some(rx))
-        } else {
-            Ticket::ready()
-        };
+    /// Queues a job into the open round; the ticket resolves when that round
+    /// is durable.
+    pub fn submit(&self, job: Job) -> Ticket {
         let mut q = self.shared.queue.lock();
         if q.first_at.is_none() {
             q.first_at = Some(Instant::now());
         }
+        let round = q.open;
+        let was_idle = q.jobs.is_empty();
         q.jobs.push(job);
         drop(q);
-        self.shared.wake.notify_one();
-        ticket
+        if was_idle {
+            self.shared.wake.notify_one();
+        }
+        Ticket(Some((round, self.shared.clone())))
     }
 
     /// Stops the thread after it has committed every queued job.
@@ -175,7 +228,7 @@ impl Drop for Committer {
 
 fn run(s: &Shared) {
     loop {
-        let jobs = {
+        let (round, jobs) = {
             let mut q = s.queue.lock();
             loop {
                 if !q.jobs.is_empty() {
@@ -195,56 +248,65 @@ fn run(s: &Shared) {
                 }
                 s.wake.wait(&mut q);
             }
-            let n = q.jobs.len().min(s.max_jobs);
-            let rest = q.jobs.split_off(n);
-            let jobs = std::mem::replace(&mut q.jobs, rest);
-            q.first_at = if q.jobs.is_empty() { None } else { Some(Instant::now()) };
-            jobs
+            let round = q.open;
+            q.open += 1;
+            q.first_at = None;
+            (round, std::mem::take(&mut q.jobs))
         };
-        commit(s, jobs);
+        let outcome = commit(s, &jobs);
+        let wakers = {
+            let mut r = s.rounds.lock();
+            match outcome {
+                Ok(()) => r.durable = round,
+                Err(e) => {
+                    if r.failed.is_none() {
+                        r.failed = Some((round, e));
+                    }
+                }
+            }
+            let (ready, waiting): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut r.wakers).into_iter().partition(|(w, _)| *w <= round);
+            r.wakers = waiting;
+            ready
+        };
+        s.decided.notify_all();
+        for (_, waker) in wakers {
+            waker.wake();
+        }
     }
 }
 
 /// Syncs every distinct file of the jobs once, commits their transactions,
-/// then publishes and answers.
-fn commit(s: &Shared, jobs: Vec<Job>) {
-    let mut outcome = s.poison.check("storage");
-    if outcome.is_ok() {
-        let mut seen: Vec<*const ()> = Vec::new();
-        'files: for job in &jobs {
-            for f in &job.files {
-                let key = Arc::as_ptr(f).cast::<()>();
-                if seen.contains(&key) {
-                    continue;
-                }
-                seen.push(key);
-                if let Err(e) = f.sync_data() {
-                    outcome = Err(poisoned(s, format!("fdatasync failed: {e}")));
-                    break 'files;
-                }
+/// then publishes.
+fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
+    s.poison.check("storage")?;
+    let mut seen: Vec<*const ()> = Vec::new();
+    for job in jobs {
+        for f in &job.files {
+            let key = Arc::as_ptr(f).cast::<()>();
+            if seen.contains(&key) {
+                continue;
             }
+            seen.push(key);
+            f.sync_data().map_err(|e| poisoned(s, format!("fdatasync failed: {e}")))?;
         }
     }
-    if outcome.is_ok() {
-        for job in &jobs {
-            if let Some((log, txn)) = &job.txn
-                && let Err(e) = log.commit(*txn, true)
-            {
-                outcome = Err(poisoned(s, format!("committing transaction {txn}: {e}")));
-                break;
-            }
+    let mut txns: Vec<(&Arc<TxnLog>, u64)> = Vec::new();
+    for (log, txn) in jobs.iter().filter_map(|j| j.txn.as_ref()) {
+        match txns.iter_mut().find(|(l, _)| Arc::ptr_eq(l, log)) {
+            Some(entry) => entry.1 = entry.1.max(*txn),
+            None => txns.push((log, *txn)),
         }
+    }
+    for (log, txn) in txns {
+        log.commit(txn, true).map_err(|e| poisoned(s, format!("committing transaction {txn}: {e}")))?;
     }
     for job in jobs {
-        if outcome.is_ok() {
-            for (p, seq) in &job.publish {
-                p.publish(*seq);
-            }
-        }
-        if let Some(done) = job.done {
-            let _ = done.send(outcome.clone());
+        for (p, seq) in &job.publish {
+            p.publish(*seq);
         }
     }
+    Ok(())
 }
 
 fn poisoned(s: &Shared, reason: String) -> Error {

@@ -187,7 +187,7 @@ impl StreamLog {
         let ticket = match opts.durability {
             Durability::Sync => {
                 let txn = multi.then(|| (self.txn.clone(), txn));
-                committer.submit(Job { files, txn, publish, done: None }, true)
+                committer.submit(Job { files, txn, publish })
             }
             Durability::Batched { .. } | Durability::None => {
                 if multi {
@@ -198,7 +198,7 @@ impl StreamLog {
                 }
                 if matches!(opts.durability, Durability::Batched { .. }) {
                     let txn_job = multi.then(|| (self.txn.clone(), txn));
-                    let _ = committer.submit(Job { files, txn: txn_job, publish: Vec::new(), done: None }, false);
+                    let _ = committer.submit(Job { files, txn: txn_job, publish: Vec::new() });
                 }
                 Ticket::ready()
             }
