@@ -95,9 +95,49 @@ fn concurrent_producers(c: &mut Criterion) {
     g.finish();
 }
 
+/// `tasks` tokio tasks on a 2-worker runtime each append one event per call
+/// under Sync and await the commit without blocking a thread.
+fn concurrent_async_producers(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let mut g = c.benchmark_group("engine_append/concurrent_async_sync");
+    for tasks in [64u64, 1024] {
+        let per_task = 50u64;
+        g.throughput(Throughput::Elements(tasks * per_task));
+        let (engine, log, _dir) = engine(opts(Durability::Sync), 1);
+        let engine = Arc::new(engine);
+        g.bench_with_input(BenchmarkId::from_parameter(tasks), &tasks, |b, &tasks| {
+            b.to_async(&rt).iter(|| {
+                let (engine, log) = (engine.clone(), log.clone());
+                async move {
+                    let handles: Vec<_> = (0..tasks)
+                        .map(|t| {
+                            let (engine, log) = (engine.clone(), log.clone());
+                            tokio::spawn(async move {
+                                let events = [event(t)];
+                                for _ in 0..per_task {
+                                    let routed: Vec<_> = events
+                                        .iter()
+                                        .map(|e| rheo::engine::log::stream::Routed { partition: 0, ts: 1, event: e })
+                                        .collect();
+                                    let (_, ticket) = engine.append(&log, &routed).expect("append");
+                                    ticket.resolved().await.expect("durable");
+                                }
+                            })
+                        })
+                        .collect();
+                    for h in handles {
+                        h.await.expect("task");
+                    }
+                }
+            });
+        });
+    }
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(10).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
-    targets = one_producer_one_event, batch_1000, concurrent_producers
+    targets = one_producer_one_event, batch_1000, concurrent_producers, concurrent_async_producers
 }
 criterion_main!(benches);

@@ -237,6 +237,16 @@ pub enum Error {
         /// What check failed.
         reason: String,
     },
+    /// A file was written by a newer (or unknown) format version.
+    #[error("{} has format version {found}; this build reads version {supported}", file.display())]
+    UnsupportedVersion {
+        /// The file.
+        file: PathBuf,
+        /// The version found in it.
+        found: u16,
+        /// The version this build reads.
+        supported: u16,
+    },
     /// The data directory is open in another process (or handle).
     #[error("data directory {} is in use by another process (its LOCK file is held)", path.display())]
     Locked {

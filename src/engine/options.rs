@@ -30,6 +30,12 @@ pub enum RecoveryMode {
     TolerateTornTail,
     /// Any damage, torn tail included, is `Error::Corrupt`.
     Strict,
+    /// Truncate at the first damaged record even when valid records follow
+    /// it, logging what is dropped. For an operator who has read the
+    /// `Corrupt` error and accepts losing the rest of the active segment
+    /// (e.g. after a power loss that wrote an unsynced tail back out of
+    /// order, which can look like damage followed by valid records).
+    TruncateAtFirstDamage,
 }
 
 /// Settings of a native data directory.

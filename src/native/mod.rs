@@ -59,10 +59,11 @@ pub fn parse_url(rest: &str, mut opts: EngineOptions) -> Result<(String, EngineO
                 opts.recovery = match v {
                     "strict" => RecoveryMode::Strict,
                     "tolerate_torn_tail" => RecoveryMode::TolerateTornTail,
+                    "truncate_at_first_damage" => RecoveryMode::TruncateAtFirstDamage,
                     _ => {
                         return Err(Error::invalid(
                             "url",
-                            format!("recovery={v:?}: expected strict or tolerate_torn_tail"),
+                            format!("recovery={v:?}: expected strict, tolerate_torn_tail or truncate_at_first_damage"),
                         ));
                     }
                 }

@@ -78,12 +78,12 @@ pub fn decode(b: &[u8]) -> Result<ManifestBody, (u64, String)> {
     if b[..8] != MANIFEST_MAGIC {
         return Err((0, "not a manifest (bad magic)".into()));
     }
-    if crc32fast::hash(&b[..MAN_HEADER_CRC]) != get_u32(b, MAN_HEADER_CRC) {
-        return Err((MAN_HEADER_CRC as u64, "manifest header checksum mismatch".into()));
-    }
     let version = get_u16(b, MAN_VERSION);
     if version != FORMAT_VERSION {
         return Err((MAN_VERSION as u64, format!("manifest version {version} is not supported")));
+    }
+    if crc32fast::hash(&b[..MAN_HEADER_CRC]) != get_u32(b, MAN_HEADER_CRC) {
+        return Err((MAN_HEADER_CRC as u64, "manifest header checksum mismatch".into()));
     }
     let len = get_u64(b, MAN_BODY_LEN);
     if len > MAX_MANIFEST_BODY || len != (b.len() - MAN_HEADER_LEN) as u64 {
@@ -113,6 +113,12 @@ pub fn load(vfs: &dyn Vfs) -> Result<Option<ManifestBody>> {
     let mut buf = vec![0u8; usize::try_from(len).unwrap_or(0)];
     let n = f.read_at(&mut buf, 0).map_err(|e| io_err(vfs, MANIFEST, "read", e))?;
     buf.truncate(n);
+    if buf.len() >= MAN_HEADER_LEN && buf[..8] == MANIFEST_MAGIC {
+        let found = get_u16(&buf, MAN_VERSION);
+        if found != FORMAT_VERSION {
+            return Err(Error::UnsupportedVersion { file: vfs.describe(MANIFEST), found, supported: FORMAT_VERSION });
+        }
+    }
     decode(&buf).map(Some).map_err(|(offset, reason)| Error::Corrupt { file: vfs.describe(MANIFEST), offset, reason })
 }
 

@@ -12,7 +12,7 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use super::manifest::io_err;
 use crate::engine::options::{EngineOptions, RecoveryMode};
-use crate::engine::segment::file::{Footer, IndexEntry, SegmentHeader, decode_index, encode_index_header};
+use crate::engine::segment::file::{Footer, HeaderError, IndexEntry, SegmentHeader, decode_index, encode_index_header};
 use crate::engine::segment::format::*;
 use crate::engine::segment::record::{Doc, RecordHeader, decode_doc};
 use crate::engine::segment::scan::{Scanner, Step};
@@ -175,7 +175,24 @@ impl Partition {
         let mut segments = BTreeMap::new();
         let mut expected_base = None;
         for (i, &base) in bases.iter().enumerate() {
-            let seg = open_segment(&*vfs, &dir, base, stream_id, partition)?;
+            let last = i + 1 == bases.len();
+            let seg = match open_segment(&*vfs, &dir, base, stream_id, partition) {
+                Ok(seg) => seg,
+                Err(e) if last && torn_creation(&*vfs, &dir, base)? => {
+                    // A crash while creating the segment: its name reached the
+                    // disk but not its header, and no record was ever in it.
+                    tracing::warn!(dir = %vfs.describe(&dir).display(), base, error = %e, "removing a segment whose creation was cut short");
+                    for ext in ["log", "idx"] {
+                        let path = format!("{dir}/{base:020}.{ext}");
+                        if vfs.exists(&path).map_err(|e| io_err(&*vfs, &path, "stat", e))? {
+                            vfs.remove_file(&path).map_err(|e| io_err(&*vfs, &path, "remove", e))?;
+                        }
+                    }
+                    vfs.sync_dir(&dir).map_err(|e| io_err(&*vfs, &dir, "sync", e))?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if let Some(exp) = expected_base
                 && base != exp
             {
@@ -186,7 +203,6 @@ impl Partition {
                     format!("segment starts at sequence {base}, expected {exp}"),
                 ));
             }
-            let last = i + 1 == bases.len();
             match read_footer(&*vfs, &seg)? {
                 Some(f) => {
                     expected_base = Some(f.last_seq + 1);
@@ -331,9 +347,13 @@ impl Partition {
             });
         }
         let zeros = vec![0u8; usize::try_from(w.end - mark.end).unwrap_or(0)];
-        w.active.log.write_all_at(&zeros, mark.end).map_err(|e| Error::Poisoned {
-            scope: self.vfs.describe(&w.active.log_path).display().to_string(),
-            reason: format!("rolling back a failed batch: {e}"),
+        // The zeros must be durable before anything else is appended, or a
+        // crash could bring the rolled-back records back.
+        w.active.log.write_all_at(&zeros, mark.end).and_then(|()| w.active.log.sync_data()).map_err(|e| {
+            Error::Poisoned {
+                scope: self.vfs.describe(&w.active.log_path).display().to_string(),
+                reason: format!("rolling back a failed batch: {e}"),
+            }
         })?;
         w.end = mark.end;
         w.next_seq = mark.next_seq;
@@ -532,7 +552,12 @@ fn open_segment(vfs: &dyn Vfs, dir: &str, base: u64, stream_id: u64, partition: 
     let log = vfs.open(&log_path, false).map_err(|e| io_err(vfs, &log_path, "open", e))?;
     let mut hdr = [0u8; HEADER_LEN];
     let n = log.read_at(&mut hdr, 0).map_err(|e| io_err(vfs, &log_path, "read", e))?;
-    let h = SegmentHeader::decode(&hdr[..n]).map_err(|r| corrupt(vfs, &log_path, 0, r))?;
+    let h = SegmentHeader::decode(&hdr[..n]).map_err(|e| match e {
+        HeaderError::Version(found) => {
+            Error::UnsupportedVersion { file: vfs.describe(&log_path), found, supported: FORMAT_VERSION }
+        }
+        HeaderError::Damaged(reason) => corrupt(vfs, &log_path, 0, reason),
+    })?;
     if h.base_seq != base || h.partition != partition || h.stream_id != stream_id {
         return Err(corrupt(
             vfs,
@@ -545,6 +570,19 @@ fn open_segment(vfs: &dyn Vfs, dir: &str, base: u64, stream_id: u64, partition: 
         ));
     }
     Ok(Segment { base_seq: base, log_path, idx_path, log, index: RwLock::new(None), footer: RwLock::new(None) })
+}
+
+/// True when a segment file with a bad header holds nothing but zeros after
+/// it (or is shorter than a header): its creation was interrupted.
+fn torn_creation(vfs: &dyn Vfs, dir: &str, base: u64) -> Result<bool> {
+    let path = format!("{dir}/{}", log_name(base));
+    let log = vfs.open(&path, false).map_err(|e| io_err(vfs, &path, "open", e))?;
+    let len = log.len().map_err(|e| io_err(vfs, &path, "stat", e))?;
+    if len <= HEADER_LEN as u64 {
+        return Ok(true);
+    }
+    let data_end = zero_run_start(&*log, HEADER_LEN as u64, len).map_err(|e| io_err(vfs, &path, "read", e))?;
+    Ok(data_end == HEADER_LEN as u64)
 }
 
 /// The footer at the end of a segment, when it is sealed.
@@ -695,8 +733,10 @@ fn recover_active(
             Step::Invalid { offset, reason } => break Some((offset, reason)),
         }
     };
-    if let Some((offset, reason)) = stop {
-        check_tail(vfs, &seg, offset, reason, expected, file_len, opts.recovery)?;
+    if let Some((offset, reason)) = stop
+        && opts.recovery != RecoveryMode::TruncateAtFirstDamage
+    {
+        check_tail(vfs, &seg, offset, reason, expected, file_len)?;
     }
 
     // Keep only complete appends: up to the last record flagged END, and
@@ -727,10 +767,12 @@ fn recover_active(
     let max_txn = kept.iter().map(|s| s.header.txn).fold(start_max_txn, u64::max);
     // Rebuild the index tail from the scanned records.
     let mut last_index_offset = entries.last().map_or(HEADER_LEN as u64, |e| e.offset);
-    let mut boundary = false;
+    // Without a trusted entry the scan started at the first record, which
+    // gets the first index point, as the writer gives it.
+    let mut boundary = entries.is_empty();
     let (mut running_ts, mut running_txn) = (start_max_ts, start_max_txn);
     for s in kept {
-        if boundary && s.offset - last_index_offset >= INDEX_INTERVAL_BYTES {
+        if boundary && (entries.is_empty() || s.offset - last_index_offset >= INDEX_INTERVAL_BYTES) {
             entries.push(IndexEntry {
                 seq: s.header.seq,
                 offset: s.offset,
@@ -742,14 +784,6 @@ fn recover_active(
         boundary = s.header.flags & FLAG_END != 0;
         running_ts = running_ts.max(s.header.ts);
         running_txn = running_txn.max(s.header.txn);
-    }
-    if entries.is_empty() && !kept.is_empty() {
-        entries.push(IndexEntry {
-            seq: seg.base_seq,
-            offset: HEADER_LEN as u64,
-            max_ts_before: i64::MIN,
-            max_txn_before: 0,
-        });
     }
     write_index(vfs, &seg.idx_path, seg.base_seq, &entries);
     let idx_len = (IDX_HEADER_LEN + entries.len() * ENTRY_LEN) as u64;
@@ -784,35 +818,47 @@ fn record_at(log: &dyn VfsFile, offset: u64, file_len: u64) -> Option<RecordHead
 
 /// Decides whether a bad record at `offset` is a torn tail (the last write
 /// was cut short) or corruption in the middle of the log. It is corruption
-/// when a valid record with a later sequence follows the damage.
-fn check_tail(
-    vfs: &dyn Vfs,
-    seg: &Segment,
-    offset: u64,
-    reason: &str,
-    expected: u64,
-    file_len: u64,
-    _mode: RecoveryMode,
-) -> Result<()> {
+/// Decides whether a bad record at `offset` is a torn tail (the last write
+/// was cut short) or damage in the middle of the log: it is damage when a
+/// valid record with a later sequence appears anywhere after it, before the
+/// zeros that end the written data.
+fn check_tail(vfs: &dyn Vfs, seg: &Segment, offset: u64, reason: &str, expected: u64, file_len: u64) -> Result<()> {
     let log = &*seg.log;
-    // Where the damaged record claims to end, if its length is plausible.
-    let mut frame = [0u8; FRAME_LEN];
-    let n = log.read_at(&mut frame, offset).map_err(|e| io_err(vfs, &seg.log_path, "read", e))?;
-    if n == FRAME_LEN {
-        let len = u64::from(get_u32(&frame, REC_LEN));
-        if (BODY_MIN as u64..=u64::from(MAX_BODY_LEN)).contains(&len) {
-            let next = offset + FRAME_LEN as u64 + len;
-            if let Some(h) = record_at(log, next, file_len)
+    let read_err = |e| io_err(vfs, &seg.log_path, "read", e);
+    let data_end = zero_run_start(log, offset, file_len).map_err(read_err)?;
+    // Only positions whose length is plausible and whose sequence is just
+    // after the damage are checked in full (CRC), so the search is linear.
+    let plausible = |b: &[u8]| {
+        let len = get_u32(b, REC_LEN);
+        let seq = get_u64(b, FRAME_LEN + BODY_SEQ);
+        (BODY_MIN_U32..=MAX_BODY_LEN).contains(&len) && seq > expected && seq - expected <= 1 << 24
+    };
+    const PROBE: usize = FRAME_LEN + BODY_SEQ + 8;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = offset + 1;
+    while at + PROBE as u64 <= data_end {
+        let n = log.read_at(&mut buf, at).map_err(read_err)?;
+        if n < PROBE {
+            break;
+        }
+        for i in 0..=(n - PROBE) {
+            let pos = at + i as u64;
+            if pos + PROBE as u64 > data_end {
+                break;
+            }
+            if plausible(&buf[i..i + PROBE])
+                && let Some(h) = record_at(log, pos, file_len)
                 && h.seq > expected
             {
                 return Err(corrupt(
                     vfs,
                     &seg.log_path,
                     offset,
-                    format!("{reason}, followed by valid records (sequence {} at offset {next})", h.seq),
+                    format!("{reason}, followed by valid records (sequence {} at offset {pos})", h.seq),
                 ));
             }
         }
+        at += (n - PROBE + 1) as u64;
     }
     Ok(())
 }

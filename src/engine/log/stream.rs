@@ -167,6 +167,10 @@ impl StreamLog {
             match writers[i].1.write(&mut guards[i], buf, *count, *max_ts, txn) {
                 Ok(f) => files.push(f),
                 Err(e) => {
+                    // Never reuse the id of a batch that may have left bytes behind.
+                    if multi {
+                        *next_txn += 1;
+                    }
                     for j in 0..i {
                         if let Err(undo) = writers[j].1.rollback(&mut guards[j], marks[j]) {
                             poison.set(undo.to_string());
@@ -190,8 +194,11 @@ impl StreamLog {
                 committer.submit(Job { files, txn, publish })
             }
             Durability::Batched { .. } | Durability::None => {
-                if multi {
-                    self.txn.commit(txn, false)?;
+                if multi && let Err(e) = self.txn.commit(txn, false) {
+                    // The records are written: without their commit the
+                    // stream can't go on consistently.
+                    poison.set(e.to_string());
+                    return Err(e);
                 }
                 for (part, seq) in &publish {
                     part.publish(*seq);

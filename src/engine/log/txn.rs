@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use crate::engine::log::manifest::io_err;
 use crate::engine::segment::format::{FORMAT_VERSION, get_u16, get_u32, get_u64};
 use crate::engine::vfs::{Vfs, VfsFile};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Magic of a transaction log.
 pub const TXN_MAGIC: [u8; 8] = *b"RHEOTXN\0";
@@ -46,13 +46,9 @@ pub fn encode_entry(txn: u64) -> [u8; TXN_RECORD_LEN] {
 }
 
 /// The last committed transaction id in a transaction log's bytes (0 for
-/// none), and the length of its valid prefix.
+/// none), and the length of its valid prefix (0 when the header is bad).
 pub fn decode(b: &[u8]) -> (u64, u64) {
-    let valid_header = b.len() >= TXN_RECORD_LEN
-        && b[..8] == TXN_MAGIC
-        && get_u16(b, 8) == FORMAT_VERSION
-        && crc32fast::hash(&b[..12]) == get_u32(b, 12);
-    if !valid_header {
+    if check_header(b).is_err() {
         return (0, 0);
     }
     let mut last = 0;
@@ -68,11 +64,29 @@ pub fn decode(b: &[u8]) -> (u64, u64) {
     (last, valid)
 }
 
+/// Checks the 16-byte header: magic, then version, then checksum.
+pub fn check_header(b: &[u8]) -> Result<(), String> {
+    if b.len() < TXN_RECORD_LEN || b[..8] != TXN_MAGIC {
+        return Err("not a transaction log (bad magic)".into());
+    }
+    let version = get_u16(b, 8);
+    if version != FORMAT_VERSION {
+        return Err(format!("transaction log version {version} is not supported (this build reads {FORMAT_VERSION})"));
+    }
+    if crc32fast::hash(&b[..12]) != get_u32(b, 12) {
+        return Err("transaction log header checksum mismatch".into());
+    }
+    Ok(())
+}
+
 #[derive(Debug)]
 struct TxnState {
     file: Arc<dyn VfsFile>,
     len: u64,
+    /// The largest id written (durable or not).
     committed: u64,
+    /// The largest id known durable.
+    synced: u64,
 }
 
 /// A stream's transaction log.
@@ -92,11 +106,22 @@ impl TxnLog {
         let len = file.len().map_err(|e| io_err(&*vfs, &path, "stat", e))?;
         let mut buf = vec![0u8; usize::try_from(len.min(COMPACT_BYTES * 2)).unwrap_or(0)];
         let n = file.read_at(&mut buf, 0).map_err(|e| io_err(&*vfs, &path, "read", e))?;
+        if len > COMPACT_BYTES * 2 {
+            let reason = format!("transaction log of {len} bytes is too large");
+            return Err(Error::Corrupt { file: vfs.describe(&path), offset: 0, reason });
+        }
+        if n > 0
+            && let Err(reason) = check_header(&buf[..n])
+        {
+            // Created only by an atomic rename, so a bad header is damage,
+            // not a torn write: refuse rather than forget committed batches.
+            return Err(Error::Corrupt { file: vfs.describe(&path), offset: 0, reason });
+        }
         let (committed, valid) = decode(&buf[..n]);
-        let log =
-            TxnLog { vfs, path, dir: dir.to_owned(), state: Mutex::new(TxnState { file, len: valid, committed }) };
+        let state = TxnState { file, len: valid, committed, synced: committed };
+        let log = TxnLog { vfs, path, dir: dir.to_owned(), state: Mutex::new(state) };
         if valid == 0 || valid != len {
-            // New, torn or oversized: rewrite it to exactly the committed state.
+            // New, or with a torn last entry: rewrite it to the committed state.
             log.rewrite(&mut log.state.lock())?;
         }
         Ok(log)
@@ -122,24 +147,26 @@ impl TxnLog {
         vfs.sync_dir(&self.dir).map_err(|e| io_err(vfs, &self.dir, "sync", e))?;
         s.file = f;
         s.len = bytes.len() as u64;
+        s.synced = s.committed;
         Ok(())
     }
 
-    /// Records `txn` as committed; durable when `sync`.
+    /// Records `txn` as committed (if it is not yet); makes every recorded
+    /// id durable when `sync`.
     pub fn commit(&self, txn: u64, sync: bool) -> Result<()> {
         let mut s = self.state.lock();
-        if txn <= s.committed {
-            return Ok(());
-        }
-        s.committed = txn;
-        if s.len >= COMPACT_BYTES {
-            return self.rewrite(&mut s);
-        }
         let vfs = &*self.vfs;
-        s.file.write_all_at(&encode_entry(txn), s.len).map_err(|e| io_err(vfs, &self.path, "write", e))?;
-        s.len += TXN_RECORD_LEN as u64;
-        if sync {
+        if txn > s.committed {
+            s.committed = txn;
+            if s.len >= COMPACT_BYTES {
+                return self.rewrite(&mut s);
+            }
+            s.file.write_all_at(&encode_entry(txn), s.len).map_err(|e| io_err(vfs, &self.path, "write", e))?;
+            s.len += TXN_RECORD_LEN as u64;
+        }
+        if sync && s.synced < s.committed {
             s.file.sync_data().map_err(|e| io_err(vfs, &self.path, "sync", e))?;
+            s.synced = s.committed;
         }
         Ok(())
     }
@@ -171,6 +198,28 @@ mod tests {
             log.commit(t, false).expect("commit");
         }
         assert_eq!(TxnLog::open(vfs, "").expect("reopen").committed(), 10_000);
+    }
+
+    #[test]
+    fn an_unsynced_id_is_synced_by_a_later_commit_of_the_same_id() {
+        let mem = MemVfs::new();
+        let vfs: Arc<dyn Vfs> = Arc::new(mem.clone());
+        let log = TxnLog::open(vfs.clone(), "").expect("open");
+        log.commit(4, false).expect("record");
+        log.commit(4, true).expect("sync");
+        mem.crash();
+        assert_eq!(TxnLog::open(vfs, "").expect("reopen").committed(), 4);
+    }
+
+    #[test]
+    fn a_damaged_header_is_corruption_not_an_empty_log() {
+        let mem = MemVfs::new();
+        let vfs: Arc<dyn Vfs> = Arc::new(mem.clone());
+        TxnLog::open(vfs.clone(), "").expect("open").commit(2, true).expect("commit");
+        let mut bytes = mem.read_file("/txn").expect("file");
+        bytes[3] ^= 1;
+        mem.write_file("/txn", &bytes).expect("write");
+        assert!(matches!(TxnLog::open(vfs, ""), Err(Error::Corrupt { offset: 0, .. })));
     }
 
     #[test]

@@ -2,6 +2,26 @@
 
 use super::format::*;
 
+/// Why a file header was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderError {
+    /// Damaged or not a file of this kind.
+    Damaged(String),
+    /// A format version this build does not read.
+    Version(u16),
+}
+
+impl std::fmt::Display for HeaderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeaderError::Damaged(reason) => f.write_str(reason),
+            HeaderError::Version(v) => {
+                write!(f, "format version {v} is not supported (this build reads {FORMAT_VERSION})")
+            }
+        }
+    }
+}
+
 /// The header at the start of every segment file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentHeader {
@@ -30,22 +50,21 @@ impl SegmentHeader {
         b
     }
 
-    /// Decodes and checks a header.
-    pub fn decode(b: &[u8]) -> Result<Self, String> {
+    /// Decodes and checks a header: magic, then version (so that a newer
+    /// format is reported as such, whatever its layout), then checksum.
+    pub fn decode(b: &[u8]) -> Result<Self, HeaderError> {
         if b.len() < HEADER_LEN {
-            return Err(format!("segment header is {} bytes, expected {HEADER_LEN}", b.len()));
+            return Err(HeaderError::Damaged(format!("segment header is {} bytes, expected {HEADER_LEN}", b.len())));
         }
         if b[HDR_MAGIC..HDR_MAGIC + 8] != SEGMENT_MAGIC {
-            return Err("not a segment file (bad magic)".into());
-        }
-        if crc32fast::hash(&b[..HDR_CRC]) != get_u32(b, HDR_CRC) {
-            return Err("segment header checksum mismatch".into());
+            return Err(HeaderError::Damaged("not a segment file (bad magic)".into()));
         }
         let version = get_u16(b, HDR_VERSION);
         if version != FORMAT_VERSION {
-            return Err(format!(
-                "segment format version {version} is not supported (this build reads {FORMAT_VERSION})"
-            ));
+            return Err(HeaderError::Version(version));
+        }
+        if crc32fast::hash(&b[..HDR_CRC]) != get_u32(b, HDR_CRC) {
+            return Err(HeaderError::Damaged("segment header checksum mismatch".into()));
         }
         Ok(SegmentHeader {
             partition: get_u32(b, HDR_PARTITION),
@@ -139,7 +158,7 @@ pub fn encode_index_header(base_seq: u64) -> [u8; IDX_HEADER_LEN] {
 }
 
 impl IndexEntry {
-    /// The 32 entry bytes.
+    /// The 40 entry bytes.
     pub fn encode(&self) -> [u8; ENTRY_LEN] {
         let mut b = [0u8; ENTRY_LEN];
         b[ENT_SEQ..ENT_SEQ + 8].copy_from_slice(&self.seq.to_le_bytes());
@@ -202,7 +221,7 @@ mod tests {
         b[HDR_VERSION] = 2;
         let crc = crc32fast::hash(&b[..HDR_CRC]);
         b[HDR_CRC..HDR_CRC + 4].copy_from_slice(&crc.to_le_bytes());
-        assert!(SegmentHeader::decode(&b).err().is_some_and(|e| e.contains("version 2")));
+        assert_eq!(SegmentHeader::decode(&b), Err(HeaderError::Version(2)));
     }
 
     #[test]

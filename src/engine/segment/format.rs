@@ -57,6 +57,9 @@ pub const BODY_TXN: usize = BODY_RESERVED + 3;
 pub const BODY_DOC: usize = BODY_TXN + 8;
 /// The smallest valid body.
 pub const BODY_MIN: usize = BODY_DOC + 1;
+/// [`BODY_MIN`] as the u32 of a record's length field.
+pub const BODY_MIN_U32: u32 = 29;
+const _: () = assert!(BODY_MIN_U32 as usize == BODY_MIN);
 
 /// Flag: the last record of an append (single or batch) in this partition.
 pub const FLAG_END: u8 = 0b0000_0001;

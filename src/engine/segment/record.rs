@@ -124,8 +124,11 @@ pub fn decode_record(buf: &[u8]) -> Decoded<'_> {
         return Decoded::Invalid("record checksum mismatch");
     }
     let flags = body[BODY_FLAGS];
-    if flags & !KNOWN_FLAGS != 0 || body[BODY_RESERVED..BODY_RESERVED + 3] != [0, 0, 0] {
+    if flags & !KNOWN_FLAGS != 0 {
         return Decoded::Invalid("unknown record flags");
+    }
+    if body[BODY_RESERVED..BODY_RESERVED + 3] != [0, 0, 0] {
+        return Decoded::Invalid("reserved record bytes are not zero");
     }
     let header =
         RecordHeader { seq: get_u64(body, BODY_SEQ), ts: get_i64(body, BODY_TS), flags, txn: get_u64(body, BODY_TXN) };
