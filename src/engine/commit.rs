@@ -63,6 +63,8 @@ impl Poison {
 pub struct Job {
     /// Files to `fdatasync`.
     pub files: Vec<Arc<dyn VfsFile>>,
+    /// Partitions whose deferred records to write (then sync their file).
+    pub flush: Vec<Arc<Partition>>,
     /// A multi-partition transaction to record as committed after the files.
     pub txn: Option<(Arc<TxnLog>, u64)>,
     /// Sequences to publish once durable.
@@ -280,16 +282,24 @@ fn run(s: &Shared) {
 /// then publishes.
 fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
     s.poison.check("storage")?;
-    let mut seen: Vec<*const ()> = Vec::new();
-    for job in jobs {
-        for f in &job.files {
-            let key = Arc::as_ptr(f).cast::<()>();
-            if seen.contains(&key) {
-                continue;
-            }
-            seen.push(key);
-            f.sync_data().map_err(|e| poisoned(s, format!("fdatasync failed: {e}")))?;
+    // One write per partition for everything its writers deferred.
+    let mut flushed: Vec<*const Partition> = Vec::new();
+    let mut files: Vec<Arc<dyn VfsFile>> = Vec::new();
+    for p in jobs.iter().flat_map(|j| &j.flush) {
+        if flushed.contains(&Arc::as_ptr(p)) {
+            continue;
         }
+        flushed.push(Arc::as_ptr(p));
+        files.push(p.flush().inspect_err(|e| s.poison.set(e.to_string()))?);
+    }
+    let mut seen: Vec<*const ()> = Vec::new();
+    for f in files.iter().chain(jobs.iter().flat_map(|j| &j.files)) {
+        let key = Arc::as_ptr(f).cast::<()>();
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        f.sync_data().map_err(|e| poisoned(s, format!("fdatasync failed: {e}")))?;
     }
     let mut txns: Vec<(&Arc<TxnLog>, u64)> = Vec::new();
     for (log, txn) in jobs.iter().filter_map(|j| j.txn.as_ref()) {

@@ -103,6 +103,10 @@ pub struct Writer {
     max_ts: i64,
     /// The largest transaction id written in the active segment.
     max_txn: u64,
+    /// Records appended but not yet written to the file (group commit
+    /// writes them, one write per partition per round); they start at file
+    /// offset `end - pending.len()`.
+    pending: Vec<u8>,
 }
 
 /// What a write changed, so that it can be rolled back.
@@ -291,15 +295,32 @@ impl Partition {
         w.active.log.clone()
     }
 
-    /// Writes one append's encoded records (sequences from `w.next_seq`,
+    /// Appends one append's encoded records (sequences from `w.next_seq`,
     /// `count` of them, largest timestamp `max_ts`, transaction `txn` or 0)
-    /// at the end of the active segment. Returns the file to sync.
-    pub fn write(&self, w: &mut Writer, bytes: &[u8], count: u64, max_ts: i64, txn: u64) -> Result<Arc<dyn VfsFile>> {
+    /// at the end of the active segment: written to the file now, or, when
+    /// `defer`, kept in the writer until [`Partition::flush`] (group commit).
+    /// Returns the file to sync.
+    pub fn write(
+        &self,
+        w: &mut Writer,
+        bytes: &[u8],
+        count: u64,
+        max_ts: i64,
+        txn: u64,
+        defer: bool,
+    ) -> Result<Arc<dyn VfsFile>> {
         let len = bytes.len() as u64;
         let vfs = &*self.vfs;
+        // Zero-filling ahead is what can run out of space; it happens here,
+        // before anything is appended, so a full disk fails cleanly.
         self.preallocate(w, w.end + len)?;
-        if let Err(e) = w.active.log.write_all_at(bytes, w.end) {
-            return Err(self.undo_partial_write(w, len, e));
+        if defer {
+            w.pending.extend_from_slice(bytes);
+        } else {
+            self.write_pending(w)?;
+            if let Err(e) = w.active.log.write_all_at(bytes, w.end) {
+                return Err(self.undo_partial_write(w, len, e));
+            }
         }
         if w.count == 0 || w.end - w.last_index_offset >= INDEX_INTERVAL_BYTES {
             let entry =
@@ -320,6 +341,34 @@ impl Partition {
         w.count += count;
         w.max_ts = w.max_ts.max(max_ts);
         w.max_txn = w.max_txn.max(txn);
+        Ok(w.active.log.clone())
+    }
+
+    /// Writes the deferred records to the file (under the writer lock).
+    /// A failure here cannot be undone (sequences are assigned): poison.
+    fn write_pending(&self, w: &mut Writer) -> Result<()> {
+        if w.pending.is_empty() {
+            return Ok(());
+        }
+        let at = w.end - w.pending.len() as u64;
+        w.active.log.write_all_at(&w.pending, at).map_err(|e| Error::Poisoned {
+            scope: self.vfs.describe(&w.active.log_path).display().to_string(),
+            reason: format!("writing committed records failed: {e}"),
+        })?;
+        w.pending.clear();
+        Ok(())
+    }
+
+    /// Writes this partition's deferred records; returns the file to sync.
+    pub fn flush(&self) -> Result<Arc<dyn VfsFile>> {
+        let mut w = self.writer.lock();
+        self.write_pending(&mut w)?;
+        Ok(w.active.log.clone())
+    }
+
+    /// Writes the deferred records of a writer already locked.
+    pub fn flush_locked(&self, w: &mut Writer) -> Result<Arc<dyn VfsFile>> {
+        self.write_pending(w)?;
         Ok(w.active.log.clone())
     }
 
@@ -347,14 +396,22 @@ impl Partition {
             });
         }
         let zeros = vec![0u8; usize::try_from(w.end - mark.end).unwrap_or(0)];
-        // The zeros must be durable before anything else is appended, or a
-        // crash could bring the rolled-back records back.
-        w.active.log.write_all_at(&zeros, mark.end).and_then(|()| w.active.log.sync_data()).map_err(|e| {
-            Error::Poisoned {
-                scope: self.vfs.describe(&w.active.log_path).display().to_string(),
-                reason: format!("rolling back a failed batch: {e}"),
-            }
-        })?;
+        let deferred = w.pending.len() as u64;
+        if w.end - mark.end <= deferred {
+            // Still in memory: nothing reached the file.
+            let keep = usize::try_from(deferred - (w.end - mark.end)).unwrap_or(0);
+            w.pending.truncate(keep);
+        } else {
+            // The zeros must be durable before anything else is appended, or a
+            // crash could bring the rolled-back records back.
+            w.pending.clear();
+            w.active.log.write_all_at(&zeros, mark.end).and_then(|()| w.active.log.sync_data()).map_err(|e| {
+                Error::Poisoned {
+                    scope: self.vfs.describe(&w.active.log_path).display().to_string(),
+                    reason: format!("rolling back a failed batch: {e}"),
+                }
+            })?;
+        }
         w.end = mark.end;
         w.next_seq = mark.next_seq;
         w.count = mark.count;
@@ -402,6 +459,7 @@ impl Partition {
             scope: vfs.describe(&seg.log_path).display().to_string(),
             reason: format!("sealing the segment failed at {what}: {e}"),
         };
+        self.write_pending(w)?;
         let footer = Footer {
             records_end: w.end,
             first_seq: seg.base_seq,
@@ -629,6 +687,7 @@ fn create_segment(vfs: &dyn Vfs, dir: &str, stream_id: u64, partition: u32, base
         count: 0,
         max_ts: i64::MIN,
         max_txn: 0,
+        pending: Vec::new(),
     })
 }
 
@@ -802,6 +861,7 @@ fn recover_active(
             max_ts,
             max_txn,
             active: seg,
+            pending: Vec::new(),
         },
         truncation,
     ))

@@ -148,7 +148,7 @@ impl StreamLog {
         let rolls: Vec<usize> =
             (0..touched.len()).filter(|&i| writers[i].1.needs_roll(&guards[i], bufs[i].0.len() as u64)).collect();
         if !rolls.is_empty() {
-            self.commit_barrier(*next_txn - 1, &touched, &guards, poison)?;
+            self.commit_barrier(*next_txn - 1, &touched, &mut guards, poison)?;
             for &i in &rolls {
                 if let Err(e) = writers[i].1.roll(&mut guards[i], now_ms()) {
                     if let Error::Poisoned { reason, .. } = &e {
@@ -159,12 +159,15 @@ impl StreamLog {
             }
         }
 
+        // Under Sync the commit thread writes what its round collected, one
+        // write per partition; otherwise records go to the OS at once.
+        let defer = matches!(opts.durability, Durability::Sync);
         // Write every partition; on failure undo the ones already written.
         let mut files = Vec::with_capacity(touched.len());
         let marks: Vec<_> = guards.iter().map(|g| Partition::mark(g)).collect();
         for i in 0..touched.len() {
             let (buf, count, max_ts) = &bufs[i];
-            match writers[i].1.write(&mut guards[i], buf, *count, *max_ts, txn) {
+            match writers[i].1.write(&mut guards[i], buf, *count, *max_ts, txn, defer) {
                 Ok(f) => files.push(f),
                 Err(e) => {
                     // Never reuse the id of a batch that may have left bytes behind.
@@ -191,7 +194,8 @@ impl StreamLog {
         let ticket = match opts.durability {
             Durability::Sync => {
                 let txn = multi.then(|| (self.txn.clone(), txn));
-                committer.submit(Job { files, txn, publish })
+                let flush = writers.iter().map(|(_, part)| part.clone()).collect();
+                committer.submit(Job { files: Vec::new(), flush, txn, publish })
             }
             Durability::Batched { .. } | Durability::None => {
                 if multi && let Err(e) = self.txn.commit(txn, false) {
@@ -205,7 +209,7 @@ impl StreamLog {
                 }
                 if matches!(opts.durability, Durability::Batched { .. }) {
                     let txn_job = multi.then(|| (self.txn.clone(), txn));
-                    let _ = committer.submit(Job { files, txn: txn_job, publish: Vec::new() });
+                    let _ = committer.submit(Job { files, flush: Vec::new(), txn: txn_job, publish: Vec::new() });
                 }
                 Ticket::ready()
             }
@@ -221,14 +225,15 @@ impl StreamLog {
         &self,
         last_txn: u64,
         held: &[u32],
-        guards: &[parking_lot::MutexGuard<'_, super::partition::Writer>],
+        guards: &mut [parking_lot::MutexGuard<'_, super::partition::Writer>],
         poison: &Poison,
     ) -> Result<()> {
         for (i, part) in self.partitions.iter().enumerate() {
             let file = match held.iter().position(|&p| p as usize == i) {
-                Some(slot) => Partition::active_file(&guards[slot]),
-                None => Partition::active_file(&part.lock_writer()),
-            };
+                Some(slot) => part.flush_locked(&mut guards[slot]),
+                None => part.flush(),
+            }
+            .inspect_err(|e| poison.set(e.to_string()))?;
             if let Err(e) = file.sync_data() {
                 let reason = format!("fdatasync before a segment roll failed: {e}");
                 poison.set(reason.clone());
