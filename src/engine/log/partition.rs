@@ -148,6 +148,20 @@ pub struct Partition {
     visible: AtomicU64,
 }
 
+/// Writes zeros over `from..to`, from one shared buffer (allocating and
+/// faulting in a fresh zero buffer per call would cost more than the write).
+fn write_zeros(file: &dyn VfsFile, from: u64, to: u64) -> std::io::Result<()> {
+    static ZEROS: std::sync::OnceLock<Box<[u8]>> = std::sync::OnceLock::new();
+    let zeros = ZEROS.get_or_init(|| vec![0u8; 1 << 20].into_boxed_slice());
+    let mut at = from;
+    while at < to {
+        let n = usize::try_from((to - at).min(zeros.len() as u64)).unwrap_or(zeros.len());
+        file.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
 fn log_name(base_seq: u64) -> String {
     format!("{base_seq:020}.log")
 }
@@ -375,9 +389,8 @@ impl Partition {
     /// After a failed write: zero what may have reached the file so no
     /// partial record can resurface, and report the failure.
     fn undo_partial_write(&self, w: &Writer, len: u64, e: std::io::Error) -> Error {
-        let zeros = vec![0u8; usize::try_from(len).unwrap_or(0)];
         let path = &w.active.log_path;
-        match w.active.log.write_all_at(&zeros, w.end).and_then(|()| w.active.log.sync_data()) {
+        match write_zeros(&*w.active.log, w.end, w.end + len).and_then(|()| w.active.log.sync_data()) {
             Ok(()) => io_err(&*self.vfs, path, "write", e),
             Err(e2) => Error::Poisoned {
                 scope: self.vfs.describe(path).display().to_string(),
@@ -395,7 +408,6 @@ impl Partition {
                 reason: "a failed batch spanned a segment roll and cannot be rolled back".into(),
             });
         }
-        let zeros = vec![0u8; usize::try_from(w.end - mark.end).unwrap_or(0)];
         let deferred = w.pending.len() as u64;
         if w.end - mark.end <= deferred {
             // Still in memory: nothing reached the file.
@@ -405,11 +417,10 @@ impl Partition {
             // The zeros must be durable before anything else is appended, or a
             // crash could bring the rolled-back records back.
             w.pending.clear();
-            w.active.log.write_all_at(&zeros, mark.end).and_then(|()| w.active.log.sync_data()).map_err(|e| {
-                Error::Poisoned {
-                    scope: self.vfs.describe(&w.active.log_path).display().to_string(),
-                    reason: format!("rolling back a failed batch: {e}"),
-                }
+            let file = &*w.active.log;
+            write_zeros(file, mark.end, w.end).and_then(|()| file.sync_data()).map_err(|e| Error::Poisoned {
+                scope: self.vfs.describe(&w.active.log_path).display().to_string(),
+                reason: format!("rolling back a failed batch: {e}"),
             })?;
         }
         w.end = mark.end;
@@ -435,18 +446,10 @@ impl Partition {
         // small partitions do not each reserve a whole chunk.
         let step = chunk.min(w.prealloc_end.max(64 << 10));
         let target = upto.div_ceil(step) * step;
-        let zeros = vec![0u8; 1 << 20];
-        let mut at = w.prealloc_end.max(w.end);
-        while at < target {
-            let n = (target - at).min(zeros.len() as u64);
-            let slice = &zeros[..usize::try_from(n).unwrap_or(0)];
-            w.active
-                .log
-                .write_all_at(slice, at)
-                .map_err(|e| io_err(&*self.vfs, &w.active.log_path, "preallocate", e))?;
-            at += n;
-            w.prealloc_end = at;
-        }
+        let from = w.prealloc_end.max(w.end);
+        write_zeros(&*w.active.log, from, target)
+            .map_err(|e| io_err(&*self.vfs, &w.active.log_path, "preallocate", e))?;
+        w.prealloc_end = target;
         Ok(())
     }
 
