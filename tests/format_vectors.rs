@@ -5,8 +5,13 @@
 //!   engine's decoders and compared, field by field, with its `.json`.
 //! * `vectors_recover_as_expected`: every segment vector is placed in a
 //!   `MemVfs` data directory (with the manifest and transaction log vectors)
-//!   and opened with `Engine::open`: the recovered records, the truncation
-//!   report or the `Error::Corrupt { file, offset }` must match the `.json`.
+//!   and opened with `Engine::open` in each recovery mode: the recovered
+//!   records, the truncation report, the rebuilt index or the
+//!   `Error::Corrupt { file, offset }` must match the `.json`.
+//! * The recovery rules of `format/README.md` on data directories derived
+//!   from the vectors: damage followed by valid records whatever field it
+//!   hits, bad transaction log headers and a torn last entry, unknown
+//!   versions, cut-short segment creation, the recovered index.
 //! * `encoders_reproduce_the_vectors`: the engine's encoders still produce
 //!   exactly the committed bytes (a format change cannot slip in unnoticed).
 //! * `spec_tables_match_the_code`: every field table in `format/*.md` is
@@ -203,9 +208,15 @@ fn segment_bytes(recs: &[Rec]) -> (Vec<u8>, Vec<u64>) {
 /// of an append when at least `INDEX_INTERVAL_BYTES` were written since the
 /// previous point.
 fn index_points(recs: &[Rec], offsets: &[u64]) -> Vec<IndexEntry> {
+    let headers = recs.iter().map(|r| RecordHeader { seq: r.seq, ts: r.ts, flags: r.flags, txn: r.txn });
+    writer_points(headers.zip(offsets.iter().copied()))
+}
+
+/// The writer's index points over records given as (header, offset).
+fn writer_points(recs: impl IntoIterator<Item = (RecordHeader, u64)>) -> Vec<IndexEntry> {
     let mut out: Vec<IndexEntry> = Vec::new();
     let (mut boundary, mut max_ts, mut max_txn) = (true, i64::MIN, 0);
-    for (r, &offset) in recs.iter().zip(offsets) {
+    for (r, offset) in recs {
         let far = out.last().is_none_or(|p| offset - p.offset >= INDEX_INTERVAL_BYTES);
         if boundary && far {
             out.push(IndexEntry { seq: r.seq, offset, max_ts_before: max_ts, max_txn_before: max_txn });
@@ -215,6 +226,22 @@ fn index_points(recs: &[Rec], offsets: &[u64]) -> Vec<IndexEntry> {
         max_txn = max_txn.max(r.txn);
     }
     out
+}
+
+/// The index file the writer would have written for the records at the start
+/// of `segment` (decoded from offset 64 up to the first non-record).
+fn writer_index(segment: &[u8], base_seq: u64) -> Vec<u8> {
+    let mut recs = Vec::new();
+    let mut at = HEADER_LEN;
+    while let Decoded::Record { header, size, .. } = decode_record(&segment[at..]) {
+        recs.push((header, at as u64));
+        at += size;
+    }
+    let mut idx = encode_index_header(base_seq).to_vec();
+    for p in writer_points(recs) {
+        idx.extend_from_slice(&p.encode());
+    }
+    idx
 }
 
 fn record_json(r: &Rec, offset: u64, file: &[u8]) -> Value {
@@ -296,6 +323,7 @@ fn build_vectors() -> BTreeMap<&'static str, Vec<u8>> {
     build_torn_record(&all, &mut files);
     build_torn_batch(&all, &mut files);
     build_corrupt_middle(&all, &mut files);
+    build_damaged_length(&all, &mut files);
     build_uncommitted_multi(&all, &mut files);
     build_manifest(&mut files);
     build_txn(&mut files);
@@ -433,6 +461,44 @@ fn build_corrupt_middle(all: &[Rec], files: &mut BTreeMap<&'static str, Vec<u8>>
     files.insert("corrupt-middle.json", pretty(&expected));
 }
 
+/// Records 1-4 (not sealed) with record 2's length field damaged (45 -> 61,
+/// still in range): the length no longer leads to record 3, which is found by
+/// the search for later valid records.
+fn build_damaged_length(all: &[Rec], files: &mut BTreeMap<&'static str, Vec<u8>>) {
+    let (mut bytes, offsets) = segment_bytes(&all[..4]);
+    let flipped = to_usize(offsets[1]) + format::REC_LEN;
+    bytes[flipped] ^= 0x10;
+    let intact: Vec<Value> = [0usize, 2, 3].iter().map(|&i| record_json(&all[i], offsets[i], &bytes)).collect();
+    let expected = json!({
+        "description": "Records 1-4 of an active (unsealed) segment with bit 4 of record 2's length field flipped (45 becomes 61, still in range, so the damaged record frames the wrong bytes and its claimed end is not a record start); records 3 and 4 are intact: corruption, not a torn tail. TruncateAtFirstDamage cuts at record 2.",
+        "path": SEGMENT_PATH,
+        "length": bytes.len(),
+        "header": header_json(&bytes),
+        "records": intact,
+        "damage": {"byte_offset": flipped, "xor": 0x10, "record_offset": offsets[1]},
+        "scan_end": {"offset": offsets[1], "kind": "invalid", "reason": "record checksum mismatch"},
+        "footer": null,
+        "open": {
+            "error": {
+                "kind": "Corrupt",
+                "offset": offsets[1],
+                "reason_contains": format!("followed by valid records (sequence 3 at offset {})", offsets[2]),
+            },
+            "truncate_at_first_damage": {
+                "recovered_seqs": recovered(1..=1),
+                "truncation": {
+                    "offset": offsets[1],
+                    "dropped_bytes": last_nonzero_end(&bytes) - to_usize(offsets[1]),
+                    "reason": "record checksum mismatch",
+                },
+                "length_after": bytes.len(),
+            },
+        },
+    });
+    files.insert("damaged-length.log", bytes);
+    files.insert("damaged-length.json", pretty(&expected));
+}
+
 /// Records 1-8 (not sealed) where 8 belongs to transaction 3, which the
 /// transaction log vector does not record; zeros up to the preallocated length.
 fn build_uncommitted_multi(all: &[Rec], files: &mut BTreeMap<&'static str, Vec<u8>>) {
@@ -547,8 +613,8 @@ fn build_txn(files: &mut BTreeMap<&'static str, Vec<u8>>) {
 }
 
 /// The segment vectors, by stem.
-const SEGMENT_VECTORS: [&str; 5] =
-    ["segment-sealed", "torn-record", "torn-batch", "corrupt-middle", "uncommitted-multi"];
+const SEGMENT_VECTORS: [&str; 6] =
+    ["segment-sealed", "torn-record", "torn-batch", "corrupt-middle", "damaged-length", "uncommitted-multi"];
 
 // ------------------------------------------------------------ generation
 
@@ -870,29 +936,63 @@ fn check_derived_index(mem: &MemVfs, segment: &[u8], name: &str) {
     }
 }
 
+/// Asserts that `opened` is `Error::Corrupt` in the file ending with `path`, at
+/// `offset`, with a reason containing `reason`.
+fn expect_corrupt(opened: rheo::Result<Engine>, path: &str, offset: u64, reason: &str, name: &str) {
+    match opened {
+        Err(Error::Corrupt { file, offset: got, reason: why }) => {
+            assert!(file.ends_with(path), "{name}: corrupt file {}", file.display());
+            assert_eq!(got, offset, "{name}: corrupt offset ({why})");
+            assert!(why.contains(reason), "{name}: reason {why:?} lacks {reason:?}");
+        }
+        Err(other) => panic!("{name}: expected Corrupt, got {other}"),
+        Ok(_) => panic!("{name}: expected Corrupt, the engine opened"),
+    }
+}
+
 fn check_recovery(stem: &str, with_index: bool) {
     let name = format!("{stem}.log (index: {with_index})");
     let segment = read_vector(&format!("{stem}.log"));
     let expected = read_json(&format!("{stem}.json"));
     let want = &expected["open"];
     let index = with_index.then(|| read_vector("segment-sealed.idx"));
-    let mem = data_dir(&segment, index.as_deref());
-    let opened = open(&mem, RecoveryMode::TolerateTornTail);
     if let Some(err) = want.get("error") {
-        match opened {
-            Err(Error::Corrupt { file, offset, reason }) => {
-                assert!(file.ends_with(SEGMENT_PATH), "{name}: corrupt file {}", file.display());
-                assert_eq!(offset, ju(err, "offset"), "{name}: corrupt offset ({reason})");
-                assert!(reason.contains(js(err, "reason_contains")), "{name}: reason {reason:?}");
-            }
-            Err(other) => panic!("{name}: expected Corrupt, got {other}"),
-            Ok(_) => panic!("{name}: expected Corrupt, the engine opened"),
+        // Damage followed by valid records: refused by both modes that look for them.
+        for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict] {
+            let mem = data_dir(&segment, index.as_deref());
+            let (offset, reason) = (ju(err, "offset"), js(err, "reason_contains"));
+            expect_corrupt(open(&mem, mode), SEGMENT_PATH, offset, reason, &format!("{name} {mode:?}"));
+        }
+        // The operator's mode cuts at the damage instead.
+        if let Some(cut) = want.get("truncate_at_first_damage") {
+            check_opened(&segment, index.as_deref(), RecoveryMode::TruncateAtFirstDamage, &expected, cut, &name);
         }
         return;
     }
-    let engine = opened.unwrap_or_else(|e| panic!("{name}: open: {e}"));
+    // A torn tail is cut the same way whether or not recovery searched past it.
+    for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::TruncateAtFirstDamage] {
+        check_opened(&segment, index.as_deref(), mode, &expected, want, &name);
+    }
+    if let Some(strict_offset) = want.get("strict_error_offset") {
+        let mem = data_dir(&segment, index.as_deref());
+        match open(&mem, RecoveryMode::Strict) {
+            Err(Error::Corrupt { offset, .. }) => {
+                assert_eq!(Some(offset), strict_offset.as_u64(), "{name}: strict recovery offset");
+            }
+            Err(other) => panic!("{name}: strict: expected Corrupt, got {other}"),
+            Ok(_) => panic!("{name}: strict recovery truncated instead of refusing"),
+        }
+    }
+}
+
+/// Opens `segment` with `mode` and checks the recovered records, the
+/// truncation, the file and its index after recovery against `want`.
+fn check_opened(segment: &[u8], index: Option<&[u8]>, mode: RecoveryMode, expected: &Value, want: &Value, name: &str) {
+    let name = format!("{name} {mode:?}");
+    let mem = data_dir(segment, index);
+    let engine = open(&mem, mode).unwrap_or_else(|e| panic!("{name}: open: {e}"));
     let seqs: Vec<u64> = want["recovered_seqs"].as_array().expect("seqs").iter().filter_map(Value::as_u64).collect();
-    check_engine_records(&engine, &expected, &seqs, &name);
+    check_engine_records(&engine, expected, &seqs, &name);
     let report = engine.recovery_report();
     match &want["truncation"] {
         Value::Null => assert!(report.is_empty(), "{name}: nothing truncated: {report:?}"),
@@ -908,17 +1008,10 @@ fn check_recovery(stem: &str, with_index: bool) {
             assert!(after[to_usize(got.offset)..].iter().all(|&b| b == 0), "{name}: zeros after the cut");
             assert_eq!(after[..to_usize(got.offset)], segment[..to_usize(got.offset)], "{name}: kept bytes");
             check_derived_index(&mem, &after, &name);
-        }
-    }
-    drop(engine);
-    if let Some(strict_offset) = want.get("strict_error_offset") {
-        let mem = data_dir(&segment, index.as_deref());
-        match open(&mem, RecoveryMode::Strict) {
-            Err(Error::Corrupt { offset, .. }) => {
-                assert_eq!(Some(offset), strict_offset.as_u64(), "{name}: strict recovery offset");
-            }
-            Err(other) => panic!("{name}: strict: expected Corrupt, got {other}"),
-            Ok(_) => panic!("{name}: strict recovery truncated instead of refusing"),
+            // Recovery rewrites the active segment's index to exactly what the
+            // writer would have written for the kept records.
+            let idx = mem.read_file(INDEX_PATH).expect("index");
+            assert_eq!(hex(&idx), hex(&writer_index(&after, 1)), "{name}: the recovered index is the writer's");
         }
     }
 }
@@ -974,6 +1067,164 @@ fn a_flipped_byte_in_a_sealed_segment_is_reported_on_read() {
     }
 }
 
+#[test]
+fn the_recovered_index_keeps_its_first_point() {
+    // Records 1-7 of uncommitted-multi.log are those of segment-sealed.log:
+    // without an index, recovery rebuilds exactly the writer's index for them.
+    let mem = data_dir(&read_vector("uncommitted-multi.log"), None);
+    let engine = open(&mem, RecoveryMode::TolerateTornTail).expect("open");
+    assert_eq!(mem.read_file(INDEX_PATH).map(|b| hex(&b)), Some(hex(&read_vector("segment-sealed.idx"))));
+    drop(engine);
+}
+
+#[test]
+fn damage_followed_by_valid_records_is_found_whatever_field_it_hits() {
+    let damaged = read_vector("corrupt-middle.log");
+    let damage = &read_json("corrupt-middle.json")["damage"];
+    let rec2 = to_usize(ju(damage, "record_offset"));
+    let mut clean = damaged.clone();
+    clean[to_usize(ju(damage, "byte_offset"))] ^= u8::try_from(ju(damage, "xor")).expect("a byte");
+    // Every single-bit flip of record 2's length field: in range, out of
+    // range, or past the end of the file, record 3 is still found after it.
+    let mut cases: Vec<(String, Vec<u8>)> = (0..32)
+        .map(|bit| {
+            let mut b = clean.clone();
+            b[rec2 + format::REC_LEN + bit / 8] ^= 1 << (bit % 8);
+            (format!("record 2 length bit {bit}"), b)
+        })
+        .collect();
+    cases.push(("corrupt-middle.log".into(), damaged));
+    for (name, bytes) in &cases {
+        for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict] {
+            let opened = open(&data_dir(bytes, None), mode);
+            expect_corrupt(opened, SEGMENT_PATH, rec2 as u64, "followed by valid records", &format!("{name} {mode:?}"));
+        }
+        // The same bytes with the operator's mode: cut at record 2.
+        let mem = data_dir(bytes, None);
+        let engine = open(&mem, RecoveryMode::TruncateAtFirstDamage).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = engine.stream(STREAM).expect("stream").read(0, 0, 10).expect("read");
+        assert_eq!(got.iter().map(|r| r.header.seq).collect::<Vec<_>>(), [1], "{name}: recovered");
+        let report = engine.recovery_report();
+        assert_eq!(report.len(), 1, "{name}: {report:?}");
+        assert_eq!((report[0].1.offset, report[0].1.dropped_bytes), (rec2 as u64, (bytes.len() - rec2) as u64));
+        let after = mem.read_file(SEGMENT_PATH).expect("segment");
+        assert_eq!(after[..rec2], bytes[..rec2], "{name}: kept bytes");
+        assert!(after[rec2..].iter().all(|&b| b == 0), "{name}: zeros after the cut");
+        assert_eq!(mem.read_file(INDEX_PATH).map(|b| hex(&b)), Some(hex(&writer_index(&after, 1))), "{name}");
+    }
+}
+
+/// The vectors' data directory with `txn_bytes` as the stream's `txn`.
+fn with_txn(segment: &[u8], txn_bytes: &[u8]) -> MemVfs {
+    let mem = data_dir(segment, None);
+    mem.write_file(TXN_PATH, txn_bytes).expect("txn");
+    mem
+}
+
+#[test]
+fn a_bad_transaction_log_header_is_corruption() {
+    let good = read_vector("txn.bin");
+    let segment = read_vector("uncommitted-multi.log");
+    let changed = |at: usize, value: u8, fix_crc: bool| {
+        let mut b = good.clone();
+        b[at] = value;
+        if fix_crc {
+            let crc = crc32fast::hash(&b[..12]);
+            b[12..16].copy_from_slice(&crc.to_le_bytes());
+        }
+        b
+    };
+    let cases = [
+        ("magic", changed(3, b'X', true), "bad magic"),
+        ("version", changed(8, 2, true), "transaction log version 2 is not supported"),
+        ("version before checksum", changed(8, 2, false), "transaction log version 2 is not supported"),
+        ("checksum", changed(12, good[12] ^ 1, false), "checksum mismatch"),
+        ("shorter than its header", good[..10].to_vec(), "bad magic"),
+    ];
+    for (name, bytes, reason) in cases {
+        expect_corrupt(open(&with_txn(&segment, &bytes), RecoveryMode::TolerateTornTail), TXN_PATH, 0, reason, name);
+    }
+}
+
+#[test]
+fn a_torn_last_transaction_entry_is_dropped() {
+    let mut bytes = read_vector("txn.bin");
+    bytes.extend_from_slice(&txn::encode_entry(3)[..7]);
+    let mem = with_txn(&read_vector("uncommitted-multi.log"), &bytes);
+    let engine = open(&mem, RecoveryMode::TolerateTornTail).expect("open");
+    let got = engine.stream(STREAM).expect("stream").read(0, 0, 10).expect("read");
+    assert_eq!(got.iter().map(|r| r.header.seq).collect::<Vec<_>>(), (1..=7).collect::<Vec<_>>(), "batch 3 dropped");
+    // Rewritten to the committed state: the header and the last id.
+    let mut rewritten = txn_header().to_vec();
+    rewritten.extend_from_slice(&txn::encode_entry(2));
+    assert_eq!(mem.read_file(TXN_PATH), Some(rewritten));
+    drop(engine);
+}
+
+#[test]
+fn an_unknown_version_is_a_typed_error_checked_before_the_checksum() {
+    // The version is changed and the CRC left as it was.
+    let mut segment = read_vector("segment-sealed.log");
+    segment[format::HDR_VERSION] = 2;
+    match open(&data_dir(&segment, None), RecoveryMode::TolerateTornTail) {
+        Err(Error::UnsupportedVersion { file, found: 2, supported: 1 }) if file.ends_with(SEGMENT_PATH) => {}
+        other => panic!("segment: expected UnsupportedVersion, got {:?}", other.err()),
+    }
+    let mem = data_dir(&read_vector("segment-sealed.log"), None);
+    let mut man = read_vector("manifest.bin");
+    man[manifest::MAN_VERSION] = 2;
+    mem.write_file("MANIFEST", &man).expect("manifest");
+    match open(&mem, RecoveryMode::TolerateTornTail) {
+        Err(Error::UnsupportedVersion { file, found: 2, supported: 1 }) if file.ends_with("MANIFEST") => {}
+        other => panic!("manifest: expected UnsupportedVersion, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn a_cut_short_segment_creation_is_removed() {
+    let sealed = read_vector("segment-sealed.log");
+    let mut bad_header = sealed[..HEADER_LEN].to_vec();
+    bad_header[format::HDR_CRC] ^= 1;
+    bad_header.resize(PREALLOCATED_LEN, 0);
+    // The partition's only segment: it is removed and created again, empty.
+    let only = [
+        ("empty", Vec::new()),
+        ("shorter than a header", vec![0; 40]),
+        ("zeros", vec![0; PREALLOCATED_LEN]),
+        ("a bad header, then zeros", bad_header.clone()),
+    ];
+    for (name, bytes) in only {
+        let mem = data_dir(&bytes, Some(b"RHEOIDX\0torn"));
+        let engine = open(&mem, RecoveryMode::Strict).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(engine.stream(STREAM).expect("stream").read(0, 0, 10).expect("read").is_empty(), "{name}");
+        assert!(engine.recovery_report().is_empty(), "{name}");
+        let created = mem.read_file(SEGMENT_PATH).expect("segment created again");
+        let h = SegmentHeader::decode(&created).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!((h.stream_id, h.partition, h.base_seq), (STREAM_ID, 0, 1), "{name}");
+        assert_eq!(mem.read_file(INDEX_PATH), Some(encode_index_header(1).to_vec()), "{name}: its index");
+        drop(engine);
+        mem.crash();
+        open(&mem, RecoveryMode::Strict).unwrap_or_else(|e| panic!("{name}: reopen after a crash: {e}"));
+    }
+    // After a sealed segment: the segment the roll was creating.
+    let next_log = format!("{STREAM_DIR}/00000/00000000000000000008.log");
+    let next_idx = format!("{STREAM_DIR}/00000/00000000000000000008.idx");
+    let mem = data_dir(&sealed, Some(&read_vector("segment-sealed.idx")));
+    mem.write_file(&next_log, &vec![0; PREALLOCATED_LEN]).expect("torn segment");
+    mem.write_file(&next_idx, b"").expect("torn index");
+    let engine = open(&mem, RecoveryMode::Strict).expect("open");
+    let got = engine.stream(STREAM).expect("stream").read(0, 0, 10).expect("read");
+    assert_eq!(got.iter().map(|r| r.header.seq).collect::<Vec<_>>(), (1..=7).collect::<Vec<_>>());
+    let created = mem.read_file(&next_log).expect("created again");
+    assert_eq!(SegmentHeader::decode(&created).map(|h| h.base_seq), Ok(8));
+    drop(engine);
+    // A bad header with records after it is not a cut-short creation.
+    let mut damaged = read_vector("torn-record.log");
+    damaged[format::HDR_CRC] ^= 1;
+    let opened = open(&data_dir(&damaged, None), RecoveryMode::TolerateTornTail);
+    expect_corrupt(opened, SEGMENT_PATH, 0, "segment header checksum mismatch", "a damaged header");
+}
+
 // -------------------------------------------------------- spec vs. code
 
 /// A constant the spec states.
@@ -1018,6 +1269,7 @@ fn code_constants() -> BTreeMap<&'static str, Stated> {
         ("BODY_TXN", BODY_TXN),
         ("BODY_DOC", BODY_DOC),
         ("BODY_MIN", BODY_MIN),
+        ("BODY_MIN_U32", BODY_MIN_U32 as usize),
         ("FTR_MAGIC", FTR_MAGIC),
         ("FTR_RECORDS_END", FTR_RECORDS_END),
         ("FTR_FIRST_SEQ", FTR_FIRST_SEQ),
@@ -1163,7 +1415,7 @@ fn spec_tables_match_the_code() {
 fn the_stated_sizes_hold() {
     assert_eq!(FORMAT_VERSION, 1);
     assert_eq!((HEADER_LEN, FOOTER_LEN, IDX_HEADER_LEN, ENTRY_LEN), (64, 64, 32, 40));
-    assert_eq!((FRAME_LEN, BODY_DOC, format::BODY_MIN), (8, 28, 29));
+    assert_eq!((FRAME_LEN, BODY_DOC, format::BODY_MIN, format::BODY_MIN_U32), (8, 28, 29, 29));
     assert_eq!((manifest::MAN_HEADER_LEN, txn::TXN_RECORD_LEN), (32, 16));
     assert_eq!(
         [&SEGMENT_MAGIC, &FOOTER_MAGIC, &INDEX_MAGIC, &manifest::MANIFEST_MAGIC, &txn::TXN_MAGIC],
