@@ -21,7 +21,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Error, ObjectKind, Result};
 use commit::{Committer, Poison, Ticket};
-use log::manifest::{self, ManifestBody, StreamEntry, io_err};
+use log::manifest::{self, ManifestBody, StreamEntry, io_err, sync_err};
 use log::partition::Truncation;
 use log::stream::{Routed, StreamLog, stream_dir};
 pub use options::{Durability, EngineOptions, RecoveryMode};
@@ -67,7 +67,7 @@ impl Engine {
             Some(body) => body,
             None => {
                 vfs.create_dir_all(STREAMS).map_err(|e| io_err(&*vfs, STREAMS, "create", e))?;
-                vfs.sync_dir("").map_err(|e| io_err(&*vfs, "", "sync", e))?;
+                vfs.sync_dir("").map_err(|e| sync_err(&*vfs, "", e))?;
                 let body = ManifestBody { next_stream_id: 1, streams: Vec::new() };
                 manifest::store(&*vfs, &body)?;
                 body
@@ -121,6 +121,22 @@ impl Engine {
         indexes: &[String],
         created_ms: i64,
     ) -> Result<StreamEntry> {
+        self.create_stream_inner(name, partition_count, indexes, created_ms).inspect_err(|e| {
+            // A failed sync may have dropped pages of any file: refuse writes
+            // until reopen, as after a failed sync of an append.
+            if let Error::Poisoned { reason, .. } = e {
+                self.inner.poison.set(reason.clone());
+            }
+        })
+    }
+
+    fn create_stream_inner(
+        &self,
+        name: &str,
+        partition_count: u32,
+        indexes: &[String],
+        created_ms: i64,
+    ) -> Result<StreamEntry> {
         let inner = &*self.inner;
         inner.poison.check(name)?;
         let mut m = inner.manifest.lock();
@@ -135,7 +151,7 @@ impl Engine {
         let mut truncations = Vec::new();
         let log =
             StreamLog::open(inner.vfs.clone(), &inner.opts, id, name, partition_count, created_ms, &mut truncations)?;
-        inner.vfs.sync_dir(STREAMS).map_err(|e| io_err(&*inner.vfs, STREAMS, "sync", e))?;
+        inner.vfs.sync_dir(STREAMS).map_err(|e| sync_err(&*inner.vfs, STREAMS, e))?;
         let entry = StreamEntry { id, name: name.to_owned(), partition_count, indexes: indexes.to_vec(), created_ms };
         let mut next = m.clone();
         next.next_stream_id = id + 1;

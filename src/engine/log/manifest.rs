@@ -128,9 +128,15 @@ pub fn store(vfs: &dyn Vfs, body: &ManifestBody) -> Result<()> {
     let tmp = vfs.open(MANIFEST_TMP, true).map_err(|e| io_err(vfs, MANIFEST_TMP, "create", e))?;
     tmp.set_len(0).map_err(|e| io_err(vfs, MANIFEST_TMP, "truncate", e))?;
     tmp.write_all_at(&bytes, 0).map_err(|e| io_err(vfs, MANIFEST_TMP, "write", e))?;
-    tmp.sync_data().map_err(|e| io_err(vfs, MANIFEST_TMP, "sync", e))?;
+    tmp.sync_data().map_err(|e| sync_err(vfs, MANIFEST_TMP, e))?;
     vfs.rename(MANIFEST_TMP, MANIFEST).map_err(|e| io_err(vfs, MANIFEST, "rename", e))?;
-    vfs.sync_dir("").map_err(|e| io_err(vfs, "", "sync", e))
+    vfs.sync_dir("").map_err(|e| sync_err(vfs, "", e))
+}
+
+/// A failed sync of `path`: the kernel may have dropped the dirty pages, so
+/// the caller must poison the engine (see `VfsFile::sync_data`).
+pub(crate) fn sync_err(vfs: &dyn Vfs, path: &str, e: std::io::Error) -> Error {
+    Error::Poisoned { scope: vfs.describe(path).display().to_string(), reason: format!("fsync failed: {e}") }
 }
 
 /// An I/O failure on `path` as a definite failure naming the file.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, MutexGuard, RwLock};
 
-use super::manifest::io_err;
+use super::manifest::{io_err, sync_err};
 use crate::engine::options::{EngineOptions, RecoveryMode};
 use crate::engine::segment::file::{Footer, HeaderError, IndexEntry, SegmentHeader, decode_index, encode_index_header};
 use crate::engine::segment::format::*;
@@ -206,7 +206,7 @@ impl Partition {
                             vfs.remove_file(&path).map_err(|e| io_err(&*vfs, &path, "remove", e))?;
                         }
                     }
-                    vfs.sync_dir(&dir).map_err(|e| io_err(&*vfs, &dir, "sync", e))?;
+                    vfs.sync_dir(&dir).map_err(|e| sync_err(&*vfs, &dir, e))?;
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -666,11 +666,11 @@ fn create_segment(vfs: &dyn Vfs, dir: &str, stream_id: u64, partition: u32, base
     log.set_len(0).map_err(|e| io_err(vfs, &log_path, "truncate", e))?;
     log.write_all_at(&header, 0).map_err(|e| io_err(vfs, &log_path, "write", e))?;
     let prealloc_end = HEADER_LEN as u64;
-    log.sync_data().map_err(|e| io_err(vfs, &log_path, "sync", e))?;
+    log.sync_data().map_err(|e| sync_err(vfs, &log_path, e))?;
     let idx = vfs.open(&idx_path, true).map_err(|e| io_err(vfs, &idx_path, "create", e))?;
     idx.set_len(0).map_err(|e| io_err(vfs, &idx_path, "truncate", e))?;
     idx.write_all_at(&encode_index_header(base), 0).map_err(|e| io_err(vfs, &idx_path, "write", e))?;
-    vfs.sync_dir(dir).map_err(|e| io_err(vfs, dir, "sync", e))?;
+    vfs.sync_dir(dir).map_err(|e| sync_err(vfs, dir, e))?;
     let active = Arc::new(Segment {
         base_seq: base,
         log_path,
@@ -953,5 +953,5 @@ fn truncate_tail(vfs: &dyn Vfs, seg: &Segment, cut: u64, file_len: u64) -> Resul
     if file_len > cut {
         log.set_len(file_len).map_err(|e| io_err(vfs, &seg.log_path, "extend", e))?;
     }
-    log.sync_data().map_err(|e| io_err(vfs, &seg.log_path, "sync", e))
+    log.sync_data().map_err(|e| sync_err(vfs, &seg.log_path, e))
 }

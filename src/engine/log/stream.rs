@@ -65,7 +65,7 @@ impl StreamLog {
                 Partition::open(vfs.clone(), opts, at, now_ms, committed, truncations).map(Arc::new)
             })
             .collect::<Result<Vec<_>>>()?;
-        vfs.sync_dir(&dir).map_err(|e| super::manifest::io_err(&*vfs, &dir, "sync", e))?;
+        vfs.sync_dir(&dir).map_err(|e| super::manifest::sync_err(&*vfs, &dir, e))?;
         Ok(StreamLog { id, name: name.to_owned(), dir, partitions, txn, write: Mutex::new(committed + 1) })
     }
 

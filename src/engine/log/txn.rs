@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::engine::log::manifest::io_err;
+use crate::engine::log::manifest::{io_err, sync_err};
 use crate::engine::segment::format::{FORMAT_VERSION, get_u16, get_u32, get_u64};
 use crate::engine::vfs::{Vfs, VfsFile};
 use crate::error::{Error, Result};
@@ -142,9 +142,9 @@ impl TxnLog {
         }
         f.set_len(0).map_err(|e| io_err(vfs, &tmp, "truncate", e))?;
         f.write_all_at(&bytes, 0).map_err(|e| io_err(vfs, &tmp, "write", e))?;
-        f.sync_data().map_err(|e| io_err(vfs, &tmp, "sync", e))?;
+        f.sync_data().map_err(|e| sync_err(vfs, &tmp, e))?;
         vfs.rename(&tmp, &self.path).map_err(|e| io_err(vfs, &self.path, "rename", e))?;
-        vfs.sync_dir(&self.dir).map_err(|e| io_err(vfs, &self.dir, "sync", e))?;
+        vfs.sync_dir(&self.dir).map_err(|e| sync_err(vfs, &self.dir, e))?;
         s.file = f;
         s.len = bytes.len() as u64;
         s.synced = s.committed;
@@ -165,7 +165,7 @@ impl TxnLog {
             s.len += TXN_RECORD_LEN as u64;
         }
         if sync && s.synced < s.committed {
-            s.file.sync_data().map_err(|e| io_err(vfs, &self.path, "sync", e))?;
+            s.file.sync_data().map_err(|e| sync_err(vfs, &self.path, e))?;
             s.synced = s.committed;
         }
         Ok(())
