@@ -223,7 +223,7 @@ impl Partition {
             }
             match read_footer(&*vfs, &seg)? {
                 Some(f) => {
-                    expected_base = Some(f.last_seq + 1);
+                    expected_base = Some(f.last_seq.saturating_add(1));
                     *seg.footer.write() = Some(f);
                     segments.insert(base, Arc::new(seg));
                 }
@@ -255,7 +255,7 @@ impl Partition {
                 w
             }
             Some(seg) => {
-                let next = seg.footer().map_or(1, |f| f.last_seq + 1);
+                let next = seg.footer().map_or(1, |f| f.last_seq.saturating_add(1));
                 create_segment(&*vfs, &dir, stream_id, partition, next, now_ms)?
             }
             None => create_segment(&*vfs, &dir, stream_id, partition, 1, now_ms)?,
@@ -581,7 +581,8 @@ impl Partition {
         let vfs = &*self.vfs;
         let loaded = match vfs.open(&seg.idx_path, false) {
             Ok(f) => {
-                let len = f.len().unwrap_or(0).min(footer.count * ENTRY_LEN as u64 + IDX_HEADER_LEN as u64);
+                let most = footer.count.saturating_mul(ENTRY_LEN as u64).saturating_add(IDX_HEADER_LEN as u64);
+                let len = f.len().unwrap_or(0).min(most);
                 let mut buf = vec![0u8; usize::try_from(len).unwrap_or(0)];
                 let n = f.read_at(&mut buf, 0).unwrap_or(0);
                 decode_index(&buf[..n], seg.base_seq)

@@ -66,7 +66,15 @@ impl StreamLog {
             })
             .collect::<Result<Vec<_>>>()?;
         vfs.sync_dir(&dir).map_err(|e| super::manifest::sync_err(&*vfs, &dir, e))?;
-        Ok(StreamLog { id, name: name.to_owned(), dir, partitions, txn, write: Mutex::new(committed + 1) })
+        let Some(next_txn) = committed.checked_add(1) else {
+            let file = vfs.describe(&format!("{dir}/txn"));
+            return Err(Error::Corrupt {
+                file,
+                offset: 0,
+                reason: "the last transaction id is the largest possible".into(),
+            });
+        };
+        Ok(StreamLog { id, name: name.to_owned(), dir, partitions, txn, write: Mutex::new(next_txn) })
     }
 
     /// The stream's directory.

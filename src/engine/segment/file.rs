@@ -123,7 +123,14 @@ impl Footer {
             count: get_u64(b, FTR_COUNT),
             max_ts: get_i64(b, FTR_MAX_TS),
         };
-        if f.count == 0 || f.last_seq < f.first_seq || f.last_seq - f.first_seq + 1 != f.count {
+        // Sequences start at 1 and a next sequence must exist after the last.
+        let consistent = f.first_seq >= 1
+            && f.last_seq < u64::MAX
+            && f.last_seq >= f.first_seq
+            && f.count >= 1
+            && f.last_seq - f.first_seq == f.count - 1
+            && f.records_end >= HEADER_LEN as u64;
+        if !consistent {
             return Err("footer sequence range is inconsistent".into());
         }
         Ok(f)
@@ -230,6 +237,11 @@ mod tests {
         assert_eq!(Footer::decode(&f.encode()), Ok(f));
         let bad = Footer { count: 3, ..f };
         assert!(Footer::decode(&bad.encode()).is_err());
+        // Values a fuzzer found: they must be refused, not overflow.
+        let max = Footer { first_seq: 0, last_seq: u64::MAX, count: 1, ..f };
+        assert!(Footer::decode(&max.encode()).is_err());
+        let last = Footer { first_seq: 1, last_seq: u64::MAX, count: u64::MAX, ..f };
+        assert!(Footer::decode(&last.encode()).is_err());
     }
 
     #[test]
