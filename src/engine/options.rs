@@ -47,9 +47,10 @@ pub struct EngineOptions {
     pub recovery: RecoveryMode,
     /// A segment rolls once it holds this many bytes (default 64 MiB).
     pub segment_bytes: u64,
-    /// Zero-fill the active segment ahead of writes in steps of this many
-    /// bytes, so that a sync only flushes data, not the file size (default
-    /// 4 MiB; 0 disables).
+    /// Under `Durability::Sync`, zero-fill the active segment ahead of
+    /// writes in steps of up to this many bytes, so that a sync flushes only
+    /// data, not the file size (default 4 MiB; 0 disables; the other
+    /// durabilities never zero-fill).
     pub preallocate_bytes: u64,
 }
 

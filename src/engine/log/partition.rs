@@ -439,7 +439,10 @@ impl Partition {
     /// Extends the zero-filled region to cover `upto`.
     fn preallocate(&self, w: &mut Writer, upto: u64) -> Result<()> {
         let chunk = self.opts.preallocate_bytes;
-        if chunk == 0 || upto <= w.prealloc_end {
+        // Zero-filling pays off only when every append waits for a sync; in
+        // the other modes it would just copy every byte twice.
+        let syncs = matches!(self.opts.durability, crate::engine::Durability::Sync);
+        if chunk == 0 || !syncs || upto <= w.prealloc_end {
             return Ok(());
         }
         // Grow geometrically from 64 KiB up to `chunk`, so that thousands of
