@@ -331,5 +331,34 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_failing_read_is_a_typed_error_and_leaves_the_data_intact() {
+        let mem = MemVfs::new();
+        let faulty = vfs::FaultyVfs::new(mem, vfs::Fault::Crash, 0, 1);
+        let vfs: Arc<dyn Vfs> = Arc::new(faulty.clone());
+        let engine = Engine::open(vfs.clone(), small()).expect("open");
+        engine.create_stream("s", 1, &[], 0).expect("create");
+        for _ in 0..40 {
+            append(&engine, "s", &[0]).expect("append");
+        }
+        let log = engine.stream("s").expect("stream");
+        for n in 1..=3 {
+            faulty.fail_read_after(n);
+            match log.read(0, 0, 1000) {
+                Err(Error::Failed { .. }) => {}
+                other => panic!("read {n}: expected a failed read, got {other:?}"),
+            }
+        }
+        assert_eq!(seqs(&engine, "s", 0), (1..=40).collect::<Vec<_>>(), "a later read sees everything");
+        assert!(engine.poisoned().is_none(), "a failed read does not poison");
+        append(&engine, "s", &[0]).expect("writes go on");
+        drop(log);
+        drop(engine);
+        faulty.fail_read_after(3);
+        assert!(Engine::open(vfs.clone(), small()).is_err(), "a read failing during recovery fails the open");
+        let engine = Engine::open(vfs, small()).expect("the next open recovers");
+        assert_eq!(seqs(&engine, "s", 0), (1..=41).collect::<Vec<_>>());
+    }
+
     use log::partition::Partition;
 }

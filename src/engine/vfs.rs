@@ -486,6 +486,8 @@ pub struct FaultyVfs {
     plan: Arc<FaultPlan>,
     dead: Arc<AtomicBool>,
     ops: Arc<AtomicU64>,
+    /// Reads (read_at, list, exists) left before one fails; 0 = never.
+    read_countdown: Arc<AtomicU64>,
 }
 
 /// How a mutating operation should proceed.
@@ -504,6 +506,7 @@ impl FaultyVfs {
             plan: Arc::new(FaultPlan { countdown: AtomicU64::new(after), fault, seed: AtomicU64::new(seed | 1) }),
             dead: Arc::new(AtomicBool::new(false)),
             ops: Arc::new(AtomicU64::new(0)),
+            read_countdown: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -583,6 +586,25 @@ impl FaultyVfs {
     fn check(&self) -> io::Result<()> {
         if self.crashed() { Err(Self::crashed_error()) } else { Ok(()) }
     }
+
+    /// Makes the `n`-th read from now (`read_at`, `list`, `exists`; 1 = the
+    /// next) fail once with an I/O error, independently of the write fault.
+    pub fn fail_read_after(&self, n: u64) {
+        self.read_countdown.store(n, Ordering::SeqCst);
+    }
+
+    fn read_gate(&self) -> io::Result<()> {
+        self.check()?;
+        let left = self.read_countdown.load(Ordering::SeqCst);
+        if left == 0 {
+            return Ok(());
+        }
+        self.read_countdown.store(left - 1, Ordering::SeqCst);
+        if left == 1 {
+            return Err(io::Error::other("simulated: read failed (EIO)"));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug)]
@@ -593,7 +615,7 @@ struct FaultyFile {
 
 impl VfsFile for FaultyFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.vfs.check()?;
+        self.vfs.read_gate()?;
         self.inner.read_at(buf, offset)
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -639,7 +661,7 @@ impl Vfs for FaultyVfs {
         Ok(Arc::new(FaultyFile { inner, vfs: self.clone() }))
     }
     fn exists(&self, path: &str) -> io::Result<bool> {
-        self.check()?;
+        self.read_gate()?;
         self.mem.exists(path)
     }
     fn create_dir_all(&self, path: &str) -> io::Result<()> {
@@ -649,7 +671,7 @@ impl Vfs for FaultyVfs {
         }
     }
     fn list(&self, dir: &str) -> io::Result<Vec<String>> {
-        self.check()?;
+        self.read_gate()?;
         self.mem.list(dir)
     }
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {
@@ -774,6 +796,19 @@ mod tests {
         let err = f.write_all_at(b"abc", 0).expect_err("disk full");
         assert_eq!(err.kind(), io::ErrorKind::StorageFull);
         f.write_all_at(b"abc", 0).expect("space again");
+        assert!(!vfs.crashed());
+    }
+
+    #[test]
+    fn a_read_fault_fails_one_read() {
+        let vfs = FaultyVfs::new(MemVfs::new(), Fault::Crash, 0, 1);
+        let f = vfs.open("f", true).expect("create");
+        f.write_all_at(b"abc", 0).expect("write");
+        vfs.fail_read_after(2);
+        let mut buf = [0u8; 3];
+        f.read_at(&mut buf, 0).expect("first read");
+        assert!(f.read_at(&mut buf, 0).is_err(), "second read fails");
+        f.read_at(&mut buf, 0).expect("then reads work again");
         assert!(!vfs.crashed());
     }
 
