@@ -64,64 +64,38 @@ mod streams;
 #[path = "conformance/support.rs"]
 mod support;
 
-/// One `#[tokio::test]` per case, each on a fresh fixture from `$factory`.
-/// Cases under `concurrent` run on a multi-threaded runtime. In `log_only`
-/// mode the group cases are generated as ignored tests, so `cargo test`
-/// lists each one as not run for that backend instead of hiding it.
+/// One test: the case `$area::$case` on a fresh fixture from `$factory`,
+/// with the given test attributes.
+macro_rules! one_case {
+    ($(#[$attr:meta])*; $factory:path; $area:ident :: $case:ident) => {
+        $(#[$attr])*
+        async fn $case() {
+            let factory: crate::common::Factory = $factory;
+            crate::$area::$case(factory().await).await;
+        }
+    };
+}
+
+/// One `#[tokio::test]` per case. Cases under `concurrent` run on a
+/// multi-threaded runtime. In `log_only` mode the group cases are generated
+/// as ignored tests, so `cargo test` lists each one as not run for that
+/// backend instead of hiding it.
 macro_rules! cases {
     (full; $factory:path;
      log: [$($larea:ident :: $lcase:ident),* $(,)?];
      groups: [$($garea:ident :: $gcase:ident),* $(,)?];
      concurrent: [$($carea:ident :: $ccase:ident),* $(,)?] $(;)?) => {
-        $(
-            #[tokio::test]
-            async fn $lcase() {
-                let factory: crate::common::Factory = $factory;
-                crate::$larea::$lcase(factory().await).await;
-            }
-        )*
-        $(
-            #[tokio::test]
-            async fn $gcase() {
-                let factory: crate::common::Factory = $factory;
-                crate::$garea::$gcase(factory().await).await;
-            }
-        )*
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $ccase() {
-                let factory: crate::common::Factory = $factory;
-                crate::$carea::$ccase(factory().await).await;
-            }
-        )*
+        $( one_case!(#[tokio::test]; $factory; $larea::$lcase); )*
+        $( one_case!(#[tokio::test]; $factory; $garea::$gcase); )*
+        $( one_case!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]; $factory; $carea::$ccase); )*
     };
     (log_only; $factory:path;
      log: [$($larea:ident :: $lcase:ident),* $(,)?];
      groups: [$($garea:ident :: $gcase:ident),* $(,)?];
      concurrent: [$($carea:ident :: $ccase:ident),* $(,)?] $(;)?) => {
-        $(
-            #[tokio::test]
-            async fn $lcase() {
-                let factory: crate::common::Factory = $factory;
-                crate::$larea::$lcase(factory().await).await;
-            }
-        )*
-        $(
-            #[tokio::test]
-            #[ignore = "this backend has no consumer groups yet"]
-            async fn $gcase() {
-                let factory: crate::common::Factory = $factory;
-                crate::$garea::$gcase(factory().await).await;
-            }
-        )*
-        $(
-            #[tokio::test]
-            #[ignore = "this backend has no consumer groups yet"]
-            async fn $ccase() {
-                let factory: crate::common::Factory = $factory;
-                crate::$carea::$ccase(factory().await).await;
-            }
-        )*
+        $( one_case!(#[tokio::test]; $factory; $larea::$lcase); )*
+        $( one_case!(#[tokio::test] #[ignore = "this backend has no consumer groups yet"]; $factory; $garea::$gcase); )*
+        $( one_case!(#[tokio::test] #[ignore = "this backend has no consumer groups yet"]; $factory; $carea::$ccase); )*
     };
 }
 
