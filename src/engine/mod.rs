@@ -360,5 +360,27 @@ mod tests {
         assert_eq!(seqs(&engine, "s", 0), (1..=41).collect::<Vec<_>>());
     }
 
+    #[test]
+    fn seek_time_finds_the_first_event_at_or_after_a_time_across_segments() {
+        let vfs: Arc<dyn Vfs> = Arc::new(MemVfs::new());
+        let engine = Engine::open(vfs, small()).expect("open");
+        engine.create_stream("s", 1, &[], 0).expect("create");
+        let log = engine.stream("s").expect("stream");
+        // Timestamps go up by 10 with a dip: 10, 20, ..., except that every
+        // 7th event is stamped 5 (producer-supplied times need not be ordered).
+        let ts = |n: u64| if n % 7 == 0 { 5 } else { i64::try_from(n).expect("small") * 10 };
+        for n in 1..=300u64 {
+            let e = NewEvent::prepare(json!({"n": n, "pad": "x".repeat(100)}), AppendOptions::new());
+            let (_, ticket) = engine.append(&log, &[Routed { partition: 0, ts: ts(n), event: &e }]).expect("append");
+            ticket.wait().expect("durable");
+        }
+        assert!(log.partition(0).expect("p").segments().len() > 3);
+        for t in [0, 5, 6, 10, 11, 695, 700, 1234, 2990, 3000] {
+            let expected = (1..=300u64).find(|&n| ts(n) >= t);
+            assert_eq!(log.seek_time(0, t).expect("seek"), expected, "t = {t}");
+        }
+        assert_eq!(log.seek_time(0, 3001).expect("seek"), None);
+    }
+
     use log::partition::Partition;
 }

@@ -605,6 +605,42 @@ impl Partition {
         Ok(())
     }
 
+    /// The first visible sequence whose timestamp is at or after `t` (the
+    /// time index), or None. Timestamps need not be monotonic: each index
+    /// point carries the largest timestamp before it, so whole blocks (and
+    /// whole sealed segments, by their footer) whose events are all older
+    /// than `t` are skipped without being read.
+    pub fn seek_time(&self, t: i64) -> Result<Option<u64>> {
+        let visible = self.visible();
+        for seg in self.segments() {
+            if seg.footer().is_some_and(|f| f.max_ts < t) || seg.base_seq > visible {
+                continue;
+            }
+            self.ensure_index(&seg)?;
+            // The first point with an event at/after t before it ends the block
+            // that holds the answer; the block starts at the point before it.
+            let start = {
+                let ix = seg.index.read();
+                let entries = ix.as_deref().unwrap_or(&[]);
+                let i = entries.partition_point(|e| e.max_ts_before < t);
+                if i == 0 { seg.base_seq } else { entries[i - 1].seq }
+            };
+            let mut found = None;
+            let until = seg.footer().map_or(visible, |f| f.last_seq.min(visible));
+            self.scan(start - 1, until, |r| {
+                if r.header.ts >= t {
+                    found = Some(r.header.seq);
+                    return false;
+                }
+                true
+            })?;
+            if found.is_some() {
+                return Ok(found);
+            }
+        }
+        Ok(None)
+    }
+
     /// Every segment, oldest first (for `verify` and `inspect`).
     pub fn segments(&self) -> Vec<Arc<Segment>> {
         self.segments.read().values().cloned().collect()

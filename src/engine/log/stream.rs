@@ -101,6 +101,12 @@ impl StreamLog {
         self.partitions.get(p as usize).map_or(0, |part| part.visible())
     }
 
+    /// The first sequence of a partition with a timestamp at or after `t`
+    /// (ms), through the time index.
+    pub fn seek_time(&self, p: u32, t: i64) -> Result<Option<u64>> {
+        self.partition(p)?.seek_time(t)
+    }
+
     /// Reads records of a partition after a sequence.
     pub fn read(&self, p: u32, after: u64, limit: usize) -> Result<Vec<StoredRecord>> {
         self.partition(p)?.read(after, limit)
