@@ -368,7 +368,7 @@ mod tests {
         let log = engine.stream("s").expect("stream");
         // Timestamps go up by 10 with a dip: 10, 20, ..., except that every
         // 7th event is stamped 5 (producer-supplied times need not be ordered).
-        let ts = |n: u64| if n % 7 == 0 { 5 } else { i64::try_from(n).expect("small") * 10 };
+        let ts = |n: u64| if n.is_multiple_of(7) { 5 } else { i64::try_from(n).expect("small") * 10 };
         for n in 1..=300u64 {
             let e = NewEvent::prepare(json!({"n": n, "pad": "x".repeat(100)}), AppendOptions::new());
             let (_, ticket) = engine.append(&log, &[Routed { partition: 0, ts: ts(n), event: &e }]).expect("append");
