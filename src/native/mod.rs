@@ -3,9 +3,10 @@
 //! Open it with `Rheo::open("native:./data")`. Optional settings go in the
 //! URL query: `native:./data?durability=sync|batched|none&max_delay_ms=5&segment_bytes=67108864&recovery=strict`.
 //!
-//! The engine is synchronous. Appends write to the OS on the calling task
-//! (microseconds) and then await the group commit without blocking a thread;
-//! opening and stream creation, which sync files, run on the blocking pool.
+//! The engine is synchronous. Appends encode and buffer their records on the
+//! calling task (microseconds) and then await the group commit without
+//! blocking a thread; opening, stream creation (which sync files), reads and
+//! queries (which read the disk) run on the blocking pool.
 //! Consumer groups arrive with the write-ahead delivery table; until then the
 //! group operations answer `Unsupported`.
 
@@ -129,6 +130,25 @@ impl NativeBackend {
     }
 }
 
+/// One page of a query by a filtered scan of the partitions it may match,
+/// stopping a partition early when the scan order is the query's order.
+fn scan_page(log: &StreamLog, query: &Query) -> Result<Page> {
+    let mut builder = query.page_builder();
+    let ordered = query.scan_is_ordered();
+    for p in query.partitions(log.partition_count()) {
+        let (after, until) = query.sequence_bounds(p);
+        log.partition(p)?.scan(after, until, |r| {
+            let e = r.into_event(&query.stream, p);
+            if ordered && builder.past_end(&e) {
+                return false;
+            }
+            builder.offer(e);
+            true
+        })?;
+    }
+    Ok(builder.finish())
+}
+
 /// Runs blocking engine work off the async workers.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f).await.map_err(|e| Error::failed("native", format!("engine task failed: {e}")))?
@@ -181,26 +201,20 @@ impl Backend for NativeBackend {
 
     async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
         let log = self.engine.stream(stream)?;
-        let records = log.read(partition, after, limit)?;
-        Ok(records.into_iter().map(|r| r.into_event(stream, partition)).collect())
+        let name = stream.to_owned();
+        // Disk reads and decoding run on the blocking pool, not on a worker.
+        blocking(move || {
+            let records = log.read(partition, after, limit)?;
+            Ok(records.into_iter().map(|r| r.into_event(&name, partition)).collect())
+        })
+        .await
     }
 
     async fn query(&self, query: &Query) -> Result<Page> {
         let log = self.engine.stream(&query.stream)?;
-        let mut builder = query.page_builder();
-        let ordered = query.scan_is_ordered();
-        for p in query.partitions(log.partition_count()) {
-            let (after, until) = query.sequence_bounds(p);
-            log.partition(p)?.scan(after, until, |r| {
-                let e = r.into_event(&query.stream, p);
-                if ordered && builder.past_end(&e) {
-                    return false;
-                }
-                builder.offer(e);
-                true
-            })?;
-        }
-        Ok(builder.finish())
+        let query = query.clone();
+        // A filtered scan may read a whole stream: keep it off the workers.
+        blocking(move || scan_page(&log, &query)).await
     }
 
     async fn fetch(&self, stream: &str, _group: &str, _opts: &FetchOptions) -> Result<Vec<Lease>> {
