@@ -246,7 +246,7 @@ fn run(s: &Shared) {
                     if let (Durability::Batched { max_delay }, Some(first), false) =
                         (s.durability, q.first_at, q.shutdown)
                     {
-                        let due = first + max_delay;
+                        let due = first.checked_add(max_delay).unwrap_or(first);
                         if Instant::now() < due {
                             s.wake.wait_until(&mut q, due);
                             continue;
@@ -331,6 +331,9 @@ fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
     for (log, txn) in txns {
         log.commit(txn, true).map_err(|e| poisoned(s, format!("committing transaction {txn}: {e}")))?;
     }
+    // A sync elsewhere (a roll's barrier) may have failed meanwhile: publish
+    // nothing after a poisoning.
+    s.poison.check("storage")?;
     for job in jobs {
         for (p, seq) in &job.publish {
             p.publish(*seq);

@@ -50,7 +50,9 @@ pub struct EngineOptions {
     /// Under `Durability::Sync`, zero-fill the active segment ahead of
     /// writes in steps of up to this many bytes, so that a sync flushes only
     /// data, not the file size (default 4 MiB; 0 disables; the other
-    /// durabilities never zero-fill).
+    /// durabilities never zero-fill). With 0, a full disk under `Sync`
+    /// surfaces in the commit thread's write and poisons the directory,
+    /// instead of failing the append cleanly.
     pub preallocate_bytes: u64,
 }
 

@@ -88,6 +88,48 @@ pub trait Vfs: Send + Sync + fmt::Debug + 'static {
     fn describe(&self, path: &str) -> PathBuf;
 }
 
+// ---------------------------------------------------------------- StickySync
+
+/// Wraps a file so that its syncs never run concurrently and, once one
+/// fails, every later sync fails too. Linux reports a writeback error once
+/// per open file: without this, a second syncer (the commit thread after a
+/// roll's failed sync, say) could see success for pages the kernel already
+/// dropped.
+#[derive(Debug)]
+pub struct StickySync {
+    inner: Arc<dyn VfsFile>,
+    failed: parking_lot::Mutex<Option<String>>,
+}
+
+impl StickySync {
+    /// Wraps `file`.
+    pub fn wrap(file: Arc<dyn VfsFile>) -> Arc<dyn VfsFile> {
+        Arc::new(StickySync { inner: file, failed: parking_lot::Mutex::new(None) })
+    }
+}
+
+impl VfsFile for StickySync {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.inner.write_all_at(buf, offset)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        let mut failed = self.failed.lock();
+        if let Some(reason) = &*failed {
+            return Err(io::Error::other(format!("an earlier fsync of this file failed: {reason}")));
+        }
+        self.inner.sync_data().inspect_err(|e| *failed = Some(e.to_string()))
+    }
+}
+
 // ---------------------------------------------------------------- StdVfs
 
 /// The real file system, rooted at a directory.
@@ -797,6 +839,15 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::StorageFull);
         f.write_all_at(b"abc", 0).expect("space again");
         assert!(!vfs.crashed());
+    }
+
+    #[test]
+    fn a_failed_sync_stays_failed() {
+        let vfs = FaultyVfs::new(MemVfs::new(), Fault::FsyncFails, 2, 1);
+        let f = StickySync::wrap(vfs.open("f", true).expect("create"));
+        f.write_all_at(b"abc", 0).expect("write");
+        assert!(f.sync_data().is_err(), "the armed sync fails");
+        assert!(f.sync_data().is_err(), "and every later one, though the disk would now say Ok");
     }
 
     #[test]

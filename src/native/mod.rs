@@ -53,7 +53,7 @@ pub fn parse_url(rest: &str, mut opts: EngineOptions) -> Result<(String, EngineO
             |v: &str| v.parse::<u64>().map_err(|_| Error::invalid("url", format!("{k}={v:?} is not a number")));
         match k {
             "durability" => durability = Some(v.to_owned()),
-            "max_delay_ms" => max_delay = Duration::from_millis(number(v)?),
+            "max_delay_ms" => max_delay = Duration::from_millis(number(v)?.min(3_600_000)),
             "segment_bytes" => opts.segment_bytes = number(v)?.max(4096),
             "preallocate_bytes" => opts.preallocate_bytes = number(v)?,
             "recovery" => {

@@ -16,7 +16,7 @@ use crate::engine::segment::file::{Footer, HeaderError, IndexEntry, SegmentHeade
 use crate::engine::segment::format::*;
 use crate::engine::segment::record::{Doc, RecordHeader, decode_doc};
 use crate::engine::segment::scan::{Scanner, Step};
-use crate::engine::vfs::{Vfs, VfsFile};
+use crate::engine::vfs::{StickySync, Vfs, VfsFile};
 use crate::error::{Error, Result};
 use crate::model::event::Event;
 use crate::model::time::Timestamp;
@@ -650,7 +650,7 @@ impl Partition {
 fn open_segment(vfs: &dyn Vfs, dir: &str, base: u64, stream_id: u64, partition: u32) -> Result<Segment> {
     let log_path = format!("{dir}/{}", log_name(base));
     let idx_path = format!("{dir}/{base:020}.idx");
-    let log = vfs.open(&log_path, false).map_err(|e| io_err(vfs, &log_path, "open", e))?;
+    let log = StickySync::wrap(vfs.open(&log_path, false).map_err(|e| io_err(vfs, &log_path, "open", e))?);
     let mut hdr = [0u8; HEADER_LEN];
     let n = log.read_at(&mut hdr, 0).map_err(|e| io_err(vfs, &log_path, "read", e))?;
     let h = SegmentHeader::decode(&hdr[..n]).map_err(|e| match e {
@@ -659,6 +659,9 @@ fn open_segment(vfs: &dyn Vfs, dir: &str, base: u64, stream_id: u64, partition: 
         }
         HeaderError::Damaged(reason) => corrupt(vfs, &log_path, 0, reason),
     })?;
+    if base == 0 || base == u64::MAX {
+        return Err(corrupt(vfs, &log_path, 0, format!("segment base sequence {base} is impossible")));
+    }
     if h.base_seq != base || h.partition != partition || h.stream_id != stream_id {
         return Err(corrupt(
             vfs,
@@ -694,14 +697,16 @@ fn read_footer(vfs: &dyn Vfs, seg: &Segment) -> Result<Option<Footer>> {
     }
     let mut b = [0u8; FOOTER_LEN];
     let n = seg.log.read_at(&mut b, len - FOOTER_LEN as u64).map_err(|e| io_err(vfs, &seg.log_path, "read", e))?;
-    Ok(Footer::decode(&b[..n]).ok().filter(|f| f.records_end + FOOTER_LEN as u64 == len && f.first_seq == seg.base_seq))
+    Ok(Footer::decode(&b[..n])
+        .ok()
+        .filter(|f| f.records_end.checked_add(FOOTER_LEN as u64) == Some(len) && f.first_seq == seg.base_seq))
 }
 
 /// Creates a new, empty active segment (header synced, directory synced).
 fn create_segment(vfs: &dyn Vfs, dir: &str, stream_id: u64, partition: u32, base: u64, now_ms: i64) -> Result<Writer> {
     let log_path = format!("{dir}/{}", log_name(base));
     let idx_path = format!("{dir}/{base:020}.idx");
-    let log = vfs.open(&log_path, true).map_err(|e| io_err(vfs, &log_path, "create", e))?;
+    let log = StickySync::wrap(vfs.open(&log_path, true).map_err(|e| io_err(vfs, &log_path, "create", e))?);
     let header = SegmentHeader { partition, stream_id, base_seq: base, created_ms: now_ms }.encode();
     log.set_len(0).map_err(|e| io_err(vfs, &log_path, "truncate", e))?;
     log.write_all_at(&header, 0).map_err(|e| io_err(vfs, &log_path, "write", e))?;
@@ -796,24 +801,12 @@ fn recover_active(
 ) -> Result<(Writer, Option<Truncation>)> {
     let file_len = seg.log.len().map_err(|e| io_err(vfs, &seg.log_path, "stat", e))?;
     let idx = vfs.open(&seg.idx_path, true).map_err(|e| io_err(vfs, &seg.idx_path, "open", e))?;
-    let idx_bytes_len = idx.len().unwrap_or(0).min(file_len / 8 + IDX_HEADER_LEN as u64 + ENTRY_LEN as u64);
-    let mut buf = vec![0u8; usize::try_from(idx_bytes_len).unwrap_or(0)];
-    let n = idx.read_at(&mut buf, 0).unwrap_or(0);
-    let mut entries = decode_index(&buf[..n], seg.base_seq);
-    // Trust only entries that point at a record with the right sequence and
-    // come before any uncommitted multi-partition batch.
-    while let Some(last) = entries.last() {
-        let valid = last.max_txn_before <= committed_txn
-            && record_at(&*seg.log, last.offset, file_len).is_some_and(|h| h.seq == last.seq);
-        if valid {
-            break;
-        }
-        entries.pop();
-    }
-    let (start, start_seq, start_max_ts, start_max_txn) =
-        entries.last().map_or((HEADER_LEN as u64, seg.base_seq, i64::MIN, 0), |e| {
-            (e.offset, e.seq, e.max_ts_before, e.max_txn_before)
-        });
+    // The index is never synced and its points may be written before their
+    // records reach the disk, so no point proves the bytes before it are
+    // whole (pages may persist out of order): scan the whole active segment
+    // — at most `segment_bytes` — and rebuild its index from the records.
+    let mut entries: Vec<IndexEntry> = Vec::new();
+    let (start, start_seq, start_max_ts, start_max_txn) = (HEADER_LEN as u64, seg.base_seq, i64::MIN, 0);
 
     // Scan to the end of the valid records.
     let mut scanner = Scanner::new(&*seg.log, start, file_len);

@@ -132,8 +132,8 @@ pub fn decode_record(buf: &[u8]) -> Decoded<'_> {
     }
     let header =
         RecordHeader { seq: get_u64(body, BODY_SEQ), ts: get_i64(body, BODY_TS), flags, txn: get_u64(body, BODY_TXN) };
-    if header.seq == 0 {
-        return Decoded::Invalid("record sequence 0");
+    if header.seq == 0 || header.seq == u64::MAX {
+        return Decoded::Invalid("record sequence out of range");
     }
     Decoded::Record { header, doc: &body[BODY_DOC..], size }
 }
