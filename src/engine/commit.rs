@@ -83,8 +83,11 @@ struct Rounds {
     durable: u64,
     /// The first round that failed, and why; it and every later round fail.
     failed: Option<(u64, Error)>,
-    /// Async waiters: (round, waker), woken when their round is decided.
-    wakers: Vec<(u64, Waker)>,
+    /// Async waiters: (round, waiter id, waker), woken when their round is
+    /// decided.
+    wakers: Vec<(u64, u64, Waker)>,
+    /// The id the next registering waiter gets.
+    next_waiter: u64,
 }
 
 impl Rounds {
@@ -123,23 +126,41 @@ impl Ticket {
 
     /// Resolves when durable; never blocks a thread.
     pub fn resolved(self) -> TicketFuture {
-        TicketFuture(self.0)
+        TicketFuture { ticket: self.0, waiter: None }
     }
 }
 
 /// The future of [`Ticket::resolved`].
 #[derive(Debug)]
-pub struct TicketFuture(Option<(u64, Arc<Shared>)>);
+pub struct TicketFuture {
+    ticket: Option<(u64, Arc<Shared>)>,
+    /// Set once registered, so a re-poll replaces its waker instead of
+    /// adding another.
+    waiter: Option<u64>,
+}
 
 impl Future for TicketFuture {
     type Output = Result<()>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        let Some((round, shared)) = &self.0 else { return Poll::Ready(Ok(())) };
+        let this = self.get_mut();
+        let Some((round, shared)) = &this.ticket else { return Poll::Ready(Ok(())) };
         let mut r = shared.rounds.lock();
         if let Some(outcome) = r.outcome(*round) {
             return Poll::Ready(outcome);
         }
-        r.wakers.push((*round, cx.waker().clone()));
+        let waker = cx.waker().clone();
+        match this.waiter {
+            Some(id) => match r.wakers.iter_mut().find(|(_, w, _)| *w == id) {
+                Some(slot) => slot.2 = waker,
+                None => r.wakers.push((*round, id, waker)),
+            },
+            None => {
+                let id = r.next_waiter;
+                r.next_waiter += 1;
+                this.waiter = Some(id);
+                r.wakers.push((*round, id, waker));
+            }
+        }
         Poll::Pending
     }
 }
@@ -287,12 +308,12 @@ fn run(s: &Shared) {
                 }
             }
             let (ready, waiting): (Vec<_>, Vec<_>) =
-                std::mem::take(&mut r.wakers).into_iter().partition(|(w, _)| *w <= round);
+                std::mem::take(&mut r.wakers).into_iter().partition(|(w, _, _)| *w <= round);
             r.wakers = waiting;
             ready
         };
         s.decided.notify_all();
-        for (_, waker) in wakers {
+        for (_, _, waker) in wakers {
             waker.wake();
         }
     }
@@ -345,4 +366,26 @@ fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
 fn poisoned(s: &Shared, reason: String) -> Error {
     s.poison.set(reason.clone());
     Error::Poisoned { scope: "storage".into(), reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_ticket_polled_again_keeps_one_waker() {
+        let poison = Arc::new(Poison::default());
+        let committer =
+            Committer::start(Durability::Batched { max_delay: Duration::from_secs(30) }, poison).expect("start");
+        let mut fut = committer.submit(Job::default()).resolved();
+        let mut cx = Context::from_waker(Waker::noop());
+        for _ in 0..5 {
+            assert!(Pin::new(&mut fut).poll(&mut cx).is_pending(), "the round waits for max_delay");
+        }
+        let shared = fut.ticket.as_ref().map(|(_, s)| s.clone()).expect("a real ticket");
+        assert_eq!(shared.rounds.lock().wakers.len(), 1);
+        committer.shutdown();
+        assert!(matches!(Pin::new(&mut fut).poll(&mut cx), Poll::Ready(Ok(()))), "shutdown commits queued jobs");
+    }
 }
