@@ -1542,7 +1542,54 @@ async fn backend_matches_model(factory: Factory, group: ModelGroup, ops: Vec<Mod
 // One module of tests per backend
 // ---------------------------------------------------------------------------
 
-/// The properties that need only the log (streams, appends, reads, queries).
+/// The properties that need only the log (streams, appends, reads,
+/// queries); expanded inside a backend module that defines `FACTORY`.
+macro_rules! log_property_tests {
+    () => {
+        proptest! {
+            #![proptest_config(config(ROUTING_CASES))]
+            #[test]
+            fn routing_is_stable(input in routing_input()) {
+                run(super::routing_is_stable(FACTORY, input))?;
+            }
+        }
+
+        proptest! {
+            #![proptest_config(config(CONTIGUOUS_CASES))]
+            #[test]
+            fn sequences_are_contiguous(count in 1u32..=4, ops in vec(append_op(), 1..25), page in 1usize..=7) {
+                run(super::sequences_are_contiguous(FACTORY, count, ops, page))?;
+            }
+        }
+
+        proptest! {
+            #![proptest_config(config(PAGING_CASES))]
+            #[test]
+            fn paging_returns_each_event_once(
+                count in 1u32..=4,
+                events in vec(event_spec(), 0..40),
+                spec in query_spec(),
+            ) {
+                run(super::paging_returns_each_event_once(FACTORY, count, events, spec))?;
+            }
+        }
+
+        proptest! {
+            #![proptest_config(config(PAGING_APPENDS_CASES))]
+            #[test]
+            fn paging_survives_appends_between_pages(
+                count in 1u32..=4,
+                events in vec(event_spec(), 0..30),
+                spec in query_spec().prop_map(|s| QuerySpec { descending: false, ..s }),
+                between in vec(vec(event_spec(), 0..4), 0..10),
+            ) {
+                run(super::paging_survives_appends_between_pages(FACTORY, count, events, spec, between))?;
+            }
+        }
+    };
+}
+
+/// The log properties for a backend without consumer groups yet.
 macro_rules! log_properties {
     ($backend:ident, $factory:expr) => {
         mod $backend {
@@ -1550,46 +1597,7 @@ macro_rules! log_properties {
 
             const FACTORY: Factory = $factory;
 
-            proptest! {
-                #![proptest_config(config(ROUTING_CASES))]
-                #[test]
-                fn routing_is_stable(input in routing_input()) {
-                    run(super::routing_is_stable(FACTORY, input))?;
-                }
-            }
-
-            proptest! {
-                #![proptest_config(config(CONTIGUOUS_CASES))]
-                #[test]
-                fn sequences_are_contiguous(count in 1u32..=4, ops in vec(append_op(), 1..25), page in 1usize..=7) {
-                    run(super::sequences_are_contiguous(FACTORY, count, ops, page))?;
-                }
-            }
-
-            proptest! {
-                #![proptest_config(config(PAGING_CASES))]
-                #[test]
-                fn paging_returns_each_event_once(
-                    count in 1u32..=4,
-                    events in vec(event_spec(), 0..40),
-                    spec in query_spec(),
-                ) {
-                    run(super::paging_returns_each_event_once(FACTORY, count, events, spec))?;
-                }
-            }
-
-            proptest! {
-                #![proptest_config(config(PAGING_APPENDS_CASES))]
-                #[test]
-                fn paging_survives_appends_between_pages(
-                    count in 1u32..=4,
-                    events in vec(event_spec(), 0..30),
-                    spec in query_spec().prop_map(|s| QuerySpec { descending: false, ..s }),
-                    between in vec(vec(event_spec(), 0..4), 0..10),
-                ) {
-                    run(super::paging_survives_appends_between_pages(FACTORY, count, events, spec, between))?;
-                }
-            }
+            log_property_tests!();
         }
     };
 }
@@ -1601,21 +1609,7 @@ macro_rules! properties {
 
             const FACTORY: Factory = $factory;
 
-            proptest! {
-                #![proptest_config(config(ROUTING_CASES))]
-                #[test]
-                fn routing_is_stable(input in routing_input()) {
-                    run(super::routing_is_stable(FACTORY, input))?;
-                }
-            }
-
-            proptest! {
-                #![proptest_config(config(CONTIGUOUS_CASES))]
-                #[test]
-                fn sequences_are_contiguous(count in 1u32..=4, ops in vec(append_op(), 1..25), page in 1usize..=7) {
-                    run(super::sequences_are_contiguous(FACTORY, count, ops, page))?;
-                }
-            }
+            log_property_tests!();
 
             proptest! {
                 #![proptest_config(config(FRONTIER_CASES))]
@@ -1630,31 +1624,6 @@ macro_rules! properties {
                 #[test]
                 fn old_lease_never_settles(ops in vec(lease_op(), 1..60)) {
                     run(super::old_lease_never_settles(FACTORY, ops))?;
-                }
-            }
-
-            proptest! {
-                #![proptest_config(config(PAGING_CASES))]
-                #[test]
-                fn paging_returns_each_event_once(
-                    count in 1u32..=4,
-                    events in vec(event_spec(), 0..40),
-                    spec in query_spec(),
-                ) {
-                    run(super::paging_returns_each_event_once(FACTORY, count, events, spec))?;
-                }
-            }
-
-            proptest! {
-                #![proptest_config(config(PAGING_APPENDS_CASES))]
-                #[test]
-                fn paging_survives_appends_between_pages(
-                    count in 1u32..=4,
-                    events in vec(event_spec(), 0..30),
-                    spec in query_spec().prop_map(|s| QuerySpec { descending: false, ..s }),
-                    between in vec(vec(event_spec(), 0..4), 0..10),
-                ) {
-                    run(super::paging_survives_appends_between_pages(FACTORY, count, events, spec, between))?;
                 }
             }
 
