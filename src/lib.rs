@@ -32,6 +32,7 @@
 
 pub mod backend;
 pub mod client;
+mod delivery;
 pub mod engine;
 pub mod error;
 pub mod memory;

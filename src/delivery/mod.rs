@@ -1,0 +1,337 @@
+//! The consumer-group core shared by backends that keep group state in
+//! process (memory now, the native delivery table next): every rule of
+//! SEMANTICS.md about fetch, settles, retries, dead letters, the frontier,
+//! replay, reset and lag, over any [`EventSource`].
+//!
+//! Costs (n = materialized, unsettled deliveries of a partition): a claim,
+//! settle or timer is O(log n); `fetch(limit)` is O(limit · log n) plus the
+//! timers that came due and one step per partition in scope. Settled
+//! sequences above the frontier are kept as ranges, so memory follows what
+//! is in flight and unsettled, not the length of the log. Starting at or
+//! replaying from a time costs what the source's `first_at_or_after` costs.
+
+pub(crate) mod state;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::model::event::Event;
+use crate::model::group::{
+    Backoff, DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, PartitionLag,
+    ReplayMode, ReplayOptions, ResetOptions, StartPosition, check_partitions,
+};
+use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
+use crate::model::query::Query;
+use crate::model::time::Timestamp;
+use state::{Delivery, PartState};
+
+/// What the group core needs from a stream's log.
+pub(crate) trait EventSource {
+    /// The stream's name.
+    fn stream(&self) -> &str;
+    /// Its partition count.
+    fn partition_count(&self) -> u32;
+    /// The last assigned sequence of a partition.
+    fn high_watermark(&self, p: u32) -> u64;
+    /// The event at a position (which exists: at most the high watermark).
+    fn event(&self, p: u32, seq: u64) -> Result<Event>;
+    /// The first sequence of a partition with a timestamp at or after `t`.
+    fn first_at_or_after(&self, p: u32, t: Timestamp) -> Result<Option<u64>>;
+    /// Calls `f` with the sequence of every event of a partition matching `q`.
+    fn matching(&self, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> Result<()>;
+    /// The position of the event with this id (its first occurrence).
+    fn position_of(&self, id: &str) -> Result<Option<(u32, u64)>>;
+}
+
+/// One consumer group's state.
+#[derive(Debug)]
+pub(crate) struct GroupState {
+    pub(crate) summary: GroupSummary,
+    backoff: Backoff,
+    parts: BTreeMap<u32, PartState>,
+    /// Dead-letter order -> (partition, sequence).
+    dead_order: BTreeMap<u64, (u32, u64)>,
+    next_dead_order: u64,
+}
+
+/// The frontier a group starts at in one partition.
+fn start_frontier(src: &dyn EventSource, start: &StartPosition, p: u32) -> Result<u64> {
+    let hw = src.high_watermark(p);
+    Ok(match start {
+        StartPosition::Beginning => 0,
+        StartPosition::After(n) => *n,
+        StartPosition::AfterPerPartition(m) => m.get(&p).copied().unwrap_or(0),
+        StartPosition::At(t) => src.first_at_or_after(p, *t)?.map_or(hw, |seq| seq - 1),
+        StartPosition::Latest => hw,
+    })
+}
+
+impl GroupState {
+    /// A new group (options validated here); the frontier of each partition
+    /// starts at its start position minus one.
+    pub(crate) fn create(src: &dyn EventSource, group: &str, opts: &GroupOptions, now: Timestamp) -> Result<Self> {
+        let count = src.partition_count();
+        opts.validate(src.stream(), count)?;
+        let partitions: Vec<u32> = match &opts.partitions {
+            Some(ps) => {
+                let mut ps = ps.clone();
+                ps.sort_unstable();
+                ps.dedup();
+                ps
+            }
+            None => (0..count).collect(),
+        };
+        let mut parts = BTreeMap::new();
+        for &p in &partitions {
+            parts.insert(p, PartState::starting_after(start_frontier(src, &opts.start, p)?));
+        }
+        let summary = GroupSummary {
+            name: group.to_owned(),
+            max_attempts: opts.max_attempts,
+            partitions: opts.partitions.as_ref().map(|_| partitions),
+            created_at: now,
+        };
+        Ok(GroupState { summary, backoff: opts.retry_backoff, parts, dead_order: BTreeMap::new(), next_dead_order: 0 })
+    }
+
+    /// The group's partitions within `requested`, checking those exist.
+    fn scope(&self, src: &dyn EventSource, requested: Option<&[u32]>) -> Result<Vec<u32>> {
+        if let Some(r) = requested {
+            check_partitions(src.stream(), r, src.partition_count())?;
+        }
+        Ok(self.parts.keys().copied().filter(|p| requested.is_none_or(|r| r.contains(p))).collect())
+    }
+
+    fn dead_letter(&mut self, p: u32, seq: u64, reason: String, now: Timestamp) {
+        let order = self.next_dead_order;
+        self.next_dead_order += 1;
+        self.dead_order.insert(order, (p, seq));
+        if let Some(part) = self.parts.get_mut(&p) {
+            part.dead_letter(seq, reason, now, order);
+        }
+    }
+
+    /// Claims up to `opts.limit` deliveries in (partition, sequence) order.
+    pub(crate) fn fetch(&mut self, src: &dyn EventSource, opts: &FetchOptions, now: Timestamp) -> Result<Vec<Lease>> {
+        let expires_at = now.saturating_add(opts.lease);
+        let consumer_id = opts.consumer_id.clone().unwrap_or_default();
+        let scope = self.scope(src, opts.partitions.as_deref())?;
+        let max_attempts = self.summary.max_attempts;
+        let mut leases = Vec::new();
+        for p in scope {
+            let hw = src.high_watermark(p);
+            while leases.len() < opts.limit {
+                let Some(part) = self.parts.get_mut(&p) else { break };
+                part.fire_timers(now);
+                let Some(seq) = part.next_claimable(hw) else { break };
+                let spent = part.deliveries.get(&seq).is_some_and(|d| d.attempt >= max_attempts);
+                if spent {
+                    // A lease that expired on its last attempt: the consumer
+                    // died holding it (a poison pill); stop redelivering.
+                    self.dead_letter(p, seq, "max_attempts: lease expired".to_owned(), now);
+                    continue;
+                }
+                let lease_id = uuid::Uuid::new_v4().to_string();
+                let attempt = part.lease(seq, lease_id.clone(), consumer_id.clone(), expires_at);
+                leases.push(Lease {
+                    lease_id,
+                    receipt: None,
+                    group: self.summary.name.clone(),
+                    consumer_id: consumer_id.clone(),
+                    attempt,
+                    expires_at,
+                    event: src.event(p, seq)?,
+                });
+            }
+        }
+        Ok(leases)
+    }
+
+    /// The delivery a lease names, when it still holds it; else `StaleLease`.
+    fn held(&self, lease: &LeaseRef) -> Result<Delivery> {
+        let stale = || Error::StaleLease {
+            stream: lease.stream.clone(),
+            group: lease.group.clone(),
+            partition: lease.partition,
+            sequence: lease.sequence,
+            lease_id: lease.lease_id.clone(),
+        };
+        let part = self.parts.get(&lease.partition).ok_or_else(stale)?;
+        part.held(lease.sequence, &lease.lease_id).cloned().ok_or_else(stale)
+    }
+
+    /// Extends a lease; returns the new expiry.
+    pub(crate) fn renew(&mut self, lease: &LeaseRef, d: Duration, now: Timestamp) -> Result<Timestamp> {
+        self.held(lease)?;
+        let expires_at = now.saturating_add(d);
+        if let Some(part) = self.parts.get_mut(&lease.partition) {
+            part.renew(lease.sequence, expires_at);
+        }
+        Ok(expires_at)
+    }
+
+    /// Acknowledges a delivery.
+    pub(crate) fn ack(&mut self, lease: &LeaseRef) -> Result<()> {
+        self.held(lease)?;
+        if let Some(part) = self.parts.get_mut(&lease.partition) {
+            part.ack(lease.sequence);
+        }
+        Ok(())
+    }
+
+    /// Gives a delivery back, or dead-letters it when out of attempts.
+    pub(crate) fn retry(
+        &mut self,
+        lease: &LeaseRef,
+        reason: &str,
+        delay: Option<Duration>,
+        now: Timestamp,
+    ) -> Result<RetryOutcome> {
+        let delivery = self.held(lease)?;
+        if delivery.attempt >= self.summary.max_attempts {
+            self.dead_letter(lease.partition, lease.sequence, format!("max_attempts: {reason}"), now);
+            return Ok(RetryOutcome::DeadLettered);
+        }
+        let wait = delay.unwrap_or_else(|| self.backoff.delay(delivery.attempt));
+        let available_at = now.saturating_add(wait);
+        if let Some(part) = self.parts.get_mut(&lease.partition) {
+            part.reschedule(lease.sequence, now, available_at);
+        }
+        Ok(RetryOutcome::Scheduled { available_at })
+    }
+
+    /// Dead-letters a delivery.
+    pub(crate) fn reject(&mut self, lease: &LeaseRef, reason: &str, now: Timestamp) -> Result<()> {
+        self.held(lease)?;
+        self.dead_letter(lease.partition, lease.sequence, reason.to_owned(), now);
+        Ok(())
+    }
+
+    /// Reopens deliveries; returns how many settled events were reopened.
+    pub(crate) fn replay(&mut self, src: &dyn EventSource, opts: &ReplayOptions) -> Result<u64> {
+        let (stream, group) = (src.stream(), self.summary.name.clone());
+        let mode = opts.mode(stream, &group)?;
+        let scope = self.scope(src, opts.partitions.as_deref())?;
+        let mut reopened = 0;
+        let mut dead_orders = Vec::new();
+        let starts: Vec<(u32, u64)> = match mode {
+            ReplayMode::Sequence(from) => scope.iter().map(|&p| (p, from)).collect(),
+            ReplayMode::Time(t) => {
+                let mut starts = Vec::new();
+                for &p in &scope {
+                    if let Some(seq) = src.first_at_or_after(p, t)? {
+                        starts.push((p, seq - 1));
+                    }
+                }
+                if starts.is_empty() {
+                    return Err(Error::NoEventsInRange {
+                        stream: stream.to_owned(),
+                        group,
+                        detail: format!("no event at or after {t} in partitions {scope:?}"),
+                    });
+                }
+                starts
+            }
+            ReplayMode::Query(q) => {
+                for p in q.partitions(src.partition_count()).into_iter().filter(|p| scope.contains(p)) {
+                    let Some(part) = self.parts.get_mut(&p) else { continue };
+                    src.matching(p, q, &mut |seq| {
+                        let (done, dead) = part.reopen_one(seq);
+                        reopened += u64::from(done);
+                        dead_orders.extend(dead);
+                    })?;
+                }
+                Vec::new()
+            }
+        };
+        for (p, after) in starts {
+            if let Some(part) = self.parts.get_mut(&p) {
+                let (n, dead) = part.reopen_after(after, src.high_watermark(p));
+                reopened += n;
+                dead_orders.extend(dead);
+            }
+        }
+        for order in dead_orders {
+            self.dead_order.remove(&order);
+        }
+        Ok(reopened)
+    }
+
+    /// Clears the group's state in scope and restarts it at `opts.start`.
+    pub(crate) fn reset(&mut self, src: &dyn EventSource, opts: &ResetOptions) -> Result<()> {
+        if let StartPosition::AfterPerPartition(m) = &opts.start {
+            check_partitions(src.stream(), &m.keys().copied().collect::<Vec<_>>(), src.partition_count())?;
+        }
+        for p in self.scope(src, opts.partitions.as_deref())? {
+            let frontier = start_frontier(src, &opts.start, p)?;
+            if let Some(part) = self.parts.get_mut(&p) {
+                for info in part.dead.values() {
+                    self.dead_order.remove(&info.order);
+                }
+                *part = PartState::starting_after(frontier);
+            }
+        }
+        Ok(())
+    }
+
+    /// Lag per partition of the group (or of `partitions`).
+    pub(crate) fn lag(&self, src: &dyn EventSource, partitions: Option<&[u32]>) -> Result<Lag> {
+        let scope = self.scope(src, partitions)?;
+        Ok(self.lag_of(src, &scope))
+    }
+
+    fn lag_of(&self, src: &dyn EventSource, scope: &[u32]) -> Lag {
+        let per = scope
+            .iter()
+            .filter_map(|&p| {
+                let part = self.parts.get(&p)?;
+                Some(PartitionLag::new(p, src.high_watermark(p), part.frontier))
+            })
+            .collect();
+        Lag::new(src.stream(), &self.summary.name, per)
+    }
+
+    /// Lag, in-flight, waiting and dead-letter counts.
+    pub(crate) fn info(&mut self, src: &dyn EventSource, now: Timestamp) -> GroupInfo {
+        // Backoffs that have passed are claimable, not waiting.
+        self.parts.values_mut().for_each(|part| part.fire_timers(now));
+        let scope: Vec<u32> = self.parts.keys().copied().collect();
+        let (inflight, retry_waiting) =
+            self.parts.values().map(PartState::counts).fold((0, 0), |(a, b), (l, w)| (a + l, b + w));
+        GroupInfo {
+            summary: self.summary.clone(),
+            lag: self.lag_of(src, &scope),
+            inflight,
+            retry_waiting,
+            dead_letters: self.dead_order.len() as u64,
+        }
+    }
+
+    /// Dead letters, oldest first, after the one of `opts.after`.
+    pub(crate) fn dead_letters(&self, src: &dyn EventSource, opts: &DeadLetterOptions) -> Result<Vec<DeadLetter>> {
+        let start = match &opts.after {
+            None => 0,
+            Some(id) => {
+                let not_found = || Error::CursorNotFound {
+                    scope: format!("dead letters of {:?}/{:?}", src.stream(), self.summary.name),
+                    cursor: id.clone(),
+                };
+                let (p, seq) = src.position_of(id)?.ok_or_else(not_found)?;
+                let info = self.parts.get(&p).and_then(|part| part.dead.get(&seq)).ok_or_else(not_found)?;
+                info.order + 1
+            }
+        };
+        let mut out = Vec::new();
+        for &(p, seq) in self.dead_order.range(start..).map(|(_, v)| v).take(opts.limit) {
+            let Some(info) = self.parts.get(&p).and_then(|part| part.dead.get(&seq)) else { continue };
+            out.push(DeadLetter {
+                event: src.event(p, seq)?,
+                reason: info.reason.clone(),
+                attempts: info.attempts,
+                dead_lettered_at: info.at,
+            });
+        }
+        Ok(out)
+    }
+}
