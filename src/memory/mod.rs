@@ -1,7 +1,7 @@
 //! The `memory` backend: every rule of `SEMANTICS.md` over in-process maps.
 //!
 //! Ephemeral (nothing survives the process), single-process, and fast: one
-//! mutex per stream. Group state is the shared core in [`crate::delivery`]
+//! mutex per stream. Group state is the shared core in the private `delivery` module
 //! (a fetch costs O(limit · log n) where n is the number of unsettled
 //! deliveries of the partitions it visits; a settle costs O(log n)).
 //! Queries scan the stream's partitions in scope (bounded by the sequence
