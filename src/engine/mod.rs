@@ -229,6 +229,15 @@ mod tests {
         Ok(assigned)
     }
 
+    /// An engine on a new `MemVfs` with stream "s" of `partitions` partitions.
+    fn fresh(partitions: u32) -> (MemVfs, Arc<dyn Vfs>, Engine) {
+        let mem = MemVfs::new();
+        let vfs: Arc<dyn Vfs> = Arc::new(mem.clone());
+        let engine = Engine::open(vfs.clone(), small()).expect("open");
+        engine.create_stream("s", partitions, &[], 0).expect("create");
+        (mem, vfs, engine)
+    }
+
     fn seqs(engine: &Engine, stream: &str, p: u32) -> Vec<u64> {
         let log = engine.stream(stream).expect("stream");
         log.read(p, 0, 100_000).expect("read").iter().map(|r| r.header.seq).collect()
@@ -236,10 +245,7 @@ mod tests {
 
     #[test]
     fn appends_roll_segments_and_survive_reopen() {
-        let mem = MemVfs::new();
-        let vfs: Arc<dyn Vfs> = Arc::new(mem.clone());
-        let engine = Engine::open(vfs.clone(), small()).expect("open");
-        engine.create_stream("s", 2, &[], 0).expect("create");
+        let (mem, vfs, engine) = fresh(2);
         for _ in 0..100 {
             append(&engine, "s", &[0, 1, 1]).expect("append");
         }
@@ -267,10 +273,7 @@ mod tests {
 
     #[test]
     fn a_torn_tail_is_truncated_and_corruption_before_it_is_an_error() {
-        let mem = MemVfs::new();
-        let vfs: Arc<dyn Vfs> = Arc::new(mem.clone());
-        let engine = Engine::open(vfs.clone(), small()).expect("open");
-        engine.create_stream("s", 1, &[], 0).expect("create");
+        let (mem, vfs, engine) = fresh(1);
         for _ in 0..5 {
             append(&engine, "s", &[0]).expect("append");
         }
@@ -306,10 +309,7 @@ mod tests {
 
     #[test]
     fn a_multi_partition_batch_is_all_or_nothing_across_a_crash() {
-        let mem = MemVfs::new();
-        let vfs: Arc<dyn Vfs> = Arc::new(mem.clone());
-        let engine = Engine::open(vfs.clone(), small()).expect("open");
-        engine.create_stream("s", 3, &[], 0).expect("create");
+        let (mem, vfs, engine) = fresh(3);
         append(&engine, "s", &[0, 1, 2]).expect("committed batch");
         // Sync partition files of a second batch but not its transaction:
         // simulate by writing it with Durability::None, then syncing only data.
