@@ -85,6 +85,11 @@ impl RangeSet {
         self.ranges.remove(&start)
     }
 
+    /// The ranges (start, end inclusive), ascending.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.ranges.iter().map(|(&s, &e)| (s, e))
+    }
+
     /// How many members.
     #[cfg(test)]
     pub(crate) fn len(&self) -> u64 {

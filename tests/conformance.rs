@@ -262,12 +262,4 @@ macro_rules! conformance {
     };
 }
 
-/// The log cases for a backend without consumer groups yet.
-macro_rules! conformance_log {
-    ($backend:ident, $factory:path) => {
-        suite!(log_only, $backend, $factory);
-    };
-}
-
 crate::backends!(conformance);
-crate::log_only_backends!(conformance_log);

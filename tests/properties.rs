@@ -1589,19 +1589,6 @@ macro_rules! log_property_tests {
     };
 }
 
-/// The log properties for a backend without consumer groups yet.
-macro_rules! log_properties {
-    ($backend:ident, $factory:expr) => {
-        mod $backend {
-            use super::*;
-
-            const FACTORY: Factory = $factory;
-
-            log_property_tests!();
-        }
-    };
-}
-
 macro_rules! properties {
     ($backend:ident, $factory:expr) => {
         mod $backend {
@@ -1646,9 +1633,9 @@ macro_rules! properties {
     };
 }
 
-backends!(properties);
-// The log properties run on the native engine over `MemVfs`: the same code
-// as on disk (the Vfs contract test covers `StdVfs`), without an fsync per
-// append, which would make hundreds of generated cases take minutes. The
-// conformance suite runs the native backend on disk.
-log_properties!(native_mem, crate::common::native_mem);
+// Every property runs on memory and on the native engine over `MemVfs`: the
+// same code as on disk (the Vfs contract test covers `StdVfs`), without an
+// fsync per append and settle, which would make hundreds of generated cases
+// take minutes. The conformance suite runs the native backend on disk.
+properties!(memory, crate::common::memory);
+properties!(native_mem, crate::common::native_mem);

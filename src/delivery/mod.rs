@@ -10,9 +10,11 @@
 //! is in flight and unsettled, not the length of the log. Starting at or
 //! replaying from a time costs what the source's `first_at_or_after` costs.
 
+pub(crate) mod journal;
 pub(crate) mod state;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -24,6 +26,7 @@ use crate::model::group::{
 use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
 use crate::model::query::Query;
 use crate::model::time::Timestamp;
+use journal::Op;
 use state::{Delivery, PartState};
 
 /// What the group core needs from a stream's log.
@@ -36,6 +39,10 @@ pub(crate) trait EventSource {
     fn high_watermark(&self, p: u32) -> u64;
     /// The event at a position (which exists: at most the high watermark).
     fn event(&self, p: u32, seq: u64) -> Result<Event>;
+    /// The events at ascending positions of one partition (which exist).
+    fn events(&self, p: u32, seqs: &[u64]) -> Result<Vec<Event>> {
+        seqs.iter().map(|&seq| self.event(p, seq)).collect()
+    }
     /// The first sequence of a partition with a timestamp at or after `t`.
     fn first_at_or_after(&self, p: u32, t: Timestamp) -> Result<Option<u64>>;
     /// Calls `f` with the sequence of every event of a partition matching `q`.
@@ -53,6 +60,8 @@ pub(crate) struct GroupState {
     /// Dead-letter order -> (partition, sequence).
     dead_order: BTreeMap<u64, (u32, u64)>,
     next_dead_order: u64,
+    /// Transitions made since the last `take_ops`, when journaling.
+    journal: Option<Vec<Op>>,
 }
 
 /// The frontier a group starts at in one partition.
@@ -92,7 +101,14 @@ impl GroupState {
             partitions: opts.partitions.as_ref().map(|_| partitions),
             created_at: now,
         };
-        Ok(GroupState { summary, backoff: opts.retry_backoff, parts, dead_order: BTreeMap::new(), next_dead_order: 0 })
+        Ok(GroupState {
+            summary,
+            backoff: opts.retry_backoff,
+            parts,
+            dead_order: BTreeMap::new(),
+            next_dead_order: 0,
+            journal: None,
+        })
     }
 
     /// The group's partitions within `requested`, checking those exist.
@@ -104,6 +120,13 @@ impl GroupState {
     }
 
     fn dead_letter(&mut self, p: u32, seq: u64, reason: String, now: Timestamp) {
+        if self.journal.is_some() {
+            self.log(Op::DeadLetter { p, seq, reason: reason.clone(), at: now });
+        }
+        self.dead_letter_now(p, seq, reason, now);
+    }
+
+    fn dead_letter_now(&mut self, p: u32, seq: u64, reason: String, now: Timestamp) {
         let order = self.next_dead_order;
         self.next_dead_order += 1;
         self.dead_order.insert(order, (p, seq));
@@ -116,12 +139,16 @@ impl GroupState {
     pub(crate) fn fetch(&mut self, src: &dyn EventSource, opts: &FetchOptions, now: Timestamp) -> Result<Vec<Lease>> {
         let expires_at = now.saturating_add(opts.lease);
         let consumer_id = opts.consumer_id.clone().unwrap_or_default();
+        let consumer: Arc<str> = Arc::from(consumer_id.as_str());
         let scope = self.scope(src, opts.partitions.as_deref())?;
         let max_attempts = self.summary.max_attempts;
-        let mut leases = Vec::new();
+        // (partition, [(sequence, lease id, attempt)]) claimed, in order.
+        let mut claimed: Vec<(u32, Vec<(u64, u128, u32)>)> = Vec::new();
+        let mut count = 0;
         for p in scope {
             let hw = src.high_watermark(p);
-            while leases.len() < opts.limit {
+            let mut here = Vec::new();
+            while count < opts.limit {
                 let Some(part) = self.parts.get_mut(&p) else { break };
                 part.fire_timers(now);
                 let Some(seq) = part.next_claimable(hw) else { break };
@@ -132,16 +159,34 @@ impl GroupState {
                     self.dead_letter(p, seq, "max_attempts: lease expired".to_owned(), now);
                     continue;
                 }
-                let lease_id = uuid::Uuid::new_v4().to_string();
-                let attempt = part.lease(seq, lease_id.clone(), consumer_id.clone(), expires_at);
+                let lease_id = uuid::Uuid::new_v4().as_u128();
+                let attempt = part.lease(seq, lease_id, consumer.clone(), expires_at);
+                here.push((seq, lease_id, attempt));
+                count += 1;
+            }
+            if !here.is_empty() {
+                if self.journal.is_some() {
+                    let leases = here.iter().map(|&(seq, id, _)| (seq, id)).collect();
+                    self.log(Op::Claim { p, consumer: consumer_id.clone(), expires_at, leases });
+                }
+                claimed.push((p, here));
+            }
+        }
+        // Read the events once every claim is made (and logged): a failed
+        // read leaves claims that expire and are redelivered.
+        let mut leases = Vec::with_capacity(count);
+        for (p, here) in claimed {
+            let seqs: Vec<u64> = here.iter().map(|&(seq, _, _)| seq).collect();
+            let events = src.events(p, &seqs)?;
+            for ((_, lease_id, attempt), event) in here.into_iter().zip(events) {
                 leases.push(Lease {
-                    lease_id,
+                    lease_id: uuid::Uuid::from_u128(lease_id).to_string(),
                     receipt: None,
                     group: self.summary.name.clone(),
                     consumer_id: consumer_id.clone(),
                     attempt,
                     expires_at,
-                    event: src.event(p, seq)?,
+                    event,
                 });
             }
         }
@@ -157,8 +202,9 @@ impl GroupState {
             sequence: lease.sequence,
             lease_id: lease.lease_id.clone(),
         };
+        let id = uuid::Uuid::try_parse(&lease.lease_id).map_err(|_| stale())?.as_u128();
         let part = self.parts.get(&lease.partition).ok_or_else(stale)?;
-        part.held(lease.sequence, &lease.lease_id).cloned().ok_or_else(stale)
+        part.held(lease.sequence, id).cloned().ok_or_else(stale)
     }
 
     /// Extends a lease; returns the new expiry.
@@ -168,6 +214,7 @@ impl GroupState {
         if let Some(part) = self.parts.get_mut(&lease.partition) {
             part.renew(lease.sequence, expires_at);
         }
+        self.log(Op::Renew { p: lease.partition, seq: lease.sequence, expires_at });
         Ok(expires_at)
     }
 
@@ -176,6 +223,9 @@ impl GroupState {
         self.held(lease)?;
         if let Some(part) = self.parts.get_mut(&lease.partition) {
             part.ack(lease.sequence);
+        }
+        if self.journal.is_some() {
+            self.log(Op::Ack { p: lease.partition, seqs: vec![lease.sequence] });
         }
         Ok(())
     }
@@ -198,6 +248,7 @@ impl GroupState {
         if let Some(part) = self.parts.get_mut(&lease.partition) {
             part.reschedule(lease.sequence, now, available_at);
         }
+        self.log(Op::Reschedule { p: lease.partition, seq: lease.sequence, now, ready_at: available_at });
         Ok(RetryOutcome::Scheduled { available_at })
     }
 
@@ -236,11 +287,18 @@ impl GroupState {
             ReplayMode::Query(q) => {
                 for p in q.partitions(src.partition_count()).into_iter().filter(|p| scope.contains(p)) {
                     let Some(part) = self.parts.get_mut(&p) else { continue };
+                    let mut seqs = Vec::new();
                     src.matching(p, q, &mut |seq| {
                         let (done, dead) = part.reopen_one(seq);
-                        reopened += u64::from(done);
+                        if done {
+                            seqs.push(seq);
+                        }
                         dead_orders.extend(dead);
                     })?;
+                    reopened += seqs.len() as u64;
+                    if !seqs.is_empty() && self.journal.is_some() {
+                        self.log(Op::ReopenOne { p, seqs });
+                    }
                 }
                 Vec::new()
             }
@@ -250,6 +308,7 @@ impl GroupState {
                 let (n, dead) = part.reopen_after(after, src.high_watermark(p));
                 reopened += n;
                 dead_orders.extend(dead);
+                self.log(Op::ReopenAfter { p, after });
             }
         }
         for order in dead_orders {
@@ -263,16 +322,22 @@ impl GroupState {
         if let StartPosition::AfterPerPartition(m) = &opts.start {
             check_partitions(src.stream(), &m.keys().copied().collect::<Vec<_>>(), src.partition_count())?;
         }
-        for p in self.scope(src, opts.partitions.as_deref())? {
-            let frontier = start_frontier(src, &opts.start, p)?;
-            if let Some(part) = self.parts.get_mut(&p) {
-                for info in part.dead.values() {
-                    self.dead_order.remove(&info.order);
-                }
-                *part = PartState::starting_after(frontier);
-            }
+        let scope = self.scope(src, opts.partitions.as_deref())?;
+        let frontiers = scope.iter().map(|&p| start_frontier(src, &opts.start, p)).collect::<Result<Vec<_>>>()?;
+        for (p, frontier) in scope.into_iter().zip(frontiers) {
+            self.reset_part(p, frontier);
+            self.log(Op::Reset { p, frontier });
         }
         Ok(())
+    }
+
+    fn reset_part(&mut self, p: u32, frontier: u64) {
+        if let Some(part) = self.parts.get_mut(&p) {
+            for info in part.dead.values() {
+                self.dead_order.remove(&info.order);
+            }
+            *part = PartState::starting_after(frontier);
+        }
     }
 
     /// Lag per partition of the group (or of `partitions`).

@@ -8,6 +8,7 @@
 //! flight and unsettled, not the length of the log.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::model::time::Timestamp;
 use crate::rangeset::RangeSet;
@@ -17,8 +18,9 @@ use crate::rangeset::RangeSet;
 pub(crate) enum Holding {
     /// Claimable (in `ready`).
     Available,
-    /// Claimed; claimable again once `expires_at` passes.
-    Leased { lease_id: String, consumer_id: String, expires_at: Timestamp },
+    /// Claimed; claimable again once `expires_at` passes. The lease id is a
+    /// UUID kept as its 128 bits (16 bytes, not a 36-byte string).
+    Leased { lease_id: u128, consumer_id: Arc<str>, expires_at: Timestamp },
     /// Retried; claimable again at `ready_at`.
     Waiting { ready_at: Timestamp },
 }
@@ -125,7 +127,7 @@ impl PartState {
     }
 
     /// Claims `seq` (which `next_claimable` returned) under a new lease.
-    pub(crate) fn lease(&mut self, seq: u64, lease_id: String, consumer_id: String, expires_at: Timestamp) -> u32 {
+    pub(crate) fn lease(&mut self, seq: u64, lease_id: u128, consumer_id: Arc<str>, expires_at: Timestamp) -> u32 {
         self.unschedule(seq);
         self.timers.insert((expires_at, seq));
         let d = self.deliveries.entry(seq).or_insert(Delivery { attempt: 0, holding: Holding::Available });
@@ -135,8 +137,8 @@ impl PartState {
     }
 
     /// The delivery at `seq` when it is held under `lease_id`.
-    pub(crate) fn held(&self, seq: u64, lease_id: &str) -> Option<&Delivery> {
-        self.deliveries.get(&seq).filter(|d| matches!(&d.holding, Holding::Leased { lease_id: l, .. } if l == lease_id))
+    pub(crate) fn held(&self, seq: u64, lease_id: u128) -> Option<&Delivery> {
+        self.deliveries.get(&seq).filter(|d| matches!(&d.holding, Holding::Leased { lease_id: l, .. } if *l == lease_id))
     }
 
     /// Extends the lease of `seq` (which must be held).
@@ -150,7 +152,10 @@ impl PartState {
 
     /// Marks `seq` settled for good and advances the frontier.
     fn mark_done(&mut self, seq: u64) {
-        debug_assert!(seq > self.frontier, "settling {seq} at or below frontier {}", self.frontier);
+        if seq <= self.frontier {
+            // Only a replayed log can settle twice; it is already settled.
+            return;
+        }
         self.done.insert(seq);
         if let Some(end) = self.done.take_range_at(self.frontier + 1) {
             self.frontier = end;
@@ -221,6 +226,21 @@ impl PartState {
         (true, dead)
     }
 
+    /// Forgets everything above `high_watermark`: after a machine crash
+    /// under `Batched`/`None` the log may have lost a tail that the delivery
+    /// log still mentions. Returns the dead-letter orders removed.
+    pub(crate) fn clamp(&mut self, high_watermark: u64) -> Vec<u64> {
+        let above = high_watermark.saturating_add(1);
+        self.frontier = self.frontier.min(high_watermark);
+        self.cursor = self.cursor.min(high_watermark);
+        self.done.remove_from(above);
+        for seq in self.deliveries.split_off(&above).into_keys() {
+            self.ready.remove(&seq);
+        }
+        self.timers.retain(|&(_, seq)| seq <= high_watermark);
+        self.dead.split_off(&above).into_values().map(|d| d.order).collect()
+    }
+
     /// (leased, waiting) counts.
     pub(crate) fn counts(&self) -> (u64, u64) {
         self.deliveries.values().fold((0, 0), |(l, w), d| match d.holding {
@@ -244,7 +264,7 @@ mod tests {
         let mut p = PartState::starting_after(0);
         for _ in 0..3 {
             let s = p.next_claimable(3).expect("claimable");
-            p.lease(s, format!("l{s}"), "c".into(), t(10));
+            p.lease(s, u128::from(s), "c".into(), t(10));
         }
         p.ack(2);
         p.ack(3);
@@ -258,13 +278,13 @@ mod tests {
     fn expired_lease_becomes_claimable_after_timers_fire() {
         let mut p = PartState::starting_after(0);
         let s = p.next_claimable(1).expect("claimable");
-        p.lease(s, "a".into(), "c".into(), t(10));
+        p.lease(s, 0xa, "c".into(), t(10));
         assert_eq!(p.next_claimable(1), None);
         p.fire_timers(t(10));
         assert_eq!(p.next_claimable(1), Some(1));
-        assert!(p.held(1, "a").is_some(), "an expired lease holds until reclaimed");
-        assert_eq!(p.lease(1, "b".into(), "c".into(), t(20)), 2);
-        assert!(p.held(1, "a").is_none());
+        assert!(p.held(1, 0xa).is_some(), "an expired lease holds until reclaimed");
+        assert_eq!(p.lease(1, 0xb, "c".into(), t(20)), 2);
+        assert!(p.held(1, 0xa).is_none());
     }
 
     #[test]
@@ -272,7 +292,7 @@ mod tests {
         let mut p = PartState::starting_after(0);
         for _ in 0..5 {
             let s = p.next_claimable(5).expect("claimable");
-            p.lease(s, format!("l{s}"), "c".into(), t(10));
+            p.lease(s, u128::from(s), "c".into(), t(10));
             p.ack(s);
         }
         assert_eq!(p.frontier, 5);

@@ -9,6 +9,7 @@
 //! `format/` and mirrored by the constants in [`segment::format`].
 
 pub mod commit;
+pub mod delivery;
 pub mod log;
 pub mod options;
 pub mod segment;
@@ -21,6 +22,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Error, ObjectKind, Result};
 use commit::{Committer, Poison, Ticket};
+use delivery::{Ctx, DeliveryRecovery, DeliveryTable};
 use log::manifest::{self, ManifestBody, StreamEntry, io_err, sync_err};
 use log::partition::Truncation;
 use log::stream::{Routed, StreamLog, stream_dir};
@@ -42,6 +44,9 @@ struct Inner {
     opts: EngineOptions,
     manifest: Mutex<ManifestBody>,
     streams: RwLock<HashMap<String, Arc<StreamLog>>>,
+    /// Each stream's consumer groups.
+    tables: RwLock<HashMap<String, Arc<DeliveryTable>>>,
+    delivery_recovery: Vec<(String, DeliveryRecovery)>,
     committer: Committer,
     poison: Arc<Poison>,
     truncations: Vec<(String, Truncation)>,
@@ -78,8 +83,13 @@ impl Engine {
         let now = log::stream::now_ms();
         let mut truncations = Vec::new();
         let mut streams = HashMap::new();
+        let mut tables = HashMap::new();
+        let mut delivery_recovery = Vec::new();
         for s in &body.streams {
             let log = StreamLog::open(vfs.clone(), &opts, s.id, &s.name, s.partition_count, now, &mut truncations)?;
+            let (table, report) = DeliveryTable::open(vfs.clone(), &opts, &log)?;
+            delivery_recovery.push((s.name.clone(), report));
+            tables.insert(s.name.clone(), Arc::new(table));
             streams.insert(s.name.clone(), Arc::new(log));
         }
         let poison = Arc::new(Poison::default());
@@ -90,6 +100,8 @@ impl Engine {
                 opts,
                 manifest: Mutex::new(body),
                 streams: RwLock::new(streams),
+                tables: RwLock::new(tables),
+                delivery_recovery,
                 committer,
                 poison,
                 truncations,
@@ -106,6 +118,11 @@ impl Engine {
     /// Torn tails truncated while opening: (file, what was dropped).
     pub fn recovery_report(&self) -> &[(String, Truncation)] {
         &self.inner.truncations
+    }
+
+    /// What reopening each stream's consumer-group state found.
+    pub fn delivery_recovery(&self) -> &[(String, DeliveryRecovery)] {
+        &self.inner.delivery_recovery
     }
 
     /// Why writes are refused, once a sync has failed.
@@ -151,6 +168,8 @@ impl Engine {
         let mut truncations = Vec::new();
         let log =
             StreamLog::open(inner.vfs.clone(), &inner.opts, id, name, partition_count, created_ms, &mut truncations)?;
+        let (table, _) = DeliveryTable::open(inner.vfs.clone(), &inner.opts, &log)?;
+        inner.vfs.sync_dir(&log.dir().to_owned()).map_err(|e| sync_err(&*inner.vfs, log.dir(), e))?;
         inner.vfs.sync_dir(STREAMS).map_err(|e| sync_err(&*inner.vfs, STREAMS, e))?;
         let entry = StreamEntry { id, name: name.to_owned(), partition_count, indexes: indexes.to_vec(), created_ms };
         let mut next = m.clone();
@@ -158,6 +177,7 @@ impl Engine {
         next.streams.push(entry.clone());
         manifest::store(&*inner.vfs, &next)?;
         *m = next;
+        inner.tables.write().insert(name.to_owned(), Arc::new(table));
         inner.streams.write().insert(name.to_owned(), Arc::new(log));
         Ok(entry)
     }
@@ -165,6 +185,25 @@ impl Engine {
     /// A stream's log. `StreamNotFound`.
     pub fn stream(&self, name: &str) -> Result<Arc<StreamLog>> {
         self.inner.streams.read().get(name).cloned().ok_or_else(|| Error::stream_not_found(name))
+    }
+
+    /// A stream's log and consumer groups. `StreamNotFound`.
+    pub(crate) fn groups(&self, name: &str) -> Result<(Arc<StreamLog>, Arc<DeliveryTable>)> {
+        let log = self.stream(name)?;
+        let table = self.inner.tables.read().get(name).cloned().ok_or_else(|| Error::stream_not_found(name))?;
+        Ok((log, table))
+    }
+
+    /// What a delivery table writes through.
+    pub(crate) fn ctx(&self) -> Ctx<'_> {
+        Ctx { opts: &self.inner.opts, committer: &self.inner.committer, poison: &self.inner.poison }
+    }
+
+    /// Checkpoints a stream's consumer-group state now (normally triggered
+    /// by WAL size or age) and deletes the WAL it covers.
+    pub fn checkpoint(&self, stream: &str) -> Result<()> {
+        let (_, table) = self.groups(stream)?;
+        table.checkpoint(&self.ctx())
     }
 
     /// Every stream's manifest entry, in creation order.

@@ -54,6 +54,12 @@ pub struct EngineOptions {
     /// surfaces in the commit thread's write and poisons the directory,
     /// instead of failing the append cleanly.
     pub preallocate_bytes: u64,
+    /// A stream's consumer-group state is checkpointed once its delivery
+    /// WAL holds this many bytes (default 16 MiB). Bounds reopen time.
+    pub checkpoint_bytes: u64,
+    /// ... or once this long has passed since the last checkpoint and the
+    /// WAL is not empty, checked on the next group call (default 5 min).
+    pub checkpoint_interval: Duration,
 }
 
 impl Default for EngineOptions {
@@ -63,6 +69,8 @@ impl Default for EngineOptions {
             recovery: RecoveryMode::TolerateTornTail,
             segment_bytes: 64 << 20,
             preallocate_bytes: 4 << 20,
+            checkpoint_bytes: 16 << 20,
+            checkpoint_interval: Duration::from_secs(300),
         }
     }
 }

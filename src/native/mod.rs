@@ -7,8 +7,11 @@
 //! calling task (microseconds) and then await the group commit without
 //! blocking a thread; opening, stream creation (which sync files), reads and
 //! queries (which read the disk) run on the blocking pool.
-//! Consumer groups arrive with the write-ahead delivery table; until then the
-//! group operations answer `Unsupported`.
+//! Consumer groups live in each stream's write-ahead delivery table
+//! (`engine::delivery`): a settle changes the state under the table's lock,
+//! writes its WAL record to the OS, then awaits the group commit without
+//! blocking a thread (under `Sync`, settles and appends share syncs). Fetch,
+//! which reads the claimed events, runs on the blocking pool.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,8 +24,10 @@ use crate::engine::{Durability, Engine, EngineOptions, RecoveryMode};
 use crate::error::{Error, Result};
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, NewEvent};
+use crate::delivery::{EventSource, GroupState};
 use crate::model::group::{
-    FetchOptions, GroupOptions, GroupSummary, Lag, ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, ReplayOptions,
+    ResetOptions, StreamInfo, StreamOptions,
 };
 use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
@@ -56,6 +61,8 @@ pub fn parse_url(rest: &str, mut opts: EngineOptions) -> Result<(String, EngineO
             "max_delay_ms" => max_delay = Duration::from_millis(number(v)?.min(3_600_000)),
             "segment_bytes" => opts.segment_bytes = number(v)?.max(4096),
             "preallocate_bytes" => opts.preallocate_bytes = number(v)?,
+            "checkpoint_bytes" => opts.checkpoint_bytes = number(v)?.max(4096),
+            "checkpoint_interval_ms" => opts.checkpoint_interval = Duration::from_millis(number(v)?),
             "recovery" => {
                 opts.recovery = match v {
                     "strict" => RecoveryMode::Strict,
@@ -98,6 +105,42 @@ impl NativeBackend {
     /// The engine underneath.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Runs `f` on a group's state under its stream's table lock, logging
+    /// what it changed; waits (without blocking a thread) until that is as
+    /// durable as the settings promise.
+    async fn group_op<T>(
+        &self,
+        stream: &str,
+        group: &str,
+        f: impl FnOnce(&mut GroupState, &dyn EventSource) -> Result<T>,
+    ) -> Result<T> {
+        let (log, table) = self.engine.groups(stream)?;
+        let (out, ticket) = table.with_group(&self.engine.ctx(), &log, group, f)?;
+        ticket.resolved().await?;
+        Ok(out)
+    }
+
+    /// As [`NativeBackend::group_op`], on the blocking pool: for calls that
+    /// read events from disk.
+    async fn group_op_blocking<T: Send + 'static>(
+        &self,
+        stream: &str,
+        group: &str,
+        f: impl FnOnce(&mut GroupState, &dyn EventSource) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let (log, table) = self.engine.groups(stream)?;
+        let engine = self.engine.clone();
+        let group = group.to_owned();
+        let ticket = blocking(move || {
+            let (out, ticket) = table.with_group(&engine.ctx(), &log, &group, f)?;
+            Ok((out, ticket))
+        })
+        .await?;
+        let (out, ticket) = ticket;
+        ticket.resolved().await?;
+        Ok(out)
     }
 
     fn stream_info(&self, entry: &crate::engine::log::manifest::StreamEntry, log: &StreamLog) -> StreamInfo {
@@ -159,6 +202,7 @@ impl Backend for NativeBackend {
     fn capabilities(&self) -> Capabilities {
         let mut c = Capabilities::new(BACKEND);
         c.durable = true;
+        c.ops_inspect = true;
         c
     }
 
@@ -183,9 +227,12 @@ impl Backend for NativeBackend {
         Ok(self.stream_info(&entry, &log))
     }
 
-    async fn create_group(&self, stream: &str, _group: &str, _opts: &GroupOptions) -> Result<GroupSummary> {
-        self.engine.stream(stream)?;
-        Err(self.unsupported("create_group"))
+    async fn create_group(&self, stream: &str, group: &str, opts: &GroupOptions) -> Result<GroupSummary> {
+        let (log, table) = self.engine.groups(stream)?;
+        let now = self.clock.now();
+        let (summary, ticket) = table.create(&self.engine.ctx(), &log, group, opts, now)?;
+        ticket.resolved().await?;
+        Ok(summary)
     }
 
     async fn append(&self, stream: &str, event: NewEvent) -> Result<Event> {
@@ -217,40 +264,89 @@ impl Backend for NativeBackend {
         blocking(move || scan_page(&log, &query)).await
     }
 
-    async fn fetch(&self, stream: &str, _group: &str, _opts: &FetchOptions) -> Result<Vec<Lease>> {
-        self.engine.stream(stream)?;
-        Err(self.unsupported("fetch"))
+    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<Vec<Lease>> {
+        let now = self.clock.now();
+        let opts = opts.clone();
+        self.group_op_blocking(stream, group, move |g, src| g.fetch(src, &opts, now)).await
     }
 
-    async fn renew(&self, _lease: &LeaseRef, _d: Duration) -> Result<Timestamp> {
-        Err(self.unsupported("renew"))
+    async fn renew(&self, lease: &LeaseRef, d: Duration) -> Result<Timestamp> {
+        let now = self.clock.now();
+        self.group_op(&lease.stream, &lease.group, |g, _| g.renew(lease, d, now)).await
     }
 
-    async fn ack(&self, _lease: &LeaseRef) -> Result<()> {
-        Err(self.unsupported("ack"))
+    async fn ack(&self, lease: &LeaseRef) -> Result<()> {
+        self.group_op(&lease.stream, &lease.group, |g, _| g.ack(lease)).await
     }
 
-    async fn retry(&self, _lease: &LeaseRef, _reason: &str, _delay: Option<Duration>) -> Result<RetryOutcome> {
-        Err(self.unsupported("retry"))
+    async fn ack_many(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
+        // One WAL record and one sync per (stream, group) run of the batch.
+        let mut out: Vec<Option<Result<()>>> = (0..leases.len()).map(|_| None).collect();
+        let mut runs: Vec<(&str, &str, Vec<usize>)> = Vec::new();
+        for (i, l) in leases.iter().enumerate() {
+            match runs.iter_mut().find(|(s, g, _)| *s == l.stream && *g == l.group) {
+                Some(run) => run.2.push(i),
+                None => runs.push((&l.stream, &l.group, vec![i])),
+            }
+        }
+        for (stream, group, idx) in runs {
+            let results = self
+                .group_op(stream, group, |g, _| Ok(idx.iter().map(|&i| g.ack(&leases[i])).collect::<Vec<_>>()))
+                .await;
+            match results {
+                Ok(rs) => idx.iter().zip(rs).for_each(|(&i, r)| out[i] = Some(r)),
+                Err(e) => idx.iter().for_each(|&i| out[i] = Some(Err(e.clone()))),
+            }
+        }
+        Ok(out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::failed("ack_many", "lease not settled")))).collect())
     }
 
-    async fn reject(&self, _lease: &LeaseRef, _reason: &str) -> Result<()> {
-        Err(self.unsupported("reject"))
+    async fn retry(&self, lease: &LeaseRef, reason: &str, delay: Option<Duration>) -> Result<RetryOutcome> {
+        let now = self.clock.now();
+        self.group_op(&lease.stream, &lease.group, |g, _| g.retry(lease, reason, delay, now)).await
     }
 
-    async fn replay(&self, stream: &str, _group: &str, _opts: &ReplayOptions) -> Result<u64> {
-        self.engine.stream(stream)?;
-        Err(self.unsupported("replay"))
+    async fn reject(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
+        let now = self.clock.now();
+        self.group_op(&lease.stream, &lease.group, |g, _| g.reject(lease, reason, now)).await
     }
 
-    async fn reset_group(&self, stream: &str, _group: &str, _opts: &ResetOptions) -> Result<()> {
-        self.engine.stream(stream)?;
-        Err(self.unsupported("reset_group"))
+    async fn replay(&self, stream: &str, group: &str, opts: &ReplayOptions) -> Result<u64> {
+        opts.mode(stream, group)?;
+        let opts = opts.clone();
+        // Replaying by time or query reads the log.
+        self.group_op_blocking(stream, group, move |g, src| g.replay(src, &opts)).await
     }
 
-    async fn lag(&self, stream: &str, _group: &str, _partitions: Option<&[u32]>) -> Result<Lag> {
-        self.engine.stream(stream)?;
-        Err(self.unsupported("lag"))
+    async fn reset_group(&self, stream: &str, group: &str, opts: &ResetOptions) -> Result<()> {
+        if !opts.confirm {
+            return Err(Error::ConfirmRequired {
+                operation: "reset_group",
+                stream: stream.to_owned(),
+                group: group.to_owned(),
+            });
+        }
+        let opts = opts.clone();
+        self.group_op_blocking(stream, group, move |g, src| g.reset(src, &opts)).await
+    }
+
+    async fn lag(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
+        self.group_op(stream, group, |g, src| g.lag(src, partitions)).await
+    }
+
+    async fn list_groups(&self, stream: &str) -> Result<Vec<GroupSummary>> {
+        let (_, table) = self.engine.groups(stream)?;
+        Ok(table.list())
+    }
+
+    async fn dead_letters(&self, stream: &str, group: &str, opts: &DeadLetterOptions) -> Result<Vec<DeadLetter>> {
+        let opts = opts.clone();
+        self.group_op_blocking(stream, group, move |g, src| g.dead_letters(src, &opts)).await
+    }
+
+    async fn group_info(&self, stream: &str, group: &str) -> Result<GroupInfo> {
+        let now = self.clock.now();
+        self.group_op(stream, group, |g, src| Ok(g.info(src, now))).await
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamInfo>> {

@@ -80,17 +80,6 @@ pub fn native_disk() -> BoxFuture<'static, Fixture> {
 macro_rules! backends {
     ($callback:ident) => {
         $callback!(memory, $crate::common::memory);
-    };
-}
-
-/// Expands `$callback!(name, factory)` once per backend that so far
-/// implements only the log (streams, appends, reads, queries): its suites
-/// run the log cases, and the group cases are listed, not silently skipped,
-/// as not yet run for it. The native backend moves to `backends!` when its
-/// write-ahead delivery table lands.
-#[macro_export]
-macro_rules! log_only_backends {
-    ($callback:ident) => {
         $callback!(native_mem, $crate::common::native_mem);
         $callback!(native_disk, $crate::common::native_disk);
     };

@@ -1,0 +1,312 @@
+//! The state transitions a group logs, and the snapshot a checkpoint holds.
+//!
+//! A backend that persists group state (the native delivery table) turns
+//! journaling on: every call that changes a [`GroupState`] then leaves the
+//! primitive transitions it made in the journal, in order. Applying them to
+//! the state as it was before the call, with [`GroupState::apply`], rebuilds
+//! the state after it exactly — without the event source, so reopening does
+//! not read the log. Timers are not logged: they fire from the clock on the
+//! next fetch, as they do live.
+//!
+//! Both types are encoded with MessagePack (structs as arrays, enums as
+//! `{variant: fields}` maps); `format/delivery-wal.md` and
+//! `format/checkpoint.md` give the field order.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::GroupState;
+use super::state::{DeadInfo, Delivery, Holding, PartState};
+use crate::model::group::{Backoff, GroupSummary};
+use crate::model::time::Timestamp;
+use crate::rangeset::RangeSet;
+
+/// One primitive transition of a group's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Op {
+    /// Claims of partition `p` by one consumer until `expires_at`:
+    /// (sequence, lease id) in claim order. Each claim adds one attempt.
+    Claim { p: u32, consumer: String, expires_at: Timestamp, leases: Vec<(u64, u128)> },
+    /// A held lease's new expiry.
+    Renew { p: u32, seq: u64, expires_at: Timestamp },
+    /// Acknowledged sequences of partition `p`.
+    Ack { p: u32, seqs: Vec<u64> },
+    /// A retried delivery, claimable again at `ready_at`.
+    Reschedule { p: u32, seq: u64, now: Timestamp, ready_at: Timestamp },
+    /// A dead-lettered delivery (its order in the group's dead-letter list is
+    /// the next one).
+    DeadLetter { p: u32, seq: u64, reason: String, at: Timestamp },
+    /// Every sequence above `after` reopened.
+    ReopenAfter { p: u32, after: u64 },
+    /// These settled sequences reopened.
+    ReopenOne { p: u32, seqs: Vec<u64> },
+    /// The partition restarted after `frontier`.
+    Reset { p: u32, frontier: u64 },
+}
+
+/// A whole group, as a checkpoint and a group-creation record hold it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct GroupSnapshot {
+    pub(crate) summary: GroupSummary,
+    pub(crate) backoff: Backoff,
+    pub(crate) next_dead_order: u64,
+    pub(crate) parts: Vec<PartSnapshot>,
+}
+
+/// One partition of a group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct PartSnapshot {
+    pub(crate) p: u32,
+    pub(crate) frontier: u64,
+    pub(crate) cursor: u64,
+    /// Settled ranges above the frontier (inclusive).
+    pub(crate) done: Vec<(u64, u64)>,
+    pub(crate) deliveries: Vec<DeliverySnapshot>,
+    pub(crate) dead: Vec<DeadSnapshot>,
+}
+
+/// A materialized, unsettled delivery.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct DeliverySnapshot {
+    pub(crate) seq: u64,
+    pub(crate) attempt: u32,
+    pub(crate) holding: HoldingSnapshot,
+}
+
+/// Where a delivery stands.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) enum HoldingSnapshot {
+    /// Claimable.
+    Available,
+    /// Claimed.
+    Leased { lease_id: u128, consumer_id: String, expires_at: Timestamp },
+    /// Retried, claimable at `ready_at`.
+    Waiting { ready_at: Timestamp },
+}
+
+/// A dead letter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct DeadSnapshot {
+    pub(crate) seq: u64,
+    pub(crate) reason: String,
+    pub(crate) attempts: u32,
+    pub(crate) at: Timestamp,
+    pub(crate) order: u64,
+}
+
+impl GroupState {
+    /// Records transitions from now on (see [`GroupState::take_ops`]).
+    pub(crate) fn journaled(mut self) -> Self {
+        self.journal = Some(Vec::new());
+        self
+    }
+
+    /// The transitions made since the last call.
+    pub(crate) fn take_ops(&mut self) -> Vec<Op> {
+        self.journal.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Records a transition, merging claims and acks into the previous one
+    /// where they extend it.
+    pub(super) fn log(&mut self, op: Op) {
+        let Some(journal) = self.journal.as_mut() else { return };
+        match (journal.last_mut(), op) {
+            (
+                Some(Op::Claim { p, consumer, expires_at, leases }),
+                Op::Claim { p: p2, consumer: c2, expires_at: e2, leases: l2 },
+            ) if *p == p2 && *consumer == c2 && *expires_at == e2 => leases.extend(l2),
+            (Some(Op::Ack { p, seqs }), Op::Ack { p: p2, seqs: s2 }) if *p == p2 => seqs.extend(s2),
+            (Some(Op::ReopenOne { p, seqs }), Op::ReopenOne { p: p2, seqs: s2 }) if *p == p2 => seqs.extend(s2),
+            (_, op) => journal.push(op),
+        }
+    }
+
+    /// Applies a logged transition (reopening: no event source, no journal).
+    /// Total: a transition that no longer fits the state (its sequence is
+    /// gone, say) changes nothing it should not.
+    pub(crate) fn apply(&mut self, op: &Op) {
+        match op {
+            Op::Claim { p, consumer, expires_at, leases } => {
+                let Some(part) = self.parts.get_mut(p) else { return };
+                let consumer: Arc<str> = Arc::from(consumer.as_str());
+                for &(seq, lease_id) in leases {
+                    if part.done.contains(seq) || seq <= part.frontier {
+                        continue;
+                    }
+                    part.cursor = part.cursor.max(seq);
+                    part.lease(seq, lease_id, consumer.clone(), *expires_at);
+                }
+            }
+            Op::Renew { p, seq, expires_at } => {
+                if let Some(part) = self.parts.get_mut(p) {
+                    part.renew(*seq, *expires_at);
+                }
+            }
+            Op::Ack { p, seqs } => {
+                if let Some(part) = self.parts.get_mut(p) {
+                    for &seq in seqs {
+                        if seq > part.frontier && !part.done.contains(seq) {
+                            part.ack(seq);
+                        }
+                    }
+                }
+            }
+            Op::Reschedule { p, seq, now, ready_at } => {
+                if let Some(part) = self.parts.get_mut(p) {
+                    part.reschedule(*seq, *now, *ready_at);
+                }
+            }
+            Op::DeadLetter { p, seq, reason, at } => {
+                let settled = self.parts.get(p).is_none_or(|part| *seq <= part.frontier || part.done.contains(*seq));
+                if !settled {
+                    self.dead_letter_now(*p, *seq, reason.clone(), *at);
+                }
+            }
+            Op::ReopenAfter { p, after } => {
+                if let Some(part) = self.parts.get_mut(p) {
+                    let (_, dead) = part.reopen_after(*after, u64::MAX);
+                    for order in dead {
+                        self.dead_order.remove(&order);
+                    }
+                }
+            }
+            Op::ReopenOne { p, seqs } => {
+                if let Some(part) = self.parts.get_mut(p) {
+                    for &seq in seqs {
+                        if seq == 0 {
+                            continue;
+                        }
+                        if let (_, Some(order)) = part.reopen_one(seq) {
+                            self.dead_order.remove(&order);
+                        }
+                    }
+                }
+            }
+            Op::Reset { p, frontier } => self.reset_part(*p, *frontier),
+        }
+    }
+
+    /// Forgets every position above each partition's high watermark (see
+    /// [`PartState::clamp`]). Returns how many partitions changed.
+    pub(crate) fn clamp(&mut self, high_watermark: impl Fn(u32) -> u64) -> usize {
+        let mut changed = 0;
+        for (&p, part) in &mut self.parts {
+            let hw = high_watermark(p);
+            if part.frontier > hw
+                || part.cursor > hw
+                || part.deliveries.last_key_value().is_some_and(|(&s, _)| s > hw)
+                || part.dead.last_key_value().is_some_and(|(&s, _)| s > hw)
+                || part.done.iter().last().is_some_and(|(_, e)| e > hw)
+            {
+                changed += 1;
+                for order in part.clamp(hw) {
+                    self.dead_order.remove(&order);
+                }
+            }
+        }
+        changed
+    }
+
+    /// The whole state, for a checkpoint.
+    pub(crate) fn snapshot(&self) -> GroupSnapshot {
+        let parts = self
+            .parts
+            .iter()
+            .map(|(&p, part)| PartSnapshot {
+                p,
+                frontier: part.frontier,
+                cursor: part.cursor,
+                done: part.done.iter().collect(),
+                deliveries: part
+                    .deliveries
+                    .iter()
+                    .map(|(&seq, d)| DeliverySnapshot {
+                        seq,
+                        attempt: d.attempt,
+                        holding: match &d.holding {
+                            Holding::Available => HoldingSnapshot::Available,
+                            Holding::Leased { lease_id, consumer_id, expires_at } => HoldingSnapshot::Leased {
+                                lease_id: *lease_id,
+                                consumer_id: consumer_id.to_string(),
+                                expires_at: *expires_at,
+                            },
+                            Holding::Waiting { ready_at } => HoldingSnapshot::Waiting { ready_at: *ready_at },
+                        },
+                    })
+                    .collect(),
+                dead: part
+                    .dead
+                    .iter()
+                    .map(|(&seq, d)| DeadSnapshot {
+                        seq,
+                        reason: d.reason.clone(),
+                        attempts: d.attempts,
+                        at: d.at,
+                        order: d.order,
+                    })
+                    .collect(),
+            })
+            .collect();
+        GroupSnapshot {
+            summary: self.summary.clone(),
+            backoff: self.backoff,
+            next_dead_order: self.next_dead_order,
+            parts,
+        }
+    }
+
+    /// The state a snapshot describes (journaling off). Ready sets and timers
+    /// are rebuilt from the deliveries.
+    pub(crate) fn restore(snap: &GroupSnapshot) -> GroupState {
+        let mut parts = BTreeMap::new();
+        let mut dead_order = BTreeMap::new();
+        // Interned consumer ids: one allocation per consumer, not per lease.
+        let mut consumers: BTreeMap<&str, Arc<str>> = BTreeMap::new();
+        for ps in &snap.parts {
+            let mut part = PartState::starting_after(ps.frontier);
+            part.cursor = ps.cursor;
+            let mut done = RangeSet::default();
+            for &(s, e) in &ps.done {
+                done.insert_range(s, e);
+            }
+            part.done = done;
+            for d in &ps.deliveries {
+                let holding = match &d.holding {
+                    HoldingSnapshot::Available => {
+                        part.ready.insert(d.seq);
+                        Holding::Available
+                    }
+                    HoldingSnapshot::Leased { lease_id, consumer_id, expires_at } => {
+                        part.timers.insert((*expires_at, d.seq));
+                        let consumer =
+                            consumers.entry(consumer_id.as_str()).or_insert_with(|| Arc::from(consumer_id.as_str()));
+                        Holding::Leased { lease_id: *lease_id, consumer_id: consumer.clone(), expires_at: *expires_at }
+                    }
+                    HoldingSnapshot::Waiting { ready_at } => {
+                        part.timers.insert((*ready_at, d.seq));
+                        Holding::Waiting { ready_at: *ready_at }
+                    }
+                };
+                part.deliveries.insert(d.seq, Delivery { attempt: d.attempt, holding });
+            }
+            for d in &ps.dead {
+                dead_order.insert(d.order, (ps.p, d.seq));
+                part.dead.insert(
+                    d.seq,
+                    DeadInfo { reason: d.reason.clone(), attempts: d.attempts, at: d.at, order: d.order },
+                );
+            }
+            parts.insert(ps.p, part);
+        }
+        GroupState {
+            summary: snap.summary.clone(),
+            backoff: snap.backoff,
+            parts,
+            dead_order,
+            next_dead_order: snap.next_dead_order,
+            journal: None,
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! The checkpoint's byte layout (`format/checkpoint.md`).
+//!
+//! A file `checkpoint-<generation: 20 digits>.ckpt`, written whole to a
+//! temporary name, synced, and renamed into place. A 48-byte header: magic
+//! `RHEOCKP\0`, version u16, reserved u16 and u32 (zero), generation u64,
+//! LSN u64 (the last WAL record it includes), body length u64, body CRC32
+//! u32, header CRC32 u32 (over bytes 0..44). The body is MessagePack: the
+//! list of every group's `GroupSnapshot`.
+
+use crate::delivery::journal::GroupSnapshot;
+use crate::engine::segment::format::{get_u16, get_u32, get_u64};
+
+/// Magic of a checkpoint file.
+pub const CKPT_MAGIC: [u8; 8] = *b"RHEOCKP\0";
+/// Version of the checkpoint layout. Bump with the spec.
+pub const CKPT_VERSION: u16 = 1;
+/// Offset of the generation.
+pub const CKPT_HDR_GEN: usize = 16;
+/// Offset of the LSN.
+pub const CKPT_HDR_LSN: usize = 24;
+/// Offset of the body length.
+pub const CKPT_HDR_BODY_LEN: usize = 32;
+/// Offset of the body CRC32.
+pub const CKPT_HDR_BODY_CRC: usize = 40;
+/// Offset of the header CRC32 (over bytes 0..44).
+pub const CKPT_HDR_CRC: usize = 44;
+/// Size of the header.
+pub const CKPT_HEADER_LEN: usize = 48;
+
+/// A decoded checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Checkpoint {
+    pub(crate) generation: u64,
+    pub(crate) lsn: u64,
+    pub(crate) groups: Vec<GroupSnapshot>,
+}
+
+/// Encodes a checkpoint.
+pub(crate) fn encode(generation: u64, lsn: u64, groups: &[GroupSnapshot]) -> Result<Vec<u8>, String> {
+    let body = rmp_serde::to_vec(groups).map_err(|e| format!("encoding a checkpoint: {e}"))?;
+    let mut b = vec![0u8; CKPT_HEADER_LEN];
+    b[..8].copy_from_slice(&CKPT_MAGIC);
+    b[8..10].copy_from_slice(&CKPT_VERSION.to_le_bytes());
+    b[CKPT_HDR_GEN..CKPT_HDR_GEN + 8].copy_from_slice(&generation.to_le_bytes());
+    b[CKPT_HDR_LSN..CKPT_HDR_LSN + 8].copy_from_slice(&lsn.to_le_bytes());
+    b[CKPT_HDR_BODY_LEN..CKPT_HDR_BODY_LEN + 8].copy_from_slice(&(body.len() as u64).to_le_bytes());
+    b[CKPT_HDR_BODY_CRC..CKPT_HDR_BODY_CRC + 4].copy_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    let crc = crc32fast::hash(&b[..CKPT_HDR_CRC]);
+    b[CKPT_HDR_CRC..].copy_from_slice(&crc.to_le_bytes());
+    b.extend_from_slice(&body);
+    Ok(b)
+}
+
+/// Checks the header (magic, version, checksum): (generation, LSN, body length).
+pub fn check_header(b: &[u8]) -> Result<(u64, u64, u64), String> {
+    if b.len() < CKPT_HEADER_LEN || b[..8] != CKPT_MAGIC {
+        return Err("not a checkpoint (bad magic or shorter than its header)".into());
+    }
+    let version = get_u16(b, 8);
+    if version != CKPT_VERSION {
+        return Err(format!("checkpoint version {version} is not supported (this build reads {CKPT_VERSION})"));
+    }
+    if crc32fast::hash(&b[..CKPT_HDR_CRC]) != get_u32(b, CKPT_HDR_CRC) {
+        return Err("checkpoint header checksum mismatch".into());
+    }
+    Ok((get_u64(b, CKPT_HDR_GEN), get_u64(b, CKPT_HDR_LSN), get_u64(b, CKPT_HDR_BODY_LEN)))
+}
+
+/// Decodes a whole checkpoint file.
+pub(crate) fn decode(b: &[u8]) -> Result<Checkpoint, String> {
+    let (generation, lsn, body_len) = check_header(b)?;
+    let body = &b[CKPT_HEADER_LEN..];
+    if body.len() as u64 != body_len {
+        return Err(format!("checkpoint body is {} bytes, its header says {body_len}", body.len()));
+    }
+    if crc32fast::hash(body) != get_u32(b, CKPT_HDR_BODY_CRC) {
+        return Err("checkpoint body checksum mismatch".into());
+    }
+    let groups = rmp_serde::from_slice(body).map_err(|e| format!("checkpoint body: {e}"))?;
+    Ok(Checkpoint { generation, lsn, groups })
+}
+
+/// A summary of a checkpoint file's bytes, for tools and fuzzing:
+/// (generation, LSN, group count). Never panics on any input.
+pub fn inspect(b: &[u8]) -> Result<(u64, u64, usize), String> {
+    decode(b).map(|c| (c.generation, c.lsn, c.groups.len()))
+}

@@ -1,0 +1,556 @@
+//! The write-ahead delivery table: a stream's consumer-group state, made
+//! durable by a WAL of state transitions and periodic checkpoints.
+//!
+//! Files, in `streams/<id>/groups/`: `wal-<generation>.log` (the WAL,
+//! [`wal`]) and `checkpoint-<generation>.ckpt` ([`checkpoint`]). The group
+//! rules are the shared core (`crate::delivery::GroupState`, the memory
+//! backend's too); this module logs the transitions each call makes and
+//! replays them on open. ADR 0004 records the decisions:
+//!
+//! - **Durability.** A record is written to the OS under the table's lock, in
+//!   the order its transitions were applied. Under `Durability::Sync`,
+//!   group creation, ack, retry, reject (and dead-lettering), replay and
+//!   reset return only once their record is synced, through the same group
+//!   commit as appends; claims and renewals are written but ride on the next
+//!   sync. Losing one to a machine crash means a redelivery, and the attempt
+//!   counter may hand out a number again (the lost claim's attempt was never
+//!   on disk either, so `max_attempts` still bounds deliveries on disk).
+//!   Under `Batched` every record is synced within `max_delay`; under `None`
+//!   the OS decides. A process crash loses nothing in any mode.
+//! - **Checkpoints** write every group's state once the WAL passes
+//!   `checkpoint_bytes` or `checkpoint_interval` has passed: sync the WAL,
+//!   start the next WAL generation, write the checkpoint to a temporary file,
+//!   sync it, rename it, sync the directory, then delete older files.
+//! - **Reopen** loads the newest checkpoint and replays the WAL records
+//!   after its LSN. State above a partition's high watermark (a log tail
+//!   lost to a machine crash under `Batched`/`None`) is dropped.
+//! - **Failures.** The WAL is zero-filled ahead of writes (under `Sync`);
+//!   running out of space while doing so fails the call before it changes
+//!   anything. A write or sync failing after the state changed poisons the
+//!   data directory, as a failed append does.
+
+pub mod checkpoint;
+pub mod wal;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use super::commit::{Committer, Job, Poison, Ticket};
+use super::log::manifest::{io_err, sync_err};
+use super::log::stream::StreamLog;
+use super::options::{Durability, EngineOptions, RecoveryMode};
+use super::vfs::{StickySync, Vfs, VfsFile};
+use crate::delivery::journal::Op;
+use crate::delivery::{EventSource, GroupState};
+use crate::error::{Error, ObjectKind, Result};
+use crate::model::event::Event;
+use crate::model::group::{GroupOptions, GroupSummary};
+use crate::model::query::Query;
+use crate::model::time::Timestamp;
+use wal::{Body, End, WAL_HEADER_LEN};
+
+/// Room kept zero-filled ahead of the WAL's end before a call changes state.
+const HEADROOM: u64 = 256 << 10;
+
+/// The shared pieces of the engine a table writes through.
+pub(crate) struct Ctx<'a> {
+    pub(crate) opts: &'a EngineOptions,
+    pub(crate) committer: &'a Committer,
+    pub(crate) poison: &'a Poison,
+}
+
+/// A stream's consumer groups and their WAL.
+#[derive(Debug)]
+pub(crate) struct DeliveryTable {
+    vfs: Arc<dyn Vfs>,
+    dir: String,
+    inner: Mutex<Table>,
+}
+
+#[derive(Debug)]
+struct Table {
+    groups: BTreeMap<String, GroupState>,
+    wal: WalFile,
+    /// The LSN the next record gets.
+    next_lsn: u64,
+    last_checkpoint: Instant,
+    buf: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct WalFile {
+    file: Arc<dyn VfsFile>,
+    path: String,
+    generation: u64,
+    /// Where the next record goes.
+    len: u64,
+    /// Zero-filled up to here.
+    prealloc_end: u64,
+}
+
+fn wal_name(generation: u64) -> String {
+    format!("wal-{generation:020}.log")
+}
+
+fn ckpt_name(generation: u64) -> String {
+    format!("checkpoint-{generation:020}.ckpt")
+}
+
+/// The generation in a file name with this prefix and suffix.
+fn generation_of(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
+    name.strip_prefix(prefix)?.strip_suffix(suffix).filter(|g| g.len() == 20)?.parse().ok()
+}
+
+fn corrupt(vfs: &dyn Vfs, path: &str, offset: u64, reason: impl Into<String>) -> Error {
+    Error::Corrupt { file: vfs.describe(path), offset, reason: reason.into() }
+}
+
+/// Records that must be durable before the call returns (under `Sync`).
+fn needs_sync(ops: &[Op]) -> bool {
+    ops.iter().any(|op| !matches!(op, Op::Claim { .. } | Op::Renew { .. }))
+}
+
+impl WalFile {
+    /// Creates (or empties) generation `generation` and makes it durable.
+    fn create(vfs: &dyn Vfs, dir: &str, generation: u64) -> Result<WalFile> {
+        let path = format!("{dir}/{}", wal_name(generation));
+        let file = StickySync::wrap(vfs.open(&path, true).map_err(|e| io_err(vfs, &path, "create", e))?);
+        file.set_len(0).map_err(|e| io_err(vfs, &path, "truncate", e))?;
+        file.write_all_at(&wal::header(generation), 0).map_err(|e| io_err(vfs, &path, "write", e))?;
+        file.sync_data().map_err(|e| sync_err(vfs, &path, e))?;
+        vfs.sync_dir(dir).map_err(|e| sync_err(vfs, dir, e))?;
+        let len = WAL_HEADER_LEN as u64;
+        Ok(WalFile { file, path, generation, len, prealloc_end: len })
+    }
+
+    /// Zero-fills ahead so that `room` more bytes can be written without
+    /// growing the file (under `Sync` only: there a sync then flushes data,
+    /// not the file size, and a full disk shows up here, before any change).
+    fn reserve(&mut self, vfs: &dyn Vfs, opts: &EngineOptions, room: u64) -> Result<()> {
+        let chunk = opts.preallocate_bytes;
+        if chunk == 0 || !matches!(opts.durability, Durability::Sync) || self.len + room <= self.prealloc_end {
+            return Ok(());
+        }
+        let target = (self.len + room).max(self.prealloc_end) + chunk.min(4 << 20);
+        let from = self.prealloc_end.max(self.len);
+        let zeros = vec![0u8; usize::try_from(target - from).unwrap_or(0)];
+        if let Err(e) = self.file.write_all_at(&zeros, from) {
+            // Nothing changed yet: zeros past the end are not records.
+            return Err(Error::failed(
+                "delivery WAL",
+                format!("cannot reserve space in {}: {e}", vfs.describe(&self.path).display()),
+            ));
+        }
+        self.prealloc_end = target;
+        Ok(())
+    }
+}
+
+/// The native log as the group core's event source.
+pub(crate) struct LogSource<'a>(pub(crate) &'a StreamLog);
+
+impl EventSource for LogSource<'_> {
+    fn stream(&self) -> &str {
+        &self.0.name
+    }
+    fn partition_count(&self) -> u32 {
+        self.0.partition_count()
+    }
+    fn high_watermark(&self, p: u32) -> u64 {
+        self.0.high_watermark(p)
+    }
+    fn event(&self, p: u32, seq: u64) -> Result<Event> {
+        let mut events = self.events(p, &[seq])?;
+        events.pop().ok_or_else(|| self.missing(p, seq))
+    }
+    fn events(&self, p: u32, seqs: &[u64]) -> Result<Vec<Event>> {
+        // One read per run of consecutive sequences.
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut i = 0;
+        while i < seqs.len() {
+            let mut j = i + 1;
+            while j < seqs.len() && seqs[j] == seqs[j - 1] + 1 {
+                j += 1;
+            }
+            let first = seqs[i];
+            let records = self.0.read(p, first - 1, j - i)?;
+            if records.len() != j - i {
+                return Err(self.missing(p, first + records.len() as u64));
+            }
+            out.extend(records.into_iter().map(|r| r.into_event(&self.0.name, p)));
+            i = j;
+        }
+        Ok(out)
+    }
+    fn first_at_or_after(&self, p: u32, t: Timestamp) -> Result<Option<u64>> {
+        self.0.seek_time(p, t.as_millis())
+    }
+    fn matching(&self, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> Result<()> {
+        let name = &self.0.name;
+        self.0.partition(p)?.scan(0, u64::MAX, |r| {
+            let e = r.into_event(name, p);
+            if q.matches(&e) {
+                f(e.sequence);
+            }
+            true
+        })
+    }
+    fn position_of(&self, id: &str) -> Result<Option<(u32, u64)>> {
+        // A scan until the secondary indexes arrive (the id index).
+        let name = &self.0.name;
+        for p in 0..self.0.partition_count() {
+            let mut found = None;
+            self.0.partition(p)?.scan(0, u64::MAX, |r| {
+                if r.doc.0 == id {
+                    found = Some(r.into_event(name, p).sequence);
+                }
+                found.is_none()
+            })?;
+            if let Some(seq) = found {
+                return Ok(Some((p, seq)));
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl LogSource<'_> {
+    fn missing(&self, p: u32, seq: u64) -> Error {
+        Error::failed("read", format!("stream {:?} partition {p} has no sequence {seq}", self.0.name))
+    }
+}
+
+/// What reopening found, for the engine's recovery report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryRecovery {
+    /// The checkpoint loaded, if any: (generation, LSN).
+    pub checkpoint: Option<(u64, u64)>,
+    /// WAL records replayed.
+    pub replayed: u64,
+    /// Bytes of a torn WAL tail dropped.
+    pub torn_bytes: u64,
+    /// Group partitions whose state above the log's end was dropped.
+    pub clamped: usize,
+}
+
+impl DeliveryTable {
+    /// Opens (recovering) or creates the delivery table of a stream.
+    pub(crate) fn open(vfs: Arc<dyn Vfs>, opts: &EngineOptions, log: &StreamLog) -> Result<(Self, DeliveryRecovery)> {
+        let dir = format!("{}/groups", log.dir());
+        let v = &*vfs;
+        v.create_dir_all(&dir).map_err(|e| io_err(v, &dir, "create", e))?;
+        let names = v.list(&dir).map_err(|e| io_err(v, &dir, "list", e))?;
+        let mut wals = Vec::new();
+        let mut ckpts = Vec::new();
+        for name in &names {
+            if let Some(g) = generation_of(name, "wal-", ".log") {
+                wals.push(g);
+            } else if let Some(g) = generation_of(name, "checkpoint-", ".ckpt") {
+                ckpts.push(g);
+            } else if name.ends_with(".tmp") {
+                let path = format!("{dir}/{name}");
+                v.remove_file(&path).map_err(|e| io_err(v, &path, "remove", e))?;
+            }
+        }
+        wals.sort_unstable();
+        ckpts.sort_unstable();
+
+        let mut report = DeliveryRecovery { checkpoint: None, replayed: 0, torn_bytes: 0, clamped: 0 };
+        let mut groups: BTreeMap<String, GroupState> = BTreeMap::new();
+        let (ckpt_gen, mut last_lsn) = match ckpts.last() {
+            Some(&g) => {
+                let path = format!("{dir}/{}", ckpt_name(g));
+                let bytes = read_all(v, &path)?;
+                let c = checkpoint::decode(&bytes).map_err(|reason| corrupt(v, &path, 0, reason))?;
+                if c.generation != g {
+                    return Err(corrupt(v, &path, 0, format!("header says generation {}", c.generation)));
+                }
+                for snap in &c.groups {
+                    groups.insert(snap.summary.name.clone(), GroupState::restore(snap));
+                }
+                report.checkpoint = Some((g, c.lsn));
+                (g, c.lsn)
+            }
+            None => (0, 0),
+        };
+
+        // Replay the WAL generations the checkpoint does not cover.
+        let replay: Vec<u64> = wals.iter().copied().filter(|&g| g >= ckpt_gen).collect();
+        let mut current: Option<WalFile> = None;
+        for (i, &g) in replay.iter().enumerate() {
+            let last = i + 1 == replay.len();
+            let path = format!("{dir}/{}", wal_name(g));
+            let bytes = read_all(v, &path)?;
+            match wal::check_header(&bytes) {
+                Ok(h) if h == g => {}
+                Ok(h) => return Err(corrupt(v, &path, 0, format!("header says generation {h}"))),
+                Err(reason) => {
+                    // A crash while creating the newest generation leaves a
+                    // short or zeroed header and nothing else.
+                    let torn_creation = last && bytes.len() <= WAL_HEADER_LEN * 2 && !bytes.is_empty()
+                        || last && bytes.is_empty();
+                    if torn_creation && opts.recovery != RecoveryMode::Strict {
+                        tracing::warn!(file = %v.describe(&path).display(), %reason, "removing a WAL file torn while being created");
+                        v.remove_file(&path).map_err(|e| io_err(v, &path, "remove", e))?;
+                        v.sync_dir(&dir).map_err(|e| sync_err(v, &dir, e))?;
+                        continue;
+                    }
+                    return Err(corrupt(v, &path, 0, reason));
+                }
+            }
+            let (records, valid, end) = wal::decode_records(&bytes);
+            for r in records {
+                if r.lsn <= last_lsn {
+                    if r.lsn <= report.checkpoint.map_or(0, |c| c.1) {
+                        continue;
+                    }
+                    return Err(corrupt(v, &path, 0, format!("LSN {} does not follow {last_lsn}", r.lsn)));
+                }
+                last_lsn = r.lsn;
+                report.replayed += 1;
+                match r.body {
+                    Body::Create(snap) => {
+                        if groups.contains_key(&r.group) {
+                            return Err(corrupt(v, &path, 0, format!("group {:?} created twice", r.group)));
+                        }
+                        groups.insert(r.group, GroupState::restore(&snap));
+                    }
+                    Body::Ops(ops) => {
+                        let Some(g) = groups.get_mut(&r.group) else {
+                            return Err(corrupt(v, &path, 0, format!("transitions of unknown group {:?}", r.group)));
+                        };
+                        for op in &ops {
+                            g.apply(op);
+                        }
+                    }
+                }
+            }
+            if let End::Damaged(reason) = end {
+                let at = valid as u64;
+                let followed = wal::valid_record_after(&bytes, valid, last_lsn);
+                let tolerated = match opts.recovery {
+                    RecoveryMode::Strict => false,
+                    RecoveryMode::TolerateTornTail => last && !followed,
+                    RecoveryMode::TruncateAtFirstDamage => last,
+                };
+                if !tolerated {
+                    let what = if followed { "damage followed by valid records" } else { "damaged record" };
+                    return Err(corrupt(v, &path, at, format!("{what}: {reason}")));
+                }
+                let dropped = bytes[valid..].iter().rposition(|&b| b != 0).map_or(0, |end| end + 1) as u64;
+                tracing::warn!(file = %v.describe(&path).display(), offset = at, bytes = dropped, %reason, "dropping a torn delivery WAL tail");
+                report.torn_bytes += dropped;
+                let file = v.open(&path, false).map_err(|e| io_err(v, &path, "open", e))?;
+                file.set_len(at).map_err(|e| io_err(v, &path, "truncate", e))?;
+                file.sync_data().map_err(|e| sync_err(v, &path, e))?;
+            }
+            if last {
+                let file = StickySync::wrap(v.open(&path, false).map_err(|e| io_err(v, &path, "open", e))?);
+                let prealloc_end = file.len().map_err(|e| io_err(v, &path, "stat", e))?;
+                current = Some(WalFile { file, path, generation: g, len: valid as u64, prealloc_end });
+            }
+        }
+        let wal = match current {
+            Some(w) => w,
+            None => WalFile::create(v, &dir, ckpt_gen.max(1))?,
+        };
+        // Older generations are covered by the checkpoint.
+        for &g in wals.iter().filter(|&&g| g < ckpt_gen) {
+            let path = format!("{dir}/{}", wal_name(g));
+            v.remove_file(&path).map_err(|e| io_err(v, &path, "remove", e))?;
+        }
+        for &g in ckpts.iter().filter(|&&g| g < ckpt_gen) {
+            let path = format!("{dir}/{}", ckpt_name(g));
+            v.remove_file(&path).map_err(|e| io_err(v, &path, "remove", e))?;
+        }
+
+        let mut journaled = BTreeMap::new();
+        for (name, mut g) in groups {
+            let clamped = g.clamp(|p| log.high_watermark(p));
+            if clamped > 0 {
+                tracing::warn!(stream = %log.name, group = %name, partitions = clamped, "group state above the log's end dropped (a log tail lost to a machine crash)");
+            }
+            report.clamped += clamped;
+            journaled.insert(name, g.journaled());
+        }
+        let table = Table {
+            groups: journaled,
+            wal,
+            next_lsn: last_lsn + 1,
+            last_checkpoint: Instant::now(),
+            buf: Vec::new(),
+        };
+        Ok((DeliveryTable { vfs, dir, inner: Mutex::new(table) }, report))
+    }
+
+    /// Summaries of every group, by name.
+    pub(crate) fn list(&self) -> Vec<GroupSummary> {
+        self.inner.lock().groups.values().map(|g| g.summary.clone()).collect()
+    }
+
+    /// Creates a group; durable once the ticket resolves.
+    pub(crate) fn create(
+        &self,
+        ctx: &Ctx<'_>,
+        log: &StreamLog,
+        group: &str,
+        opts: &GroupOptions,
+        now: Timestamp,
+    ) -> Result<(GroupSummary, Ticket)> {
+        let mut t = self.inner.lock();
+        ctx.poison.check(&log.name)?;
+        if t.groups.contains_key(group) {
+            return Err(Error::AlreadyExists { kind: ObjectKind::Group, name: format!("{}/{group}", log.name) });
+        }
+        let g = GroupState::create(&LogSource(log), group, opts, now)?;
+        let snap = g.snapshot();
+        t.wal.reserve(&*self.vfs, ctx.opts, HEADROOM)?;
+        let summary = g.summary.clone();
+        let ticket = self.write(&mut t, ctx, group, &Body::Create(snap), true)?;
+        t.groups.insert(group.to_owned(), g.journaled());
+        self.maybe_checkpoint(&mut t, ctx);
+        Ok((summary, ticket))
+    }
+
+    /// Runs `f` on a group's state and logs the transitions it made. The
+    /// ticket resolves once they are as durable as the settings promise.
+    pub(crate) fn with_group<T>(
+        &self,
+        ctx: &Ctx<'_>,
+        log: &StreamLog,
+        group: &str,
+        f: impl FnOnce(&mut GroupState, &dyn EventSource) -> Result<T>,
+    ) -> Result<(T, Ticket)> {
+        let mut t = self.inner.lock();
+        ctx.poison.check(&log.name)?;
+        if !t.groups.contains_key(group) {
+            return Err(Error::group_not_found(&log.name, group));
+        }
+        t.wal.reserve(&*self.vfs, ctx.opts, HEADROOM)?;
+        let Some(g) = t.groups.get_mut(group) else { return Err(Error::group_not_found(&log.name, group)) };
+        let out = f(g, &LogSource(log));
+        let ops = g.take_ops();
+        let ticket = if ops.is_empty() {
+            Ticket::ready()
+        } else {
+            let sync = needs_sync(&ops);
+            let ticket = self.write(&mut t, ctx, group, &Body::Ops(ops), sync)?;
+            self.maybe_checkpoint(&mut t, ctx);
+            ticket
+        };
+        Ok((out?, ticket))
+    }
+
+    /// Writes one record at the WAL's end. A failure here comes after the
+    /// state changed in memory, so it poisons.
+    fn write(&self, t: &mut Table, ctx: &Ctx<'_>, group: &str, body: &Body, sync: bool) -> Result<Ticket> {
+        let lsn = t.next_lsn;
+        let mut buf = std::mem::take(&mut t.buf);
+        buf.clear();
+        let written = wal::encode(&mut buf, lsn, group, body)
+            .map_err(|reason| Error::failed("delivery WAL", reason))
+            .and_then(|()| {
+                t.wal.file.write_all_at(&buf, t.wal.len).map_err(|e| io_err(&*self.vfs, &t.wal.path, "write", e))
+            });
+        if let Err(e) = written {
+            let reason = format!("delivery state of group {group:?} changed but its WAL record failed: {e}");
+            ctx.poison.set(reason.clone());
+            t.buf = buf;
+            return Err(Error::Poisoned { scope: self.vfs.describe(&t.wal.path).display().to_string(), reason });
+        }
+        t.wal.len += buf.len() as u64;
+        t.wal.prealloc_end = t.wal.prealloc_end.max(t.wal.len);
+        t.next_lsn += 1;
+        t.buf = buf;
+        let job = || Job { files: vec![t.wal.file.clone()], ..Job::default() };
+        Ok(match ctx.opts.durability {
+            Durability::Sync if sync => ctx.committer.submit(job()),
+            Durability::Sync | Durability::None => Ticket::ready(),
+            Durability::Batched { .. } => {
+                let _ = ctx.committer.submit(job());
+                Ticket::ready()
+            }
+        })
+    }
+
+    fn maybe_checkpoint(&self, t: &mut Table, ctx: &Ctx<'_>) {
+        let size = t.wal.len.saturating_sub(WAL_HEADER_LEN as u64);
+        let due = size >= ctx.opts.checkpoint_bytes
+            || (size > 0 && t.last_checkpoint.elapsed() >= ctx.opts.checkpoint_interval);
+        if due && let Err(e) = self.checkpoint_locked(t, ctx) {
+            tracing::warn!(dir = %self.vfs.describe(&self.dir).display(), error = %e, "checkpoint failed; the WAL keeps growing until one succeeds");
+        }
+    }
+
+    /// Writes a checkpoint now and drops the WAL it covers.
+    pub(crate) fn checkpoint(&self, ctx: &Ctx<'_>) -> Result<()> {
+        let mut t = self.inner.lock();
+        ctx.poison.check(&self.dir)?;
+        self.checkpoint_locked(&mut t, ctx)
+    }
+
+    fn checkpoint_locked(&self, t: &mut Table, ctx: &Ctx<'_>) -> Result<()> {
+        let v = &*self.vfs;
+        let dir = &self.dir;
+        let poison = |e: Error| {
+            if let Error::Poisoned { reason, .. } = &e {
+                ctx.poison.set(reason.clone());
+            }
+            e
+        };
+        // 1. Everything so far durable, so no later generation follows a torn tail.
+        t.wal.file.sync_data().map_err(|e| poison(sync_err(v, &t.wal.path, e)))?;
+        // 2. The next generation takes new records.
+        let next = t.wal.generation + 1;
+        let new_wal = WalFile::create(v, dir, next).map_err(poison)?;
+        // 3. The checkpoint, atomically.
+        let snaps: Vec<_> = t.groups.values().map(GroupState::snapshot).collect();
+        let lsn = t.next_lsn - 1;
+        let bytes = checkpoint::encode(next, lsn, &snaps).map_err(|r| Error::failed("checkpoint", r))?;
+        let tmp = format!("{dir}/{}.tmp", ckpt_name(next));
+        let path = format!("{dir}/{}", ckpt_name(next));
+        let f = v.open(&tmp, true).map_err(|e| io_err(v, &tmp, "create", e))?;
+        f.set_len(0).map_err(|e| io_err(v, &tmp, "truncate", e))?;
+        if let Err(e) = f.write_all_at(&bytes, 0) {
+            let _ = v.remove_file(&tmp);
+            return Err(io_err(v, &tmp, "write", e));
+        }
+        f.sync_data().map_err(|e| poison(sync_err(v, &tmp, e)))?;
+        v.rename(&tmp, &path).map_err(|e| io_err(v, &path, "rename", e))?;
+        v.sync_dir(dir).map_err(|e| poison(sync_err(v, dir, e)))?;
+        // 4. Switch, then drop what the checkpoint covers.
+        let old = std::mem::replace(&mut t.wal, new_wal);
+        t.last_checkpoint = Instant::now();
+        for name in v.list(dir).map_err(|e| io_err(v, dir, "list", e))? {
+            let stale = generation_of(&name, "wal-", ".log").is_some_and(|g| g <= old.generation)
+                || generation_of(&name, "checkpoint-", ".ckpt").is_some_and(|g| g < next);
+            if stale {
+                let p = format!("{dir}/{name}");
+                v.remove_file(&p).map_err(|e| io_err(v, &p, "remove", e))?;
+            }
+        }
+        v.sync_dir(dir).map_err(|e| poison(sync_err(v, dir, e)))?;
+        Ok(())
+    }
+}
+
+/// Reads a whole file.
+fn read_all(vfs: &dyn Vfs, path: &str) -> Result<Vec<u8>> {
+    let f = vfs.open(path, false).map_err(|e| io_err(vfs, path, "open", e))?;
+    let len = f.len().map_err(|e| io_err(vfs, path, "stat", e))?;
+    let len = usize::try_from(len).map_err(|_| corrupt(vfs, path, 0, format!("{len} bytes is too large")))?;
+    let mut buf = vec![0u8; len];
+    let mut at = 0;
+    while at < len {
+        let n = f.read_at(&mut buf[at..], at as u64).map_err(|e| io_err(vfs, path, "read", e))?;
+        if n == 0 {
+            break;
+        }
+        at += n;
+    }
+    buf.truncate(at);
+    Ok(buf)
+}

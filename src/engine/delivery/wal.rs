@@ -1,0 +1,193 @@
+//! The delivery WAL's byte layout (`format/delivery-wal.md`).
+//!
+//! A file `wal-<generation: 20 digits>.log` starts with a 32-byte header:
+//! magic `RHEOWAL\0`, version u16, reserved u16 and u32 (zero), the
+//! generation u64, reserved u32 (zero), CRC32 of bytes 0..28. Records
+//! follow, each framed like a segment record: body length u32, CRC32 of the
+//! body u32, body. A length of zero ends the log (the file is zero-filled
+//! ahead of writes). The body: LSN u64, kind u8 (1 = group created, 2 =
+//! transitions), group name length u16, the name (UTF-8), then MessagePack:
+//! a `GroupSnapshot` for kind 1, a list of `Op` for kind 2.
+
+use crate::delivery::journal::{GroupSnapshot, Op};
+use crate::engine::segment::format::{get_u16, get_u32, get_u64};
+
+/// Magic of a delivery WAL file.
+pub const WAL_MAGIC: [u8; 8] = *b"RHEOWAL\0";
+/// Version of the delivery WAL layout. Bump with the spec.
+pub const WAL_VERSION: u16 = 1;
+/// Size of the header.
+pub const WAL_HEADER_LEN: usize = 32;
+/// Offset of the generation in the header.
+pub const WAL_HDR_GEN: usize = 16;
+/// Offset of the header CRC32 (over bytes 0..28).
+pub const WAL_HDR_CRC: usize = 28;
+/// Size of a record's frame (length, CRC32).
+pub const WAL_FRAME_LEN: usize = 8;
+/// Offset in the body of the kind byte.
+pub const WAL_BODY_KIND: usize = 8;
+/// Offset in the body of the group name's length.
+pub const WAL_BODY_NAME_LEN: usize = 9;
+/// Offset in the body of the group name.
+pub const WAL_BODY_NAME: usize = 11;
+/// Kind of a group-creation record.
+pub const KIND_CREATE: u8 = 1;
+/// Kind of a transitions record.
+pub const KIND_OPS: u8 = 2;
+/// The largest body a record may have (64 MiB).
+pub const WAL_MAX_BODY: u32 = 64 << 20;
+
+/// What one record says.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Body {
+    /// A group was created with this state.
+    Create(GroupSnapshot),
+    /// A group made these transitions.
+    Ops(Vec<Op>),
+}
+
+/// One decoded record.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct WalRecord {
+    pub(crate) lsn: u64,
+    pub(crate) group: String,
+    pub(crate) body: Body,
+}
+
+/// The header of generation `generation`.
+pub fn header(generation: u64) -> [u8; WAL_HEADER_LEN] {
+    let mut b = [0u8; WAL_HEADER_LEN];
+    b[..8].copy_from_slice(&WAL_MAGIC);
+    b[8..10].copy_from_slice(&WAL_VERSION.to_le_bytes());
+    b[WAL_HDR_GEN..WAL_HDR_GEN + 8].copy_from_slice(&generation.to_le_bytes());
+    let crc = crc32fast::hash(&b[..WAL_HDR_CRC]);
+    b[WAL_HDR_CRC..].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Checks a header (magic, then version, then checksum); returns its generation.
+pub fn check_header(b: &[u8]) -> Result<u64, String> {
+    if b.len() < WAL_HEADER_LEN || b[..8] != WAL_MAGIC {
+        return Err("not a delivery WAL (bad magic)".into());
+    }
+    let version = get_u16(b, 8);
+    if version != WAL_VERSION {
+        return Err(format!("delivery WAL version {version} is not supported (this build reads {WAL_VERSION})"));
+    }
+    if crc32fast::hash(&b[..WAL_HDR_CRC]) != get_u32(b, WAL_HDR_CRC) {
+        return Err("delivery WAL header checksum mismatch".into());
+    }
+    Ok(get_u64(b, WAL_HDR_GEN))
+}
+
+/// Appends one framed record to `out`.
+pub(crate) fn encode(out: &mut Vec<u8>, lsn: u64, group: &str, body: &Body) -> Result<(), String> {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; WAL_FRAME_LEN]);
+    out.extend_from_slice(&lsn.to_le_bytes());
+    let (kind, payload) = match body {
+        Body::Create(snap) => (KIND_CREATE, rmp_serde::to_vec(snap)),
+        Body::Ops(ops) => (KIND_OPS, rmp_serde::to_vec(ops)),
+    };
+    let payload = payload.map_err(|e| format!("encoding a delivery record of group {group:?}: {e}"))?;
+    out.push(kind);
+    let name_len = u16::try_from(group.len()).map_err(|_| format!("group name of {} bytes", group.len()))?;
+    out.extend_from_slice(&name_len.to_le_bytes());
+    out.extend_from_slice(group.as_bytes());
+    out.extend_from_slice(&payload);
+    let body_len = out.len() - start - WAL_FRAME_LEN;
+    let len = u32::try_from(body_len)
+        .ok()
+        .filter(|&l| l <= WAL_MAX_BODY)
+        .ok_or_else(|| format!("a delivery record of {body_len} bytes for group {group:?} exceeds {WAL_MAX_BODY}"))?;
+    let crc = crc32fast::hash(&out[start + WAL_FRAME_LEN..]);
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
+}
+
+/// What stopped a scan of the records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// A zero length or the end of the bytes: the log ends cleanly.
+    Clean,
+    /// A frame that does not check out (torn or damaged), and why.
+    Damaged(String),
+}
+
+/// Decodes one record's body (its CRC already checked).
+pub(crate) fn decode_body(body: &[u8]) -> Result<WalRecord, String> {
+    if body.len() < WAL_BODY_NAME {
+        return Err(format!("record body of {} bytes is shorter than its fixed fields", body.len()));
+    }
+    let lsn = get_u64(body, 0);
+    let kind = body[WAL_BODY_KIND];
+    let name_len = usize::from(get_u16(body, WAL_BODY_NAME_LEN));
+    let name_end = WAL_BODY_NAME + name_len;
+    let name = body.get(WAL_BODY_NAME..name_end).ok_or("group name runs past the record")?;
+    let group = std::str::from_utf8(name).map_err(|_| "group name is not UTF-8")?.to_owned();
+    let payload = &body[name_end..];
+    let body = match kind {
+        KIND_CREATE => Body::Create(rmp_serde::from_slice(payload).map_err(|e| format!("group snapshot: {e}"))?),
+        KIND_OPS => Body::Ops(rmp_serde::from_slice(payload).map_err(|e| format!("transitions: {e}"))?),
+        k => return Err(format!("unknown record kind {k}")),
+    };
+    Ok(WalRecord { lsn, group, body })
+}
+
+/// Decodes the frame at `off`: Ok(None) at a clean end, Ok(Some((record,
+/// next offset))), or Err(why it is damaged).
+pub(crate) fn decode_at(b: &[u8], off: usize) -> Result<Option<(WalRecord, usize)>, String> {
+    let Some(frame) = b.get(off..off.saturating_add(WAL_FRAME_LEN)) else {
+        return if b.len() > off { Err("a frame cut short by the end of the file".into()) } else { Ok(None) };
+    };
+    let len = get_u32(frame, 0);
+    if len == 0 {
+        return Ok(None);
+    }
+    if len > WAL_MAX_BODY {
+        return Err(format!("record length {len} exceeds {WAL_MAX_BODY}"));
+    }
+    let start = off + WAL_FRAME_LEN;
+    let end = start + len as usize;
+    let body = b.get(start..end).ok_or("a record cut short by the end of the file")?;
+    if crc32fast::hash(body) != get_u32(frame, 4) {
+        return Err("record checksum mismatch".into());
+    }
+    Ok(Some((decode_body(body)?, end)))
+}
+
+/// Decodes every record of a whole WAL file after the header: the records,
+/// the length of the valid prefix, and how the scan ended.
+pub(crate) fn decode_records(b: &[u8]) -> (Vec<WalRecord>, usize, End) {
+    let mut out = Vec::new();
+    let mut off = WAL_HEADER_LEN;
+    loop {
+        match decode_at(b, off) {
+            Ok(Some((r, next))) => {
+                out.push(r);
+                off = next;
+            }
+            Ok(None) => return (out, off, End::Clean),
+            Err(why) => return (out, off, End::Damaged(why)),
+        }
+    }
+}
+
+/// True when a valid record (checksum and body) with an LSN above `after`
+/// starts anywhere in `b` after `from`: damage followed by valid records is
+/// not a torn tail. Looks at most 1 MiB ahead.
+pub(crate) fn valid_record_after(b: &[u8], from: usize, after: u64) -> bool {
+    let end = b.len().min(from.saturating_add(1 << 20));
+    (from + 1..end).any(|off| matches!(decode_at(b, off), Ok(Some((r, _))) if r.lsn > after))
+}
+
+/// A summary of a delivery WAL file's bytes, for tools and fuzzing: the
+/// generation, how many records decode, the last LSN, and the damage that
+/// stopped the scan, if any. Never panics on any input.
+pub fn inspect(b: &[u8]) -> Result<(u64, usize, u64, End), String> {
+    let generation = check_header(b)?;
+    let (records, _, end) = decode_records(b);
+    let last = records.last().map_or(0, |r| r.lsn);
+    Ok((generation, records.len(), last, end))
+}
