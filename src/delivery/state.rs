@@ -45,6 +45,10 @@ pub(crate) struct DeadInfo {
 pub(crate) struct PartState {
     /// Every sequence <= frontier is acked or dead-lettered.
     pub(crate) frontier: u64,
+    /// The frontier the partition (re)started at, lowered by replays from a
+    /// sequence or time: sequences up to here may be settled without having
+    /// been appended (a start after a sequence not yet appended).
+    pub(crate) floor: u64,
     /// Sequences above the cursor were never claimed since the last
     /// (re)start, except those still in `deliveries` or `done`.
     pub(crate) cursor: u64,
@@ -63,7 +67,7 @@ pub(crate) struct PartState {
 impl PartState {
     /// A partition state whose first delivery is `frontier + 1`.
     pub(crate) fn starting_after(frontier: u64) -> Self {
-        PartState { frontier, cursor: frontier, ..PartState::default() }
+        PartState { frontier, floor: frontier, cursor: frontier, ..PartState::default() }
     }
 
     /// Moves every timer due at `now` into `ready`.
@@ -200,6 +204,7 @@ impl PartState {
         reopened += self.done.remove_from(s.saturating_add(1));
         let dead: Vec<u64> = self.dead.split_off(&s.saturating_add(1)).into_values().map(|d| d.order).collect();
         self.frontier = self.frontier.min(s);
+        self.floor = self.floor.min(s);
         self.cursor = self.cursor.min(s);
         (reopened, dead)
     }
@@ -230,14 +235,15 @@ impl PartState {
     /// under `Batched`/`None` the log may have lost a tail that the delivery
     /// log still mentions. Returns the dead-letter orders removed.
     pub(crate) fn clamp(&mut self, high_watermark: u64) -> Vec<u64> {
-        let above = high_watermark.saturating_add(1);
-        self.frontier = self.frontier.min(high_watermark);
-        self.cursor = self.cursor.min(high_watermark);
+        let top = high_watermark.max(self.floor);
+        let above = top.saturating_add(1);
+        self.frontier = self.frontier.min(top);
+        self.cursor = self.cursor.min(top);
         self.done.remove_from(above);
         for seq in self.deliveries.split_off(&above).into_keys() {
             self.ready.remove(&seq);
         }
-        self.timers.retain(|&(_, seq)| seq <= high_watermark);
+        self.timers.retain(|&(_, seq)| seq <= top);
         self.dead.split_off(&above).into_values().map(|d| d.order).collect()
     }
 

@@ -554,3 +554,6 @@ fn read_all(vfs: &dyn Vfs, path: &str) -> Result<Vec<u8>> {
     buf.truncate(at);
     Ok(buf)
 }
+
+#[cfg(test)]
+mod tests;
