@@ -29,6 +29,9 @@ pub(crate) enum Op {
     /// Claims of partition `p` by one consumer until `expires_at`:
     /// (sequence, lease id) in claim order. Each claim adds one attempt.
     Claim { p: u32, consumer: String, expires_at: Timestamp, leases: Vec<(u64, u128)> },
+    /// A fetch moved the cursor over sequences it skipped (in flight or
+    /// settled) past the last one it claimed.
+    Cursor { p: u32, cursor: u64 },
     /// A held lease's new expiry.
     Renew { p: u32, seq: u64, expires_at: Timestamp },
     /// Acknowledged sequences of partition `p`.
@@ -141,6 +144,11 @@ impl GroupState {
                     part.lease(seq, lease_id, consumer.clone(), *expires_at);
                 }
             }
+            Op::Cursor { p, cursor } => {
+                if let Some(part) = self.parts.get_mut(p) {
+                    part.cursor = part.cursor.max(*cursor);
+                }
+            }
             Op::Renew { p, seq, expires_at } => {
                 if let Some(part) = self.parts.get_mut(p) {
                     part.renew(*seq, *expires_at);
@@ -210,23 +218,6 @@ impl GroupState {
             }
         }
         changed
-    }
-
-    /// Moves each cursor past the sequences a fetch would skip anyway (a
-    /// fetch moves it over in-flight or settled ones without logging that):
-    /// two states equal after this behave the same.
-    #[cfg(test)]
-    pub(crate) fn normalize(&mut self, high_watermark: impl Fn(u32) -> u64) {
-        for (&p, part) in &mut self.parts {
-            let hw = high_watermark(p);
-            while part.cursor < hw {
-                let next = part.cursor + 1;
-                if !(next <= part.frontier || part.done.contains(next) || part.deliveries.contains_key(&next)) {
-                    break;
-                }
-                part.cursor = next;
-            }
-        }
     }
 
     /// The whole state, for a checkpoint.

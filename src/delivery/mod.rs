@@ -147,6 +147,7 @@ impl GroupState {
         let mut count = 0;
         for p in scope {
             let hw = src.high_watermark(p);
+            let cursor_before = self.parts.get(&p).map_or(0, |part| part.cursor);
             let mut here = Vec::new();
             while count < opts.limit {
                 let Some(part) = self.parts.get_mut(&p) else { break };
@@ -164,11 +165,20 @@ impl GroupState {
                 here.push((seq, lease_id, attempt));
                 count += 1;
             }
-            if !here.is_empty() {
-                if self.journal.is_some() {
+            if self.journal.is_some() {
+                if !here.is_empty() {
                     let leases = here.iter().map(|&(seq, id, _)| (seq, id)).collect();
                     self.log(Op::Claim { p, consumer: consumer_id.clone(), expires_at, leases });
                 }
+                // Claims replay the cursor up to their largest sequence; a
+                // skip past it must be logged for replay to match.
+                let claimed_to = here.iter().map(|&(seq, _, _)| seq).max().unwrap_or(0);
+                let cursor = self.parts.get(&p).map_or(0, |part| part.cursor);
+                if cursor != cursor_before && cursor > claimed_to {
+                    self.log(Op::Cursor { p, cursor });
+                }
+            }
+            if !here.is_empty() {
                 claimed.push((p, here));
             }
         }

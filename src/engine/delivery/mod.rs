@@ -110,7 +110,7 @@ fn corrupt(vfs: &dyn Vfs, path: &str, offset: u64, reason: impl Into<String>) ->
 
 /// Records that must be durable before the call returns (under `Sync`).
 fn needs_sync(ops: &[Op]) -> bool {
-    ops.iter().any(|op| !matches!(op, Op::Claim { .. } | Op::Renew { .. }))
+    ops.iter().any(|op| !matches!(op, Op::Claim { .. } | Op::Cursor { .. } | Op::Renew { .. }))
 }
 
 impl WalFile {

@@ -79,11 +79,11 @@ fn state(b: &NativeBackend, now: Timestamp) -> Vec<GroupSnapshot> {
     let (log, table) = b.engine().groups("s").expect("stream");
     let mut t = table.inner.lock();
     t.groups
-        .values_mut()
+        .values()
         .map(|g| {
-            let _ = g.info(&super::LogSource(&log), now);
-            g.normalize(|p| log.high_watermark(p));
-            g.snapshot()
+            let mut copy = crate::delivery::GroupState::restore(&g.snapshot());
+            let _ = copy.info(&super::LogSource(&log), now);
+            copy.snapshot()
         })
         .collect()
 }
