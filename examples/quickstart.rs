@@ -5,9 +5,11 @@ use serde_json::json;
 
 #[tokio::main]
 async fn main() -> rheo::Result<()> {
-    let rheo = Rheo::open("memory:").await?;
-    rheo.create_stream("orders", StreamOptions::new().partitions(4)).await?;
-    rheo.create_group("orders", "billing", GroupOptions::new().max_attempts(3)).await?;
+    // The embedded engine, durable in ./rheo-data (`memory:` for an ephemeral one).
+    let rheo = Rheo::open("native:./rheo-data").await?;
+    // Created on the first run; found, with their positions, on the next ones.
+    rheo.ensure_stream("orders", StreamOptions::new().partitions(4)).await?;
+    rheo.ensure_group("orders", "billing", GroupOptions::new().max_attempts(3)).await?;
 
     // `type` and `key` come from the payload; the key picks the partition.
     rheo.append("orders", &json!({"type": "order_placed", "key": "c-7", "total": 42}), AppendOptions::new()).await?;

@@ -197,6 +197,69 @@ impl Rheo {
         self.inner.backend.create_stream(stream, &opts).await
     }
 
+    /// Creates a stream, or returns the existing one of that name: what a
+    /// program opening a durable backend on every start wants. An existing
+    /// stream with another partition count is `InvalidArgument` (its
+    /// partitions can't change).
+    ///
+    /// ```
+    /// # async fn f(rheo: &rheo::Rheo) -> rheo::Result<()> {
+    /// use rheo::StreamOptions;
+    /// let first = rheo.ensure_stream("orders", StreamOptions::new().partitions(4)).await?;
+    /// let again = rheo.ensure_stream("orders", StreamOptions::new().partitions(4)).await?;
+    /// assert_eq!(first.name, again.name);
+    /// # Ok(()) }
+    /// ```
+    pub async fn ensure_stream(&self, stream: &str, opts: StreamOptions) -> Result<StreamInfo> {
+        let want = opts.partition_count;
+        match self.create_stream(stream, opts).await {
+            Err(Error::AlreadyExists { .. }) => {
+                let existing = self.inner.backend.list_streams().await?.into_iter().find(|s| s.name == stream);
+                let info = existing.ok_or_else(|| Error::stream_not_found(stream))?;
+                if info.partition_count != want {
+                    return Err(Error::invalid(
+                        "partitions",
+                        format!(
+                            "stream {stream:?} exists with {} partitions, not {want}; a stream's partition count never changes",
+                            info.partition_count
+                        ),
+                    ));
+                }
+                Ok(info)
+            }
+            other => other,
+        }
+    }
+
+    /// Creates a consumer group, or returns the existing one of that name
+    /// (with its position kept). An existing group with another
+    /// `max_attempts` or partition scope is `InvalidArgument`.
+    pub async fn ensure_group(&self, stream: &str, group: &str, opts: GroupOptions) -> Result<GroupSummary> {
+        let want_attempts = opts.max_attempts;
+        let mut want_parts = opts.partitions.clone();
+        if let Some(p) = want_parts.as_mut() {
+            p.sort_unstable();
+            p.dedup();
+        }
+        match self.create_group(stream, group, opts).await {
+            Err(Error::AlreadyExists { .. }) => {
+                let existing = self.inner.backend.list_groups(stream).await?.into_iter().find(|g| g.name == group);
+                let summary = existing.ok_or_else(|| Error::group_not_found(stream, group))?;
+                if summary.max_attempts != want_attempts || summary.partitions != want_parts {
+                    return Err(Error::invalid(
+                        "group",
+                        format!(
+                            "group {group:?} of stream {stream:?} exists with max_attempts {} and partitions {:?}, not {want_attempts} and {want_parts:?}",
+                            summary.max_attempts, summary.partitions
+                        ),
+                    ));
+                }
+                Ok(summary)
+            }
+            other => other,
+        }
+    }
+
     /// Creates a consumer group.
     pub async fn create_group(&self, stream: &str, group: &str, opts: GroupOptions) -> Result<GroupSummary> {
         check_group(stream, group)?;

@@ -17,7 +17,6 @@ pub enum DemoError {
     Io(#[from] std::io::Error),
 }
 
-const STREAM: &str = "orders";
 const CUSTOMERS: [&str; 8] = ["ada", "brian", "chen", "dora", "emil", "fatou", "grace", "hiro"];
 /// The order whose handler always fails in the billing group.
 const POISON_ORDER: u64 = 7;
@@ -26,11 +25,21 @@ const POISON_ORDER: u64 = 7;
 pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
     let rheo = Rheo::open(backend).await?;
     writeln!(out, "Rheo demo on backend `{backend}`\n")?;
+    // A durable backend keeps earlier runs: this one gets its own stream.
+    let earlier = rheo.list_streams().await?.iter().filter(|s| s.name == "orders" || s.name.starts_with("orders-")).count();
+    let stream = if earlier == 0 { "orders".to_owned() } else { format!("orders-{}", earlier + 1) };
+    let stream = stream.as_str();
+    if earlier > 0 {
+        writeln!(
+            out,
+            "This data directory still holds {earlier} earlier demo run(s), events and group positions included; this run uses stream `{stream}`.\n"
+        )?;
+    }
 
     writeln!(out, "1. A stream of orders, split into 4 partitions; a customer's orders share a partition.")?;
-    rheo.create_stream(STREAM, StreamOptions::new().partitions(4)).await?;
-    rheo.create_group(STREAM, "billing", GroupOptions::new().max_attempts(3)).await?;
-    rheo.create_group(STREAM, "analytics", GroupOptions::new()).await?;
+    rheo.create_stream(stream, StreamOptions::new().partitions(4)).await?;
+    rheo.create_group(stream, "billing", GroupOptions::new().max_attempts(3)).await?;
+    rheo.create_group(stream, "analytics", GroupOptions::new()).await?;
     writeln!(out, "   Two consumer groups, `billing` (max 3 attempts) and `analytics`, each get every event.\n")?;
 
     writeln!(out, "2. Producers append 20 orders, keyed by customer:")?;
@@ -43,7 +52,7 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
             )
         })
         .collect();
-    let events = rheo.append_batch_with(STREAM, payloads).await?;
+    let events = rheo.append_batch_with(stream, payloads).await?;
     for customer in CUSTOMERS {
         let e = events
             .iter()
@@ -52,11 +61,11 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
         let n = events.iter().filter(|e| e.key.as_deref() == Some(customer)).count();
         writeln!(out, "   {customer:<6} -> partition {} ({n} orders)", e.partition)?;
     }
-    print_lag(&rheo, "billing", out).await?;
+    print_lag(&rheo, stream, "billing", out).await?;
 
     writeln!(out, "\n3. The billing consumer works through its deliveries; order {POISON_ORDER} always fails.")?;
     loop {
-        let leases = rheo.fetch(STREAM, "billing", FetchOptions::new().limit(8).consumer("billing-1")).await?;
+        let leases = rheo.fetch(stream, "billing", FetchOptions::new().limit(8).consumer("billing-1")).await?;
         if leases.is_empty() {
             break;
         }
@@ -79,8 +88,8 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
         }
     }
     writeln!(out, "   billed the other 19 orders.")?;
-    print_lag(&rheo, "billing", out).await?;
-    for dl in rheo.dead_letters(STREAM, "billing", DeadLetterOptions::new()).await? {
+    print_lag(&rheo, stream, "billing", out).await?;
+    for dl in rheo.dead_letters(stream, "billing", DeadLetterOptions::new()).await? {
         writeln!(
             out,
             "   dead letter: order {} (partition {} #{}) after {} attempts: {}",
@@ -89,10 +98,10 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
     }
 
     writeln!(out, "\n4. Analytics is independent: it still has everything to read.")?;
-    print_lag(&rheo, "analytics", out).await?;
+    print_lag(&rheo, stream, "analytics", out).await?;
     let mut seen = 0;
     loop {
-        let leases = rheo.fetch(STREAM, "analytics", FetchOptions::new().limit(100)).await?;
+        let leases = rheo.fetch(stream, "analytics", FetchOptions::new().limit(100)).await?;
         if leases.is_empty() {
             break;
         }
@@ -100,10 +109,10 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
         rheo.ack_many(&leases).await?.into_iter().collect::<Result<Vec<()>, _>>()?;
     }
     writeln!(out, "   analytics acknowledged {seen} events in batches.")?;
-    print_lag(&rheo, "analytics", out).await?;
+    print_lag(&rheo, stream, "analytics", out).await?;
 
     writeln!(out, "\n5. History stays queryable: chen's orders over 100, newest first.")?;
-    let q = Query::new(STREAM).eq("customer", "chen").gt("total", 100).descending().limit(10);
+    let q = Query::new(stream).eq("customer", "chen").gt("total", 100).descending().limit(10);
     for e in rheo.query(&q).await? {
         writeln!(
             out,
@@ -113,23 +122,30 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
     }
 
     writeln!(out, "\n6. The card issue is fixed: replay the dead-lettered order to billing.")?;
-    let replay = Query::new(STREAM).eq("order", POISON_ORDER);
-    let reopened = rheo.replay(STREAM, "billing", ReplayOptions::query(replay)).await?;
+    let replay = Query::new(stream).eq("order", POISON_ORDER);
+    let reopened = rheo.replay(stream, "billing", ReplayOptions::query(replay)).await?;
     writeln!(out, "   reopened {reopened} delivery")?;
-    print_lag(&rheo, "billing", out).await?;
-    for lease in rheo.fetch(STREAM, "billing", FetchOptions::new()).await? {
+    print_lag(&rheo, stream, "billing", out).await?;
+    for lease in rheo.fetch(stream, "billing", FetchOptions::new()).await? {
         writeln!(out, "   order {} billed on attempt {}", lease.event.payload["order"], lease.attempt)?;
         rheo.ack(&lease).await?;
     }
-    print_lag(&rheo, "billing", out).await?;
-    let info = rheo.group_info(STREAM, "billing").await?;
+    print_lag(&rheo, stream, "billing", out).await?;
+    let info = rheo.group_info(stream, "billing").await?;
     writeln!(out, "   billing: {} in flight, {} dead letters.", info.inflight, info.dead_letters)?;
     writeln!(out, "\nDone. Every event is still in the log; groups only move their own positions.")?;
+    if let Some(dir) = backend.strip_prefix("native:") {
+        writeln!(
+            out,
+            "It is all on disk in {}: run the demo again and this run's stream is still there, acks and dead letters included.",
+            dir.split('?').next().unwrap_or(dir)
+        )?;
+    }
     Ok(())
 }
 
-async fn print_lag(rheo: &Rheo, group: &str, out: &mut impl Write) -> Result<(), DemoError> {
-    let lag = rheo.lag(STREAM, group).await?;
+async fn print_lag(rheo: &Rheo, stream: &str, group: &str, out: &mut impl Write) -> Result<(), DemoError> {
+    let lag = rheo.lag(stream, group).await?;
     let per: Vec<String> = lag.partitions.iter().map(|p| format!("p{}={}", p.partition, p.lag)).collect();
     writeln!(out, "   lag of {group}: {} ({})", lag.total, per.join(" "))?;
     Ok(())
@@ -149,5 +165,23 @@ mod tests {
         assert!(text.contains("reopened 1 delivery"), "{text}");
         assert!(text.contains("billing: 0 in flight, 0 dead letters."), "{text}");
         assert!(text.trim_end().ends_with("only move their own positions."), "{text}");
+    }
+
+    #[tokio::test]
+    async fn demo_runs_twice_on_the_native_default_and_keeps_the_first_run() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let url = format!("native:{}", dir.path().display());
+        let mut first = Vec::new();
+        run(&url, &mut first).await.expect("first run");
+        let mut second = Vec::new();
+        run(&url, &mut second).await.expect("second run");
+        let text = String::from_utf8(second).expect("utf-8");
+        assert!(text.contains("still holds 1 earlier demo run"), "{text}");
+        assert!(text.contains("uses stream `orders-2`"), "{text}");
+        assert!(text.contains("billing: 0 in flight, 0 dead letters."), "{text}");
+        let rheo = Rheo::open(&url).await.expect("reopen");
+        let info = rheo.group_info("orders", "billing").await.expect("first run's group");
+        assert_eq!((info.lag.total, info.inflight, info.dead_letters), (0, 0, 0));
+        assert_eq!(rheo.list_streams().await.expect("streams").len(), 2);
     }
 }

@@ -10,8 +10,9 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "rheo", version, about)]
 struct Args {
-    /// Backend URL: `memory:` (the native engine `native:PATH` arrives with its issue).
-    #[arg(long, global = true, default_value = "memory:")]
+    /// Backend URL: `native:PATH[?options]` (the embedded engine, durable) or
+    /// `memory:` (ephemeral).
+    #[arg(long, global = true, default_value = "native:./rheo-data")]
     backend: String,
     #[command(subcommand)]
     command: Command,

@@ -243,3 +243,19 @@ pub async fn group_partitions_scope_deliveries_and_lag(f: Fixture) {
     parts.sort_unstable();
     assert_eq!(parts, vec![1, 2]);
 }
+
+/// `ensure_group` creates a missing group, returns an existing one with its
+/// position kept, and refuses other options.
+pub async fn ensure_group_creates_once_keeps_position_and_checks_options(f: Fixture) {
+    f.rheo.create_stream(S, rheo::StreamOptions::new().partitions(2)).await.expect("stream");
+    f.rheo.append(S, &serde_json::json!({"n": 1}), rheo::AppendOptions::new().partition(0)).await.expect("append");
+    let opts = || rheo::GroupOptions::new().max_attempts(2).partitions(vec![0]);
+    f.rheo.ensure_group(S, G, opts()).await.expect("create");
+    let leases = f.rheo.fetch(S, G, rheo::FetchOptions::new()).await.expect("fetch");
+    f.rheo.ack(&leases[0]).await.expect("ack");
+    let again = f.rheo.ensure_group(S, G, opts()).await.expect("existing");
+    assert_eq!((again.max_attempts, again.partitions), (2, Some(vec![0])));
+    assert_eq!(f.rheo.lag(S, G).await.expect("lag").total, 0, "its position is kept");
+    let e = f.rheo.ensure_group(S, G, rheo::GroupOptions::new().max_attempts(3).partitions(vec![0])).await;
+    assert!(matches!(e, Err(rheo::Error::InvalidArgument { .. })), "{e:?}");
+}

@@ -74,3 +74,18 @@ pub async fn partitions_above_maximum_is_invalid_partition_count(f: Fixture) {
     let last = f.rheo.append(S, &json!({}), AppendOptions::new().partition(MAX_PARTITIONS - 1)).await.expect("append");
     assert_eq!((last.partition, last.sequence), (MAX_PARTITIONS - 1, 1));
 }
+
+/// `ensure_stream` creates a missing stream, returns an existing one as it
+/// is (events kept), and refuses another partition count.
+pub async fn ensure_stream_creates_once_and_checks_partitions(f: Fixture) {
+    let first = f.rheo.ensure_stream(S, StreamOptions::new().partitions(2)).await.expect("create");
+    assert_eq!(first.partition_count, 2);
+    f.rheo.append(S, &json!({"n": 1}), AppendOptions::new().partition(1)).await.expect("append");
+    let again = f.rheo.ensure_stream(S, StreamOptions::new().partitions(2)).await.expect("existing");
+    assert_eq!(again.high_watermarks, vec![0, 1], "the existing stream, events kept");
+    let e = assert_err!(
+        f.rheo.ensure_stream(S, StreamOptions::new().partitions(3)).await,
+        Error::InvalidArgument { .. }
+    );
+    assert!(e.to_string().contains("2 partitions"), "{e}");
+}
