@@ -1,0 +1,199 @@
+//! Consumer groups on the native engine: fetch(100) + ack_many with one and
+//! eight competing consumers under Sync and Batched, reopen time with 1M
+//! unsettled deliveries, and memory per in-flight lease and per acked
+//! sequence above a hole.
+//!
+//! `cargo bench --bench engine_delivery`. The memory figures are printed
+//! (they come from a counting allocator in this binary, which also counts
+//! every allocation of the throughput runs: a few ns each).
+
+#![allow(missing_docs)] // criterion_group! generates undocumented functions
+#![allow(unsafe_code)] // the counting allocator below
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use rheo::engine::{Durability, EngineOptions};
+use rheo::{FetchOptions, GroupOptions, Rheo, StreamOptions};
+use support::{bench_dir, event};
+
+/// Counts live heap bytes.
+struct Counting;
+
+static LIVE: AtomicI64 = AtomicI64::new(0);
+
+// SAFETY: forwards to the system allocator; only counts sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: same layout contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: `ptr` came from `alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: as for `realloc` itself.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+const BATCH: usize = 100;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+async fn open(dir: &std::path::Path, durability: Durability) -> Rheo {
+    let opts = EngineOptions { durability, ..EngineOptions::default() };
+    Rheo::builder().engine_options(opts).open(&format!("native:{}", dir.display())).await.expect("open")
+}
+
+/// Appends `n` events in batches of 1,000.
+async fn fill(rheo: &Rheo, n: u64) {
+    let mut done = 0;
+    while done < n {
+        let k = (n - done).min(1000);
+        let batch: Vec<_> = (done..done + k).map(|i| event(i).payload).collect();
+        rheo.append_batch("s", batch).await.expect("append");
+        done += k;
+    }
+}
+
+fn fetch_ack(c: &mut Criterion) {
+    let rt = runtime();
+    let mut g = c.benchmark_group("delivery_fetch100_ack_many");
+    g.sample_size(10).measurement_time(Duration::from_secs(10));
+    for (mode, durability) in
+        [("sync", Durability::Sync), ("batched", Durability::Batched { max_delay: Duration::from_millis(5) })]
+    {
+        for consumers in [1usize, 8] {
+            let dir = tempfile::tempdir_in(bench_dir()).expect("temporary directory");
+            let rheo = rt.block_on(async {
+                let rheo = open(dir.path(), durability).await;
+                rheo.create_stream("s", StreamOptions::new().partitions(8)).await.expect("stream");
+                rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+                rheo
+            });
+            g.throughput(Throughput::Elements((BATCH * consumers) as u64));
+            g.bench_function(format!("{mode}/{consumers}_consumers"), |b| {
+                b.to_async(&rt).iter_custom(|iters| {
+                    let rheo = rheo.clone();
+                    async move {
+                        let total = iters * (BATCH * consumers) as u64;
+                        fill(&rheo, total).await;
+                        let left = Arc::new(AtomicU64::new(total));
+                        let start = Instant::now();
+                        let tasks: Vec<_> = (0..consumers)
+                            .map(|i| {
+                                let (rheo, left) = (rheo.clone(), left.clone());
+                                tokio::spawn(async move {
+                                    let opts = FetchOptions::new().limit(BATCH).consumer(format!("c{i}"));
+                                    while left.load(Ordering::Relaxed) > 0 {
+                                        let leases = rheo.fetch("s", "g", opts.clone()).await.expect("fetch");
+                                        if leases.is_empty() {
+                                            tokio::task::yield_now().await;
+                                            continue;
+                                        }
+                                        let n = leases.len() as u64;
+                                        for r in rheo.ack_many(&leases).await.expect("ack_many") {
+                                            r.expect("ack");
+                                        }
+                                        left.fetch_sub(n, Ordering::Relaxed);
+                                    }
+                                })
+                            })
+                            .collect();
+                        for t in tasks {
+                            t.await.expect("consumer");
+                        }
+                        start.elapsed()
+                    }
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+const UNSETTLED: u64 = 1_000_000;
+
+/// Reopen with 1M claimed, unsettled deliveries (WAL of claims, with the
+/// checkpoints the default 16 MiB threshold triggers), and memory figures.
+fn reopen_and_memory(c: &mut Criterion) {
+    let rt = runtime();
+    let dir = tempfile::tempdir_in(bench_dir()).expect("temporary directory");
+    rt.block_on(async {
+        let rheo = open(dir.path(), Durability::None).await;
+        rheo.create_stream("s", StreamOptions::new()).await.expect("stream");
+        rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+        rheo.create_group("s", "holes", GroupOptions::new()).await.expect("group");
+        fill(&rheo, UNSETTLED).await;
+
+        let lease = Duration::from_secs(3600);
+        let before = LIVE.load(Ordering::Relaxed);
+        let mut claimed = 0;
+        while claimed < UNSETTLED {
+            let leases = rheo.fetch("s", "g", FetchOptions::new().limit(10_000).lease(lease)).await.expect("fetch");
+            claimed += leases.len() as u64;
+        }
+        let per_lease = (LIVE.load(Ordering::Relaxed) - before) as f64 / UNSETTLED as f64;
+
+        // Every other sequence acked (the rest stay in flight): the acked
+        // ones sit above holes, as ranges.
+        let mut holes_leases = 0u64;
+        let mut acked = 0u64;
+        let before_holes = LIVE.load(Ordering::Relaxed);
+        while holes_leases < UNSETTLED {
+            let leases = rheo.fetch("s", "holes", FetchOptions::new().limit(10_000).lease(lease)).await.expect("fetch");
+            holes_leases += leases.len() as u64;
+            let odd: Vec<_> = leases.iter().filter(|l| l.event.sequence % 2 == 0).collect();
+            for r in rheo.ack_many(odd.iter().copied()).await.expect("ack_many") {
+                r.expect("ack");
+            }
+            acked += odd.len() as u64;
+        }
+        let info = rheo.group_info("s", "holes").await.expect("info");
+        // The group's growth minus its in-flight leases, per acked sequence.
+        let grown = (LIVE.load(Ordering::Relaxed) - before_holes) as f64;
+        let per_acked = (grown - per_lease * info.inflight as f64) / acked as f64;
+        eprintln!(
+            "memory: {per_lease:.0} bytes per in-flight lease (1M leases); {per_acked:.0} bytes per acked sequence above a hole ({acked} acked between {} in-flight leases)",
+            info.inflight
+        );
+    });
+
+    let mut g = c.benchmark_group("delivery_reopen");
+    g.sample_size(10);
+    g.bench_function("1M_unsettled_deliveries", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let opts = EngineOptions { durability: Durability::None, ..EngineOptions::default() };
+                let start = Instant::now();
+                let engine = rheo::engine::Engine::open_dir(dir.path(), opts).expect("reopen");
+                total += start.elapsed();
+                let r = engine.delivery_recovery();
+                assert_eq!(r.len(), 1);
+                drop(engine);
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, fetch_ack, reopen_and_memory);
+criterion_main!(benches);
