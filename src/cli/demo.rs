@@ -26,7 +26,8 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
     let rheo = Rheo::open(backend).await?;
     writeln!(out, "Rheo demo on backend `{backend}`\n")?;
     // A durable backend keeps earlier runs: this one gets its own stream.
-    let earlier = rheo.list_streams().await?.iter().filter(|s| s.name == "orders" || s.name.starts_with("orders-")).count();
+    let earlier =
+        rheo.list_streams().await?.iter().filter(|s| s.name == "orders" || s.name.starts_with("orders-")).count();
     let stream = if earlier == 0 { "orders".to_owned() } else { format!("orders-{}", earlier + 1) };
     let stream = stream.as_str();
     if earlier > 0 {

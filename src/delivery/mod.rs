@@ -51,6 +51,9 @@ pub(crate) trait EventSource {
     fn position_of(&self, id: &str) -> Result<Option<(u32, u64)>>;
 }
 
+/// A claim made by a fetch: (sequence, lease id, attempt).
+type Claimed = (u64, u128, u32);
+
 /// One consumer group's state.
 #[derive(Debug)]
 pub(crate) struct GroupState {
@@ -142,8 +145,8 @@ impl GroupState {
         let consumer: Arc<str> = Arc::from(consumer_id.as_str());
         let scope = self.scope(src, opts.partitions.as_deref())?;
         let max_attempts = self.summary.max_attempts;
-        // (partition, [(sequence, lease id, attempt)]) claimed, in order.
-        let mut claimed: Vec<(u32, Vec<(u64, u128, u32)>)> = Vec::new();
+        // (partition, claims) in order.
+        let mut claimed: Vec<(u32, Vec<Claimed>)> = Vec::new();
         let mut count = 0;
         for p in scope {
             let hw = src.high_watermark(p);

@@ -142,7 +142,9 @@ impl PartState {
 
     /// The delivery at `seq` when it is held under `lease_id`.
     pub(crate) fn held(&self, seq: u64, lease_id: u128) -> Option<&Delivery> {
-        self.deliveries.get(&seq).filter(|d| matches!(&d.holding, Holding::Leased { lease_id: l, .. } if *l == lease_id))
+        self.deliveries
+            .get(&seq)
+            .filter(|d| matches!(&d.holding, Holding::Leased { lease_id: l, .. } if *l == lease_id))
     }
 
     /// Extends the lease of `seq` (which must be held).

@@ -169,7 +169,7 @@ impl Engine {
         let log =
             StreamLog::open(inner.vfs.clone(), &inner.opts, id, name, partition_count, created_ms, &mut truncations)?;
         let (table, _) = DeliveryTable::open(inner.vfs.clone(), &inner.opts, &log)?;
-        inner.vfs.sync_dir(&log.dir().to_owned()).map_err(|e| sync_err(&*inner.vfs, log.dir(), e))?;
+        inner.vfs.sync_dir(log.dir()).map_err(|e| sync_err(&*inner.vfs, log.dir(), e))?;
         inner.vfs.sync_dir(STREAMS).map_err(|e| sync_err(&*inner.vfs, STREAMS, e))?;
         let entry = StreamEntry { id, name: name.to_owned(), partition_count, indexes: indexes.to_vec(), created_ms };
         let mut next = m.clone();

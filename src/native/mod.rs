@@ -19,12 +19,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::Backend;
+use crate::delivery::{EventSource, GroupState};
 use crate::engine::log::stream::{Routed, StreamLog};
 use crate::engine::{Durability, Engine, EngineOptions, RecoveryMode};
 use crate::error::{Error, Result};
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, NewEvent};
-use crate::delivery::{EventSource, GroupState};
 use crate::model::group::{
     DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, ReplayOptions,
     ResetOptions, StreamInfo, StreamOptions,

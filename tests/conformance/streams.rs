@@ -83,9 +83,7 @@ pub async fn ensure_stream_creates_once_and_checks_partitions(f: Fixture) {
     f.rheo.append(S, &json!({"n": 1}), AppendOptions::new().partition(1)).await.expect("append");
     let again = f.rheo.ensure_stream(S, StreamOptions::new().partitions(2)).await.expect("existing");
     assert_eq!(again.high_watermarks, vec![0, 1], "the existing stream, events kept");
-    let e = assert_err!(
-        f.rheo.ensure_stream(S, StreamOptions::new().partitions(3)).await,
-        Error::InvalidArgument { .. }
-    );
+    let e =
+        assert_err!(f.rheo.ensure_stream(S, StreamOptions::new().partitions(3)).await, Error::InvalidArgument { .. });
     assert!(e.to_string().contains("2 partitions"), "{e}");
 }

@@ -290,8 +290,8 @@ impl DeliveryTable {
                 Err(reason) => {
                     // A crash while creating the newest generation leaves a
                     // short or zeroed header and nothing else.
-                    let torn_creation = last && bytes.len() <= WAL_HEADER_LEN * 2 && !bytes.is_empty()
-                        || last && bytes.is_empty();
+                    let torn_creation =
+                        last && bytes.len() <= WAL_HEADER_LEN * 2 && !bytes.is_empty() || last && bytes.is_empty();
                     if torn_creation && opts.recovery != RecoveryMode::Strict {
                         tracing::warn!(file = %v.describe(&path).display(), %reason, "removing a WAL file torn while being created");
                         v.remove_file(&path).map_err(|e| io_err(v, &path, "remove", e))?;
@@ -376,13 +376,8 @@ impl DeliveryTable {
             report.clamped += clamped;
             journaled.insert(name, g.journaled());
         }
-        let table = Table {
-            groups: journaled,
-            wal,
-            next_lsn: last_lsn + 1,
-            last_checkpoint: Instant::now(),
-            buf: Vec::new(),
-        };
+        let table =
+            Table { groups: journaled, wal, next_lsn: last_lsn + 1, last_checkpoint: Instant::now(), buf: Vec::new() };
         Ok((DeliveryTable { vfs, dir, inner: Mutex::new(table) }, report))
     }
 
@@ -450,11 +445,10 @@ impl DeliveryTable {
         let lsn = t.next_lsn;
         let mut buf = std::mem::take(&mut t.buf);
         buf.clear();
-        let written = wal::encode(&mut buf, lsn, group, body)
-            .map_err(|reason| Error::failed("delivery WAL", reason))
-            .and_then(|()| {
-                t.wal.file.write_all_at(&buf, t.wal.len).map_err(|e| io_err(&*self.vfs, &t.wal.path, "write", e))
-            });
+        let written =
+            wal::encode(&mut buf, lsn, group, body).map_err(|reason| Error::failed("delivery WAL", reason)).and_then(
+                |()| t.wal.file.write_all_at(&buf, t.wal.len).map_err(|e| io_err(&*self.vfs, &t.wal.path, "write", e)),
+            );
         if let Err(e) = written {
             let reason = format!("delivery state of group {group:?} changed but its WAL record failed: {e}");
             ctx.poison.set(reason.clone());

@@ -77,7 +77,7 @@ fn open(vfs: &Arc<dyn Vfs>, clock: &ManualClock, checkpoint_bytes: u64) -> Nativ
 /// on its next fetch; the live one may have fired them already).
 fn state(b: &NativeBackend, now: Timestamp) -> Vec<GroupSnapshot> {
     let (log, table) = b.engine().groups("s").expect("stream");
-    let mut t = table.inner.lock();
+    let t = table.inner.lock();
     t.groups
         .values()
         .map(|g| {
@@ -102,9 +102,8 @@ async fn run(calls: Vec<Call>, checkpoint_bytes: u64) -> Result<(), TestCaseErro
         let now = clock.now();
         match c {
             Call::Append(p, n) => {
-                let events = (0..n)
-                    .map(|i| NewEvent::prepare(json!({"n": i % 3}), AppendOptions::new().partition(p)))
-                    .collect();
+                let events =
+                    (0..n).map(|i| NewEvent::prepare(json!({"n": i % 3}), AppendOptions::new().partition(p))).collect();
                 b.append_batch("s", events).await.expect("append");
             }
             Call::Fetch { limit, consumer, lease_ms } => {
@@ -144,7 +143,9 @@ async fn run(calls: Vec<Call>, checkpoint_bytes: u64) -> Result<(), TestCaseErro
                 b.replay("s", "g", &ReplayOptions::from_sequence(s)).await.expect("replay");
             }
             Call::ReplayTime(ms) => {
-                let _ = b.replay("s", "g", &ReplayOptions::from_time(START.saturating_add(Duration::from_millis(ms)))).await;
+                let _ = b
+                    .replay("s", "g", &ReplayOptions::from_time(START.saturating_add(Duration::from_millis(ms))))
+                    .await;
             }
             Call::ReplayQuery(n) => {
                 let q = Query::new("s").eq("n", u64::from(n));
