@@ -54,6 +54,41 @@ pub(crate) trait EventSource {
 /// A claim made by a fetch: (sequence, lease id, attempt).
 type Claimed = (u64, u128, u32);
 
+/// What a fetch claimed, before its events are read.
+#[derive(Debug)]
+pub(crate) struct Claims {
+    group: String,
+    consumer_id: String,
+    expires_at: Timestamp,
+    count: usize,
+    /// (partition, claims) in delivery order.
+    parts: Vec<(u32, Vec<Claimed>)>,
+}
+
+impl Claims {
+    /// The leases, with their events. A failed read leaves the claims to
+    /// expire and be delivered again.
+    pub(crate) fn leases(self, src: &dyn EventSource) -> Result<Vec<Lease>> {
+        let mut leases = Vec::with_capacity(self.count);
+        for (p, here) in self.parts {
+            let seqs: Vec<u64> = here.iter().map(|&(seq, _, _)| seq).collect();
+            let events = src.events(p, &seqs)?;
+            for ((_, lease_id, attempt), event) in here.into_iter().zip(events) {
+                leases.push(Lease {
+                    lease_id: uuid::Uuid::from_u128(lease_id).to_string(),
+                    receipt: None,
+                    group: self.group.clone(),
+                    consumer_id: self.consumer_id.clone(),
+                    attempt,
+                    expires_at: self.expires_at,
+                    event,
+                });
+            }
+        }
+        Ok(leases)
+    }
+}
+
 /// One consumer group's state.
 #[derive(Debug)]
 pub(crate) struct GroupState {
@@ -140,6 +175,12 @@ impl GroupState {
 
     /// Claims up to `opts.limit` deliveries in (partition, sequence) order.
     pub(crate) fn fetch(&mut self, src: &dyn EventSource, opts: &FetchOptions, now: Timestamp) -> Result<Vec<Lease>> {
+        self.claim(src, opts, now)?.leases(src)
+    }
+
+    /// The claims of a fetch, without reading their events (which a caller
+    /// may do after releasing its lock: published events never change).
+    pub(crate) fn claim(&mut self, src: &dyn EventSource, opts: &FetchOptions, now: Timestamp) -> Result<Claims> {
         let expires_at = now.saturating_add(opts.lease);
         let consumer_id = opts.consumer_id.clone().unwrap_or_default();
         let consumer: Arc<str> = Arc::from(consumer_id.as_str());
@@ -185,25 +226,7 @@ impl GroupState {
                 claimed.push((p, here));
             }
         }
-        // Read the events once every claim is made (and logged): a failed
-        // read leaves claims that expire and are redelivered.
-        let mut leases = Vec::with_capacity(count);
-        for (p, here) in claimed {
-            let seqs: Vec<u64> = here.iter().map(|&(seq, _, _)| seq).collect();
-            let events = src.events(p, &seqs)?;
-            for ((_, lease_id, attempt), event) in here.into_iter().zip(events) {
-                leases.push(Lease {
-                    lease_id: uuid::Uuid::from_u128(lease_id).to_string(),
-                    receipt: None,
-                    group: self.summary.name.clone(),
-                    consumer_id: consumer_id.clone(),
-                    attempt,
-                    expires_at,
-                    event,
-                });
-            }
-        }
-        Ok(leases)
+        Ok(Claims { group: self.summary.name.clone(), consumer_id, expires_at, count, parts: claimed })
     }
 
     /// The delivery a lease names, when it still holds it; else `StaleLease`.

@@ -20,6 +20,7 @@ use async_trait::async_trait;
 
 use crate::backend::Backend;
 use crate::delivery::{EventSource, GroupState};
+use crate::engine::delivery::LogSource;
 use crate::engine::log::stream::{Routed, StreamLog};
 use crate::engine::{Durability, Engine, EngineOptions, RecoveryMode};
 use crate::error::{Error, Result};
@@ -267,7 +268,17 @@ impl Backend for NativeBackend {
     async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<Vec<Lease>> {
         let now = self.clock.now();
         let opts = opts.clone();
-        self.group_op_blocking(stream, group, move |g, src| g.fetch(src, &opts, now)).await
+        let (log, table) = self.engine.groups(stream)?;
+        let engine = self.engine.clone();
+        let group = group.to_owned();
+        // Claims under the table's lock; the events are read after it.
+        let (leases, ticket) = blocking(move || {
+            let (claims, ticket) = table.with_group(&engine.ctx(), &log, &group, |g, src| g.claim(src, &opts, now))?;
+            Ok((claims.leases(&LogSource(&log))?, ticket))
+        })
+        .await?;
+        ticket.resolved().await?;
+        Ok(leases)
     }
 
     async fn renew(&self, lease: &LeaseRef, d: Duration) -> Result<Timestamp> {
