@@ -16,6 +16,15 @@
 //!   exactly the committed bytes (a format change cannot slip in unnoticed).
 //! * `spec_tables_match_the_code`: every field table in `format/*.md` is
 //!   contiguous, and every named constant has the value the spec states.
+//! * The delivery table (`format/delivery-wal.md`, `format/checkpoint.md`):
+//!   its vectors are built and decoded by this file's own implementation of
+//!   the spec (its MessagePack payloads are private types of the crate),
+//!   decoded by `wal::inspect` / `checkpoint::inspect`, opened with
+//!   `Engine::open` in each recovery mode (`delivery_recovery()`, the WAL
+//!   after recovery, the recovered state, or `Error::Corrupt`), and used
+//!   through the public API; the engine's own encoders must write exactly
+//!   what the spec's write (`engine_checkpoint_reproduces_the_vector`,
+//!   `engine_writes_the_specified_records`).
 //!
 //! The vectors are written once by `generate_vectors` (ignored):
 //! `RHEO_WRITE_VECTORS=1 cargo test --test format_vectors generate_vectors -- --ignored`.
@@ -24,7 +33,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
+use rheo::engine::delivery::{checkpoint, wal};
 use rheo::engine::log::manifest::{self, ManifestBody, StreamEntry};
 use rheo::engine::log::txn;
 use rheo::engine::segment::file::{Footer, IndexEntry, SegmentHeader, decode_index, encode_index_header};
@@ -35,8 +46,11 @@ use rheo::engine::segment::format::{
 };
 use rheo::engine::segment::record::{Decoded, DocRef, RecordHeader, decode_doc, decode_record, encode_record};
 use rheo::engine::vfs::{MemVfs, Vfs};
-use rheo::engine::{Engine, EngineOptions, RecoveryMode};
-use rheo::{Error, Metadata};
+use rheo::engine::{Durability, Engine, EngineOptions, RecoveryMode};
+use rheo::{
+    Backend, DeadLetterOptions, Error, FetchOptions, GroupOptions, Lease, LeaseRef, ManualClock, Metadata,
+    NativeBackend, Query, ReplayOptions, ResetOptions, Timestamp,
+};
 use serde_json::{Value, json};
 
 /// Where the vectors live, relative to the crate root.
@@ -327,6 +341,11 @@ fn build_vectors() -> BTreeMap<&'static str, Vec<u8>> {
     build_uncommitted_multi(&all, &mut files);
     build_manifest(&mut files);
     build_txn(&mut files);
+    build_delivery_wal(&mut files);
+    build_delivery_wal_torn(&mut files);
+    build_delivery_wal_corrupt(&mut files);
+    build_checkpoint(&mut files);
+    build_checkpoint_corrupt(&mut files);
     files
 }
 
@@ -1311,6 +1330,31 @@ fn code_constants() -> BTreeMap<&'static str, Stated> {
     m.insert("MAX_BODY_LEN", Stated::Int(u64::from(MAX_BODY_LEN)));
     m.insert("INDEX_INTERVAL_BYTES", Stated::Int(INDEX_INTERVAL_BYTES));
     m.insert("MAX_MANIFEST_BODY", Stated::Int(MAX_MANIFEST_BODY));
+    // The delivery table (format/delivery-wal.md, format/checkpoint.md).
+    m.insert("WAL_MAGIC", Stated::Bytes(&wal::WAL_MAGIC));
+    m.insert("WAL_VERSION", Stated::Int(u64::from(wal::WAL_VERSION)));
+    m.insert("KIND_CREATE", Stated::Int(u64::from(wal::KIND_CREATE)));
+    m.insert("KIND_OPS", Stated::Int(u64::from(wal::KIND_OPS)));
+    m.insert("WAL_MAX_BODY", Stated::Int(u64::from(wal::WAL_MAX_BODY)));
+    m.insert("CKPT_MAGIC", Stated::Bytes(&checkpoint::CKPT_MAGIC));
+    m.insert("CKPT_VERSION", Stated::Int(u64::from(checkpoint::CKPT_VERSION)));
+    for (name, value) in [
+        ("WAL_HEADER_LEN", wal::WAL_HEADER_LEN),
+        ("WAL_HDR_GEN", wal::WAL_HDR_GEN),
+        ("WAL_HDR_CRC", wal::WAL_HDR_CRC),
+        ("WAL_FRAME_LEN", wal::WAL_FRAME_LEN),
+        ("WAL_BODY_KIND", wal::WAL_BODY_KIND),
+        ("WAL_BODY_NAME_LEN", wal::WAL_BODY_NAME_LEN),
+        ("WAL_BODY_NAME", wal::WAL_BODY_NAME),
+        ("CKPT_HDR_GEN", checkpoint::CKPT_HDR_GEN),
+        ("CKPT_HDR_LSN", checkpoint::CKPT_HDR_LSN),
+        ("CKPT_HDR_BODY_LEN", checkpoint::CKPT_HDR_BODY_LEN),
+        ("CKPT_HDR_BODY_CRC", checkpoint::CKPT_HDR_BODY_CRC),
+        ("CKPT_HDR_CRC", checkpoint::CKPT_HDR_CRC),
+        ("CKPT_HEADER_LEN", checkpoint::CKPT_HEADER_LEN),
+    ] {
+        m.insert(name, int(value));
+    }
     m
 }
 
@@ -1362,7 +1406,7 @@ fn spec_tables_match_the_code() {
     let constants = code_constants();
     let mut stated: BTreeMap<String, usize> = BTreeMap::new();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("format");
-    for doc in ["README.md", "segment.md", "index.md", "manifest.md"] {
+    for doc in ["README.md", "segment.md", "index.md", "manifest.md", "delivery-wal.md", "checkpoint.md"] {
         let text = std::fs::read_to_string(dir.join(doc)).unwrap_or_else(|e| panic!("format/{doc}: {e}"));
         for table in tables(&text) {
             let head: Vec<&str> = table[0].iter().map(String::as_str).collect();
@@ -1425,6 +1469,1586 @@ fn the_stated_sizes_hold() {
     assert_eq!(format::MAX_BODY_LEN, 16 << 20);
     assert_eq!(INDEX_INTERVAL_BYTES, 4096);
     assert_eq!(manifest::MAX_MANIFEST_BODY, 64 << 20);
+    assert_eq!((wal::WAL_VERSION, checkpoint::CKPT_VERSION), (1, 1));
+    assert_eq!((wal::WAL_MAGIC, checkpoint::CKPT_MAGIC), (*b"RHEOWAL\0", *b"RHEOCKP\0"));
+    assert_eq!(
+        (wal::WAL_HEADER_LEN, wal::WAL_FRAME_LEN, wal::WAL_BODY_NAME, checkpoint::CKPT_HEADER_LEN),
+        (32, 8, 11, 48)
+    );
+    assert_eq!((wal::KIND_CREATE, wal::KIND_OPS, wal::WAL_MAX_BODY), (1, 2, 64 << 20));
     // CRC32 is IEEE (reflected 0xEDB88320, init and xorout 0xFFFFFFFF).
     assert_eq!(crc32fast::hash(b"123456789"), 0xCBF4_3926);
+}
+
+// ============================================================ delivery table
+//
+// The delivery WAL (`format/delivery-wal.md`) and the checkpoint
+// (`format/checkpoint.md`). Their MessagePack payloads are private types of
+// the crate (`Op`, `GroupSnapshot`), so this file carries its own
+// implementation of the spec: a MessagePack reader and writer, and the schema
+// of every payload. The vectors are built with it, byte by byte; the tests
+// check that the engine decodes them as the spec says (`Engine::open` and the
+// public API) and that the engine's own encoders write exactly what this
+// implementation writes (`engine_writes_the_specified_records`,
+// `engine_checkpoint_reproduces_the_vector`).
+
+/// The groups directory of the vector stream.
+const GROUPS_DIR: &str = "streams/0000000000000001/groups";
+/// The length the preallocated delivery vectors are zero-filled to.
+const WAL_PREALLOCATED_LEN: usize = 4096;
+
+fn wal_path(generation: u64) -> String {
+    format!("{GROUPS_DIR}/wal-{generation:020}.log")
+}
+
+fn ckpt_path(generation: u64) -> String {
+    format!("{GROUPS_DIR}/checkpoint-{generation:020}.ckpt")
+}
+
+// ------------------------------------------------------------ MessagePack
+
+/// A MessagePack value, as far as the delivery payloads use the format.
+#[derive(Debug, Clone, PartialEq)]
+enum Mp {
+    Nil,
+    /// Any non-negative integer (positive fixint, uint 8/16/32/64).
+    UInt(u64),
+    /// A negative integer (negative fixint, int 8/16/32/64).
+    NInt(i64),
+    Str(String),
+    Bin(Vec<u8>),
+    Arr(Vec<Mp>),
+    Map(Vec<(Mp, Mp)>),
+}
+
+/// Writes `v` in its smallest encoding, as `rmp` does.
+fn mp_write(out: &mut Vec<u8>, v: &Mp) {
+    fn len_prefix(out: &mut Vec<u8>, n: usize, fix: Option<(u8, usize)>, tags: [u8; 3]) {
+        match fix {
+            Some((base, max)) if n <= max => out.push(base | u8::try_from(n).expect("fix length")),
+            _ if n <= 0xff && tags[0] != 0 => out.extend_from_slice(&[tags[0], u8::try_from(n).expect("u8")]),
+            _ if n <= 0xffff => {
+                out.push(tags[1]);
+                out.extend_from_slice(&u16::try_from(n).expect("u16").to_be_bytes());
+            }
+            _ => {
+                out.push(tags[2]);
+                out.extend_from_slice(&u32::try_from(n).expect("u32").to_be_bytes());
+            }
+        }
+    }
+    match v {
+        Mp::Nil => out.push(0xc0),
+        Mp::UInt(n) => match *n {
+            0..=0x7f => out.push(u8::try_from(*n).expect("fixint")),
+            0x80..=0xff => out.extend_from_slice(&[0xcc, u8::try_from(*n).expect("u8")]),
+            0x100..=0xffff => {
+                out.push(0xcd);
+                out.extend_from_slice(&u16::try_from(*n).expect("u16").to_be_bytes());
+            }
+            0x1_0000..=0xffff_ffff => {
+                out.push(0xce);
+                out.extend_from_slice(&u32::try_from(*n).expect("u32").to_be_bytes());
+            }
+            _ => {
+                out.push(0xcf);
+                out.extend_from_slice(&n.to_be_bytes());
+            }
+        },
+        Mp::NInt(n) => {
+            assert!(*n < 0, "NInt holds negative integers");
+            match *n {
+                -32..=-1 => out.push(i8::try_from(*n).expect("fixint").to_be_bytes()[0]),
+                -128..=-33 => {
+                    out.push(0xd0);
+                    out.extend_from_slice(&i8::try_from(*n).expect("i8").to_be_bytes());
+                }
+                -32768..=-129 => {
+                    out.push(0xd1);
+                    out.extend_from_slice(&i16::try_from(*n).expect("i16").to_be_bytes());
+                }
+                -2_147_483_648..=-32769 => {
+                    out.push(0xd2);
+                    out.extend_from_slice(&i32::try_from(*n).expect("i32").to_be_bytes());
+                }
+                _ => {
+                    out.push(0xd3);
+                    out.extend_from_slice(&n.to_be_bytes());
+                }
+            }
+        }
+        Mp::Str(s) => {
+            len_prefix(out, s.len(), Some((0xa0, 31)), [0xd9, 0xda, 0xdb]);
+            out.extend_from_slice(s.as_bytes());
+        }
+        Mp::Bin(b) => {
+            len_prefix(out, b.len(), None, [0xc4, 0xc5, 0xc6]);
+            out.extend_from_slice(b);
+        }
+        Mp::Arr(items) => {
+            len_prefix(out, items.len(), Some((0x90, 15)), [0, 0xdc, 0xdd]);
+            for i in items {
+                mp_write(out, i);
+            }
+        }
+        Mp::Map(pairs) => {
+            len_prefix(out, pairs.len(), Some((0x80, 15)), [0, 0xde, 0xdf]);
+            for (k, v) in pairs {
+                mp_write(out, k);
+                mp_write(out, v);
+            }
+        }
+    }
+}
+
+fn mp_bytes(v: &Mp) -> Vec<u8> {
+    let mut out = Vec::new();
+    mp_write(&mut out, v);
+    out
+}
+
+/// Reads one value at `*at` (any encoding of the kinds `Mp` holds; floats,
+/// booleans and extensions are refused: no delivery payload has them).
+fn mp_read(b: &[u8], at: &mut usize) -> Result<Mp, String> {
+    fn take<'a>(b: &'a [u8], at: &mut usize, n: usize) -> Result<&'a [u8], String> {
+        let s = b.get(*at..*at + n).ok_or_else(|| format!("MessagePack cut short at {}", *at))?;
+        *at += n;
+        Ok(s)
+    }
+    fn be(b: &[u8], at: &mut usize, n: usize) -> Result<u64, String> {
+        Ok(take(b, at, n)?.iter().fold(0u64, |acc, &x| acc << 8 | u64::from(x)))
+    }
+    fn len(b: &[u8], at: &mut usize, n: usize) -> Result<usize, String> {
+        be(b, at, n).map(to_usize)
+    }
+    let tag = *take(b, at, 1)?.first().expect("one byte");
+    let n = |x: u8, mask: u8| usize::from(x & mask);
+    let items =
+        |b: &[u8], at: &mut usize, count: usize| (0..count).map(|_| mp_read(b, at)).collect::<Result<Vec<_>, _>>();
+    let pairs = |b: &[u8], at: &mut usize, count: usize| {
+        (0..count).map(|_| Ok((mp_read(b, at)?, mp_read(b, at)?))).collect::<Result<Vec<_>, String>>()
+    };
+    let text = |bytes: &[u8]| String::from_utf8(bytes.to_vec()).map_err(|_| "str is not UTF-8".to_owned());
+    Ok(match tag {
+        0x00..=0x7f => Mp::UInt(u64::from(tag)),
+        0x80..=0x8f => Mp::Map(pairs(b, at, n(tag, 0x0f))?),
+        0x90..=0x9f => Mp::Arr(items(b, at, n(tag, 0x0f))?),
+        0xa0..=0xbf => Mp::Str(text(take(b, at, n(tag, 0x1f))?)?),
+        0xc0 => Mp::Nil,
+        0xc4..=0xc6 => {
+            let l = len(b, at, 1 << (tag - 0xc4))?;
+            Mp::Bin(take(b, at, l)?.to_vec())
+        }
+        0xcc..=0xcf => Mp::UInt(be(b, at, 1 << (tag - 0xcc))?),
+        0xd0..=0xd3 => {
+            let width = 1usize << (tag - 0xd0);
+            let raw = be(b, at, width)?;
+            let shift = 64 - 8 * width;
+            #[allow(clippy::cast_possible_wrap)]
+            let v = ((raw << shift) as i64) >> shift;
+            if v < 0 { Mp::NInt(v) } else { Mp::UInt(raw) }
+        }
+        0xd9..=0xdb => {
+            let l = len(b, at, 1 << (tag - 0xd9))?;
+            Mp::Str(text(take(b, at, l)?)?)
+        }
+        0xdc | 0xdd => {
+            let l = len(b, at, 2 << (tag - 0xdc))?;
+            Mp::Arr(items(b, at, l)?)
+        }
+        0xde | 0xdf => {
+            let l = len(b, at, 2 << (tag - 0xde))?;
+            Mp::Map(pairs(b, at, l)?)
+        }
+        0xe0..=0xff => Mp::NInt(i64::from(i8::from_be_bytes([tag]))),
+        other => return Err(format!("MessagePack type 0x{other:02x} is not used by the delivery payloads")),
+    })
+}
+
+/// Reads exactly one value filling `b`.
+fn mp_parse(b: &[u8]) -> Result<Mp, String> {
+    let mut at = 0;
+    let v = mp_read(b, &mut at)?;
+    if at != b.len() {
+        return Err(format!("{} bytes after the MessagePack value", b.len() - at));
+    }
+    Ok(v)
+}
+
+// ----------------------------------------------------------------- schema
+
+/// A payload type of the spec (`format/delivery-wal.md#messagepack-payloads`).
+#[derive(Debug, Clone)]
+enum Ty {
+    U64,
+    U32,
+    /// `Timestamp`: i64 ms.
+    I64,
+    Str,
+    /// A lease id: a UUID, as MessagePack bin 16 holding its 16 bytes in
+    /// order (the u128 big-endian); in JSON its hyphenated form.
+    LeaseId,
+    Opt(Box<Ty>),
+    List(Box<Ty>),
+    Tuple(Vec<Ty>),
+    /// A struct: an array of its fields in this order; in JSON an object.
+    Struct(Vec<(&'static str, Ty)>),
+    /// An enum, externally tagged: a unit variant is its name (str); a
+    /// newtype variant {name: value}; a struct variant {name: [fields]}.
+    Enum(Vec<(&'static str, Variant)>),
+}
+
+#[derive(Debug, Clone)]
+enum Variant {
+    Unit,
+    Newtype(Ty),
+    Struct(Vec<(&'static str, Ty)>),
+}
+
+fn ty_duration() -> Ty {
+    Ty::Struct(vec![("secs", Ty::U64), ("nanos", Ty::U32)])
+}
+
+fn ty_backoff() -> Ty {
+    Ty::Enum(vec![
+        ("None", Variant::Unit),
+        ("Fixed", Variant::Newtype(ty_duration())),
+        ("Exponential", Variant::Struct(vec![("base", ty_duration()), ("max", ty_duration())])),
+    ])
+}
+
+fn ty_group_snapshot() -> Ty {
+    let summary = Ty::Struct(vec![
+        ("name", Ty::Str),
+        ("max_attempts", Ty::U32),
+        ("partitions", Ty::Opt(Box::new(Ty::List(Box::new(Ty::U32))))),
+        ("created_at", Ty::I64),
+    ]);
+    let holding = Ty::Enum(vec![
+        ("Available", Variant::Unit),
+        ("Leased", Variant::Struct(vec![("lease_id", Ty::LeaseId), ("consumer_id", Ty::Str), ("expires_at", Ty::I64)])),
+        ("Waiting", Variant::Struct(vec![("ready_at", Ty::I64)])),
+    ]);
+    let delivery = Ty::Struct(vec![("seq", Ty::U64), ("attempt", Ty::U32), ("holding", holding)]);
+    let dead = Ty::Struct(vec![
+        ("seq", Ty::U64),
+        ("reason", Ty::Str),
+        ("attempts", Ty::U32),
+        ("at", Ty::I64),
+        ("order", Ty::U64),
+    ]);
+    let part = Ty::Struct(vec![
+        ("p", Ty::U32),
+        ("frontier", Ty::U64),
+        ("floor", Ty::U64),
+        ("cursor", Ty::U64),
+        ("done", Ty::List(Box::new(Ty::Tuple(vec![Ty::U64, Ty::U64])))),
+        ("deliveries", Ty::List(Box::new(delivery))),
+        ("dead", Ty::List(Box::new(dead))),
+    ]);
+    Ty::Struct(vec![
+        ("summary", summary),
+        ("backoff", ty_backoff()),
+        ("next_dead_order", Ty::U64),
+        ("parts", Ty::List(Box::new(part))),
+    ])
+}
+
+fn ty_op() -> Ty {
+    let list = |t: Ty| Ty::List(Box::new(t));
+    Ty::Enum(vec![
+        (
+            "Claim",
+            Variant::Struct(vec![
+                ("p", Ty::U32),
+                ("consumer", Ty::Str),
+                ("expires_at", Ty::I64),
+                ("leases", list(Ty::Tuple(vec![Ty::U64, Ty::LeaseId]))),
+            ]),
+        ),
+        ("Cursor", Variant::Struct(vec![("p", Ty::U32), ("cursor", Ty::U64)])),
+        ("Renew", Variant::Struct(vec![("p", Ty::U32), ("seq", Ty::U64), ("expires_at", Ty::I64)])),
+        ("Ack", Variant::Struct(vec![("p", Ty::U32), ("seqs", list(Ty::U64))])),
+        (
+            "Reschedule",
+            Variant::Struct(vec![("p", Ty::U32), ("seq", Ty::U64), ("now", Ty::I64), ("ready_at", Ty::I64)]),
+        ),
+        ("DeadLetter", Variant::Struct(vec![("p", Ty::U32), ("seq", Ty::U64), ("reason", Ty::Str), ("at", Ty::I64)])),
+        ("ReopenAfter", Variant::Struct(vec![("p", Ty::U32), ("after", Ty::U64)])),
+        ("ReopenOne", Variant::Struct(vec![("p", Ty::U32), ("seqs", list(Ty::U64))])),
+        ("Reset", Variant::Struct(vec![("p", Ty::U32), ("frontier", Ty::U64)])),
+    ])
+}
+
+fn ty_list(t: Ty) -> Ty {
+    Ty::List(Box::new(t))
+}
+
+/// The MessagePack of a JSON value of type `ty`.
+fn to_mp(ty: &Ty, v: &Value) -> Mp {
+    let fields = |fs: &[(&str, Ty)], v: &Value| {
+        Mp::Arr(
+            fs.iter().map(|(name, t)| to_mp(t, v.get(*name).unwrap_or_else(|| panic!("no {name} in {v}")))).collect(),
+        )
+    };
+    match ty {
+        Ty::U64 | Ty::U32 => Mp::UInt(v.as_u64().unwrap_or_else(|| panic!("{v} is not unsigned"))),
+        Ty::I64 => {
+            let n = v.as_i64().unwrap_or_else(|| panic!("{v} is not an i64"));
+            if n < 0 { Mp::NInt(n) } else { Mp::UInt(n.unsigned_abs()) }
+        }
+        Ty::Str => Mp::Str(v.as_str().unwrap_or_else(|| panic!("{v} is not a string")).to_owned()),
+        Ty::LeaseId => {
+            let id = uuid::Uuid::parse_str(v.as_str().unwrap_or_default()).unwrap_or_else(|e| panic!("{v}: {e}"));
+            Mp::Bin(id.as_bytes().to_vec())
+        }
+        Ty::Opt(t) => {
+            if v.is_null() {
+                Mp::Nil
+            } else {
+                to_mp(t, v)
+            }
+        }
+        Ty::List(t) => {
+            Mp::Arr(v.as_array().unwrap_or_else(|| panic!("{v} is not a list")).iter().map(|x| to_mp(t, x)).collect())
+        }
+        Ty::Tuple(ts) => {
+            let xs = v.as_array().unwrap_or_else(|| panic!("{v} is not a tuple"));
+            assert_eq!(xs.len(), ts.len(), "tuple {v}");
+            Mp::Arr(ts.iter().zip(xs).map(|(t, x)| to_mp(t, x)).collect())
+        }
+        Ty::Struct(fs) => fields(fs, v),
+        Ty::Enum(variants) => {
+            if let Some(name) = v.as_str() {
+                assert!(variants.iter().any(|(n, k)| *n == name && matches!(k, Variant::Unit)), "unit variant {name}");
+                return Mp::Str(name.to_owned());
+            }
+            let (name, inner) = v.as_object().and_then(|o| o.iter().next()).unwrap_or_else(|| panic!("variant {v}"));
+            let (_, kind) = variants.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no variant {name}"));
+            let value = match kind {
+                Variant::Unit => panic!("{name} is a unit variant"),
+                Variant::Newtype(t) => to_mp(t, inner),
+                Variant::Struct(fs) => fields(fs, inner),
+            };
+            Mp::Map(vec![(Mp::Str(name.clone()), value)])
+        }
+    }
+}
+
+/// The JSON value of MessagePack of type `ty`; refuses anything the spec does
+/// not allow there (another MessagePack type, a map as a struct, a wrong
+/// field count, an unknown variant, a bin of another length).
+fn from_mp(ty: &Ty, v: &Mp) -> Result<Value, String> {
+    let fields = |fs: &[(&str, Ty)], v: &Mp| -> Result<Value, String> {
+        let Mp::Arr(items) = v else { return Err(format!("a struct must be an array, got {v:?}")) };
+        if items.len() != fs.len() {
+            return Err(format!("a struct of {} fields is an array of {}", fs.len(), items.len()));
+        }
+        let mut o = serde_json::Map::new();
+        for ((name, t), x) in fs.iter().zip(items) {
+            o.insert((*name).to_owned(), from_mp(t, x).map_err(|e| format!("{name}: {e}"))?);
+        }
+        Ok(Value::Object(o))
+    };
+    Ok(match (ty, v) {
+        (Ty::U64, Mp::UInt(n)) => json!(n),
+        (Ty::U32, Mp::UInt(n)) if u32::try_from(*n).is_ok() => json!(n),
+        (Ty::I64, Mp::UInt(n)) if i64::try_from(*n).is_ok() => json!(n),
+        (Ty::I64, Mp::NInt(n)) => json!(n),
+        (Ty::Str, Mp::Str(s)) => json!(s),
+        (Ty::LeaseId, Mp::Bin(b)) if b.len() == 16 => {
+            json!(uuid::Uuid::from_slice(b).map_err(|e| e.to_string())?.hyphenated().to_string())
+        }
+        (Ty::Opt(_), Mp::Nil) => Value::Null,
+        (Ty::Opt(t), x) => from_mp(t, x)?,
+        (Ty::List(t), Mp::Arr(xs)) => Value::Array(xs.iter().map(|x| from_mp(t, x)).collect::<Result<_, _>>()?),
+        (Ty::Tuple(ts), Mp::Arr(xs)) if xs.len() == ts.len() => {
+            Value::Array(ts.iter().zip(xs).map(|(t, x)| from_mp(t, x)).collect::<Result<_, _>>()?)
+        }
+        (Ty::Struct(fs), x) => fields(fs, x)?,
+        (Ty::Enum(variants), Mp::Str(name)) => match variants.iter().find(|(n, _)| n == name) {
+            Some((_, Variant::Unit)) => json!(name),
+            _ => return Err(format!("{name:?} is not a unit variant")),
+        },
+        (Ty::Enum(variants), Mp::Map(pairs)) if pairs.len() == 1 => {
+            let Mp::Str(name) = &pairs[0].0 else { return Err("a variant name must be a str".into()) };
+            let inner = match variants.iter().find(|(n, _)| n == name) {
+                Some((_, Variant::Newtype(t))) => from_mp(t, &pairs[0].1)?,
+                Some((_, Variant::Struct(fs))) => fields(fs, &pairs[0].1)?,
+                _ => return Err(format!("{name:?} is not a variant with fields")),
+            };
+            let mut o = serde_json::Map::new();
+            o.insert(name.clone(), inner);
+            Value::Object(o)
+        }
+        (t, x) => return Err(format!("{x:?} is not a {t:?}")),
+    })
+}
+
+fn encode_payload(ty: &Ty, v: &Value) -> Vec<u8> {
+    let bytes = mp_bytes(&to_mp(ty, v));
+    // What the spec writes, the spec reads back to the same value.
+    assert_eq!(from_mp(ty, &mp_parse(&bytes).expect("parses")).as_ref(), Ok(v), "round trip of {v}");
+    bytes
+}
+
+fn decode_payload(ty: &Ty, b: &[u8]) -> Result<Value, String> {
+    from_mp(ty, &mp_parse(b)?)
+}
+
+// ------------------------------------------------ the delivery vectors
+
+/// When `billing` is created (all delivery times are T0-based ms).
+const T_BILLING: i64 = T0 + 60_000;
+/// The claim of `billing`'s transitions record: leases until `E1`.
+const E1: i64 = T0 + 150_000;
+/// The renewed lease's expiry.
+const E2: i64 = T0 + 180_000;
+/// The retry: at `N1`, claimable again at `R`.
+const N1: i64 = T0 + 125_000;
+const R: i64 = T0 + 135_000;
+/// The dead letter's time.
+const N2: i64 = T0 + 126_000;
+/// When `audit` is created.
+const T_AUDIT: i64 = T0 + 130_000;
+/// When the tests look at the recovered state: after every time in the
+/// records, before `R`, `E1` and `E2`.
+const T_CHECK: i64 = T0 + 131_000;
+
+/// Lease id `n` of the vectors: UUIDs whose 16 bytes all differ from their
+/// mirror image, so that a byte-order mistake shows.
+fn lease_id(n: u16) -> String {
+    format!("1f2e3d4c-5b6a-4978-8a9b-0c0d0e0f{n:04x}")
+}
+
+fn empty_part(p: u32, frontier: u64) -> Value {
+    json!({"p": p, "frontier": frontier, "floor": frontier, "cursor": frontier, "done": [], "deliveries": [], "dead": []})
+}
+
+fn billing_summary() -> Value {
+    json!({"name": "billing", "max_attempts": 3, "partitions": null, "created_at": T_BILLING})
+}
+
+fn billing_backoff() -> Value {
+    json!({"Exponential": {"base": {"secs": 0, "nanos": 500_000_000}, "max": {"secs": 60, "nanos": 0}}})
+}
+
+/// `billing` as created: start at the beginning, 3 attempts, exponential backoff.
+fn billing_created() -> Value {
+    json!({"summary": billing_summary(), "backoff": billing_backoff(), "next_dead_order": 0, "parts": [empty_part(0, 0)]})
+}
+
+/// One transitions record with every `Op` variant, in an order a live group
+/// could not produce in one call but each step consistent with the state
+/// before it (see `format/vectors/README.md`).
+fn billing_ops() -> Value {
+    let leases: Vec<Value> = (2u16..=7).map(|s| json!([s, lease_id(s)])).collect();
+    json!([
+        {"Reset": {"p": 0, "frontier": 1}},
+        {"Claim": {"p": 0, "consumer": "worker-1", "expires_at": E1, "leases": leases}},
+        {"Renew": {"p": 0, "seq": 5, "expires_at": E2}},
+        {"Ack": {"p": 0, "seqs": [2, 3, 7]}},
+        {"Reschedule": {"p": 0, "seq": 4, "now": N1, "ready_at": R}},
+        {"ReopenAfter": {"p": 0, "after": 5}},
+        {"Cursor": {"p": 0, "cursor": 6}},
+        {"DeadLetter": {"p": 0, "seq": 6, "reason": "bad payload", "at": N2}},
+        {"ReopenOne": {"p": 0, "seqs": [2]}},
+    ])
+}
+
+/// `billing` after its transitions.
+fn billing_after() -> Value {
+    json!({
+        "summary": billing_summary(),
+        "backoff": billing_backoff(),
+        "next_dead_order": 1,
+        "parts": [{
+            "p": 0, "frontier": 1, "floor": 1, "cursor": 6,
+            "done": [[3, 3], [6, 6]],
+            "deliveries": [
+                {"seq": 2, "attempt": 0, "holding": "Available"},
+                {"seq": 4, "attempt": 1, "holding": {"Waiting": {"ready_at": R}}},
+                {"seq": 5, "attempt": 1, "holding": {"Leased": {"lease_id": lease_id(5), "consumer_id": "worker-1", "expires_at": E2}}},
+            ],
+            "dead": [{"seq": 6, "reason": "bad payload", "attempts": 1, "at": N2, "order": 0}],
+        }],
+    })
+}
+
+/// `audit` as created: one attempt, partitions `[0]`, start after 3, fixed backoff.
+fn audit_created() -> Value {
+    json!({
+        "summary": {"name": "audit", "max_attempts": 1, "partitions": [0], "created_at": T_AUDIT},
+        "backoff": {"Fixed": {"secs": 2, "nanos": 500_000_000}},
+        "next_dead_order": 0,
+        "parts": [empty_part(0, 3)],
+    })
+}
+
+fn shipping_created() -> Value {
+    json!({
+        "summary": {"name": "shipping", "max_attempts": 5, "partitions": null, "created_at": T0 + 60_000},
+        "backoff": "None",
+        "next_dead_order": 0,
+        "parts": [empty_part(0, 0)],
+    })
+}
+
+fn shipping_claimed() -> Value {
+    let leased = |s: u16| json!({"seq": s, "attempt": 1, "holding": {"Leased": {"lease_id": lease_id(0x10 + s), "consumer_id": "worker-2", "expires_at": T0 + 90_000}}});
+    json!({
+        "summary": shipping_created()["summary"],
+        "backoff": "None",
+        "next_dead_order": 0,
+        "parts": [{"p": 0, "frontier": 0, "floor": 0, "cursor": 2, "done": [], "deliveries": [leased(1), leased(2)], "dead": []}],
+    })
+}
+
+/// The records of the torn and corrupt vectors: `shipping` created, two
+/// claims, an ack.
+fn shipping_records() -> Vec<Value> {
+    let leases: Vec<Value> = (1u16..=2).map(|s| json!([s, lease_id(0x10 + s)])).collect();
+    vec![
+        json!({"lsn": 1, "group": "shipping", "create": shipping_created()}),
+        json!({"lsn": 2, "group": "shipping", "ops": [{"Claim": {"p": 0, "consumer": "worker-2", "expires_at": T0 + 90_000, "leases": leases}}]}),
+        json!({"lsn": 3, "group": "shipping", "ops": [{"Ack": {"p": 0, "seqs": [1]}}]}),
+    ]
+}
+
+/// A delivery WAL header, byte by byte (`format/delivery-wal.md#header`).
+fn spec_wal_header(generation: u64) -> Vec<u8> {
+    let mut b = b"RHEOWAL\0".to_vec();
+    b.extend_from_slice(&1u16.to_le_bytes()); // version
+    b.extend_from_slice(&[0; 6]); // reserved u16, reserved u32
+    b.extend_from_slice(&generation.to_le_bytes());
+    b.extend_from_slice(&[0; 4]); // reserved u32
+    let crc = crc32fast::hash(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// A record's kind and payload.
+fn spec_wal_payload(r: &Value) -> (u8, Vec<u8>) {
+    match (r.get("create"), r.get("ops")) {
+        (Some(snap), None) => (1, encode_payload(&ty_group_snapshot(), snap)),
+        (None, Some(ops)) => (2, encode_payload(&ty_list(ty_op()), ops)),
+        _ => panic!("a record is a create or a list of ops: {r}"),
+    }
+}
+
+/// A framed WAL record, byte by byte (`format/delivery-wal.md#records`).
+fn spec_wal_record(r: &Value) -> Vec<u8> {
+    let (kind, payload) = spec_wal_payload(r);
+    let group = js(r, "group");
+    let mut body = ju(r, "lsn").to_le_bytes().to_vec();
+    body.push(kind);
+    body.extend_from_slice(&u16::try_from(group.len()).expect("short name").to_le_bytes());
+    body.extend_from_slice(group.as_bytes());
+    body.extend_from_slice(&payload);
+    let mut out = u32::try_from(body.len()).expect("small body").to_le_bytes().to_vec();
+    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// A WAL file: the header, then `records`; and each record's offset.
+fn spec_wal(generation: u64, records: &[Value]) -> (Vec<u8>, Vec<usize>) {
+    let mut b = spec_wal_header(generation);
+    let mut offsets = Vec::new();
+    for r in records {
+        offsets.push(b.len());
+        b.extend_from_slice(&spec_wal_record(r));
+    }
+    (b, offsets)
+}
+
+/// A checkpoint, byte by byte (`format/checkpoint.md`).
+fn spec_checkpoint(generation: u64, lsn: u64, groups: &Value) -> Vec<u8> {
+    let body = encode_payload(&ty_list(ty_group_snapshot()), groups);
+    let mut b = b"RHEOCKP\0".to_vec();
+    b.extend_from_slice(&1u16.to_le_bytes()); // version
+    b.extend_from_slice(&[0; 6]); // reserved u16, reserved u32
+    b.extend_from_slice(&generation.to_le_bytes());
+    b.extend_from_slice(&lsn.to_le_bytes());
+    b.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    b.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    let crc = crc32fast::hash(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b.extend_from_slice(&body);
+    b
+}
+
+fn wal_header_json(file: &[u8], generation: u64) -> Value {
+    json!({
+        "magic_hex": hex(b"RHEOWAL\0"),
+        "version": 1,
+        "generation": generation,
+        "crc": le_u32(file, 28),
+        "hex": hex(&file[..32]),
+    })
+}
+
+fn wal_record_json(r: &Value, offset: usize, file: &[u8]) -> Value {
+    let body_len = le_u32(file, offset);
+    let (kind, payload) = spec_wal_payload(r);
+    let mut out = json!({
+        "offset": offset,
+        "size": 8 + body_len,
+        "body_len": body_len,
+        "body_crc": le_u32(file, offset + 4),
+        "lsn": r["lsn"],
+        "kind": kind,
+        "group": r["group"],
+        "payload_hex": hex(&payload),
+    });
+    for key in ["create", "ops"] {
+        if let Some(v) = r.get(key) {
+            out[key] = v.clone();
+        }
+    }
+    out
+}
+
+fn recovery_json(checkpoint: Option<(u64, u64)>, replayed: u64, torn_bytes: usize, clamped: usize) -> Value {
+    json!({"checkpoint": checkpoint.map(|(g, l)| json!([g, l])), "replayed": replayed, "torn_bytes": torn_bytes, "clamped": clamped})
+}
+
+/// `delivery-wal.log`: generation 1 with `billing` created, its transitions
+/// (every `Op` variant), and `audit` created.
+fn build_delivery_wal(files: &mut BTreeMap<&'static str, Vec<u8>>) {
+    let records = [
+        json!({"lsn": 1, "group": "billing", "create": billing_created()}),
+        json!({"lsn": 2, "group": "billing", "ops": billing_ops()}),
+        json!({"lsn": 3, "group": "audit", "create": audit_created()}),
+    ];
+    let (bytes, offsets) = spec_wal(1, &records);
+    let expected = json!({
+        "description": "Delivery WAL generation 1: group billing created (kind 1), one transitions record of billing holding every Op variant (kind 2), group audit created (kind 1). The file ends after the last record.",
+        "path": wal_path(1),
+        "length": bytes.len(),
+        "header": wal_header_json(&bytes, 1),
+        "records": records.iter().zip(&offsets).map(|(r, &o)| wal_record_json(r, o, &bytes)).collect::<Vec<_>>(),
+        "scan_end": {"offset": bytes.len(), "kind": "eof"},
+        "inspect": {"generation": 1, "records": 3, "last_lsn": 3, "end": "clean"},
+        "open": {
+            "recovery": recovery_json(None, 3, 0, 0),
+            "length_after": bytes.len(),
+            "state_after": [audit_created(), billing_after()],
+        },
+    });
+    files.insert("delivery-wal.log", bytes);
+    files.insert("delivery-wal.json", pretty(&expected));
+}
+
+/// `delivery-wal-torn.log`: `shipping`'s records 1 and 2, the first half of
+/// record 3, zeros to 4096 bytes.
+fn build_delivery_wal_torn(files: &mut BTreeMap<&'static str, Vec<u8>>) {
+    let records = shipping_records();
+    let (full, offsets) = spec_wal(1, &records);
+    let cut = offsets[2];
+    let mut bytes = full[..cut + (full.len() - cut) / 2].to_vec();
+    bytes.resize(WAL_PREALLOCATED_LEN, 0);
+    let reason = "record checksum mismatch";
+    let expected = json!({
+        "description": "Delivery WAL generation 1: group shipping created, a claim, then the first half of an ack record (LSN 3) and zeros to 4096 bytes (preallocated): a torn tail.",
+        "path": wal_path(1),
+        "length": bytes.len(),
+        "header": wal_header_json(&bytes, 1),
+        "records": records[..2].iter().zip(&offsets).map(|(r, &o)| wal_record_json(r, o, &bytes)).collect::<Vec<_>>(),
+        "scan_end": {"offset": cut, "kind": "damaged", "reason": reason},
+        "inspect": {"generation": 1, "records": 2, "last_lsn": 2, "end": {"damaged": reason}},
+        "open": {
+            "recovery": recovery_json(None, 2, last_nonzero_end(&bytes) - cut, 0),
+            "length_after": cut,
+            "state_after": [shipping_claimed()],
+            "strict_error": {"offset": cut, "reason_contains": format!("damaged record: {reason}")},
+        },
+    });
+    files.insert("delivery-wal-torn.log", bytes);
+    files.insert("delivery-wal-torn.json", pretty(&expected));
+}
+
+/// `delivery-wal-corrupt.log`: `shipping`'s three records, one bit of record
+/// 2's payload flipped.
+fn build_delivery_wal_corrupt(files: &mut BTreeMap<&'static str, Vec<u8>>) {
+    let records = shipping_records();
+    let (mut bytes, offsets) = spec_wal(1, &records);
+    let flipped = offsets[1] + 8 + 11 + "shipping".len() + 4;
+    bytes[flipped] ^= 0x01;
+    let reason = "record checksum mismatch";
+    let rec2 = offsets[1];
+    let intact: Vec<Value> = [0usize, 2].iter().map(|&i| wal_record_json(&records[i], offsets[i], &bytes)).collect();
+    let expected = json!({
+        "description": "Delivery WAL generation 1: group shipping created, a claim with one bit flipped in its payload, then a valid ack record (LSN 3): damage followed by a valid record, not a torn tail.",
+        "path": wal_path(1),
+        "length": bytes.len(),
+        "header": wal_header_json(&bytes, 1),
+        "records": intact,
+        "damage": {"byte_offset": flipped, "xor": 1, "record_offset": rec2},
+        "scan_end": {"offset": rec2, "kind": "damaged", "reason": reason},
+        "inspect": {"generation": 1, "records": 1, "last_lsn": 1, "end": {"damaged": reason}},
+        "open": {
+            "error": {"offset": rec2, "reason_contains": format!("damage followed by valid records: {reason}")},
+            "truncate_at_first_damage": {
+                "recovery": recovery_json(None, 1, last_nonzero_end(&bytes) - rec2, 0),
+                "length_after": rec2,
+                "state_after": [shipping_created()],
+            },
+        },
+    });
+    files.insert("delivery-wal-corrupt.log", bytes);
+    files.insert("delivery-wal-corrupt.json", pretty(&expected));
+}
+
+/// The checkpoint of `delivery-wal.log`'s state: generation 2, LSN 3.
+fn build_checkpoint(files: &mut BTreeMap<&'static str, Vec<u8>>) {
+    let groups = json!([audit_created(), billing_after()]);
+    let bytes = spec_checkpoint(2, 3, &groups);
+    let h = 48;
+    let expected = json!({
+        "description": "Checkpoint generation 2 at LSN 3: the state delivery-wal.log leaves (groups audit and billing, by name), as Engine::checkpoint writes it after replaying that WAL.",
+        "path": ckpt_path(2),
+        "length": bytes.len(),
+        "header": {
+            "magic_hex": hex(b"RHEOCKP\0"),
+            "version": 1,
+            "generation": 2,
+            "lsn": 3,
+            "body_len": bytes.len() - h,
+            "body_crc": le_u32(&bytes, 40),
+            "header_crc": le_u32(&bytes, 44),
+            "hex": hex(&bytes[..h]),
+        },
+        "groups": groups,
+        "body_hex": hex(&bytes[h..]),
+        "inspect": {"generation": 2, "lsn": 3, "groups": 2},
+        "open": {
+            "recovery": recovery_json(Some((2, 3)), 0, 0, 0),
+            "state_after": groups,
+        },
+    });
+    files.insert("checkpoint.ckpt", bytes);
+    files.insert("checkpoint.json", pretty(&expected));
+}
+
+/// `checkpoint.ckpt` with one bit of its body flipped.
+fn build_checkpoint_corrupt(files: &mut BTreeMap<&'static str, Vec<u8>>) {
+    let mut bytes = spec_checkpoint(2, 3, &json!([audit_created(), billing_after()]));
+    let flipped = 48 + 10;
+    bytes[flipped] ^= 0x01;
+    let reason = "checkpoint body checksum mismatch";
+    let expected = json!({
+        "description": "checkpoint.ckpt with bit 0 of body byte 10 flipped: the header is intact, the body checksum fails. Every recovery mode refuses it.",
+        "path": ckpt_path(2),
+        "length": bytes.len(),
+        "damage": {"byte_offset": flipped, "xor": 1},
+        "inspect": {"error": reason},
+        "open": {"error": {"offset": 0, "reason_contains": reason}},
+    });
+    files.insert("checkpoint-corrupt.ckpt", bytes);
+    files.insert("checkpoint-corrupt.json", pretty(&expected));
+}
+
+/// The delivery vectors, by stem.
+const WAL_VECTORS: [&str; 3] = ["delivery-wal", "delivery-wal-torn", "delivery-wal-corrupt"];
+
+// ------------------------------------------------- decoding (delivery)
+
+/// Reads a WAL file record by record as the spec says: the records (in the
+/// vectors' JSON form) and where and why the reading stops.
+fn spec_scan_wal(file: &[u8]) -> (Vec<Value>, Value) {
+    let mut at = 32;
+    let mut out = Vec::new();
+    let damaged = |at: usize, reason: String| json!({"offset": at, "kind": "damaged", "reason": reason});
+    let stop = loop {
+        if at == file.len() {
+            break json!({"offset": at, "kind": "eof"});
+        }
+        if file.len() - at < 8 {
+            break damaged(at, "a frame cut short by the end of the file".into());
+        }
+        let len = to_usize(u64::from(le_u32(file, at)));
+        if len == 0 {
+            break json!({"offset": at, "kind": "zeros"});
+        }
+        if len > 64 << 20 {
+            break damaged(at, format!("record length {len} exceeds {}", 64 << 20));
+        }
+        let Some(body) = file.get(at + 8..at + 8 + len) else {
+            break damaged(at, "a record cut short by the end of the file".into());
+        };
+        if crc32fast::hash(body) != le_u32(file, at + 4) {
+            break damaged(at, "record checksum mismatch".into());
+        }
+        let decoded = (|| -> Result<Value, String> {
+            let fixed = body.get(..11).ok_or("body shorter than its fixed fields")?;
+            let name_len = usize::from(le_u16(fixed, 9));
+            let name = body.get(11..11 + name_len).ok_or("group name runs past the record")?;
+            let group = std::str::from_utf8(name).map_err(|e| e.to_string())?;
+            let payload = &body[11 + name_len..];
+            let mut r = json!({
+                "offset": at, "size": 8 + len, "body_len": len, "body_crc": le_u32(file, at + 4),
+                "lsn": le_u64(body, 0), "kind": body[8], "group": group, "payload_hex": hex(payload),
+            });
+            match body[8] {
+                1 => r["create"] = decode_payload(&ty_group_snapshot(), payload)?,
+                2 => r["ops"] = decode_payload(&ty_list(ty_op()), payload)?,
+                k => return Err(format!("unknown record kind {k}")),
+            }
+            Ok(r)
+        })();
+        match decoded {
+            Ok(r) => out.push(r),
+            Err(why) => break damaged(at, why),
+        }
+        at += 8 + len;
+    };
+    (out, stop)
+}
+
+fn check_wal_vector(stem: &str) {
+    let name = format!("{stem}.log");
+    let file = read_vector(&name);
+    let e = read_json(&format!("{stem}.json"));
+    assert_eq!(file.len() as u64, ju(&e, "length"), "{name}: length");
+    // The header, field by field.
+    let h = &e["header"];
+    let generation = ju(h, "generation");
+    assert_eq!(hex(&file[..8]), js(h, "magic_hex"), "{name}: magic");
+    assert_eq!(file[..8], wal::WAL_MAGIC, "{name}: WAL_MAGIC");
+    assert_eq!(u64::from(le_u16(&file, 8)), ju(h, "version"), "{name}: version");
+    assert_eq!(u64::from(wal::WAL_VERSION), ju(h, "version"), "{name}: WAL_VERSION");
+    assert_eq!((le_u16(&file, 10), le_u32(&file, 12), le_u32(&file, 24)), (0, 0, 0), "{name}: reserved");
+    assert_eq!(le_u64(&file, wal::WAL_HDR_GEN), generation, "{name}: generation");
+    assert_eq!(u64::from(le_u32(&file, wal::WAL_HDR_CRC)), ju(h, "crc"), "{name}: header crc");
+    assert_eq!(u64::from(crc32fast::hash(&file[..28])), ju(h, "crc"), "{name}: crc is CRC32 of 0..28");
+    assert_eq!(hex(&file[..wal::WAL_HEADER_LEN]), js(h, "hex"), "{name}: header bytes");
+    assert_eq!(wal::check_header(&file), Ok(generation), "{name}: wal::check_header");
+    assert_eq!(wal::header(generation)[..], file[..32], "{name}: wal::header writes these bytes");
+    // Record by record, with the spec's decoder.
+    let (records, stop) = spec_scan_wal(&file);
+    assert_eq!(stop, e["scan_end"], "{name}: where the records end");
+    let stop_at = ju(&stop, "offset");
+    let listed: Vec<&Value> =
+        e["records"].as_array().expect("records").iter().filter(|r| ju(r, "offset") < stop_at).collect();
+    assert_eq!(records.iter().collect::<Vec<_>>(), listed, "{name}: the records before the end");
+    // Every listed record, wherever it is (after damage too).
+    for r in e["records"].as_array().expect("records") {
+        let at = to_usize(ju(r, "offset"));
+        let size = to_usize(ju(r, "size"));
+        let mut alone = spec_wal_header(generation);
+        alone.extend_from_slice(&file[at..at + size]);
+        let (mut found, _) = spec_scan_wal(&alone);
+        assert_eq!(found.len(), 1, "{name}: record at {at}");
+        found[0]["offset"] = json!(at);
+        assert_eq!(&found[0], r, "{name}: record at {at}");
+        assert_eq!(spec_wal_record(r), file[at..at + size], "{name}: record at {at} re-encoded");
+    }
+    // The engine's summary.
+    let i = &e["inspect"];
+    let end = match &i["end"] {
+        Value::String(s) if s == "clean" => wal::End::Clean,
+        d => wal::End::Damaged(js(d, "damaged").to_owned()),
+    };
+    let expected = (generation, to_usize(ju(i, "records")), ju(i, "last_lsn"), end);
+    assert_eq!(wal::inspect(&file), Ok(expected), "{name}: wal::inspect");
+    if let Some(damage) = e.get("damage") {
+        let mut repaired = file.clone();
+        repaired[to_usize(ju(damage, "byte_offset"))] ^= u8::try_from(ju(damage, "xor")).expect("a byte");
+        let (found, stop) = spec_scan_wal(&repaired);
+        assert!(
+            found.iter().any(|r| r["offset"] == damage["record_offset"]),
+            "{name}: undoing the flip restores the record"
+        );
+        assert_eq!(stop["kind"], "eof", "{name}: and every record after it");
+    }
+}
+
+fn check_checkpoint_vector() {
+    let file = read_vector("checkpoint.ckpt");
+    let e = read_json("checkpoint.json");
+    let h = &e["header"];
+    assert_eq!(file.len() as u64, ju(&e, "length"), "checkpoint length");
+    assert_eq!(hex(&file[..8]), js(h, "magic_hex"), "checkpoint magic");
+    assert_eq!(file[..8], checkpoint::CKPT_MAGIC, "CKPT_MAGIC");
+    assert_eq!(u64::from(le_u16(&file, 8)), ju(h, "version"), "checkpoint version");
+    assert_eq!(u64::from(checkpoint::CKPT_VERSION), ju(h, "version"), "CKPT_VERSION");
+    assert_eq!((le_u16(&file, 10), le_u32(&file, 12)), (0, 0), "checkpoint reserved");
+    assert_eq!(le_u64(&file, checkpoint::CKPT_HDR_GEN), ju(h, "generation"), "checkpoint generation");
+    assert_eq!(le_u64(&file, checkpoint::CKPT_HDR_LSN), ju(h, "lsn"), "checkpoint lsn");
+    assert_eq!(le_u64(&file, checkpoint::CKPT_HDR_BODY_LEN), ju(h, "body_len"), "checkpoint body_len");
+    let body = &file[checkpoint::CKPT_HEADER_LEN..];
+    assert_eq!(body.len() as u64, ju(h, "body_len"), "body_len is the rest of the file");
+    assert_eq!(u64::from(le_u32(&file, checkpoint::CKPT_HDR_BODY_CRC)), ju(h, "body_crc"), "checkpoint body crc");
+    assert_eq!(u64::from(crc32fast::hash(body)), ju(h, "body_crc"), "body crc is CRC32 of the body");
+    assert_eq!(u64::from(le_u32(&file, checkpoint::CKPT_HDR_CRC)), ju(h, "header_crc"), "checkpoint header crc");
+    assert_eq!(u64::from(crc32fast::hash(&file[..44])), ju(h, "header_crc"), "header crc is CRC32 of 0..44");
+    assert_eq!(hex(&file[..48]), js(h, "hex"), "checkpoint header bytes");
+    assert_eq!(hex(body), js(&e, "body_hex"), "checkpoint body bytes");
+    assert_eq!(decode_payload(&ty_list(ty_group_snapshot()), body).as_ref(), Ok(&e["groups"]), "checkpoint body");
+    assert_eq!(
+        checkpoint::check_header(&file),
+        Ok((ju(h, "generation"), ju(h, "lsn"), ju(h, "body_len"))),
+        "checkpoint::check_header"
+    );
+    let i = &e["inspect"];
+    assert_eq!(checkpoint::inspect(&file), Ok((ju(i, "generation"), ju(i, "lsn"), to_usize(ju(i, "groups")))));
+
+    let bad = read_vector("checkpoint-corrupt.ckpt");
+    let e = read_json("checkpoint-corrupt.json");
+    assert_eq!(bad.len() as u64, ju(&e, "length"), "corrupt checkpoint length");
+    assert_eq!(checkpoint::inspect(&bad), Err(js(&e["inspect"], "error").to_owned()), "corrupt checkpoint");
+    assert!(checkpoint::check_header(&bad).is_ok(), "its header is intact");
+    let mut repaired = bad.clone();
+    repaired[to_usize(ju(&e["damage"], "byte_offset"))] ^= u8::try_from(ju(&e["damage"], "xor")).expect("a byte");
+    assert!(repaired == file, "undoing the flip gives checkpoint.ckpt");
+}
+
+#[test]
+fn delivery_vectors_decode_as_expected() {
+    for stem in WAL_VECTORS {
+        check_wal_vector(stem);
+    }
+    check_checkpoint_vector();
+}
+
+#[test]
+fn the_message_pack_payloads_are_as_specified() {
+    // Hand-checked encodings of the spec's rules (format/delivery-wal.md).
+    let op = ty_op();
+    let cases = [
+        // A struct variant: map(1) {name: array of its fields}; a u128 lease
+        // id: bin 8 of 16 bytes, the UUID's bytes in order.
+        (
+            json!({"Claim": {"p": 0, "consumer": "c", "expires_at": 1, "leases": [[2, "00112233-4455-6677-8899-aabbccddeeff"]]}}),
+            "81a5436c61696d9400a16301919202c41000112233445566778899aabbccddeeff",
+        ),
+        (json!({"Ack": {"p": 1, "seqs": [300, 70000]}}), "81a341636b920192cd012cce00011170"),
+        (json!({"Reset": {"p": 0, "frontier": 0}}), "81a55265736574920000"),
+    ];
+    for (v, want) in cases {
+        assert_eq!(hex(&encode_payload(&op, &v)), want, "{v}");
+    }
+    let backoff = ty_backoff();
+    // A unit variant is its name; a newtype variant {name: value}; a
+    // Duration the array [secs, nanos].
+    assert_eq!(hex(&encode_payload(&backoff, &json!("None"))), "a44e6f6e65");
+    assert_eq!(hex(&encode_payload(&backoff, &json!({"Fixed": {"secs": 2, "nanos": 0}}))), "81a54669786564920200");
+    // Timestamps are i64: negative ones use the signed encodings.
+    let renew = json!({"Renew": {"p": 0, "seq": 1, "expires_at": -1}});
+    assert_eq!(hex(&encode_payload(&op, &renew)), "81a552656e6577930001ff");
+    // The reader refuses what the spec does not allow.
+    for (bytes, what) in [
+        (
+            &[0x81, 0xa3, b'A', b'c', b'k', 0x82, 0xa1, b'p', 0x00, 0xa4, b's', b'e', b'q', b's', 0x90][..],
+            "a struct as a map",
+        ),
+        (&[0x81, 0xa3, b'A', b'c', b'k', 0x91, 0x00][..], "a struct missing a field"),
+        (&[0x81, 0xa3, b'N', b'a', b'k', 0x92, 0x00, 0x90][..], "an unknown variant"),
+    ] {
+        assert!(decode_payload(&op, bytes).is_err(), "{what}");
+    }
+}
+
+// ------------------------------------------------- recovery (delivery)
+
+/// A data directory with the manifest, the transaction log and the sealed
+/// segment of the vectors (partition 0 holds sequences 1-7), and `files` in
+/// the stream's groups directory.
+fn delivery_dir(files: &[(String, Vec<u8>)]) -> MemVfs {
+    let mem = data_dir(&read_vector("segment-sealed.log"), Some(&read_vector("segment-sealed.idx")));
+    mem.create_dir_all(GROUPS_DIR).expect("mkdir");
+    mem.sync_dir(STREAM_DIR).expect("sync dir");
+    for (path, bytes) in files {
+        mem.write_file(path, bytes).expect("write");
+    }
+    mem
+}
+
+fn delivery_report(engine: &Engine) -> Value {
+    let reports = engine.delivery_recovery();
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert_eq!(reports[0].0, STREAM);
+    let r = &reports[0].1;
+    recovery_json(r.checkpoint, r.replayed, to_usize(r.torn_bytes), r.clamped)
+}
+
+fn group_files(mem: &MemVfs) -> Vec<String> {
+    let mut names = mem.list(GROUPS_DIR).expect("list");
+    names.sort();
+    names
+}
+
+/// The recovered state of every group, as the engine's own checkpoint writes
+/// it (checked byte for byte by `engine_checkpoint_reproduces_the_vector`),
+/// decoded by the spec.
+fn recovered_state(engine: &Engine, mem: &MemVfs) -> Value {
+    engine.checkpoint(STREAM).expect("checkpoint");
+    let name = group_files(mem).into_iter().rfind(|n| n.starts_with("checkpoint-")).expect("a checkpoint");
+    let bytes = mem.read_file(&format!("{GROUPS_DIR}/{name}")).expect("checkpoint");
+    checkpoint::check_header(&bytes).expect("checkpoint header");
+    decode_payload(&ty_list(ty_group_snapshot()), &bytes[48..]).expect("checkpoint body")
+}
+
+/// Opens `files` with `mode` and checks the delivery recovery report, the
+/// WAL after recovery and the recovered state against `want`.
+fn check_wal_opened(file: &[u8], mode: RecoveryMode, want: &Value, name: &str) {
+    let name = format!("{name} {mode:?}");
+    let mem = delivery_dir(&[(wal_path(1), file.to_vec())]);
+    let engine = open(&mem, mode).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(delivery_report(&engine), want["recovery"], "{name}: delivery_recovery()");
+    let after = mem.read_file(&wal_path(1)).expect("the WAL");
+    let kept = to_usize(ju(want, "length_after"));
+    assert_eq!(after.len(), kept, "{name}: length after recovery");
+    assert_eq!(after[..], file[..kept], "{name}: kept bytes");
+    assert_eq!(recovered_state(&engine, &mem), want["state_after"], "{name}: recovered state");
+}
+
+fn check_wal_recovery(stem: &str) {
+    let name = format!("{stem}.log");
+    let file = read_vector(&name);
+    let e = read_json(&format!("{stem}.json"));
+    let want = &e["open"];
+    if let Some(err) = want.get("error") {
+        for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict] {
+            let opened = open(&delivery_dir(&[(wal_path(1), file.clone())]), mode);
+            expect_corrupt(
+                opened,
+                &wal_path(1),
+                ju(err, "offset"),
+                js(err, "reason_contains"),
+                &format!("{name} {mode:?}"),
+            );
+        }
+        if let Some(cut) = want.get("truncate_at_first_damage") {
+            check_wal_opened(&file, RecoveryMode::TruncateAtFirstDamage, cut, &name);
+        }
+        return;
+    }
+    for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::TruncateAtFirstDamage] {
+        check_wal_opened(&file, mode, want, &name);
+    }
+    match want.get("strict_error") {
+        Some(err) => {
+            let opened = open(&delivery_dir(&[(wal_path(1), file.clone())]), RecoveryMode::Strict);
+            expect_corrupt(
+                opened,
+                &wal_path(1),
+                ju(err, "offset"),
+                js(err, "reason_contains"),
+                &format!("{name} Strict"),
+            );
+        }
+        None => check_wal_opened(&file, RecoveryMode::Strict, want, &name),
+    }
+}
+
+#[test]
+fn delivery_vectors_recover_as_expected() {
+    for stem in WAL_VECTORS {
+        check_wal_recovery(stem);
+    }
+    // The checkpoint alone: loaded, nothing replayed; a new WAL generation
+    // (its own) is created for the records after it.
+    let e = read_json("checkpoint.json");
+    for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::TruncateAtFirstDamage] {
+        let mem = delivery_dir(&[(ckpt_path(2), read_vector("checkpoint.ckpt"))]);
+        let engine = open(&mem, mode).unwrap_or_else(|err| panic!("checkpoint {mode:?}: {err}"));
+        assert_eq!(delivery_report(&engine), e["open"]["recovery"], "checkpoint {mode:?}");
+        assert_eq!(
+            mem.read_file(&wal_path(2)),
+            Some(spec_wal_header(2)),
+            "checkpoint {mode:?}: WAL generation 2 created"
+        );
+        assert_eq!(recovered_state(&engine, &mem), e["open"]["state_after"], "checkpoint {mode:?}");
+    }
+    // A damaged checkpoint is refused in every mode.
+    let e = read_json("checkpoint-corrupt.json");
+    let err = &e["open"]["error"];
+    for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::TruncateAtFirstDamage] {
+        let mem = delivery_dir(&[(ckpt_path(2), read_vector("checkpoint-corrupt.ckpt"))]);
+        let (offset, reason) = (ju(err, "offset"), js(err, "reason_contains"));
+        expect_corrupt(open(&mem, mode), &ckpt_path(2), offset, reason, &format!("checkpoint-corrupt {mode:?}"));
+    }
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(f)
+}
+
+fn lease_ref(group: &str, seq: u64, id: &str) -> LeaseRef {
+    LeaseRef {
+        stream: STREAM.into(),
+        group: group.into(),
+        partition: 0,
+        sequence: seq,
+        lease_id: id.into(),
+        receipt: None,
+    }
+}
+
+#[test]
+fn the_replayed_groups_behave_as_the_vector_says() {
+    // delivery-wal.log, and checkpoint.ckpt (the same state), through the
+    // public API.
+    let inputs = [(wal_path(1), read_vector("delivery-wal.log")), (ckpt_path(2), read_vector("checkpoint.ckpt"))];
+    for input in inputs {
+        let name = input.0.clone();
+        let mem = delivery_dir(&[input]);
+        let engine = open(&mem, RecoveryMode::Strict).expect("open");
+        let clock = ManualClock::new(Timestamp::from_millis(T_CHECK));
+        let b = NativeBackend::with_engine(engine, Arc::new(clock.clone()));
+        block_on(async {
+            let groups = b.list_groups(STREAM).await.expect("groups");
+            let summaries: Vec<_> = groups
+                .iter()
+                .map(|g| (g.name.as_str(), g.max_attempts, g.partitions.clone(), g.created_at.as_millis()))
+                .collect();
+            assert_eq!(summaries, [("audit", 1, Some(vec![0]), T_AUDIT), ("billing", 3, None, T_BILLING)], "{name}");
+            let info = b.group_info(STREAM, "billing").await.expect("info");
+            let p = &info.lag.partitions[0];
+            assert_eq!(
+                (p.frontier, p.high_watermark, info.inflight, info.retry_waiting, info.dead_letters),
+                (1, 7, 1, 1, 1),
+                "{name}"
+            );
+            let dead = b.dead_letters(STREAM, "billing", &DeadLetterOptions::default()).await.expect("dead letters");
+            let dead: Vec<_> = dead
+                .iter()
+                .map(|d| (d.event.sequence, d.reason.as_str(), d.attempts, d.dead_lettered_at.as_millis()))
+                .collect();
+            assert_eq!(dead, [(6, "bad payload", 1, N2)], "{name}");
+            // The lease id is the UUID whose bytes the bin holds.
+            b.ack(&lease_ref("billing", 5, &lease_id(5))).await.unwrap_or_else(|e| panic!("{name}: ack 5: {e}"));
+            assert!(b.ack(&lease_ref("billing", 4, &lease_id(4))).await.is_err(), "{name}: 4 waits for a retry");
+            // 2 was reopened, 7 is above the cursor; 3 and 6 are settled, 4 waits until R.
+            let fetch = FetchOptions::new().limit(10).consumer("c");
+            let got = b.fetch(STREAM, "billing", &fetch).await.expect("fetch");
+            assert_eq!(got.iter().map(|l| (l.sequence(), l.attempt)).collect::<Vec<_>>(), [(2, 1), (7, 1)], "{name}");
+            clock.set(Timestamp::from_millis(R));
+            let got = b.fetch(STREAM, "billing", &fetch).await.expect("fetch");
+            assert_eq!(got.iter().map(|l| (l.sequence(), l.attempt)).collect::<Vec<_>>(), [(4, 2)], "{name}");
+            // audit starts after 3.
+            let got = b.fetch(STREAM, "audit", &fetch).await.expect("fetch");
+            assert_eq!(got.iter().map(Lease::sequence).collect::<Vec<_>>(), [4, 5, 6, 7], "{name}");
+        });
+    }
+}
+
+#[test]
+fn engine_checkpoint_reproduces_the_vector() {
+    // The engine's checkpoint encoder, after replaying delivery-wal.log,
+    // writes exactly checkpoint.ckpt; the procedure leaves WAL generation 2
+    // (a bare header) and deletes generation 1.
+    let mem = delivery_dir(&[(wal_path(1), read_vector("delivery-wal.log"))]);
+    let engine = open(&mem, RecoveryMode::Strict).expect("open");
+    engine.checkpoint(STREAM).expect("checkpoint");
+    assert!(
+        mem.read_file(&ckpt_path(2)) == Some(read_vector("checkpoint.ckpt")),
+        "the engine's checkpoint is checkpoint.ckpt"
+    );
+    assert_eq!(mem.read_file(&wal_path(2)), Some(spec_wal_header(2)));
+    assert_eq!(group_files(&mem), ["checkpoint-00000000000000000002.ckpt", "wal-00000000000000000002.log"]);
+    drop(engine);
+    // What is on disk after a power loss is the same.
+    mem.crash();
+    assert_eq!(group_files(&mem), ["checkpoint-00000000000000000002.ckpt", "wal-00000000000000000002.log"]);
+    let engine = open(&mem, RecoveryMode::Strict).expect("reopen");
+    assert_eq!(delivery_report(&engine), recovery_json(Some((2, 3)), 0, 0, 0));
+}
+
+/// Live calls through the public API, each making known transitions: the
+/// engine's WAL must be, byte for byte, what the spec's encoder writes for
+/// them (with the lease ids the engine chose).
+#[test]
+fn engine_writes_the_specified_records() {
+    let mem = delivery_dir(&[]);
+    let engine = open(&mem, RecoveryMode::TolerateTornTail).expect("open");
+    let t = T0 + 200_000;
+    let clock = ManualClock::new(Timestamp::from_millis(t));
+    let b = NativeBackend::with_engine(engine, Arc::new(clock));
+    let leases = |ls: &[Lease]| ls.iter().map(|l| json!([l.sequence(), l.lease_id])).collect::<Vec<_>>();
+    let claim = |consumer: &str, ls: &[Lease]| json!([{"Claim": {"p": 0, "consumer": consumer, "expires_at": t + 30_000, "leases": leases(ls)}}]);
+    let mut expected = Vec::new();
+    block_on(async {
+        b.create_group(STREAM, "live", &GroupOptions::new()).await.expect("create");
+        let created = json!({
+            "summary": {"name": "live", "max_attempts": 5, "partitions": null, "created_at": t},
+            "backoff": "None", "next_dead_order": 0, "parts": [empty_part(0, 0)],
+        });
+        expected.push(json!({"group": "live", "create": created}));
+        let fetch = |n: usize, c: &str| FetchOptions::new().limit(n).consumer(c).lease(Duration::from_secs(30));
+        let l = b.fetch(STREAM, "live", &fetch(3, "c1")).await.expect("fetch");
+        expected.push(json!({"group": "live", "ops": claim("c1", &l)}));
+        b.renew(&l[0].to_ref(), Duration::from_secs(10)).await.expect("renew");
+        expected.push(json!({"group": "live", "ops": [{"Renew": {"p": 0, "seq": 1, "expires_at": t + 10_000}}]}));
+        b.ack(&l[0].to_ref()).await.expect("ack");
+        expected.push(json!({"group": "live", "ops": [{"Ack": {"p": 0, "seqs": [1]}}]}));
+        b.retry(&l[1].to_ref(), "later", Some(Duration::from_secs(5))).await.expect("retry");
+        expected.push(
+            json!({"group": "live", "ops": [{"Reschedule": {"p": 0, "seq": 2, "now": t, "ready_at": t + 5_000}}]}),
+        );
+        b.reject(&l[2].to_ref(), "bad").await.expect("reject");
+        expected.push(json!({"group": "live", "ops": [{"DeadLetter": {"p": 0, "seq": 3, "reason": "bad", "at": t}}]}));
+        let q = Query::new(STREAM).eq("id", "evt-0001");
+        assert_eq!(b.replay(STREAM, "live", &ReplayOptions::query(q)).await.expect("replay"), 1);
+        expected.push(json!({"group": "live", "ops": [{"ReopenOne": {"p": 0, "seqs": [1]}}]}));
+        b.replay(STREAM, "live", &ReplayOptions::from_sequence(0)).await.expect("replay");
+        expected.push(json!({"group": "live", "ops": [{"ReopenAfter": {"p": 0, "after": 0}}]}));
+        let l = b.fetch(STREAM, "live", &fetch(10, "c2")).await.expect("fetch");
+        assert_eq!(l.iter().map(Lease::sequence).collect::<Vec<_>>(), [1, 3, 4, 5, 6, 7], "2 waits for its retry");
+        expected.push(json!({"group": "live", "ops": claim("c2", &l)}));
+        // Everything in flight: a fetch moves the cursor over it and claims nothing.
+        b.replay(STREAM, "live", &ReplayOptions::from_sequence(0)).await.expect("replay");
+        expected.push(json!({"group": "live", "ops": [{"ReopenAfter": {"p": 0, "after": 0}}]}));
+        assert!(b.fetch(STREAM, "live", &fetch(10, "c2")).await.expect("fetch").is_empty());
+        expected.push(json!({"group": "live", "ops": [{"Cursor": {"p": 0, "cursor": 7}}]}));
+        b.reset_group(STREAM, "live", &ResetOptions::confirmed().start_after(2)).await.expect("reset");
+        expected.push(json!({"group": "live", "ops": [{"Reset": {"p": 0, "frontier": 2}}]}));
+        let l = b.fetch(STREAM, "live", &fetch(2, "c3")).await.expect("fetch");
+        expected.push(json!({"group": "live", "ops": claim("c3", &l)}));
+        let refs: Vec<LeaseRef> = l.iter().map(Lease::to_ref).collect();
+        assert!(b.ack_many(&refs).await.expect("ack_many").iter().all(Result::is_ok));
+        expected.push(json!({"group": "live", "ops": [{"Ack": {"p": 0, "seqs": [3, 4]}}]}));
+    });
+    for (i, r) in expected.iter_mut().enumerate() {
+        r["lsn"] = json!(i + 1);
+    }
+    let (want, _) = spec_wal(1, &expected);
+    let got = mem.read_file(&wal_path(1)).expect("the WAL");
+    let (records, stop) = spec_scan_wal(&got);
+    assert_eq!(stop["kind"], "zeros", "the WAL is zero-filled after its records: {stop}");
+    let end = to_usize(ju(&stop, "offset"));
+    for (r, e) in records.iter().zip(&expected) {
+        for key in ["lsn", "group", "create", "ops"] {
+            assert_eq!(r.get(key), e.get(key), "record {}: {key}", e["lsn"]);
+        }
+    }
+    assert_eq!(records.len(), expected.len(), "record count");
+    assert!(got[..end] == want[..], "the engine's WAL is byte for byte the spec's");
+    assert!(got[end..].iter().all(|&x| x == 0), "zeros after the records");
+}
+
+/// Runs `calls` on a fresh group under `durability`, then loses power and
+/// reopens: how many WAL records survived.
+fn records_after_power_loss(durability: Durability, calls: usize) -> u64 {
+    let mem = delivery_dir(&[]);
+    let vfs: Arc<dyn Vfs> = Arc::new(mem.clone());
+    let engine = Engine::open(vfs.clone(), EngineOptions { durability, ..EngineOptions::default() }).expect("open");
+    let clock = ManualClock::new(Timestamp::from_millis(T0 + 200_000));
+    let b = NativeBackend::with_engine(engine, Arc::new(clock));
+    block_on(async {
+        b.create_group(STREAM, "g", &GroupOptions::new()).await.expect("create");
+        let l = b.fetch(STREAM, "g", &FetchOptions::new().limit(2)).await.expect("fetch");
+        if calls >= 3 {
+            b.renew(&l[0].to_ref(), Duration::from_secs(60)).await.expect("renew");
+        }
+        if calls >= 4 {
+            b.ack(&l[1].to_ref()).await.expect("ack");
+        }
+    });
+    mem.crash();
+    drop(b);
+    let engine = open(&mem, RecoveryMode::Strict).expect("reopen");
+    engine.delivery_recovery()[0].1.replayed
+}
+
+#[test]
+fn what_is_synced_before_a_call_returns() {
+    // Sync: creation and settles are synced before they return; claims and
+    // renewals ride on the next sync.
+    assert_eq!(records_after_power_loss(Durability::Sync, 2), 1, "create synced, claim not");
+    assert_eq!(records_after_power_loss(Durability::Sync, 3), 1, "renew not synced");
+    assert_eq!(records_after_power_loss(Durability::Sync, 4), 4, "the ack's sync covers the claim and renew before it");
+    // None: nothing until a checkpoint.
+    assert_eq!(records_after_power_loss(Durability::None, 4), 0, "nothing synced");
+}
+
+/// `billing_after()` with the lease of 5 acknowledged.
+fn billing_after_ack_5() -> Value {
+    let mut g = billing_after();
+    let part = &mut g["parts"][0];
+    part["done"] = json!([[3, 3], [5, 6]]);
+    part["deliveries"].as_array_mut().expect("deliveries").retain(|d| d["seq"] != 5);
+    g
+}
+
+#[test]
+fn wal_generations_replay_after_the_newest_checkpoint() {
+    // checkpoint-2 (LSN 3) is the newest: checkpoint-1 and WAL generation 1
+    // are older and deleted unread (even garbage); generation 2 replays
+    // what follows LSN 3 and skips what the checkpoint covers.
+    let (wal2, _) = spec_wal(
+        2,
+        &[
+            json!({"lsn": 3, "group": "audit", "create": audit_created()}),
+            json!({"lsn": 4, "group": "billing", "ops": [{"Ack": {"p": 0, "seqs": [5]}}]}),
+        ],
+    );
+    let files = [
+        (ckpt_path(1), b"garbage".to_vec()),
+        (wal_path(1), b"garbage".to_vec()),
+        (ckpt_path(2), read_vector("checkpoint.ckpt")),
+        (wal_path(2), wal2),
+        (format!("{GROUPS_DIR}/checkpoint-00000000000000000003.ckpt.tmp"), b"a checkpoint cut short".to_vec()),
+    ];
+    for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::TruncateAtFirstDamage] {
+        let mem = delivery_dir(&files);
+        let engine = open(&mem, mode).unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        assert_eq!(delivery_report(&engine), recovery_json(Some((2, 3)), 1, 0, 0), "{mode:?}");
+        assert_eq!(
+            group_files(&mem),
+            ["checkpoint-00000000000000000002.ckpt", "wal-00000000000000000002.log"],
+            "{mode:?}"
+        );
+        assert_eq!(recovered_state(&engine, &mem), json!([audit_created(), billing_after_ack_5()]), "{mode:?}");
+    }
+}
+
+#[test]
+fn a_damaged_older_wal_generation_is_corruption_in_every_mode() {
+    // A torn tail is tolerated in the newest generation only: an older one
+    // was synced before the next was created.
+    let torn = read_vector("delivery-wal-torn.log");
+    let cut = ju(&read_json("delivery-wal-torn.json")["scan_end"], "offset");
+    for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::TruncateAtFirstDamage] {
+        let mem = delivery_dir(&[(wal_path(1), torn.clone()), (wal_path(2), spec_wal_header(2))]);
+        expect_corrupt(
+            open(&mem, mode),
+            &wal_path(1),
+            cut,
+            "damaged record: record checksum mismatch",
+            &format!("{mode:?}"),
+        );
+    }
+}
+
+#[test]
+fn a_wal_creation_cut_short_is_removed() {
+    let wal = read_vector("delivery-wal.log");
+    let mut bad_crc = spec_wal_header(2);
+    bad_crc[28] ^= 1;
+    let mut bad_crc_64 = bad_crc.clone();
+    bad_crc_64.resize(64, 0);
+    let cut_short = [
+        ("empty", Vec::new()),
+        ("zeros", vec![0; 32]),
+        ("a partial header", spec_wal_header(2)[..20].to_vec()),
+        ("a bad header", bad_crc.clone()),
+        ("a bad header and 32 bytes", bad_crc_64),
+    ];
+    for (name, bytes) in cut_short {
+        // The newest generation: removed (not in Strict mode).
+        for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::TruncateAtFirstDamage] {
+            let mem = delivery_dir(&[(wal_path(1), wal.clone()), (wal_path(2), bytes.clone())]);
+            let engine = open(&mem, mode).unwrap_or_else(|e| panic!("{name} {mode:?}: {e}"));
+            assert_eq!(delivery_report(&engine), recovery_json(None, 3, 0, 0), "{name} {mode:?}");
+            assert!(mem.read_file(&wal_path(2)).is_none(), "{name} {mode:?}: removed");
+        }
+        let mem = delivery_dir(&[(wal_path(1), wal.clone()), (wal_path(2), bytes.clone())]);
+        expect_corrupt(open(&mem, RecoveryMode::Strict), &wal_path(2), 0, "", &format!("{name} Strict"));
+        // The only generation: removed and created again.
+        let mem = delivery_dir(&[(wal_path(1), bytes.clone())]);
+        let engine = open(&mem, RecoveryMode::TolerateTornTail).unwrap_or_else(|e| panic!("{name} alone: {e}"));
+        assert_eq!(delivery_report(&engine), recovery_json(None, 0, 0, 0), "{name} alone");
+        assert_eq!(mem.read_file(&wal_path(1)), Some(spec_wal_header(1)), "{name} alone: created again");
+        // Not the newest generation: corruption.
+        let mem = delivery_dir(&[(wal_path(1), bytes.clone()), (wal_path(2), spec_wal_header(2))]);
+        expect_corrupt(open(&mem, RecoveryMode::TolerateTornTail), &wal_path(1), 0, "", &format!("{name} older"));
+    }
+    // Longer than 64 bytes, a bad header is damage.
+    let mut bad = wal.clone();
+    bad[28] ^= 1;
+    for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::TruncateAtFirstDamage] {
+        let mem = delivery_dir(&[(wal_path(1), bad.clone())]);
+        expect_corrupt(
+            open(&mem, mode),
+            &wal_path(1),
+            0,
+            "delivery WAL header checksum mismatch",
+            &format!("{mode:?}"),
+        );
+    }
+}
+
+#[test]
+#[ignore = "finding: a cut-short creation of the newest WAL generation makes the engine empty the generation before it (src/engine/delivery/mod.rs, WalFile::create(ckpt_gen.max(1)) after the loop)"]
+fn a_wal_creation_cut_short_keeps_the_generation_before_it() {
+    let wal = read_vector("delivery-wal.log");
+    let mem = delivery_dir(&[(wal_path(1), wal.clone()), (wal_path(2), Vec::new())]);
+    let engine = open(&mem, RecoveryMode::TolerateTornTail).expect("open");
+    assert_eq!(delivery_report(&engine), recovery_json(None, 3, 0, 0));
+    drop(engine);
+    let engine = open(&mem, RecoveryMode::TolerateTornTail).expect("reopen");
+    assert_eq!(delivery_report(&engine), recovery_json(None, 3, 0, 0), "the groups survive a second open");
+}
+
+#[test]
+fn wal_headers_and_records_are_checked() {
+    let wal = read_vector("delivery-wal.log");
+    let with_version = |v: u16, fix_crc: bool| {
+        let mut b = wal.clone();
+        b[8..10].copy_from_slice(&v.to_le_bytes());
+        if fix_crc {
+            let crc = crc32fast::hash(&b[..28]);
+            b[28..32].copy_from_slice(&crc.to_le_bytes());
+        }
+        b
+    };
+    let mut bad_magic = wal.clone();
+    bad_magic[0] = b'X';
+    let create = |lsn: u64, group: &str| json!({"lsn": lsn, "group": group, "create": billing_created()});
+    let ack = |lsn: u64, group: &str| json!({"lsn": lsn, "group": group, "ops": [{"Ack": {"p": 0, "seqs": [1]}}]});
+    let cases: Vec<(&str, String, Vec<u8>, &str)> = vec![
+        (
+            "another version",
+            wal_path(1),
+            with_version(2, true),
+            "delivery WAL version 2 is not supported (this build reads 1)",
+        ),
+        (
+            "the version is checked before the checksum",
+            wal_path(1),
+            with_version(2, false),
+            "delivery WAL version 2 is not supported",
+        ),
+        ("bad magic", wal_path(1), bad_magic, "not a delivery WAL (bad magic)"),
+        ("another generation in the header", wal_path(3), wal.clone(), "header says generation 1"),
+        (
+            "an LSN that does not increase",
+            wal_path(1),
+            spec_wal(1, &[create(1, "billing"), ack(2, "billing"), ack(2, "billing")]).0,
+            "LSN 2 does not follow 2",
+        ),
+        (
+            "a group created twice",
+            wal_path(1),
+            spec_wal(1, &[create(1, "billing"), create(2, "billing")]).0,
+            "group \"billing\" created twice",
+        ),
+        (
+            "transitions of an unknown group",
+            wal_path(1),
+            spec_wal(1, &[ack(1, "ghost")]).0,
+            "transitions of unknown group \"ghost\"",
+        ),
+    ];
+    for (name, path, bytes, reason) in cases {
+        for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::TruncateAtFirstDamage] {
+            let mem = delivery_dir(&[(path.clone(), bytes.clone())]);
+            expect_corrupt(open(&mem, mode), &path, 0, reason, &format!("{name} {mode:?}"));
+        }
+    }
+    // The checkpoint's header: magic, version (before the checksum), checksum,
+    // the generation of its name, the body length.
+    let ckpt = read_vector("checkpoint.ckpt");
+    let mut other_version = ckpt.clone();
+    other_version[8] = 2;
+    let mut header_crc = ckpt.clone();
+    header_crc[44] ^= 1;
+    let mut longer = ckpt.clone();
+    longer.push(0);
+    let cases = [
+        ("another version", ckpt_path(2), other_version, "checkpoint version 2 is not supported (this build reads 1)"),
+        ("header checksum", ckpt_path(2), header_crc, "checkpoint header checksum mismatch"),
+        (
+            "shorter than its header",
+            ckpt_path(2),
+            ckpt[..40].to_vec(),
+            "not a checkpoint (bad magic or shorter than its header)",
+        ),
+        ("a byte more than the body", ckpt_path(2), longer, "checkpoint body is 1015 bytes, its header says 1014"),
+        ("another generation in the header", ckpt_path(3), ckpt.clone(), "header says generation 2"),
+    ];
+    let body_len = ckpt.len() - 48;
+    for (name, path, bytes, reason) in cases {
+        let reason = reason.replace("1015", &(body_len + 1).to_string()).replace("1014", &body_len.to_string());
+        let mem = delivery_dir(&[(path.clone(), bytes)]);
+        expect_corrupt(open(&mem, RecoveryMode::TolerateTornTail), &path, 0, &reason, name);
+    }
+}
+
+#[test]
+fn wal_damage_is_found_whatever_it_hits() {
+    // Every single-bit flip in the middle record of delivery-wal.log (frame or
+    // body) is damage followed by a valid record; the same flips in its last
+    // record are a torn tail.
+    let wal = read_vector("delivery-wal.log");
+    let e = read_json("delivery-wal.json");
+    let offsets: Vec<usize> =
+        e["records"].as_array().expect("records").iter().map(|r| to_usize(ju(r, "offset"))).collect();
+    let (rec2, rec3) = (offsets[1], offsets[2]);
+    for byte in (rec2..rec3).step_by(7).chain([rec2, rec2 + 1, rec2 + 3, rec2 + 4, rec3 - 1]) {
+        for bit in [0, 5, 7] {
+            let mut b = wal.clone();
+            b[byte] ^= 1 << bit;
+            let name = format!("byte {byte} bit {bit}");
+            let mem = delivery_dir(&[(wal_path(1), b.clone())]);
+            expect_corrupt(
+                open(&mem, RecoveryMode::TolerateTornTail),
+                &wal_path(1),
+                rec2 as u64,
+                "damage followed by valid records",
+                &name,
+            );
+            let mem = delivery_dir(&[(wal_path(1), b)]);
+            let engine = open(&mem, RecoveryMode::TruncateAtFirstDamage).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let r = &engine.delivery_recovery()[0].1;
+            assert_eq!((r.replayed, r.torn_bytes), (1, (wal.len() - rec2) as u64), "{name}");
+        }
+    }
+    for byte in [rec3, rec3 + 2, rec3 + 6, rec3 + 20, wal.len() - 1] {
+        let mut b = wal.clone();
+        b[byte] ^= 0x01;
+        let mem = delivery_dir(&[(wal_path(1), b)]);
+        let engine = open(&mem, RecoveryMode::TolerateTornTail).unwrap_or_else(|e| panic!("byte {byte}: {e}"));
+        let r = &engine.delivery_recovery()[0].1;
+        assert_eq!((r.replayed, r.torn_bytes), (2, (wal.len() - rec3) as u64), "byte {byte}");
+        assert_eq!(mem.read_file(&wal_path(1)).map(|f| f.len()), Some(rec3), "byte {byte}: truncated");
+    }
+    // A record cut by the end of the file, and a frame cut short.
+    for keep in [rec3 + 4, rec3 + 20] {
+        let mem = delivery_dir(&[(wal_path(1), wal[..keep].to_vec())]);
+        let engine = open(&mem, RecoveryMode::TolerateTornTail).expect("open");
+        let torn = last_nonzero_end(&wal[..keep]) - rec3;
+        assert_eq!(delivery_report(&engine), recovery_json(None, 2, torn, 0), "cut at {keep}");
+        assert_eq!(mem.read_file(&wal_path(1)).map(|f| f.len()), Some(rec3), "cut at {keep}: truncated");
+        let reason = if keep - rec3 < 8 {
+            "a frame cut short by the end of the file"
+        } else {
+            "a record cut short by the end of the file"
+        };
+        let mem = delivery_dir(&[(wal_path(1), wal[..keep].to_vec())]);
+        expect_corrupt(open(&mem, RecoveryMode::Strict), &wal_path(1), rec3 as u64, reason, &format!("cut at {keep}"));
+    }
+    // Fewer than 8 zero bytes after the last record are a frame cut short
+    // too (format/delivery-wal.md, known limitation 5).
+    let mut short_zeros = wal.clone();
+    short_zeros.extend_from_slice(&[0; 4]);
+    let mem = delivery_dir(&[(wal_path(1), short_zeros.clone())]);
+    let engine = open(&mem, RecoveryMode::TolerateTornTail).expect("open");
+    assert_eq!(delivery_report(&engine), recovery_json(None, 3, 0, 0), "4 zeros");
+    assert_eq!(mem.read_file(&wal_path(1)).map(|f| f.len()), Some(wal.len()), "4 zeros: truncated");
+    let mem = delivery_dir(&[(wal_path(1), short_zeros)]);
+    let reason = "a frame cut short by the end of the file";
+    expect_corrupt(open(&mem, RecoveryMode::Strict), &wal_path(1), wal.len() as u64, reason, "4 zeros Strict");
+}
+
+#[test]
+fn group_state_above_the_high_watermark_is_dropped() {
+    // delivery-wal.log over a partition holding only 1-4 (torn-record.log):
+    // billing's cursor (6), its delivery 5 and its dead letter 6 are above the
+    // log's end; audit (frontier 3) is not.
+    let mem = data_dir(&read_vector("torn-record.log"), None);
+    mem.create_dir_all(GROUPS_DIR).expect("mkdir");
+    mem.write_file(&wal_path(1), &read_vector("delivery-wal.log")).expect("wal");
+    let engine = open(&mem, RecoveryMode::TolerateTornTail).expect("open");
+    assert_eq!(delivery_report(&engine), recovery_json(None, 3, 0, 1));
+    let mut billing = billing_after();
+    let part = &mut billing["parts"][0];
+    part["cursor"] = json!(4);
+    part["done"] = json!([[3, 3]]);
+    part["deliveries"].as_array_mut().expect("deliveries").retain(|d| ju(d, "seq") <= 4);
+    part["dead"] = json!([]);
+    assert_eq!(recovered_state(&engine, &mem), json!([audit_created(), billing]));
 }
