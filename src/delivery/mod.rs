@@ -166,7 +166,7 @@ impl GroupState {
 
     fn dead_letter_now(&mut self, p: u32, seq: u64, reason: String, now: Timestamp) {
         let order = self.next_dead_order;
-        self.next_dead_order += 1;
+        self.next_dead_order = self.next_dead_order.saturating_add(1);
         self.dead_order.insert(order, (p, seq));
         if let Some(part) = self.parts.get_mut(&p) {
             part.dead_letter(seq, reason, now, order);
@@ -420,7 +420,7 @@ impl GroupState {
                 };
                 let (p, seq) = src.position_of(id)?.ok_or_else(not_found)?;
                 let info = self.parts.get(&p).and_then(|part| part.dead.get(&seq)).ok_or_else(not_found)?;
-                info.order + 1
+                info.order.saturating_add(1)
             }
         };
         let mut out = Vec::new();

@@ -203,8 +203,9 @@ impl PartState {
     pub(crate) fn reopen_after(&mut self, s: u64, high_watermark: u64) -> (u64, Vec<u64>) {
         // Sequences above the high watermark (a start past it) hold no event.
         let mut reopened = self.frontier.min(high_watermark).saturating_sub(s);
-        reopened += self.done.remove_from(s.saturating_add(1));
-        let dead: Vec<u64> = self.dead.split_off(&s.saturating_add(1)).into_values().map(|d| d.order).collect();
+        let Some(above) = s.checked_add(1) else { return (0, Vec::new()) };
+        reopened += self.done.remove_from(above);
+        let dead: Vec<u64> = self.dead.split_off(&above).into_values().map(|d| d.order).collect();
         self.frontier = self.frontier.min(s);
         self.floor = self.floor.min(s);
         self.cursor = self.cursor.min(s);
@@ -216,7 +217,9 @@ impl PartState {
     pub(crate) fn reopen_one(&mut self, seq: u64) -> (bool, Option<u64>) {
         let settled = if seq <= self.frontier {
             // Everything between stays settled: keep it as a range.
-            self.done.insert_range(seq + 1, self.frontier);
+            if let Some(next) = seq.checked_add(1) {
+                self.done.insert_range(next, self.frontier);
+            }
             self.frontier = seq - 1;
             true
         } else {

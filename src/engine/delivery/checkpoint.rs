@@ -51,7 +51,14 @@ pub(crate) fn encode(generation: u64, lsn: u64, groups: &[GroupSnapshot]) -> Res
     Ok(b)
 }
 
-/// Checks the header (magic, version, checksum): (generation, LSN, body length).
+/// The version of a checkpoint whose magic is right, if it is not this
+/// build's (for `Error::UnsupportedVersion`).
+pub fn other_version(b: &[u8]) -> Option<u16> {
+    (b.len() >= 10 && b[..8] == CKPT_MAGIC).then(|| get_u16(b, 8)).filter(|&v| v != CKPT_VERSION)
+}
+
+/// Checks the header (magic, version, checksum, reserved bytes):
+/// (generation, LSN, body length).
 pub fn check_header(b: &[u8]) -> Result<(u64, u64, u64), String> {
     if b.len() < CKPT_HEADER_LEN || b[..8] != CKPT_MAGIC {
         return Err("not a checkpoint (bad magic or shorter than its header)".into());
@@ -62,6 +69,9 @@ pub fn check_header(b: &[u8]) -> Result<(u64, u64, u64), String> {
     }
     if crc32fast::hash(&b[..CKPT_HDR_CRC]) != get_u32(b, CKPT_HDR_CRC) {
         return Err("checkpoint header checksum mismatch".into());
+    }
+    if b[10..CKPT_HDR_GEN].iter().any(|&x| x != 0) {
+        return Err("checkpoint header reserved bytes are not zero".into());
     }
     Ok((get_u64(b, CKPT_HDR_GEN), get_u64(b, CKPT_HDR_LSN), get_u64(b, CKPT_HDR_BODY_LEN)))
 }

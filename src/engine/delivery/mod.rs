@@ -50,7 +50,7 @@ use crate::model::event::Event;
 use crate::model::group::{GroupOptions, GroupSummary};
 use crate::model::query::Query;
 use crate::model::time::Timestamp;
-use wal::{Body, End, WAL_HEADER_LEN};
+use wal::{Body, End, HeaderError, WAL_FRAME_LEN, WAL_HEADER_LEN};
 
 /// Room kept zero-filled ahead of the WAL's end before a call changes state.
 const HEADROOM: u64 = 256 << 10;
@@ -241,7 +241,12 @@ impl DeliveryTable {
     pub(crate) fn open(vfs: Arc<dyn Vfs>, opts: &EngineOptions, log: &StreamLog) -> Result<(Self, DeliveryRecovery)> {
         let dir = format!("{}/groups", log.dir());
         let v = &*vfs;
-        v.create_dir_all(&dir).map_err(|e| io_err(v, &dir, "create", e))?;
+        if !v.exists(&dir).map_err(|e| io_err(v, &dir, "stat", e))? {
+            // A stream created before consumer groups existed on native, or
+            // a new one: make the directory's name durable.
+            v.create_dir_all(&dir).map_err(|e| io_err(v, &dir, "create", e))?;
+            v.sync_dir(log.dir()).map_err(|e| sync_err(v, log.dir(), e))?;
+        }
         let names = v.list(&dir).map_err(|e| io_err(v, &dir, "list", e))?;
         let mut wals = Vec::new();
         let mut ckpts = Vec::new();
@@ -260,25 +265,50 @@ impl DeliveryTable {
 
         let mut report = DeliveryRecovery { checkpoint: None, replayed: 0, torn_bytes: 0, clamped: 0 };
         let mut groups: BTreeMap<String, GroupState> = BTreeMap::new();
-        let (ckpt_gen, mut last_lsn) = match ckpts.last() {
+        let (ckpt_gen, ckpt_lsn) = match ckpts.last() {
             Some(&g) => {
                 let path = format!("{dir}/{}", ckpt_name(g));
                 let bytes = read_all(v, &path)?;
+                if let Some(found) = checkpoint::other_version(&bytes) {
+                    let supported = checkpoint::CKPT_VERSION;
+                    return Err(Error::UnsupportedVersion { file: v.describe(&path), found, supported });
+                }
                 let c = checkpoint::decode(&bytes).map_err(|reason| corrupt(v, &path, 0, reason))?;
                 if c.generation != g {
                     return Err(corrupt(v, &path, 0, format!("header says generation {}", c.generation)));
                 }
                 for snap in &c.groups {
-                    groups.insert(snap.summary.name.clone(), GroupState::restore(snap));
+                    if groups.insert(snap.summary.name.clone(), GroupState::restore(snap)).is_some() {
+                        return Err(corrupt(v, &path, 0, format!("group {:?} appears twice", snap.summary.name)));
+                    }
                 }
                 report.checkpoint = Some((g, c.lsn));
                 (g, c.lsn)
             }
             None => (0, 0),
         };
+        let mut last_lsn = ckpt_lsn;
 
-        // Replay the WAL generations the checkpoint does not cover.
-        let replay: Vec<u64> = wals.iter().copied().filter(|&g| g >= ckpt_gen).collect();
+        // The WAL generations the checkpoint does not cover. A crash while a
+        // checkpoint created the next generation can leave it with a short
+        // or torn header and nothing else: that file holds no record.
+        let mut replay: Vec<u64> = wals.iter().copied().filter(|&g| g >= ckpt_gen).collect();
+        if let Some(&g) = replay.last() {
+            let path = format!("{dir}/{}", wal_name(g));
+            let bytes = read_all(v, &path)?;
+            match wal::check_header(&bytes) {
+                Err(HeaderError::Bad(reason)) if bytes.len() <= WAL_HEADER_LEN + WAL_FRAME_LEN => {
+                    if opts.recovery == RecoveryMode::Strict {
+                        return Err(corrupt(v, &path, 0, reason));
+                    }
+                    tracing::warn!(file = %v.describe(&path).display(), %reason, "removing a WAL file cut short while being created");
+                    v.remove_file(&path).map_err(|e| io_err(v, &path, "remove", e))?;
+                    v.sync_dir(&dir).map_err(|e| sync_err(v, &dir, e))?;
+                    replay.pop();
+                }
+                _ => {}
+            }
+        }
         let mut current: Option<WalFile> = None;
         for (i, &g) in replay.iter().enumerate() {
             let last = i + 1 == replay.len();
@@ -287,40 +317,39 @@ impl DeliveryTable {
             match wal::check_header(&bytes) {
                 Ok(h) if h == g => {}
                 Ok(h) => return Err(corrupt(v, &path, 0, format!("header says generation {h}"))),
-                Err(reason) => {
-                    // A crash while creating the newest generation leaves a
-                    // short or zeroed header and nothing else.
-                    let torn_creation =
-                        last && bytes.len() <= WAL_HEADER_LEN * 2 && !bytes.is_empty() || last && bytes.is_empty();
-                    if torn_creation && opts.recovery != RecoveryMode::Strict {
-                        tracing::warn!(file = %v.describe(&path).display(), %reason, "removing a WAL file torn while being created");
-                        v.remove_file(&path).map_err(|e| io_err(v, &path, "remove", e))?;
-                        v.sync_dir(&dir).map_err(|e| sync_err(v, &dir, e))?;
-                        continue;
-                    }
-                    return Err(corrupt(v, &path, 0, reason));
+                Err(HeaderError::Version(found)) => {
+                    let supported = wal::WAL_VERSION;
+                    return Err(Error::UnsupportedVersion { file: v.describe(&path), found, supported });
                 }
+                Err(HeaderError::Bad(reason)) => return Err(corrupt(v, &path, 0, reason)),
             }
             let (records, valid, end) = wal::decode_records(&bytes);
             for r in records {
-                if r.lsn <= last_lsn {
-                    if r.lsn <= report.checkpoint.map_or(0, |c| c.1) {
-                        continue;
-                    }
-                    return Err(corrupt(v, &path, 0, format!("LSN {} does not follow {last_lsn}", r.lsn)));
+                if r.lsn <= ckpt_lsn {
+                    // Already in the checkpoint.
+                    continue;
+                }
+                if r.lsn != last_lsn + 1 {
+                    let reason = format!("LSN {} where {} was expected", r.lsn, last_lsn + 1);
+                    return Err(corrupt(v, &path, r.offset, reason));
                 }
                 last_lsn = r.lsn;
                 report.replayed += 1;
                 match r.body {
                     Body::Create(snap) => {
+                        if snap.summary.name != r.group {
+                            let reason = format!("record of group {:?} creates {:?}", r.group, snap.summary.name);
+                            return Err(corrupt(v, &path, r.offset, reason));
+                        }
                         if groups.contains_key(&r.group) {
-                            return Err(corrupt(v, &path, 0, format!("group {:?} created twice", r.group)));
+                            return Err(corrupt(v, &path, r.offset, format!("group {:?} created twice", r.group)));
                         }
                         groups.insert(r.group, GroupState::restore(&snap));
                     }
                     Body::Ops(ops) => {
                         let Some(g) = groups.get_mut(&r.group) else {
-                            return Err(corrupt(v, &path, 0, format!("transitions of unknown group {:?}", r.group)));
+                            let reason = format!("transitions of unknown group {:?}", r.group);
+                            return Err(corrupt(v, &path, r.offset, reason));
                         };
                         for op in &ops {
                             g.apply(op);
@@ -328,16 +357,29 @@ impl DeliveryTable {
                     }
                 }
             }
-            if let End::Damaged(reason) = end {
+            let damage = match end {
+                End::Clean => None,
+                End::Damaged(reason) => Some((reason, false)),
+                End::Undecodable(reason) => Some((reason, true)),
+            };
+            if let Some((reason, whole)) = damage {
                 let at = valid as u64;
-                let followed = wal::valid_record_after(&bytes, valid, last_lsn);
+                let followed = !whole && wal::valid_record_after(&bytes, valid, last_lsn);
                 let tolerated = match opts.recovery {
                     RecoveryMode::Strict => false,
-                    RecoveryMode::TolerateTornTail => last && !followed,
+                    // A record written whole that this build can't read is
+                    // not a torn write: keep it unless told to drop it.
+                    RecoveryMode::TolerateTornTail => last && !followed && !whole,
                     RecoveryMode::TruncateAtFirstDamage => last,
                 };
                 if !tolerated {
-                    let what = if followed { "damage followed by valid records" } else { "damaged record" };
+                    let what = if whole {
+                        "a record with a valid checksum that this build can't decode"
+                    } else if followed {
+                        "damage followed by valid records"
+                    } else {
+                        "damaged record"
+                    };
                     return Err(corrupt(v, &path, at, format!("{what}: {reason}")));
                 }
                 let dropped = bytes[valid..].iter().rposition(|&b| b != 0).map_or(0, |end| end + 1) as u64;
@@ -355,7 +397,8 @@ impl DeliveryTable {
         }
         let wal = match current {
             Some(w) => w,
-            None => WalFile::create(v, &dir, ckpt_gen.max(1))?,
+            // Never reuse the name of a generation that holds records.
+            None => WalFile::create(v, &dir, ckpt_gen.max(replay.last().map_or(0, |g| g + 1)).max(1))?,
         };
         // Older generations are covered by the checkpoint.
         for &g in wals.iter().filter(|&&g| g < ckpt_gen) {
@@ -399,6 +442,9 @@ impl DeliveryTable {
         ctx.poison.check(&log.name)?;
         if t.groups.contains_key(group) {
             return Err(Error::AlreadyExists { kind: ObjectKind::Group, name: format!("{}/{group}", log.name) });
+        }
+        if group.is_empty() || group.len() > usize::from(u16::MAX) {
+            return Err(Error::invalid("group", format!("a group name must be 1 to 65535 bytes, got {}", group.len())));
         }
         let g = GroupState::create(&LogSource(log), group, opts, now)?;
         let snap = g.snapshot();
@@ -497,9 +543,12 @@ impl DeliveryTable {
         };
         // 1. Everything so far durable, so no later generation follows a torn tail.
         t.wal.file.sync_data().map_err(|e| poison(sync_err(v, &t.wal.path, e)))?;
-        // 2. The next generation takes new records.
+        // 2. The next generation takes new records from now on, whether or
+        // not the checkpoint below succeeds: the old one is complete and
+        // synced, so only the newest generation can ever have a torn tail.
         let next = t.wal.generation + 1;
         let new_wal = WalFile::create(v, dir, next).map_err(poison)?;
+        let old = std::mem::replace(&mut t.wal, new_wal);
         // 3. The checkpoint, atomically.
         let snaps: Vec<_> = t.groups.values().map(GroupState::snapshot).collect();
         let lsn = t.next_lsn - 1;
@@ -515,8 +564,7 @@ impl DeliveryTable {
         f.sync_data().map_err(|e| poison(sync_err(v, &tmp, e)))?;
         v.rename(&tmp, &path).map_err(|e| io_err(v, &path, "rename", e))?;
         v.sync_dir(dir).map_err(|e| poison(sync_err(v, dir, e)))?;
-        // 4. Switch, then drop what the checkpoint covers.
-        let old = std::mem::replace(&mut t.wal, new_wal);
+        // 4. Drop what the checkpoint covers.
         t.last_checkpoint = Instant::now();
         for name in v.list(dir).map_err(|e| io_err(v, dir, "list", e))? {
             let stale = generation_of(&name, "wal-", ".log").is_some_and(|g| g <= old.generation)

@@ -49,6 +49,8 @@ pub(crate) enum Body {
 /// One decoded record.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct WalRecord {
+    /// Where its frame starts in the file.
+    pub(crate) offset: u64,
     pub(crate) lsn: u64,
     pub(crate) group: String,
     pub(crate) body: Body,
@@ -65,17 +67,41 @@ pub fn header(generation: u64) -> [u8; WAL_HEADER_LEN] {
     b
 }
 
-/// Checks a header (magic, then version, then checksum); returns its generation.
-pub fn check_header(b: &[u8]) -> Result<u64, String> {
+/// Why a header does not check out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderError {
+    /// Short, bad magic, bad checksum or non-zero reserved bytes.
+    Bad(String),
+    /// A well-formed header of another version.
+    Version(u16),
+}
+
+impl std::fmt::Display for HeaderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeaderError::Bad(why) => f.write_str(why),
+            HeaderError::Version(v) => {
+                write!(f, "delivery WAL version {v} is not supported (this build reads {WAL_VERSION})")
+            }
+        }
+    }
+}
+
+/// Checks a header (magic, then version, then checksum, then reserved
+/// bytes); returns its generation.
+pub fn check_header(b: &[u8]) -> Result<u64, HeaderError> {
     if b.len() < WAL_HEADER_LEN || b[..8] != WAL_MAGIC {
-        return Err("not a delivery WAL (bad magic)".into());
+        return Err(HeaderError::Bad("not a delivery WAL (bad magic or shorter than its header)".into()));
     }
     let version = get_u16(b, 8);
     if version != WAL_VERSION {
-        return Err(format!("delivery WAL version {version} is not supported (this build reads {WAL_VERSION})"));
+        return Err(HeaderError::Version(version));
     }
     if crc32fast::hash(&b[..WAL_HDR_CRC]) != get_u32(b, WAL_HDR_CRC) {
-        return Err("delivery WAL header checksum mismatch".into());
+        return Err(HeaderError::Bad("delivery WAL header checksum mismatch".into()));
+    }
+    if b[10..WAL_HDR_GEN].iter().chain(&b[WAL_HDR_GEN + 8..WAL_HDR_CRC]).any(|&x| x != 0) {
+        return Err(HeaderError::Bad("delivery WAL header reserved bytes are not zero".into()));
     }
     Ok(get_u64(b, WAL_HDR_GEN))
 }
@@ -109,10 +135,14 @@ pub(crate) fn encode(out: &mut Vec<u8>, lsn: u64, group: &str, body: &Body) -> R
 /// What stopped a scan of the records.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum End {
-    /// A zero length or the end of the bytes: the log ends cleanly.
+    /// The end of the bytes, or a zero length followed only by zeros (the
+    /// zero-filled space ahead of the writes): the log ends cleanly.
     Clean,
     /// A frame that does not check out (torn or damaged), and why.
     Damaged(String),
+    /// A frame whose checksum is right but whose body this build can't
+    /// decode (written whole, so not a torn write), and why.
+    Undecodable(String),
 }
 
 /// Decodes one record's body (its CRC already checked).
@@ -132,18 +162,36 @@ pub(crate) fn decode_body(body: &[u8]) -> Result<WalRecord, String> {
         KIND_OPS => Body::Ops(rmp_serde::from_slice(payload).map_err(|e| format!("transitions: {e}"))?),
         k => return Err(format!("unknown record kind {k}")),
     };
-    Ok(WalRecord { lsn, group, body })
+    Ok(WalRecord { offset: 0, lsn, group, body })
 }
 
-/// Decodes the frame at `off`: Ok(None) at a clean end, Ok(Some((record,
-/// next offset))), or Err(why it is damaged).
-pub(crate) fn decode_at(b: &[u8], off: usize) -> Result<Option<(WalRecord, usize)>, String> {
-    let Some(frame) = b.get(off..off.saturating_add(WAL_FRAME_LEN)) else {
-        return if b.len() > off { Err("a frame cut short by the end of the file".into()) } else { Ok(None) };
+/// Why a frame does not decode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FrameError {
+    /// Cut short or its checksum is wrong.
+    Damaged(String),
+    /// Checksum right, body not understood.
+    Undecodable(String),
+}
+
+/// Checks the frame at `off`: Ok(None) at a clean end (a zero length or
+/// fewer bytes than a frame, zeros only, to the end), Ok(Some((body, next
+/// offset))) when its checksum is right, Err when damaged.
+fn frame_at(b: &[u8], off: usize) -> Result<Option<(&[u8], usize)>, String> {
+    let rest = b.get(off..).unwrap_or(&[]);
+    let Some(frame) = rest.get(..WAL_FRAME_LEN) else {
+        return if rest.iter().all(|&x| x == 0) {
+            Ok(None)
+        } else {
+            Err("a frame cut short by the end of the file".into())
+        };
     };
     let len = get_u32(frame, 0);
     if len == 0 {
-        return Ok(None);
+        return match rest.iter().position(|&x| x != 0) {
+            None => Ok(None),
+            Some(i) => Err(format!("non-zero bytes at offset {} after the log's end", off + i)),
+        };
     }
     if len > WAL_MAX_BODY {
         return Err(format!("record length {len} exceeds {WAL_MAX_BODY}"));
@@ -151,10 +199,19 @@ pub(crate) fn decode_at(b: &[u8], off: usize) -> Result<Option<(WalRecord, usize
     let start = off + WAL_FRAME_LEN;
     let end = start + len as usize;
     let body = b.get(start..end).ok_or("a record cut short by the end of the file")?;
-    if crc32fast::hash(body) != get_u32(frame, 4) {
+    if crc32fast::hash(body) != get_u32(rest, 4) {
         return Err("record checksum mismatch".into());
     }
-    Ok(Some((decode_body(body)?, end)))
+    Ok(Some((body, end)))
+}
+
+/// Decodes the frame at `off`: Ok(None) at a clean end, Ok(Some((record,
+/// next offset))), or why it does not decode.
+pub(crate) fn decode_at(b: &[u8], off: usize) -> Result<Option<(WalRecord, usize)>, FrameError> {
+    let Some((body, next)) = frame_at(b, off).map_err(FrameError::Damaged)? else { return Ok(None) };
+    let mut r = decode_body(body).map_err(FrameError::Undecodable)?;
+    r.offset = off as u64;
+    Ok(Some((r, next)))
 }
 
 /// Decodes every record of a whole WAL file after the header: the records,
@@ -169,24 +226,34 @@ pub(crate) fn decode_records(b: &[u8]) -> (Vec<WalRecord>, usize, End) {
                 off = next;
             }
             Ok(None) => return (out, off, End::Clean),
-            Err(why) => return (out, off, End::Damaged(why)),
+            Err(FrameError::Damaged(why)) => return (out, off, End::Damaged(why)),
+            Err(FrameError::Undecodable(why)) => return (out, off, End::Undecodable(why)),
         }
     }
 }
 
-/// True when a valid record (checksum and body) with an LSN above `after`
-/// starts anywhere in `b` after `from`: damage followed by valid records is
-/// not a torn tail. Looks at most 1 MiB ahead.
+/// True when a frame with a right checksum and an LSN above `after` starts
+/// after the damaged frame at `from`: damage followed by valid records is
+/// not a torn tail. Looks at the end the damaged frame's length names and at
+/// every offset of the next 1 MiB (a cheap length check rejects most).
 pub(crate) fn valid_record_after(b: &[u8], from: usize, after: u64) -> bool {
+    let valid_at = |off: usize| match frame_at(b, off) {
+        Ok(Some((body, _))) => body.len() >= 8 && get_u64(body, 0) > after,
+        _ => false,
+    };
+    let declared = b.get(from..from + 4).map(|l| from + WAL_FRAME_LEN + get_u32(l, 0) as usize);
+    if declared.is_some_and(|d| d < b.len() && valid_at(d)) {
+        return true;
+    }
     let end = b.len().min(from.saturating_add(1 << 20));
-    (from + 1..end).any(|off| matches!(decode_at(b, off), Ok(Some((r, _))) if r.lsn > after))
+    (from + 1..end).any(valid_at)
 }
 
 /// A summary of a delivery WAL file's bytes, for tools and fuzzing: the
 /// generation, how many records decode, the last LSN, and the damage that
 /// stopped the scan, if any. Never panics on any input.
 pub fn inspect(b: &[u8]) -> Result<(u64, usize, u64, End), String> {
-    let generation = check_header(b)?;
+    let generation = check_header(b).map_err(|e| e.to_string())?;
     let (records, _, end) = decode_records(b);
     let last = records.last().map_or(0, |r| r.lsn);
     Ok((generation, records.len(), last, end))
