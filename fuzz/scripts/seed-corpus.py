@@ -2,8 +2,10 @@
 """Writes a small seed corpus for each fuzz target under fuzz/corpus/<target>/.
 
 The seeds are built here at run time (nothing binary is committed), from
-the byte layouts in src/engine/segment/format.rs, log/manifest.rs and
-log/txn.rs. A seed that drifts from the format only makes the fuzzer
+the byte layouts in src/engine/segment/format.rs, log/manifest.rs,
+log/txn.rs, engine/delivery/wal.rs and engine/delivery/checkpoint.rs (the
+delivery records' MessagePack as rmp_serde writes it: structs as arrays,
+enums as {variant: fields} maps or, unit variants, the variant's name). A seed that drifts from the format only makes the fuzzer
 start further away; the targets never rely on it. When format/vectors/
 exists, seeds are also cut from its engine-written files.
 
@@ -130,6 +132,249 @@ def seeds():
     yield "manifest_txn_decoder", "txn-entries", struct.pack("<QI", 5, 0) + bytes(4)
 
 
+# ---------------------------------------------------------------- delivery table
+
+def mp(v):
+    """MessagePack as rmp_serde writes it (the decoder also takes other widths)."""
+    if v is None:
+        return b"\xc0"
+    if isinstance(v, bool):
+        return b"\xc3" if v else b"\xc2"
+    if isinstance(v, int):
+        if 0 <= v < 128:
+            return bytes([v])
+        if 0 <= v < 2 ** 8:
+            return b"\xcc" + bytes([v])
+        if 0 <= v < 2 ** 16:
+            return b"\xcd" + struct.pack(">H", v)
+        if 0 <= v < 2 ** 32:
+            return b"\xce" + struct.pack(">I", v)
+        if 0 <= v < 2 ** 64:
+            return b"\xcf" + struct.pack(">Q", v)
+        return b"\xd3" + struct.pack(">q", v)
+    if isinstance(v, str):
+        b = v.encode()
+        assert len(b) < 32
+        return bytes([0xA0 | len(b)]) + b
+    if isinstance(v, bytes):
+        # u128 lease ids: a 16-byte bin, big-endian.
+        return b"\xc4" + bytes([len(v)]) + v
+    if isinstance(v, list):
+        assert len(v) < 16
+        return bytes([0x90 | len(v)]) + b"".join(mp(x) for x in v)
+    if isinstance(v, dict):
+        assert len(v) < 16
+        return bytes([0x80 | len(v)]) + b"".join(mp(k) + mp(x) for k, x in v.items())
+    raise TypeError(v)
+
+
+T0 = 1_767_225_600_000  # the targets' clock start (2026-01-01)
+
+
+def lease_id(n):
+    return struct.pack(">QQ", 0x0123456789ABCDEF, n)
+
+
+def duration(ms):
+    return [ms // 1000, ms % 1000 * 1_000_000]
+
+
+def part(p, frontier=0, cursor=0, done=(), deliveries=(), dead=(), floor=0):
+    """PartSnapshot: [p, frontier, floor, cursor, done, deliveries, dead]."""
+    return [p, frontier, floor, cursor, [list(r) for r in done], list(deliveries), list(dead)]
+
+
+def leased(seq, attempt, n, expires=T0 + 5000):
+    return [seq, attempt, {"Leased": [lease_id(n), "c", expires]}]
+
+
+def group(name, parts, max_attempts=5, partitions=None, backoff="None", next_dead=0):
+    """GroupSnapshot: [[name, max_attempts, partitions, created_at], backoff, next_dead_order, parts]."""
+    return [[name, max_attempts, partitions, T0], backoff, next_dead, parts]
+
+
+G_NEW = group("g", [part(0), part(1)], max_attempts=3)
+H_NEW = group("h", [part(1)], partitions=[1], backoff={"Fixed": duration(500)})
+G_BUSY = group("g", [
+    part(0, frontier=1, cursor=3, deliveries=[leased(2, 1, 1), [3, 2, {"Waiting": [T0 + 100]}]]),
+    part(1, frontier=0, cursor=3, done=[(2, 2)], deliveries=[[1, 1, "Available"], leased(3, 3, 2)],
+         dead=[[2, "bad", 1, T0, 0]]),
+], max_attempts=3, next_dead=1)
+
+
+def wal_header(gen):
+    b = b"RHEOWAL\0" + struct.pack("<HHIQI", VERSION, 0, 0, gen, 0)
+    return b + struct.pack("<I", crc(b))
+
+
+def wal_record(lsn, grp, kind, payload, fix=True):
+    name = grp.encode()
+    body = struct.pack("<QBH", lsn, kind, len(name)) + name + payload
+    return struct.pack("<II", len(body), crc(body) if fix else 0) + body
+
+
+def wal_create(lsn, snap, fix=True):
+    return wal_record(lsn, snap[0][0], 1, mp(snap), fix)
+
+
+def wal_ops(lsn, grp, ops, fix=True):
+    return wal_record(lsn, grp, 2, mp(ops), fix)
+
+
+def wal_records(fix=True):
+    """A session's records: two groups, then every kind of transition."""
+    ops = [
+        [{"Claim": [0, "c", T0 + 5000, [[1, lease_id(1)], [2, lease_id(2)]]]},
+         {"Claim": [1, "c", T0 + 5000, [[1, lease_id(3)]]]}],
+        [{"Ack": [0, [1]]}],
+        [{"Reschedule": [0, 2, T0, T0 + 100]}],
+        [{"DeadLetter": [1, 1, "bad", T0]}],
+        [{"Renew": [0, 2, T0 + 9000]}, {"Cursor": [1, 3]}],
+        [{"ReopenAfter": [0, 0]}],
+        [{"ReopenOne": [1, [1]]}],
+        [{"Reset": [1, 2]}],
+    ]
+    out = wal_create(1, G_NEW, fix) + wal_create(2, H_NEW, fix)
+    for i, o in enumerate(ops):
+        out += wal_ops(3 + i, "g", o, fix)
+    return out
+
+
+def checkpoint_file(gen, lsn, groups, body=None):
+    body = mp(groups) if body is None else body
+    head = b"RHEOCKP\0" + struct.pack("<HHIQQQI", VERSION, 0, 0, gen, lsn, len(body), crc(body))
+    return head + struct.pack("<I", crc(head)) + body
+
+
+def wal_input(mode, content, off=0):
+    # wal_decoder: HEADER=1 BASE=2 SPLICE=4 FIX_CRCS=8 STRICT=16 TRUNCATE=32 REMOVE_EMPTY=64
+    return bytes([mode]) + struct.pack("<H", off) + content
+
+
+def ckpt_input(mode, content, lsn=0, off=0):
+    # checkpoint_decoder: FORGE=1 REAL=2 KEEP_WAL=4 STRICT=8
+    return bytes([mode]) + struct.pack("<QH", lsn, off) + content
+
+
+def model_input(config, calls):
+    """delivery_model: the bytes arbitrary::Unstructured decodes to these calls.
+
+    config: (max_attempts 1..4, backoff index 0..2 (0, 300, 2000 ms),
+    checkpoint_bytes index 0..3 (256, 1024, 4096, none), preallocate 0/1).
+    A partition scope is 0, 1 or None (both)."""
+    attempts, backoff, ckpt, prealloc = config
+    out = bytes([attempts - 1, backoff, ckpt, prealloc])
+    scope = {0: 0, 1: 1, None: 2}
+    for c in calls:
+        op, args = c[0], c[1:]
+        if op == "append":
+            out += bytes([0, args[0], args[1] - 1])
+        elif op == "fetch":
+            limit, lease_ms, only = args
+            out += bytes([4, limit - 1]) + struct.pack(">H", lease_ms - 1) + bytes([scope[only]])
+        elif op == "ack":
+            out += bytes([8, args[0]])
+        elif op == "ack_many":
+            out += bytes([11, len(args[0]) - 1] + list(args[0]))
+        elif op == "retry":
+            i, delay = args
+            out += bytes([12, i]) + (b"\x01" + struct.pack(">H", delay) if delay is not None else b"\x00")
+        elif op == "reject":
+            out += bytes([14, args[0]])
+        elif op == "renew":
+            out += bytes([15, args[0]]) + struct.pack(">H", args[1] - 1)
+        elif op == "advance":
+            out += bytes([16]) + struct.pack(">H", args[0] - 1)
+        elif op == "replay":
+            out += bytes([18, args[0], scope[args[1]]])
+        elif op == "checkpoint":
+            out += bytes([19])
+        elif op == "reopen":
+            out += bytes([20, 1 if args[0] else 0])
+        elif op == "crash":
+            out += bytes([22])
+        else:
+            raise ValueError(op)
+    return out
+
+
+def delivery_seeds():
+    records = wal_records()
+    yield "wal_decoder", "records", wal_input(0, wal_header(1) + records)
+    yield "wal_decoder", "records-strict", wal_input(16, wal_header(1) + records)
+    yield "wal_decoder", "records-unfixed", wal_input(1 | 8, wal_records(fix=False))
+    yield "wal_decoder", "torn-tail", wal_input(1, records + records[:-7][-40:])
+    yield "wal_decoder", "damage-then-valid", wal_input(1, records[:30] + b"\xff" * 9 + records[60:])
+    yield "wal_decoder", "lsn-backwards", wal_input(1, wal_create(5, G_NEW) + wal_ops(4, "g", [{"Ack": [0, [1]]}]))
+    yield "wal_decoder", "unknown-group", wal_input(1, wal_ops(1, "x", [{"Ack": [0, [1]]}]))
+    yield "wal_decoder", "busy-group", wal_input(1, wal_create(1, G_BUSY) + wal_create(2, H_NEW))
+    yield "wal_decoder", "large-values", wal_input(1 | 8, wal_create(1, G_NEW) + wal_ops(2, "g", [
+        {"Claim": [1, "c", 2 ** 63 - 1, [[2 ** 64 - 1, lease_id(9)]]]}, {"Renew": [1, 2 ** 64 - 1, 2 ** 63 - 1]},
+        {"ReopenAfter": [1, 2 ** 64 - 1]}, {"Reset": [7, 3]}, {"ReopenOne": [0, [0, 2 ** 64 - 2]]}]))
+    yield "wal_decoder", "base", wal_input(2, b"")
+    yield "wal_decoder", "base-strict", wal_input(2 | 16, b"")
+    yield "wal_decoder", "base-then-zeros", wal_input(2, bytes(300))
+    yield "wal_decoder", "base-then-torn", wal_input(2, struct.pack("<II", 40, 0) + bytes(20))
+    yield "wal_decoder", "splice-fixed", wal_input(4 | 8, b"\x05\x00\x00\x00", off=120)
+    yield "wal_decoder", "splice-truncate", wal_input(4 | 32, b"\x00" * 8, off=200)
+    yield "wal_decoder", "torn-creation", wal_input(0, wal_header(1)[:20])
+    yield "wal_decoder", "zeroed-header", wal_input(0, bytes(32))
+    yield "wal_decoder", "other-generation", wal_input(0, wal_header(7) + records)
+    yield "wal_decoder", "removed", wal_input(64, b"")
+
+    both = [G_BUSY, H_NEW]
+    yield "checkpoint_decoder", "groups", ckpt_input(1, mp(both), lsn=2)
+    yield "checkpoint_decoder", "groups-strict", ckpt_input(1 | 8, mp(both), lsn=2)
+    yield "checkpoint_decoder", "new-groups-keep-wal", ckpt_input(1 | 4, mp([G_NEW, H_NEW]), lsn=1000)
+    yield "checkpoint_decoder", "created-twice", ckpt_input(1 | 4, mp([G_NEW]), lsn=0)
+    yield "checkpoint_decoder", "empty", ckpt_input(1, mp([]))
+    yield "checkpoint_decoder", "real", ckpt_input(2, b"")
+    yield "checkpoint_decoder", "real-keep-wal", ckpt_input(2 | 4, b"")
+    yield "checkpoint_decoder", "real-splice", ckpt_input(2 | 4, b"\xcf\xff\xff\xff\xff\xff\xff\xff\xff", off=30)
+    yield "checkpoint_decoder", "file", ckpt_input(0, checkpoint_file(1, 2, both))
+    yield "checkpoint_decoder", "file-generation-2", ckpt_input(0, checkpoint_file(2, 2, both))
+    bad = bytearray(checkpoint_file(1, 2, both))
+    bad[-1] ^= 1
+    yield "checkpoint_decoder", "file-body-crc", ckpt_input(0, bytes(bad))
+    yield "checkpoint_decoder", "file-short-body", ckpt_input(0, checkpoint_file(1, 2, both)[:-3])
+    yield "checkpoint_decoder", "large-values", ckpt_input(1, mp([group("g", [
+        part(0, frontier=2, cursor=2 ** 64 - 2, floor=2 ** 64 - 2, done=[(5, 2)]),
+        part(2 ** 32 - 1, deliveries=[leased(2 ** 64 - 1, 2 ** 32 - 1, 1, 2 ** 63 - 1)])])]))
+
+    yield "delivery_model", "claims-lost-in-a-crash", model_input((3, 0, 3, 0), [
+        ("append", 0, 5), ("fetch", 3, 1000, None), ("ack", 0), ("fetch", 2, 1000, 0), ("crash",),
+        ("fetch", 8, 1000, None), ("ack", 1), ("ack", 3), ("ack_many", [4, 5, 6]), ("reopen", True)])
+    yield "delivery_model", "expiry-dead-letters", model_input((1, 0, 3, 0), [
+        ("append", 0, 3), ("append", 1, 2), ("fetch", 4, 100, None), ("advance", 200), ("fetch", 8, 100, None),
+        ("replay", 0, None), ("fetch", 8, 100, None), ("crash",), ("fetch", 8, 100, 1)])
+    yield "delivery_model", "retry-backoff", model_input((3, 1, 1, 1), [
+        ("append", 1, 4), ("fetch", 2, 5000, 1), ("retry", 0, None), ("retry", 1, 0), ("fetch", 8, 5000, None),
+        ("advance", 301), ("fetch", 8, 5000, None), ("retry", 2, 3000), ("checkpoint",), ("crash",),
+        ("advance", 3000), ("fetch", 8, 5000, None)])
+    yield "delivery_model", "stale-after-refetch", model_input((4, 0, 0, 0), [
+        ("append", 0, 2), ("fetch", 2, 100, 0), ("advance", 150), ("fetch", 1, 1000, 0), ("ack", 0),
+        ("ack", 2), ("renew", 1, 2000), ("reject", 1), ("reopen", False), ("ack", 0), ("replay", 1, 0),
+        ("fetch", 4, 1000, None)])
+    calls = []
+    for i in range(40):
+        calls += [("append", i % 2, 1 + i % 5), ("fetch", 1 + i % 8, 500 + 97 * i, (0, 1, None)[i % 3]),
+                  ("ack", i), ("retry", i + 1, None if i % 2 else 10 * i), ("advance", 400)]
+        if i % 7 == 3:
+            calls.append(("crash",))
+        if i % 11 == 5:
+            calls.append(("reopen", i % 2 == 0))
+        if i % 13 == 6:
+            calls.append(("replay", i % 9, None))
+    yield "delivery_model", "long-small-checkpoints", model_input((3, 1, 0, 0), calls[:64])
+    rng = 0x2545F4914F6CDD1D
+    for n in range(4):
+        out = bytearray()
+        for _ in range(300 + 150 * n):
+            rng = (rng * 6364136223846793005 + 1442695040888963407) % 2 ** 64
+            out.append(rng >> 56)
+        yield "delivery_model", "random-%d" % n, bytes(out)
+
+
 def vector_seeds(vectors):
     """Seeds cut from the engine-written test vectors in format/vectors/."""
     def read(name):
@@ -154,7 +399,14 @@ def vector_seeds(vectors):
             if name == "segment-sealed.idx":
                 idx_entries = idx[32:][: (len(idx) - 32) // 40 * 40]
     for name in names:
-        if not name.endswith(".log"):
+        # Delivery-table vectors: whole files for the WAL and checkpoint targets.
+        if name.startswith("delivery-wal") and name.endswith(".log"):
+            yield "wal_decoder", "vector-" + name, wal_input(0, read(name))
+            yield "wal_decoder", "vector-fixed-" + name, wal_input(8, read(name))
+        elif name.endswith(".ckpt"):
+            yield "checkpoint_decoder", "vector-" + name, ckpt_input(0, read(name))
+    for name in names:
+        if not name.endswith(".log") or name.startswith("delivery-wal"):
             continue
         log = read(name)
         yield "record_decoder", "vector-" + name, log[64:]
@@ -172,7 +424,7 @@ def vector_seeds(vectors):
 
 def main():
     counts = {}
-    sources = [seeds()]
+    sources = [seeds(), delivery_seeds()]
     vectors = os.path.join(os.path.dirname(FUZZ), "format", "vectors")
     if os.path.isdir(vectors):
         sources.append(vector_seeds(vectors))

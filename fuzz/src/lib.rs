@@ -1,6 +1,8 @@
-//! Helpers shared by the fuzz targets: a forgiving byte cursor, and
-//! checksum fix-ups so that the fuzzer gets past the CRCs and reaches the
-//! checks behind them.
+//! Helpers shared by the fuzz targets: a forgiving byte cursor, checksum
+//! fix-ups so that the fuzzer gets past the CRCs and reaches the checks
+//! behind them, and the delivery-table helpers ([`delivery`]).
+
+pub mod delivery;
 
 use rheo::engine::segment::format::{BODY_MIN, ENT_CRC, ENTRY_LEN, FRAME_LEN, MAX_BODY_LEN, REC_CRC, REC_LEN};
 
