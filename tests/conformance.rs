@@ -176,6 +176,7 @@ macro_rules! suite {
                     groups::group_ops_on_missing_group_are_group_not_found,
                     groups::create_group_twice_is_already_exists,
                     groups::ensure_group_creates_once_keeps_position_and_checks_options,
+                    groups::start_after_the_largest_sequence_fetches_nothing,
                     groups::group_names_are_per_stream,
                     groups::create_group_defaults,
                     groups::create_group_with_partition_out_of_range_is_invalid_partition,

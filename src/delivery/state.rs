@@ -91,7 +91,7 @@ impl PartState {
     pub(crate) fn next_claimable(&mut self, high_watermark: u64) -> Option<u64> {
         loop {
             let ready = self.ready.first().copied();
-            let fresh = (self.cursor < high_watermark).then_some(self.cursor + 1);
+            let fresh = (self.cursor < high_watermark).then(|| self.cursor + 1);
             match (ready, fresh) {
                 (Some(r), Some(f)) if r <= f => {
                     if r == f {

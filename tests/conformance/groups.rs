@@ -259,3 +259,14 @@ pub async fn ensure_group_creates_once_keeps_position_and_checks_options(f: Fixt
     let e = f.rheo.ensure_group(S, G, rheo::GroupOptions::new().max_attempts(3).partitions(vec![0])).await;
     assert!(matches!(e, Err(rheo::Error::InvalidArgument { .. })), "{e:?}");
 }
+
+/// A group may start after the largest sequence there can be: its fetches
+/// find nothing and nothing overflows.
+pub async fn start_after_the_largest_sequence_fetches_nothing(f: Fixture) {
+    f.rheo.create_stream(S, rheo::StreamOptions::new()).await.expect("stream");
+    f.rheo.append(S, &serde_json::json!({"n": 1}), rheo::AppendOptions::new()).await.expect("append");
+    f.rheo.create_group(S, G, GroupOptions::new().start_after(u64::MAX)).await.expect("group");
+    assert!(f.rheo.fetch(S, G, FetchOptions::new()).await.expect("fetch").is_empty());
+    f.rheo.replay(S, G, ReplayOptions::from_sequence(u64::MAX)).await.expect("replay past the end");
+    assert!(f.rheo.fetch(S, G, FetchOptions::new()).await.expect("fetch").is_empty());
+}
