@@ -9,18 +9,19 @@
 //! in checkpoints and rolls), creates a 3-partition stream and two groups
 //! (or finds them), and runs on two worker threads: 1–2 producers (single
 //! and batch appends) and 2–3 competing consumers per group, each
-//! fetching 1–7 deliveries under 300–800 ms leases, then acking (one by one
+//! fetching 1–7 deliveries under 500–900 ms leases, then acking (one by one
 //! or with `ack_many`), retrying (with and without a delay), rejecting,
 //! renewing, or letting a lease expire. It writes what it was told to a
 //! side file (append-only, one `write` and `fsync` per step, one file per
 //! round):
 //!
 //! - `A p seq id`: an append returned Ok;
-//! - `F g p seq attempt`: a fetch returned this delivery;
-//! - `T g p seq`: an ack or reject of it is about to be called;
+//! - `F g p seq attempt lease-id`: a fetch returned this delivery;
+//! - `T g p seq` / `R g p seq`: an ack or reject / a retry of it is about
+//!   to be called;
 //! - `K g p seq attempt` / `D g p seq attempt`: that ack / reject returned Ok.
 //!
-//! The parent kills it with SIGKILL 30–250 ms after it is ready (one round
+//! The parent kills it with SIGKILL 30–200 ms after it is ready (one round
 //! in five: 1–20 ms after spawning, so that some kills land while it opens
 //! and recovers), then checks what the child said and the reopened data
 //! directory:
@@ -30,6 +31,9 @@
 //!   and never at a higher attempt than the settled one (each claim adds
 //!   one attempt, and a SIGKILL loses nothing the process wrote);
 //! - every appended event is in the log, where it was appended;
+//! - every lease the child took in that round and did not settle or retry
+//!   still holds its delivery (renewing it returns Ok): a kill loses no
+//!   claim, and no lease of the round can have expired before the kill;
 //! - per group, the frontier is at least the contiguous prefix of settled
 //!   (acked or rejected) sequences, and every sequence up to it had a settle
 //!   called (`T`); `lag = high_watermark - frontier`; every rejected event
@@ -58,8 +62,8 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use rheo::{
-    AppendOptions, DeadLetterOptions, EngineOptions, Error, FetchOptions, GroupOptions, Lease, NativeBackend, Rheo,
-    StreamOptions, SystemClock,
+    AppendOptions, DeadLetterOptions, EngineOptions, Error, FetchOptions, GroupOptions, Lease, LeaseRef, NativeBackend,
+    Rheo, StreamOptions, SystemClock,
 };
 use serde_json::{Value, json};
 
@@ -74,8 +78,10 @@ const GROUPS: [&str; 2] = ["g1", "g2"];
 /// a reject the child logged.
 const MAX_ATTEMPTS: u32 = 1000;
 const ROUNDS: u64 = 60;
-/// The longest lease a child takes.
-const MAX_LEASE_MS: u64 = 800;
+/// The shortest and longest lease a child takes; the shortest is longer
+/// than a child lives after it is ready (see `parent`).
+const MIN_LEASE_MS: u64 = 500;
+const MAX_LEASE_MS: u64 = 900;
 
 #[test]
 fn sigkill_during_producers_and_competing_consumers_keeps_every_settle() {
@@ -197,7 +203,7 @@ fn key_of(l: &Lease) -> String {
 
 async fn consumer(rheo: &Rheo, side: &Side, g: &str, id: &str, mut rng: Rng) {
     loop {
-        let lease = Duration::from_millis(rng.range(300, MAX_LEASE_MS));
+        let lease = Duration::from_millis(rng.range(MIN_LEASE_MS, MAX_LEASE_MS));
         let limit = usize::try_from(rng.range(1, 7)).expect("limit");
         let opts = FetchOptions::new().limit(limit).consumer(id).lease(lease);
         let leases = match rheo.fetch(STREAM, g, opts).await {
@@ -208,7 +214,9 @@ async fn consumer(rheo: &Rheo, side: &Side, g: &str, id: &str, mut rng: Rng) {
             tokio::time::sleep(Duration::from_millis(rng.range(2, 8))).await;
             continue;
         }
-        side.log(&leases.iter().map(|l| format!("F {g} {} {}", key_of(l), l.attempt)).collect::<Vec<_>>());
+        side.log(
+            &leases.iter().map(|l| format!("F {g} {} {} {}", key_of(l), l.attempt, l.lease_id)).collect::<Vec<_>>(),
+        );
         if rng.chance(1, 6) {
             // All at once.
             side.log(&leases.iter().map(|l| format!("T {g} {}", key_of(l))).collect::<Vec<_>>());
@@ -244,6 +252,7 @@ async fn consumer(rheo: &Rheo, side: &Side, g: &str, id: &str, mut rng: Rng) {
                     }
                 }
                 14 | 15 => {
+                    side.log(&[format!("R {g} {}", key_of(l))]);
                     let r = if rng.chance(1, 2) {
                         rheo.retry(l, "again").await
                     } else {
@@ -288,6 +297,8 @@ struct GroupLedger {
     tried: BTreeSet<Key>,
     /// Deliveries: key → [(attempt, round)].
     fetched: BTreeMap<Key, Vec<(u32, u64)>>,
+    /// This round's leases not settled or retried since: key → (lease id, attempt).
+    held: BTreeMap<Key, (String, u32)>,
 }
 
 #[derive(Debug, Default)]
@@ -302,6 +313,8 @@ struct Stats {
     /// Deliveries fetched again in a later round (unsettled when killed).
     redelivered_after_kill: usize,
     checkpoints_loaded: u64,
+    /// Leases of a killed child checked to still hold after the reopen.
+    held_after_kill: u64,
     drained: usize,
     max_round_ms: u128,
 }
@@ -330,7 +343,8 @@ fn parent() {
         url = format!("native:{}{query}", dir.path().display());
         let side_path = sides.path().join(format!("round-{round}.log"));
         let early = rng.chance(1, 5);
-        let delay = Duration::from_millis(if early { rng.range(1, 20) } else { rng.range(30, 250) });
+        // At most 200 ms after ready: no lease of this child (>= 500 ms) expires.
+        let delay = Duration::from_millis(if early { rng.range(1, 20) } else { rng.range(30, 200) });
 
         let mut child = Command::new(&exe)
             .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
@@ -379,8 +393,12 @@ fn parent() {
         if let Err(msg) = read_side(&side_path, round, &mut ledger) {
             fail(msg);
         }
-        match rt.block_on(guarded(verify(&url, &ledger))) {
-            Ok(ckpt) => stats.checkpoints_loaded += ckpt,
+        let what = format!("seed {seed} round {round}");
+        match rt.block_on(guarded(&what, verify(&url, &ledger))) {
+            Ok((ckpt, held)) => {
+                stats.checkpoints_loaded += ckpt;
+                stats.held_after_kill += held;
+            }
             Err(msg) => fail(msg),
         }
         stats.rounds += 1;
@@ -388,7 +406,7 @@ fn parent() {
     }
     // Every lease a child took has expired by now.
     std::thread::sleep(Duration::from_millis(MAX_LEASE_MS + 100));
-    match rt.block_on(guarded(drain(&url, &ledger))) {
+    match rt.block_on(guarded(&format!("seed {seed} final drain"), drain(&url, &ledger))) {
         Ok(n) => stats.drained = n,
         Err(msg) => panic!("seed {seed} final drain: {msg}\n  replay: RHEO_KILL_SEED={seed}"),
     }
@@ -405,22 +423,25 @@ fn parent() {
     if rounds >= 20 {
         assert!(stats.redelivered_after_kill > 0, "nothing unsettled at a kill was delivered again: {stats:?}");
         assert!(stats.rejected > 0, "no reject returned Ok: {stats:?}");
+        assert!(stats.held_after_kill > 0, "no lease of a killed child was checked: {stats:?}");
     }
 }
 
-/// Runs a reopen-and-check with a time limit. A torn delivery-WAL record
-/// (a SIGKILL can cut a write that spans pages) followed by the WAL's
-/// zero-filled preallocation makes recovery quadratic (see
-/// `a_torn_wal_tail_is_recovered_quickly` in `crash_native_groups.rs`): say
-/// so and exit instead of hanging (dropping the runtime would wait for the
-/// blocking reopen).
-async fn guarded<T>(f: impl std::future::Future<Output = Result<T, String>>) -> Result<T, String> {
-    match tokio::time::timeout(Duration::from_secs(90), f).await {
+/// Runs a reopen-and-check with a time limit (it takes well under a
+/// second). A torn delivery-WAL record (a SIGKILL can cut a write) followed
+/// by the WAL's zero-filled preallocation makes recovery quadratic (see
+/// `a_torn_wal_tail_is_recovered_quickly` in `crash_native_groups.rs`):
+/// say so and exit instead of hanging for minutes (dropping the runtime
+/// would wait for the blocking reopen). Written to the stderr handle, which
+/// the test harness does not capture.
+async fn guarded<T>(what: &str, f: impl std::future::Future<Output = Result<T, String>>) -> Result<T, String> {
+    match tokio::time::timeout(Duration::from_secs(30), f).await {
         Ok(r) => r,
         Err(_) => {
-            eprintln!(
-                "{TEST_NAME}: reopening and checking took over 90 s: a torn WAL tail recovered in quadratic time? \
-                 (see a_torn_wal_tail_is_recovered_quickly in crash_native_groups.rs)"
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n{TEST_NAME}: {what}: reopening and checking took over 30 s: a torn WAL tail recovered in \
+                 quadratic time? (see a_torn_wal_tail_is_recovered_quickly in crash_native_groups.rs)"
             );
             std::process::exit(101);
         }
@@ -437,6 +458,9 @@ fn read_side(path: &Path, round: u64, ledger: &mut Ledger) -> Result<(), String>
         Err(e) => return Err(format!("reading {}: {e}", path.display())),
     };
     let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    for g in ledger.groups.values_mut() {
+        g.held.clear();
+    }
     for line in complete.lines() {
         let bad = || format!("bad side-file line {line:?}");
         let f: Vec<&str> = line.split(' ').collect();
@@ -452,13 +476,17 @@ fn read_side(path: &Path, round: u64, ledger: &mut Ledger) -> Result<(), String>
                     return Err(format!("{key:?} was appended (Ok) as {old} and again as {id}: an append was lost"));
                 }
             }
-            "F" | "T" | "K" | "D" => {
+            "F" | "T" | "R" | "K" | "D" => {
                 let g = ledger.groups.entry(f.get(1).ok_or_else(bad)?.to_string()).or_default();
                 let key = (u32::try_from(num(2)?).map_err(|_| bad())?, num(3)?);
                 let name = f[1];
                 match f[0] {
                     "T" => {
                         g.tried.insert(key);
+                        g.held.remove(&key);
+                    }
+                    "R" => {
+                        g.held.remove(&key);
                     }
                     "F" => {
                         let attempt = u32::try_from(num(4)?).map_err(|_| bad())?;
@@ -471,6 +499,7 @@ fn read_side(path: &Path, round: u64, ledger: &mut Ledger) -> Result<(), String>
                             ));
                         }
                         g.fetched.entry(key).or_default().push((attempt, round));
+                        g.held.insert(key, (f.get(5).ok_or_else(bad)?.to_string(), attempt));
                     }
                     kind => {
                         let attempt = u32::try_from(num(4)?).map_err(|_| bad())?;
@@ -514,9 +543,9 @@ async fn read_log(rheo: &Rheo) -> Result<BTreeMap<Key, String>, String> {
     Ok(log)
 }
 
-/// Reopens the directory and checks it against the ledger. Returns 1 when
-/// the reopen loaded a delivery checkpoint.
-async fn verify(url: &str, ledger: &Ledger) -> Result<u64, String> {
+/// Reopens the directory and checks it against the ledger. Returns (1 when
+/// the reopen loaded a delivery checkpoint, leases checked to still hold).
+async fn verify(url: &str, ledger: &Ledger) -> Result<(u64, u64), String> {
     let rest = url.strip_prefix("native:").expect("native url");
     let (path, opts) = rheo::native::parse_url(rest, EngineOptions::default()).map_err(|e| e.to_string())?;
     let backend =
@@ -533,7 +562,7 @@ async fn verify(url: &str, ledger: &Ledger) -> Result<u64, String> {
         if !ledger.appended.is_empty() || !ledger.groups.is_empty() {
             return Err("the stream is gone".into());
         }
-        return Ok(0);
+        return Ok((0, 0));
     }
     let log = read_log(&rheo).await?;
     for (key, id) in &ledger.appended {
@@ -542,6 +571,7 @@ async fn verify(url: &str, ledger: &Ledger) -> Result<u64, String> {
         }
     }
     let groups = rheo.list_groups(STREAM).await.map_err(|e| e.to_string())?;
+    let mut held = 0;
     for name in GROUPS {
         if !groups.iter().any(|g| g.name == name) {
             if ledger.groups.contains_key(name) {
@@ -552,8 +582,26 @@ async fn verify(url: &str, ledger: &Ledger) -> Result<u64, String> {
         let empty = GroupLedger::default();
         let g = ledger.groups.get(name).unwrap_or(&empty);
         check_group(&rheo, name, g, &log).await?;
+        // The child's untouched leases of this round still hold; renewing
+        // them for 1 ms lets the next child reclaim them at once.
+        for (key, (lease_id, attempt)) in &g.held {
+            let lease = LeaseRef {
+                stream: STREAM.to_owned(),
+                group: name.to_owned(),
+                partition: key.0,
+                sequence: key.1,
+                lease_id: lease_id.clone(),
+                receipt: None,
+            };
+            if let Err(e) = rheo.renew(lease, Duration::from_millis(1)).await {
+                return Err(format!(
+                    "{name}: the child's lease of {key:?} (attempt {attempt}), never settled, retried or expired, does not hold after the kill: {e}"
+                ));
+            }
+            held += 1;
+        }
     }
-    Ok(u64::from(report.is_some_and(|r| r.checkpoint.is_some())))
+    Ok((u64::from(report.is_some_and(|r| r.checkpoint.is_some())), held))
 }
 
 /// Frontier, lag and dead letters of one group against the ledger.
