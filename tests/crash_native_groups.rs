@@ -49,18 +49,13 @@
 //!   the frontier reaches the high watermark (every event ends acked or
 //!   dead-lettered exactly once), and every lease ever issued is stale.
 //!
-//! Two known gaps, both bugs with ignored reproductions below: under
-//! `Durability::None` no calls between a recovery and the next crash append
-//! (`a_clamp_at_reopen_is_not_durable`; the seeded form is
-//! `durability_none_with_appends_after_recovery`), and only the failed-fsync
-//! scenarios, which never tear a record, zero-fill the WAL ahead
-//! (`preallocate_bytes`): recovering a torn WAL record followed by the
-//! zero-filled tail takes seconds to minutes
-//! (`a_torn_wal_tail_is_recovered_quickly`; `RHEO_CRASH_PREALLOC=1`
-//! preallocates in every scenario). `a_full_disk_while_reserving_wal_space_
-//! fails_the_call_cleanly` covers the reserve;
+//! Every scenario appends between a recovery and the next crash, and most
+//! zero-fill the WAL ahead (`preallocate_bytes`).
+//! `a_full_disk_while_reserving_wal_space_fails_the_call_cleanly` covers the
+//! reserve; `a_clamp_at_reopen_is_durable`,
+//! `a_torn_wal_tail_is_recovered_quickly` and
 //! `a_wal_torn_while_a_checkpoint_created_it_does_not_wipe_the_previous_one`
-//! is the regression test of a bug these scenarios found (fixed in 531a3c4).
+//! are regression tests of bugs these scenarios found (all fixed).
 //!
 //! The commit thread syncs while the test thread may be checkpointing, so
 //! in scenarios with checkpoints the fault can land on a different
@@ -117,31 +112,30 @@ fn failed_fsync_at_a_random_operation_poisons_group_calls_until_reopen() {
     run_kind(3);
 }
 
-/// BUG (known, see `a_clamp_at_reopen_is_not_durable`): the seeded
-/// scenarios under `Durability::None` with appends between a recovery and
-/// the next crash. At 8efc320, 19 of the 550 crash scenarios fail (the
-/// first kind to fail stops the test).
+/// The seeded scenarios, all under `Durability::None` (machine crashes lose
+/// log tails that group state refers to), with appends between a recovery
+/// and the next crash. Before the clamp was made durable, 19 of the 550
+/// crash scenarios failed.
 #[test]
-#[ignore = "bug: reopen's clamp of group state above the log's end is not durable (see a_clamp_at_reopen_is_not_durable)"]
 fn durability_none_with_appends_after_recovery() {
     for kind in 0..4 {
         run_seeds(kind, true);
     }
 }
 
-/// BUG, minimal reproduction. Under `Durability::None` (or `Batched`) a
-/// machine crash loses a log tail whose group state (acks) is on disk, in a
-/// checkpoint or the WAL. Reopening clamps that state, but only in memory:
-/// nothing records the clamp. Events appended after the reopen get the lost
+/// Regression (fixed: reopen checkpoints a clamp). Under `Durability::None`
+/// (or `Batched`) a machine crash loses a log tail whose group state (acks)
+/// is on disk, in a checkpoint or the WAL. Reopening clamps that state; when
+/// that was only in memory, nothing recorded the clamp. Events appended after the reopen get the lost
 /// events' sequences; after another crash the old checkpoint/WAL is replayed
 /// again, the log now reaches those sequences, nothing is clamped, and the
 /// new events count as acked although no consumer ever received them.
 ///
 /// Expected after the second reopen: frontier 0, lag 2, the fetch returns
-/// x1 and x2. Got: frontier 2, lag 0, the fetch returns nothing.
+/// x1 and x2 (before the fix: frontier 2, lag 0, and the fetch returned
+/// nothing).
 #[test]
-#[ignore = "bug: reopen's clamp of group state above the log's end is not durable"]
-fn a_clamp_at_reopen_is_not_durable() {
+fn a_clamp_at_reopen_is_durable() {
     let rt = runtime();
     let mem = MemVfs::new();
     let clock = ManualClock::new(START);
@@ -318,7 +312,8 @@ fn a_full_disk_while_reserving_wal_space_fails_the_call_cleanly() {
     assert_eq!((lag.partitions[0].frontier, lag.total), (40, 0), "every ack that returned Ok survives");
 }
 
-/// BUG (recovery time), minimal reproduction. Under `Sync` the WAL is
+/// Regression (recovery time; fixed: the search after damage rejects a zero
+/// length at once). Under `Sync` the WAL is
 /// zero-filled ahead of its end (`preallocate_bytes`, default 4 MiB, plus
 /// 256 KiB of headroom). When recovery meets a torn record,
 /// `wal::valid_record_after` tries every offset of the next 1 MiB for a
@@ -329,8 +324,8 @@ fn a_full_disk_while_reserving_wal_space_fails_the_call_cleanly() {
 /// default 4 MiB (a 4.25 MiB tail: 1 MiB of offsets tried, each scanning up
 /// to 4.25 MiB) about 120 times that, 20–40 minutes (extrapolated).
 /// Introduced by 531a3c4 (non-zero bytes after a zero frame are damage).
+/// Not a timed assertion: the test takes minutes if it comes back.
 #[test]
-#[ignore = "bug: recovering a torn delivery-WAL tail is quadratic in the zero-filled preallocation"]
 fn a_torn_wal_tail_is_recovered_quickly() {
     let rt = runtime();
     let clock = ManualClock::new(START);
@@ -675,23 +670,17 @@ struct Plan {
     groups: Vec<(String, u32)>,
     /// Calls of the faulted run.
     steps: u64,
-    /// Whether calls between a recovery and the next crash append. Under
-    /// `Durability::None` that triggers the known bug reproduced by
-    /// `a_clamp_at_reopen_is_not_durable` (sequences re-used by new appends
-    /// inherit the settled state of lost events after another crash), so
-    /// the main tests turn it off there.
+    /// Whether calls between a recovery and the next crash append (always,
+    /// since reopen's clamp is made durable: `a_clamp_at_reopen_is_durable`).
     reappend: bool,
 }
 
 fn plan(seed: u64, force_none: bool) -> Plan {
     let mut rng = Rng::new(seed, 1);
-    // WAL zero-filling (any `preallocate_bytes` > 0 reserves 256 KiB) makes
-    // recovering a torn WAL record take seconds to minutes: the bug of
-    // `a_torn_wal_tail_is_recovered_quickly`. Until it is fixed only the
-    // failed-fsync scenarios (which never tear a record) preallocate, unless
-    // RHEO_CRASH_PREALLOC=1; `a_full_disk_while_reserving_wal_space_fails_
-    // the_call_cleanly` covers the reserve.
-    let prealloc = seed % 4 == 3 || env_u64("RHEO_CRASH_PREALLOC").is_some_and(|v| v != 0);
+    // Every kind zero-fills the WAL ahead in two thirds of the scenarios
+    // (a torn record before a zero-filled tail is recovered in linear time:
+    // `a_torn_wal_tail_is_recovered_quickly`).
+    let prealloc = true;
     let sync = !rng.chance(1, 8) && !force_none;
     let checkpoint_bytes = if rng.chance(1, 2) { rng.pick(&[512, 1024, 2048, 4096]) } else { 16 << 20 };
     let opts = EngineOptions {
@@ -707,7 +696,7 @@ fn plan(seed: u64, force_none: bool) -> Plan {
         ("g2".to_owned(), u32::try_from(rng.range(3, 6)).expect("attempts")),
     ];
     let partitions = u32::try_from(rng.range(2, 4)).expect("partitions");
-    Plan { opts, sync, partitions, groups, steps: rng.range(30, 90), reappend: sync || force_none }
+    Plan { opts, sync, partitions, groups, steps: rng.range(30, 90), reappend: true }
 }
 
 #[derive(Debug, Clone)]

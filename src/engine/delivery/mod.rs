@@ -421,7 +421,16 @@ impl DeliveryTable {
         }
         let table =
             Table { groups: journaled, wal, next_lsn: last_lsn + 1, last_checkpoint: Instant::now(), buf: Vec::new() };
-        Ok((DeliveryTable { vfs, dir, inner: Mutex::new(table) }, report))
+        let table = DeliveryTable { vfs, dir, inner: Mutex::new(table) };
+        if report.clamped > 0 {
+            // The clamp changed state that the checkpoint and WAL on disk
+            // still hold: make it durable before new appends reuse those
+            // sequences, or the next reopen would replay the old state over
+            // them.
+            let mut t = table.inner.lock();
+            table.checkpoint_locked(&mut t, &Poison::default())?;
+        }
+        Ok((table, report))
     }
 
     /// Summaries of every group, by name.
@@ -520,7 +529,7 @@ impl DeliveryTable {
         let size = t.wal.len.saturating_sub(WAL_HEADER_LEN as u64);
         let due = size >= ctx.opts.checkpoint_bytes
             || (size > 0 && t.last_checkpoint.elapsed() >= ctx.opts.checkpoint_interval);
-        if due && let Err(e) = self.checkpoint_locked(t, ctx) {
+        if due && let Err(e) = self.checkpoint_locked(t, ctx.poison) {
             tracing::warn!(dir = %self.vfs.describe(&self.dir).display(), error = %e, "checkpoint failed; the WAL keeps growing until one succeeds");
         }
     }
@@ -529,15 +538,15 @@ impl DeliveryTable {
     pub(crate) fn checkpoint(&self, ctx: &Ctx<'_>) -> Result<()> {
         let mut t = self.inner.lock();
         ctx.poison.check(&self.dir)?;
-        self.checkpoint_locked(&mut t, ctx)
+        self.checkpoint_locked(&mut t, ctx.poison)
     }
 
-    fn checkpoint_locked(&self, t: &mut Table, ctx: &Ctx<'_>) -> Result<()> {
+    fn checkpoint_locked(&self, t: &mut Table, poisoned: &Poison) -> Result<()> {
         let v = &*self.vfs;
         let dir = &self.dir;
         let poison = |e: Error| {
             if let Error::Poisoned { reason, .. } = &e {
-                ctx.poison.set(reason.clone());
+                poisoned.set(reason.clone());
             }
             e
         };

@@ -237,9 +237,15 @@ pub(crate) fn decode_records(b: &[u8]) -> (Vec<WalRecord>, usize, End) {
 /// not a torn tail. Looks at the end the damaged frame's length names and at
 /// every offset of the next 1 MiB (a cheap length check rejects most).
 pub(crate) fn valid_record_after(b: &[u8], from: usize, after: u64) -> bool {
-    let valid_at = |off: usize| match frame_at(b, off) {
-        Ok(Some((body, _))) => body.len() >= 8 && get_u64(body, 0) > after,
-        _ => false,
+    // O(1) for a zero or impossible length: no scan of what follows.
+    let valid_at = |off: usize| {
+        let Some(frame) = b.get(off..off + WAL_FRAME_LEN) else { return false };
+        let len = get_u32(frame, 0) as usize;
+        if len < 8 || len > WAL_MAX_BODY as usize {
+            return false;
+        }
+        let Some(body) = b.get(off + WAL_FRAME_LEN..off + WAL_FRAME_LEN + len) else { return false };
+        crc32fast::hash(body) == get_u32(frame, 4) && get_u64(body, 0) > after
     };
     let declared = b.get(from..from + 4).map(|l| from + WAL_FRAME_LEN + get_u32(l, 0) as usize);
     if declared.is_some_and(|d| d < b.len() && valid_at(d)) {
