@@ -51,6 +51,26 @@ pub(crate) trait EventSource {
     fn position_of(&self, id: &str) -> Result<Option<(u32, u64)>>;
 }
 
+/// A new lease id: a UUID (version 4 layout) whose upper half is random per
+/// process and whose lower half counts, so ids never repeat within a
+/// process nor, but with negligible probability (2^-58 per pair of
+/// processes), across restarts. Unlike `Uuid::new_v4` it costs no system
+/// call (a `getrandom` per lease was a tenth of a fetch's time).
+fn new_lease_id() -> u128 {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let prefix = *PREFIX.get_or_init(|| {
+        // Version 4 in bits 76..80 of the UUID (bits 12..16 of this half).
+        let random = (uuid::Uuid::new_v4().as_u128() >> 64) as u64;
+        (random & !0xf000) | 0x4000
+    });
+    // The variant (0b10) in the top bits of the lower half.
+    let low = (COUNTER.fetch_add(1, Ordering::Relaxed) & (u64::MAX >> 2)) | (1 << 63);
+    (u128::from(prefix) << 64) | u128::from(low)
+}
+
 /// A claim made by a fetch: (sequence, lease id, attempt).
 type Claimed = (u64, u128, u32);
 
@@ -204,7 +224,7 @@ impl GroupState {
                     self.dead_letter(p, seq, "max_attempts: lease expired".to_owned(), now);
                     continue;
                 }
-                let lease_id = uuid::Uuid::new_v4().as_u128();
+                let lease_id = new_lease_id();
                 let attempt = part.lease(seq, lease_id, consumer.clone(), expires_at);
                 here.push((seq, lease_id, attempt));
                 count += 1;
@@ -434,5 +454,22 @@ impl GroupState {
             });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_lease_id;
+
+    #[test]
+    fn lease_ids_are_distinct_version_4_uuids() {
+        let ids: Vec<uuid::Uuid> = (0..1000).map(|_| uuid::Uuid::from_u128(new_lease_id())).collect();
+        let distinct: std::collections::BTreeSet<_> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+        for id in &ids {
+            assert_eq!(id.get_version_num(), 4, "{id}");
+            assert_eq!(id.get_variant(), uuid::Variant::RFC4122, "{id}");
+            assert_eq!(uuid::Uuid::try_parse(&id.to_string()).ok().as_ref(), Some(id));
+        }
     }
 }
