@@ -185,12 +185,11 @@ impl GroupState {
     }
 
     fn dead_letter_now(&mut self, p: u32, seq: u64, reason: String, now: Timestamp) {
+        let Some(part) = self.parts.get_mut(&p) else { return };
         let order = self.next_dead_order;
         self.next_dead_order = self.next_dead_order.saturating_add(1);
         self.dead_order.insert(order, (p, seq));
-        if let Some(part) = self.parts.get_mut(&p) {
-            part.dead_letter(seq, reason, now, order);
-        }
+        part.dead_letter(seq, reason, now, order);
     }
 
     /// Claims up to `opts.limit` deliveries in (partition, sequence) order.

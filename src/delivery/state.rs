@@ -240,15 +240,18 @@ impl PartState {
     /// under `Batched`/`None` the log may have lost a tail that the delivery
     /// log still mentions. Returns the dead-letter orders removed.
     pub(crate) fn clamp(&mut self, high_watermark: u64) -> Vec<u64> {
+        // Settled positions may run up to the floor (a start after a
+        // sequence not yet appended); deliveries and dead letters, which
+        // only ever come from claims, never go above the high watermark.
         let top = high_watermark.max(self.floor);
-        let above = top.saturating_add(1);
         self.frontier = self.frontier.min(top);
         self.cursor = self.cursor.min(top);
-        self.done.remove_from(above);
+        self.done.remove_from(top.saturating_add(1));
+        let above = high_watermark.saturating_add(1);
         for seq in self.deliveries.split_off(&above).into_keys() {
             self.ready.remove(&seq);
         }
-        self.timers.retain(|&(_, seq)| seq <= top);
+        self.timers.retain(|&(_, seq)| seq <= high_watermark);
         self.dead.split_off(&above).into_values().map(|d| d.order).collect()
     }
 
