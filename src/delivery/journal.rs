@@ -262,8 +262,42 @@ impl GroupState {
         }
     }
 
+    /// Checks what `restore` relies on: partitions, sequences and
+    /// dead-letter orders unique and ascending, settled ranges disjoint.
+    /// A snapshot that breaks them was not written by this code.
+    pub(crate) fn check_snapshot(snap: &GroupSnapshot) -> Result<(), String> {
+        let name = &snap.summary.name;
+        let mut orders = std::collections::BTreeSet::new();
+        let mut last_p = None;
+        for ps in &snap.parts {
+            if last_p.is_some_and(|l| l >= ps.p) {
+                return Err(format!("group {name:?}: partition {} out of order or repeated", ps.p));
+            }
+            last_p = Some(ps.p);
+            let mut end = None::<u64>;
+            for &(s, e) in &ps.done {
+                if s > e || end.is_some_and(|end| s <= end.saturating_add(1)) {
+                    return Err(format!("group {name:?} partition {}: settled range {s}..={e} out of order", ps.p));
+                }
+                end = Some(e);
+            }
+            if ps.deliveries.windows(2).any(|w| w[0].seq >= w[1].seq) {
+                return Err(format!("group {name:?} partition {}: deliveries out of order or repeated", ps.p));
+            }
+            if ps.dead.windows(2).any(|w| w[0].seq >= w[1].seq) {
+                return Err(format!("group {name:?} partition {}: dead letters out of order or repeated", ps.p));
+            }
+            for d in &ps.dead {
+                if !orders.insert(d.order) {
+                    return Err(format!("group {name:?}: dead-letter order {} repeated", d.order));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The state a snapshot describes (journaling off). Ready sets and timers
-    /// are rebuilt from the deliveries.
+    /// are rebuilt from the deliveries. Call `check_snapshot` first.
     pub(crate) fn restore(snap: &GroupSnapshot) -> GroupState {
         let mut parts = BTreeMap::new();
         let mut dead_order = BTreeMap::new();

@@ -278,6 +278,7 @@ impl DeliveryTable {
                     return Err(corrupt(v, &path, 0, format!("header says generation {}", c.generation)));
                 }
                 for snap in &c.groups {
+                    GroupState::check_snapshot(snap).map_err(|reason| corrupt(v, &path, 0, reason))?;
                     if groups.insert(snap.summary.name.clone(), GroupState::restore(snap)).is_some() {
                         return Err(corrupt(v, &path, 0, format!("group {:?} appears twice", snap.summary.name)));
                     }
@@ -344,6 +345,7 @@ impl DeliveryTable {
                         if groups.contains_key(&r.group) {
                             return Err(corrupt(v, &path, r.offset, format!("group {:?} created twice", r.group)));
                         }
+                        GroupState::check_snapshot(&snap).map_err(|reason| corrupt(v, &path, r.offset, reason))?;
                         groups.insert(r.group, GroupState::restore(&snap));
                     }
                     Body::Ops(ops) => {
