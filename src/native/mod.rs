@@ -11,7 +11,8 @@
 //! (`engine::delivery`): a settle changes the state under the table's lock,
 //! writes its WAL record to the OS, then awaits the group commit without
 //! blocking a thread (under `Sync`, settles and appends share syncs). Fetch,
-//! which reads the claimed events, runs on the blocking pool.
+//! which reads the claimed events after the lock, does so on the calling task
+//! up to 256 deliveries and on the blocking pool beyond.
 
 use std::sync::Arc;
 use std::time::Duration;
