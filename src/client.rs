@@ -454,13 +454,7 @@ impl Rheo {
     /// Clears and restarts a group; `opts.confirm` must be true.
     pub async fn reset_group(&self, stream: &str, group: &str, opts: ResetOptions) -> Result<()> {
         check_group(stream, group)?;
-        if !opts.confirm {
-            return Err(Error::ConfirmRequired {
-                operation: "reset_group",
-                stream: stream.to_owned(),
-                group: group.to_owned(),
-            });
-        }
+        opts.check_confirmed(stream, group)?;
         self.inner.backend.reset_group(stream, group, &opts).await
     }
 

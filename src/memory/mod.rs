@@ -277,13 +277,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn reset_group(&self, stream: &str, group: &str, opts: &ResetOptions) -> Result<()> {
-        if !opts.confirm {
-            return Err(Error::ConfirmRequired {
-                operation: "reset_group",
-                stream: stream.to_owned(),
-                group: group.to_owned(),
-            });
-        }
+        opts.check_confirmed(stream, group)?;
         self.with_group(stream, group, |g, log| g.reset(log, opts))
     }
 

@@ -356,6 +356,19 @@ impl ResetOptions {
     pub fn confirmed() -> Self {
         ResetOptions { confirm: true, ..Self::default() }
     }
+
+    /// `ConfirmRequired` unless `confirm` is set (every backend checks it
+    /// before anything else).
+    pub fn check_confirmed(&self, stream: &str, group: &str) -> crate::error::Result<()> {
+        if self.confirm {
+            return Ok(());
+        }
+        Err(crate::error::Error::ConfirmRequired {
+            operation: "reset_group",
+            stream: stream.to_owned(),
+            group: group.to_owned(),
+        })
+    }
     /// Sets the start position.
     pub fn start(mut self, start: StartPosition) -> Self {
         self.start = start;

@@ -344,13 +344,7 @@ impl Backend for NativeBackend {
     }
 
     async fn reset_group(&self, stream: &str, group: &str, opts: &ResetOptions) -> Result<()> {
-        if !opts.confirm {
-            return Err(Error::ConfirmRequired {
-                operation: "reset_group",
-                stream: stream.to_owned(),
-                group: group.to_owned(),
-            });
-        }
+        opts.check_confirmed(stream, group)?;
         let opts = opts.clone();
         self.group_op_blocking(stream, group, move |g, src| g.reset(src, &opts)).await
     }
