@@ -72,19 +72,25 @@
 //! `RHEO_CRASH_FIRST_SEED=1000000` run other seeds.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rheo::engine::delivery::wal::{WAL_HEADER_LEN, WAL_MAGIC};
-use rheo::engine::vfs::{Fault, FaultyVfs, MemVfs, Vfs, VfsFile, VfsLock};
+use rheo::engine::vfs::{Fault, FaultyVfs, MemVfs, Vfs};
 use rheo::engine::{Durability, Engine, EngineOptions};
 use rheo::{
     AppendOptions, Clock, DeadLetterOptions, Error, FetchOptions, GroupOptions, Lag, LeaseRef, ManualClock,
     NativeBackend, ReplayOptions, RetryOutcome, Rheo, StreamOptions, Timestamp,
 };
 use serde_json::{Value, json};
+
+#[path = "common/rng.rs"]
+mod rng;
+use rng::Rng;
+
+#[path = "common/crash.rs"]
+mod crash;
+use crash::{Arming, Probe, Trace, assert_none_failed, run_each, seeds_of_kind, write_back_some};
 
 /// Scenarios per fault kind: 4 × 550 = 2,200 scenarios.
 const SCENARIOS_PER_KIND: u64 = 550;
@@ -375,10 +381,6 @@ fn a_torn_wal_tail_is_recovered_quickly() {
 
 // ------------------------------------------------------------------ driver
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")))
-}
-
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
 }
@@ -390,43 +392,18 @@ fn run_kind(kind: u64) {
 }
 
 fn run_seeds(kind: u64, force_none: bool) {
-    let seeds: Vec<u64> = match env_u64("RHEO_CRASH_SEED") {
-        Some(seed) if seed % 4 == kind => vec![seed],
-        Some(_) => return,
-        None => {
-            let first = env_u64("RHEO_CRASH_FIRST_SEED").unwrap_or(0);
-            let n = env_u64("RHEO_CRASH_SCENARIOS").unwrap_or(SCENARIOS_PER_KIND);
-            (0..n).map(|i| first + i * 4 + kind).collect()
-        }
-    };
-    let verbose = seeds.len() == 1;
+    let Some(seeds) = seeds_of_kind(kind, SCENARIOS_PER_KIND) else { return };
     let rt = runtime();
     let started = std::time::Instant::now();
     let mut total = Stats::default();
-    let mut failures = Vec::new();
-    for &seed in &seeds {
-        let mut trace = Trace { lines: Vec::new(), print: verbose };
-        match run_scenario(&rt, seed, force_none, &mut trace) {
-            Ok(stats) => total.add(&stats),
-            Err(msg) => {
-                if failures.is_empty() && !verbose {
-                    eprintln!("trace of seed {seed}:");
-                    for line in &trace.lines {
-                        eprintln!("  {line}");
-                    }
-                }
-                failures.push(format!("seed {seed}: {msg}"));
-            }
-        }
-    }
+    let failures =
+        run_each(&seeds, |seed, trace| run_scenario(&rt, seed, force_none, trace).map(|stats| total.add(&stats)));
     let fault = KINDS[usize::try_from(kind).expect("kind")];
     println!("{fault:?}: {} scenarios in {:.1?}, {total:?}", seeds.len(), started.elapsed());
-    assert!(
-        failures.is_empty(),
-        "{} of {} scenarios failed:\n{}\nreplay one: RHEO_CRASH_SEED=<seed> cargo test --release --test crash_native_groups -- --nocapture",
-        failures.len(),
+    assert_none_failed(
+        &failures,
         seeds.len(),
-        failures.join("\n")
+        "RHEO_CRASH_SEED=<seed> cargo test --release --test crash_native_groups -- --nocapture",
     );
     if seeds.len() >= 100 && !force_none {
         // Guard against a workload that stops exercising what it should.
@@ -486,151 +463,7 @@ impl Stats {
     }
 }
 
-/// The steps of a scenario, printed when replaying one seed or on failure.
-struct Trace {
-    lines: Vec<String>,
-    print: bool,
-}
-
-impl Trace {
-    fn log(&mut self, line: String) {
-        if self.print {
-            println!("{line}");
-        }
-        self.lines.push(line);
-    }
-}
-
-// ------------------------------------------------------------------ rng
-
-#[path = "common/rng.rs"]
-mod rng;
-use rng::Rng;
-
 // ------------------------------------------------------------------ probe
-
-#[derive(Debug, Default)]
-struct Observed {
-    /// Syncs that failed while the process was alive.
-    failed_syncs: u64,
-    /// Operations that failed with `StorageFull`.
-    storage_full: u64,
-}
-
-/// Passes everything through to a `FaultyVfs` and notes what failed, so the
-/// test knows when a non-fatal fault fired.
-#[derive(Debug, Clone)]
-struct Probe {
-    faulty: FaultyVfs,
-    seen: Arc<Mutex<Observed>>,
-}
-
-impl Probe {
-    fn new(faulty: FaultyVfs) -> Self {
-        Probe { faulty, seen: Arc::new(Mutex::new(Observed::default())) }
-    }
-
-    fn failed_syncs(&self) -> u64 {
-        self.seen.lock().expect("probe").failed_syncs
-    }
-
-    fn storage_full(&self) -> u64 {
-        self.seen.lock().expect("probe").storage_full
-    }
-
-    fn observe<T>(&self, sync: bool, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-        let r = f();
-        if let Err(e) = &r {
-            let mut seen = self.seen.lock().expect("probe");
-            if e.kind() == io::ErrorKind::StorageFull {
-                seen.storage_full += 1;
-            }
-            if sync && !self.faulty.crashed() {
-                seen.failed_syncs += 1;
-            }
-        }
-        r
-    }
-}
-
-#[derive(Debug)]
-struct ProbeFile {
-    inner: Arc<dyn VfsFile>,
-    probe: Probe,
-}
-
-impl VfsFile for ProbeFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.probe.observe(false, || self.inner.write_all_at(buf, offset))
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.probe.observe(false, || self.inner.set_len(len))
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.probe.observe(true, || self.inner.sync_data())
-    }
-}
-
-impl Vfs for Probe {
-    fn open(&self, path: &str, create: bool) -> io::Result<Arc<dyn VfsFile>> {
-        let inner = self.observe(false, || self.faulty.open(path, create))?;
-        Ok(Arc::new(ProbeFile { inner, probe: self.clone() }))
-    }
-    fn exists(&self, path: &str) -> io::Result<bool> {
-        self.faulty.exists(path)
-    }
-    fn create_dir_all(&self, path: &str) -> io::Result<()> {
-        self.observe(false, || self.faulty.create_dir_all(path))
-    }
-    fn list(&self, dir: &str) -> io::Result<Vec<String>> {
-        self.faulty.list(dir)
-    }
-    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
-        self.observe(false, || self.faulty.rename(from, to))
-    }
-    fn remove_file(&self, path: &str) -> io::Result<()> {
-        self.observe(false, || self.faulty.remove_file(path))
-    }
-    fn remove_dir_all(&self, path: &str) -> io::Result<()> {
-        self.observe(false, || self.faulty.remove_dir_all(path))
-    }
-    fn sync_dir(&self, dir: &str) -> io::Result<()> {
-        self.observe(true, || self.faulty.sync_dir(dir))
-    }
-    fn lock(&self, path: &str) -> io::Result<Box<dyn VfsLock>> {
-        self.faulty.lock(path)
-    }
-    fn describe(&self, path: &str) -> PathBuf {
-        self.faulty.describe(path)
-    }
-}
-
-/// Simulates the OS writing back dirty pages before the power cut: persists
-/// the live content of some files and the live entries of some directories.
-fn write_back_some(mem: &MemVfs, rng: &mut Rng, trace: &mut Trace) {
-    let (mut files, mut dirs) = (Vec::new(), Vec::new());
-    walk(mem, "", &mut files, &mut dirs);
-    let mut done = Vec::new();
-    for f in files {
-        if rng.chance(1, 2) {
-            mem.open(&f, false).and_then(|h| h.sync_data()).expect("write back a file");
-            done.push(f);
-        }
-    }
-    for d in dirs {
-        if rng.chance(1, 3) {
-            mem.sync_dir(&d).expect("write back a directory");
-            done.push(format!("{d}/"));
-        }
-    }
-    trace.log(format!("write back before the power cut: {done:?}"));
-}
 
 /// The newest WAL generation on disk has no valid header (torn while a
 /// checkpoint created it) and an older one exists: the case of
@@ -645,18 +478,6 @@ fn torn_wal_creation(mem: &MemVfs) -> bool {
         .collect();
     let Some(newest) = wals.last().filter(|_| wals.len() >= 2) else { return false };
     mem.read_file(&format!("{dir}/{newest}")).is_some_and(|b| b.len() < WAL_HEADER_LEN || b[..8] != WAL_MAGIC)
-}
-
-fn walk(mem: &MemVfs, dir: &str, files: &mut Vec<String>, dirs: &mut Vec<String>) {
-    dirs.push(dir.to_owned());
-    for name in mem.list(dir).unwrap_or_default() {
-        let path = if dir.is_empty() { name } else { format!("{dir}/{name}") };
-        if mem.open(&path, false).is_ok() {
-            files.push(path);
-        } else {
-            walk(mem, &path, files, dirs);
-        }
-    }
 }
 
 // ------------------------------------------------------------------ plan
@@ -1093,7 +914,7 @@ fn open_proc(
     clock: &ManualClock,
 ) -> OpenAttempt {
     let faulty = FaultyVfs::new(mem.clone(), fault, after, seed);
-    let probe = Probe::new(faulty.clone());
+    let probe = Probe::new(faulty.clone(), false);
     let proc = Engine::open(Arc::new(probe.clone()), opts.clone()).map(|engine| {
         let backend = NativeBackend::with_engine(engine.clone(), Arc::new(clock.clone()));
         let rheo = Rheo::builder()
@@ -1147,15 +968,6 @@ struct Sc<'a> {
     draining: Option<BTreeSet<(u32, u64)>>,
 }
 
-/// Where in a scenario's run a fault is armed, and how the crash looks.
-struct Arming {
-    fault: Fault,
-    after: u64,
-    write_back: bool,
-    /// A second crash (kind, op count) armed on reopening.
-    second: Option<(Fault, u64)>,
-}
-
 fn run_scenario(rt: &tokio::runtime::Runtime, seed: u64, force_none: bool, trace: &mut Trace) -> Result<Stats, String> {
     let plan = plan(seed, force_none);
     let fault = KINDS[usize::try_from(seed % 4).expect("kind")];
@@ -1172,12 +984,7 @@ fn run_scenario(rt: &tokio::runtime::Runtime, seed: u64, force_none: bool, trace
         attempt.faulty.op_count()
     };
     let mut rng = Rng::new(seed, 2);
-    let arming = Arming {
-        fault,
-        after: rng.range(1, total_ops + 2),
-        write_back: rng.chance(1, 2),
-        second: rng.chance(1, 3).then(|| (rng.pick(&[Fault::Crash, Fault::TornWrite]), rng.range(1, 60))),
-    };
+    let arming = Arming::new(fault, total_ops, &mut rng);
     trace.log(format!(
         "seed {seed}: {fault:?} at op {} of {total_ops}, write back {}, second crash {:?}, options {:?}, {} partitions, groups {:?}",
         arming.after, arming.write_back, arming.second, plan.opts, plan.partitions, plan.groups
@@ -1291,7 +1098,7 @@ impl<'a> Sc<'a> {
     /// everything unsynced is lost. The process must be dropped before.
     fn power_cut(&mut self, faulty: &FaultyVfs, write_back: bool, rng: &mut Rng) {
         if write_back {
-            write_back_some(faulty.mem(), rng, self.trace);
+            write_back_some(faulty.mem(), rng, self.trace, 3);
         }
         faulty.restart();
         if torn_wal_creation(faulty.mem()) {

@@ -55,10 +55,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rheo::{
@@ -66,6 +65,14 @@ use rheo::{
     Rheo, StreamOptions, SystemClock,
 };
 use serde_json::{Value, json};
+
+#[path = "common/rng.rs"]
+mod rng;
+use rng::{Rng, env_u64};
+
+#[path = "common/kill.rs"]
+mod kill;
+use kill::{child_command, killed_while_opening, say, seed_and_rounds, spawn_and_kill};
 
 const TEST_NAME: &str = "sigkill_during_producers_and_competing_consumers_keeps_every_settle";
 const CHILD_URL: &str = "RHEO_GKILL_CHILD_URL";
@@ -91,23 +98,7 @@ fn sigkill_during_producers_and_competing_consumers_keeps_every_settle() {
     }
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")))
-}
-
-#[path = "common/rng.rs"]
-mod rng;
-use rng::Rng;
-
 // ------------------------------------------------------------------ child
-
-/// Writes and flushes whole lines to stdout; exits when the parent is gone.
-fn say(text: &str) {
-    let mut out = std::io::stdout().lock();
-    if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
-        std::process::exit(0);
-    }
-}
 
 /// The side file: every step's lines in one write, then fsync.
 struct Side(Mutex<File>);
@@ -320,12 +311,7 @@ struct Stats {
 }
 
 fn parent() {
-    let seed = env_u64("RHEO_KILL_SEED").unwrap_or_else(|| {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock");
-        t.as_secs() ^ u64::from(t.subsec_nanos())
-    });
-    let rounds = env_u64("RHEO_KILL_ROUNDS").unwrap_or(ROUNDS);
-    println!("{TEST_NAME}: seed {seed} (replay the random choices with RHEO_KILL_SEED={seed})");
+    let (seed, rounds) = seed_and_rounds(TEST_NAME, ROUNDS);
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("tempdir");
     let sides = tempfile::tempdir().expect("tempdir");
@@ -346,50 +332,15 @@ fn parent() {
         // At most 200 ms after ready: no lease of this child (>= 500 ms) expires.
         let delay = Duration::from_millis(if early { rng.range(1, 20) } else { rng.range(30, 200) });
 
-        let mut child = Command::new(&exe)
-            .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
+        let mut command = child_command(&exe, TEST_NAME);
+        command
             .env(CHILD_URL, &url)
             .env(CHILD_ROUND, round.to_string())
             .env(CHILD_SIDE, &side_path)
-            .env("RHEO_KILL_SEED", seed.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn the child");
-        let stdout = child.stdout.take().expect("stdout");
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            let mut lines = Vec::new();
-            let mut r = BufReader::new(stdout);
-            loop {
-                let mut line = String::new();
-                match r.read_line(&mut line) {
-                    Ok(0) | Err(_) => return lines,
-                    Ok(_) if line.ends_with('\n') => {
-                        if line == "ready\n" {
-                            let _ = ready_tx.send(());
-                        }
-                        lines.push(line);
-                    }
-                    Ok(_) => {}
-                }
-            }
-        });
-        if early {
-            stats.early_kills += 1;
-        } else if ready_rx.recv_timeout(Duration::from_secs(30)).is_err() {
-            let _ = child.kill();
-            fail(format!("the child did not get ready: {:?}", child.wait()));
-        }
-        std::thread::sleep(delay);
-        if let Ok(Some(status)) = child.try_wait() {
-            fail(format!("the child exited by itself ({status}): {:?}", reader.join()));
-        }
-        child.kill().expect("SIGKILL the child");
-        child.wait().expect("reap the child");
-        let said = reader.join().expect("reader");
-        let said = |what: &str| said.iter().any(|l| l.trim_end() == what);
-        stats.killed_while_opening += u64::from(said("opening") && !said("ready"));
+            .env("RHEO_KILL_SEED", seed.to_string());
+        stats.early_kills += u64::from(early);
+        let lines = spawn_and_kill(&mut command, early, delay).unwrap_or_else(|msg| fail(msg));
+        stats.killed_while_opening += u64::from(killed_while_opening(&lines));
         if let Err(msg) = read_side(&side_path, round, &mut ledger) {
             fail(msg);
         }

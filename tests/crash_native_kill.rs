@@ -31,13 +31,18 @@
 //! `RHEO_KILL_ROUNDS=n` changes the number of rounds (default 60).
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use rheo::{AppendOptions, Error, Rheo, StreamOptions};
 use serde_json::{Value, json};
+
+#[path = "common/rng.rs"]
+mod rng;
+use rng::{Rng, env_u64};
+
+#[path = "common/kill.rs"]
+mod kill;
+use kill::{child_command, killed_while_opening, say, seed_and_rounds, spawn_and_kill};
 
 const TEST_NAME: &str = "sigkill_during_appends_keeps_every_acknowledged_event";
 const CHILD_URL: &str = "RHEO_KILL_CHILD_URL";
@@ -55,14 +60,6 @@ fn sigkill_during_appends_keeps_every_acknowledged_event() {
         Err(_) => parent(),
     }
 }
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")))
-}
-
-#[path = "common/rng.rs"]
-mod rng;
-use rng::Rng;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
@@ -123,14 +120,6 @@ async fn writer(rheo: &Rheo, round: u64, w: u64, mut rng: Rng) {
     }
 }
 
-/// Writes and flushes whole lines; exits when the parent is gone.
-fn say(text: &str) {
-    let mut out = std::io::stdout().lock();
-    if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
-        std::process::exit(0);
-    }
-}
-
 // ------------------------------------------------------------------ parent
 
 /// An acknowledged event: its id and batch.
@@ -149,12 +138,7 @@ struct Stats {
 }
 
 fn parent() {
-    let seed = env_u64("RHEO_KILL_SEED").unwrap_or_else(|| {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock");
-        t.as_secs() ^ u64::from(t.subsec_nanos())
-    });
-    let rounds = env_u64("RHEO_KILL_ROUNDS").unwrap_or(ROUNDS);
-    println!("{TEST_NAME}: seed {seed} (replay the random choices with RHEO_KILL_SEED={seed})");
+    let (seed, rounds) = seed_and_rounds(TEST_NAME, ROUNDS);
     let dir = tempfile::tempdir().expect("tempdir");
     let exe = std::env::current_exe().expect("test binary");
     let rt = runtime();
@@ -169,50 +153,11 @@ fn parent() {
         let early = rng.chance(1, 5);
         let delay = Duration::from_millis(if early { rng.range(1, 20) } else { rng.range(20, 200) });
 
-        let mut child = Command::new(&exe)
-            .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
-            .env(CHILD_URL, &url)
-            .env(CHILD_ROUND, round.to_string())
-            .env("RHEO_KILL_SEED", seed.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn the child");
-        let stdout = child.stdout.take().expect("stdout");
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            let mut lines = Vec::new();
-            let mut r = BufReader::new(stdout);
-            loop {
-                let mut line = String::new();
-                match r.read_line(&mut line) {
-                    Ok(0) | Err(_) => return lines,
-                    // A line cut by the kill has no newline: not acknowledged.
-                    Ok(_) if line.ends_with('\n') => {
-                        if line == "ready\n" {
-                            let _ = ready_tx.send(());
-                        }
-                        lines.push(line);
-                    }
-                    Ok(_) => {}
-                }
-            }
-        });
-        if early {
-            stats.early_kills += 1;
-        } else if ready_rx.recv_timeout(Duration::from_secs(30)).is_err() {
-            let _ = child.kill();
-            fail(format!("the child did not get ready: {:?}", child.wait()));
-        }
-        std::thread::sleep(delay);
-        if let Ok(Some(status)) = child.try_wait() {
-            fail(format!("the child exited by itself ({status}): {:?}", reader.join()));
-        }
-        child.kill().expect("SIGKILL the child");
-        child.wait().expect("reap the child");
-        let lines = reader.join().expect("reader");
-        let said = |what: &str| lines.iter().any(|l| l.trim_end() == what);
-        stats.killed_while_opening += u64::from(said("opening") && !said("ready"));
+        let mut command = child_command(&exe, TEST_NAME);
+        command.env(CHILD_URL, &url).env(CHILD_ROUND, round.to_string()).env("RHEO_KILL_SEED", seed.to_string());
+        stats.early_kills += u64::from(early);
+        let lines = spawn_and_kill(&mut command, early, delay).unwrap_or_else(|msg| fail(msg));
+        stats.killed_while_opening += u64::from(killed_while_opening(&lines));
         for line in &lines {
             if let Err(msg) = record_ack(line, &mut acked) {
                 fail(msg);

@@ -48,16 +48,22 @@
 //! `RHEO_CRASH_FIRST_SEED=1000000` run other seeds.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rheo::engine::log::stream::Routed;
 use rheo::engine::segment::format::{FLAG_END, FLAG_MULTI};
-use rheo::engine::vfs::{Fault, FaultyVfs, MemVfs, Vfs, VfsFile, VfsLock};
+use rheo::engine::vfs::{Fault, FaultyVfs, MemVfs, Vfs};
 use rheo::engine::{Durability, Engine, EngineOptions};
 use rheo::{AppendOptions, Error, NewEvent, partition_for_key};
 use serde_json::json;
+
+#[path = "common/rng.rs"]
+mod rng;
+use rng::Rng;
+
+#[path = "common/crash.rs"]
+mod crash;
+use crash::{Arming, OpRecord, Probe, Trace, assert_none_failed, run_each, seeds_of_kind, walk, write_back_some};
 
 /// Scenarios per fault kind (four kinds: 4 × 750 = 3,000 scenarios, about
 /// 12 s in a debug build on 2 cores).
@@ -86,48 +92,18 @@ fn failed_fsync_at_a_random_operation_poisons_until_reopen() {
 
 // ------------------------------------------------------------------ driver
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")))
-}
-
 /// Runs every scenario of one fault kind (`seed % 4 == kind`), or only
 /// `RHEO_CRASH_SEED` when set.
 fn run_kind(kind: u64) {
-    let seeds: Vec<u64> = match env_u64("RHEO_CRASH_SEED") {
-        Some(seed) if seed % 4 == kind => vec![seed],
-        Some(_) => return,
-        None => {
-            let first = env_u64("RHEO_CRASH_FIRST_SEED").unwrap_or(0);
-            let n = env_u64("RHEO_CRASH_SCENARIOS").unwrap_or(SCENARIOS_PER_KIND);
-            (0..n).map(|i| first + i * 4 + kind).collect()
-        }
-    };
-    let verbose = seeds.len() == 1;
+    let Some(seeds) = seeds_of_kind(kind, SCENARIOS_PER_KIND) else { return };
     let mut total = Stats::default();
-    let mut failures = Vec::new();
-    for &seed in &seeds {
-        let mut trace = Trace { lines: Vec::new(), print: verbose };
-        match run_scenario(seed, &mut trace) {
-            Ok(stats) => total.add(&stats),
-            Err(msg) => {
-                if failures.is_empty() && !verbose {
-                    eprintln!("trace of seed {seed}:");
-                    for line in &trace.lines {
-                        eprintln!("  {line}");
-                    }
-                }
-                failures.push(format!("seed {seed}: {msg}"));
-            }
-        }
-    }
+    let failures = run_each(&seeds, |seed, trace| run_scenario(seed, trace).map(|stats| total.add(&stats)));
     let fault = KINDS[usize::try_from(kind).expect("kind")];
     println!("{fault:?}: {} scenarios, {total:?}", seeds.len());
-    assert!(
-        failures.is_empty(),
-        "{} of {} scenarios failed:\n{}\nreplay one: RHEO_CRASH_SEED=<seed> cargo test --test crash_native_log -- --nocapture",
-        failures.len(),
+    assert_none_failed(
+        &failures,
         seeds.len(),
-        failures.join("\n")
+        "RHEO_CRASH_SEED=<seed> cargo test --test crash_native_log -- --nocapture",
     );
     if seeds.len() >= 100 {
         // Guard against a workload that stops exercising what it should.
@@ -162,189 +138,6 @@ impl Stats {
         self.truncated += o.truncated;
         self.second_crash += o.second_crash;
         self.rolled_segments += o.rolled_segments;
-    }
-}
-
-/// The steps of a scenario, printed when replaying one seed or on failure.
-struct Trace {
-    lines: Vec<String>,
-    print: bool,
-}
-
-impl Trace {
-    fn log(&mut self, line: String) {
-        if self.print {
-            println!("{line}");
-        }
-        self.lines.push(line);
-    }
-}
-
-// ------------------------------------------------------------------ rng
-
-#[path = "common/rng.rs"]
-mod rng;
-use rng::Rng;
-
-// ------------------------------------------------------------------ probe
-
-/// A mutating operation seen by the probe: (op number after it, what, path, bytes).
-type OpRecord = (u64, &'static str, String, usize);
-
-#[derive(Debug, Default)]
-struct Observed {
-    /// Syncs that failed while the process was alive (FsyncFails, or DiskFull
-    /// landing on a sync).
-    failed_syncs: u64,
-    /// Operations that failed with `StorageFull`.
-    storage_full: u64,
-    /// Every mutating operation, when recording.
-    ops: Option<Vec<OpRecord>>,
-}
-
-/// Passes everything through to a `FaultyVfs` and notes what failed, so the
-/// test knows when a non-fatal fault fired.
-#[derive(Debug, Clone)]
-struct Probe {
-    faulty: FaultyVfs,
-    seen: Arc<Mutex<Observed>>,
-}
-
-impl Probe {
-    fn new(faulty: FaultyVfs, record: bool) -> Self {
-        let seen = Observed { ops: record.then(Vec::new), ..Observed::default() };
-        Probe { faulty, seen: Arc::new(Mutex::new(seen)) }
-    }
-
-    fn failed_syncs(&self) -> u64 {
-        self.seen.lock().expect("probe").failed_syncs
-    }
-
-    fn storage_full(&self) -> u64 {
-        self.seen.lock().expect("probe").storage_full
-    }
-
-    fn ops(&self) -> Vec<OpRecord> {
-        self.seen.lock().expect("probe").ops.clone().unwrap_or_default()
-    }
-
-    fn observe<T>(
-        &self,
-        what: &'static str,
-        path: &str,
-        bytes: usize,
-        f: impl FnOnce() -> io::Result<T>,
-    ) -> io::Result<T> {
-        let before = self.faulty.op_count();
-        let r = f();
-        let after = self.faulty.op_count();
-        let mut seen = self.seen.lock().expect("probe");
-        if let Err(e) = &r {
-            if e.kind() == io::ErrorKind::StorageFull {
-                seen.storage_full += 1;
-            }
-            if what.starts_with("sync") && !self.faulty.crashed() {
-                seen.failed_syncs += 1;
-            }
-        }
-        if after > before
-            && let Some(ops) = seen.ops.as_mut()
-        {
-            ops.push((after, what, path.to_owned(), bytes));
-        }
-        r
-    }
-}
-
-#[derive(Debug)]
-struct ProbeFile {
-    inner: Arc<dyn VfsFile>,
-    path: String,
-    probe: Probe,
-}
-
-impl VfsFile for ProbeFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.probe.observe("write", &self.path, buf.len(), || self.inner.write_all_at(buf, offset))
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.probe.observe("set_len", &self.path, 0, || self.inner.set_len(len))
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.probe.observe("sync_data", &self.path, 0, || self.inner.sync_data())
-    }
-}
-
-impl Vfs for Probe {
-    fn open(&self, path: &str, create: bool) -> io::Result<Arc<dyn VfsFile>> {
-        let inner = self.observe("create", path, 0, || self.faulty.open(path, create))?;
-        Ok(Arc::new(ProbeFile { inner, path: path.to_owned(), probe: self.clone() }))
-    }
-    fn exists(&self, path: &str) -> io::Result<bool> {
-        self.faulty.exists(path)
-    }
-    fn create_dir_all(&self, path: &str) -> io::Result<()> {
-        self.observe("mkdir", path, 0, || self.faulty.create_dir_all(path))
-    }
-    fn list(&self, dir: &str) -> io::Result<Vec<String>> {
-        self.faulty.list(dir)
-    }
-    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
-        self.observe("rename", to, 0, || self.faulty.rename(from, to))
-    }
-    fn remove_file(&self, path: &str) -> io::Result<()> {
-        self.observe("remove", path, 0, || self.faulty.remove_file(path))
-    }
-    fn remove_dir_all(&self, path: &str) -> io::Result<()> {
-        self.observe("remove", path, 0, || self.faulty.remove_dir_all(path))
-    }
-    fn sync_dir(&self, dir: &str) -> io::Result<()> {
-        self.observe("sync_dir", dir, 0, || self.faulty.sync_dir(dir))
-    }
-    fn lock(&self, path: &str) -> io::Result<Box<dyn VfsLock>> {
-        self.faulty.lock(path)
-    }
-    fn describe(&self, path: &str) -> PathBuf {
-        self.faulty.describe(path)
-    }
-}
-
-/// Simulates the OS writing back dirty pages before the power cut: persists
-/// the live content of some files and the live entries of some directories.
-fn write_back_some(mem: &MemVfs, rng: &mut Rng, trace: &mut Trace) {
-    let (mut files, mut dirs) = (Vec::new(), Vec::new());
-    walk(mem, "", &mut files, &mut dirs);
-    let mut done = Vec::new();
-    for f in files {
-        if rng.chance(1, 2) {
-            mem.open(&f, false).and_then(|h| h.sync_data()).expect("write back a file");
-            done.push(f);
-        }
-    }
-    for d in dirs {
-        if rng.chance(1, 4) {
-            mem.sync_dir(&d).expect("write back a directory");
-            done.push(format!("{d}/"));
-        }
-    }
-    trace.log(format!("write back before the power cut: {done:?}"));
-}
-
-fn walk(mem: &MemVfs, dir: &str, files: &mut Vec<String>, dirs: &mut Vec<String>) {
-    dirs.push(dir.to_owned());
-    for name in mem.list(dir).unwrap_or_default() {
-        let path = if dir.is_empty() { name } else { format!("{dir}/{name}") };
-        if mem.open(&path, false).is_ok() {
-            files.push(path);
-        } else {
-            walk(mem, &path, files, dirs);
-        }
     }
 }
 
@@ -538,15 +331,6 @@ fn create_streams(engine: &Engine, probe: &Probe, plan: &Plan, model: &mut Model
 
 // ------------------------------------------------------------------ scenario
 
-/// Where in a scenario's run a fault is armed, and how the crash looks.
-struct Arming {
-    fault: Fault,
-    after: u64,
-    write_back: bool,
-    /// A second crash (kind, op count) armed on reopening.
-    second: Option<(Fault, u64)>,
-}
-
 fn run_scenario(seed: u64, trace: &mut Trace) -> Result<Stats, String> {
     let plan = plan(seed);
     let fault = KINDS[usize::try_from(seed % 4).expect("kind")];
@@ -565,12 +349,7 @@ fn run_scenario(seed: u64, trace: &mut Trace) -> Result<Stats, String> {
         probe.faulty.op_count()
     };
     let mut rng = Rng::new(seed, 2);
-    let arming = Arming {
-        fault,
-        after: rng.range(1, total_ops + 2),
-        write_back: rng.chance(1, 2),
-        second: rng.chance(1, 3).then(|| (rng.pick(&[Fault::Crash, Fault::TornWrite]), rng.range(1, 60))),
-    };
+    let arming = Arming::new(fault, total_ops, &mut rng);
     trace.log(format!(
         "seed {seed}: {fault:?} at op {} of {total_ops}, write back {}, second crash {:?}, options {:?}, streams {:?}",
         arming.after, arming.write_back, arming.second, plan.opts, plan.streams
@@ -659,7 +438,7 @@ fn run_armed(seed: u64, plan: &Plan, arming: &Arming, rng: &mut Rng, trace: &mut
 /// everything unsynced is lost. The engine must be dropped before.
 fn power_cut(faulty: &FaultyVfs, write_back: bool, rng: &mut Rng, trace: &mut Trace) {
     if write_back {
-        write_back_some(faulty.mem(), rng, trace);
+        write_back_some(faulty.mem(), rng, trace, 4);
     }
     faulty.restart();
 }

@@ -28,3 +28,9 @@ impl Rng {
         items[usize::try_from(self.next() % items.len() as u64).expect("index")]
     }
 }
+
+/// A number from the environment (a seed, a count), if set; panics on one
+/// that is not a number.
+pub fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")))
+}
