@@ -195,6 +195,13 @@ fn reopen_and_memory(c: &mut Criterion) {
             total
         })
     });
+    // A checkpoint of that state: the pause it imposes on the stream's
+    // group calls (it runs under the stream's table lock).
+    g.bench_function("checkpoint_1M_unsettled_deliveries", |b| {
+        let opts = EngineOptions { durability: Durability::Sync, ..EngineOptions::default() };
+        let engine = rheo::engine::Engine::open_dir(dir.path(), opts).expect("reopen");
+        b.iter(|| engine.checkpoint("s").expect("checkpoint"));
+    });
     g.finish();
 }
 
