@@ -203,7 +203,7 @@ impl Engine {
     /// by WAL size or age) and deletes the WAL it covers.
     pub fn checkpoint(&self, stream: &str) -> Result<()> {
         let (_, table) = self.groups(stream)?;
-        table.checkpoint(&self.ctx())
+        table.checkpoint(&self.inner.poison)
     }
 
     /// Every stream's manifest entry, in creation order.

@@ -68,6 +68,19 @@ pub(crate) struct DeliveryTable {
     vfs: Arc<dyn Vfs>,
     dir: String,
     inner: Mutex<Table>,
+    /// Held for a whole checkpoint (taken before `inner`, or tried while
+    /// holding it): one checkpoint at a time, whose file is written after
+    /// `inner` is released.
+    checkpointing: Mutex<()>,
+}
+
+/// A checkpoint whose state is taken and whose WAL generation is switched,
+/// left to write (without the table's lock).
+struct PendingCheckpoint {
+    next: u64,
+    old_generation: u64,
+    lsn: u64,
+    snaps: Vec<crate::delivery::journal::GroupSnapshot>,
 }
 
 #[derive(Debug)]
@@ -423,14 +436,13 @@ impl DeliveryTable {
         }
         let table =
             Table { groups: journaled, wal, next_lsn: last_lsn + 1, last_checkpoint: Instant::now(), buf: Vec::new() };
-        let table = DeliveryTable { vfs, dir, inner: Mutex::new(table) };
+        let table = DeliveryTable { vfs, dir, inner: Mutex::new(table), checkpointing: Mutex::new(()) };
         if report.clamped > 0 {
             // The clamp changed state that the checkpoint and WAL on disk
             // still hold: make it durable before new appends reuse those
             // sequences, or the next reopen would replay the old state over
             // them.
-            let mut t = table.inner.lock();
-            table.checkpoint_locked(&mut t, &Poison::default())?;
+            table.checkpoint(&Poison::default())?;
         }
         Ok((table, report))
     }
@@ -463,7 +475,7 @@ impl DeliveryTable {
         let summary = g.summary.clone();
         let ticket = self.write(&mut t, ctx, group, &Body::Create(snap), true)?;
         t.groups.insert(group.to_owned(), g.journaled());
-        self.maybe_checkpoint(&mut t, ctx);
+        self.maybe_checkpoint(t, ctx);
         Ok((summary, ticket))
     }
 
@@ -490,7 +502,7 @@ impl DeliveryTable {
         } else {
             let sync = needs_sync(&ops);
             let ticket = self.write(&mut t, ctx, group, &Body::Ops(ops), sync)?;
-            self.maybe_checkpoint(&mut t, ctx);
+            self.maybe_checkpoint(t, ctx);
             ticket
         };
         Ok((out?, ticket))
@@ -527,25 +539,40 @@ impl DeliveryTable {
         })
     }
 
-    fn maybe_checkpoint(&self, t: &mut Table, ctx: &Ctx<'_>) {
+    /// Checkpoints when the WAL's size or age says so: the state is taken
+    /// and the WAL switched under the table's lock (`t`, released here),
+    /// the file written after it, so other calls on the stream's groups
+    /// wait only for the snapshot, not for the writes and syncs.
+    fn maybe_checkpoint(&self, mut t: parking_lot::MutexGuard<'_, Table>, ctx: &Ctx<'_>) {
         let size = t.wal.len.saturating_sub(WAL_HEADER_LEN as u64);
         let due = size >= ctx.opts.checkpoint_bytes
             || (size > 0 && t.last_checkpoint.elapsed() >= ctx.opts.checkpoint_interval);
-        if due && let Err(e) = self.checkpoint_locked(t, ctx.poison) {
+        if !due {
+            return;
+        }
+        // Another checkpoint is being written: this one comes later.
+        let Some(_one) = self.checkpointing.try_lock() else { return };
+        let pending = self.checkpoint_begin(&mut t, ctx.poison);
+        drop(t);
+        if let Err(e) = pending.and_then(|p| self.checkpoint_finish(p, ctx.poison)) {
             tracing::warn!(dir = %self.vfs.describe(&self.dir).display(), error = %e, "checkpoint failed; the WAL keeps growing until one succeeds");
         }
     }
 
     /// Writes a checkpoint now and drops the WAL it covers.
-    pub(crate) fn checkpoint(&self, ctx: &Ctx<'_>) -> Result<()> {
-        let mut t = self.inner.lock();
-        ctx.poison.check(&self.dir)?;
-        self.checkpoint_locked(&mut t, ctx.poison)
+    pub(crate) fn checkpoint(&self, poisoned: &Poison) -> Result<()> {
+        let _one = self.checkpointing.lock();
+        let pending = {
+            let mut t = self.inner.lock();
+            poisoned.check(&self.dir)?;
+            self.checkpoint_begin(&mut t, poisoned)?
+        };
+        self.checkpoint_finish(pending, poisoned)
     }
 
-    fn checkpoint_locked(&self, t: &mut Table, poisoned: &Poison) -> Result<()> {
+    /// Steps 1 and 2 and the snapshot, under the table's lock.
+    fn checkpoint_begin(&self, t: &mut Table, poisoned: &Poison) -> Result<PendingCheckpoint> {
         let v = &*self.vfs;
-        let dir = &self.dir;
         let poison = |e: Error| {
             if let Error::Poisoned { reason, .. } = &e {
                 poisoned.set(reason.clone());
@@ -558,14 +585,31 @@ impl DeliveryTable {
         // not the checkpoint below succeeds: the old one is complete and
         // synced, so only the newest generation can ever have a torn tail.
         let next = t.wal.generation + 1;
-        let new_wal = WalFile::create(v, dir, next).map_err(poison)?;
+        let new_wal = WalFile::create(v, &self.dir, next).map_err(poison)?;
         let old = std::mem::replace(&mut t.wal, new_wal);
-        // 3. The checkpoint, atomically.
+        t.last_checkpoint = Instant::now();
+        // 3a. The state as of the last record of the old generation.
         let snaps: Vec<_> = t.groups.values().map(GroupState::snapshot).collect();
-        let lsn = t.next_lsn - 1;
-        let bytes = checkpoint::encode(next, lsn, &snaps).map_err(|r| Error::failed("checkpoint", r))?;
-        let tmp = format!("{dir}/{}.tmp", ckpt_name(next));
-        let path = format!("{dir}/{}", ckpt_name(next));
+        Ok(PendingCheckpoint { next, old_generation: old.generation, lsn: t.next_lsn - 1, snaps })
+    }
+
+    /// Steps 3b and 4, without the table's lock (new records go to the new
+    /// generation meanwhile; a crash or failure here leaves the older
+    /// checkpoint and every WAL generation since, all replayed on reopen).
+    fn checkpoint_finish(&self, p: PendingCheckpoint, poisoned: &Poison) -> Result<()> {
+        let v = &*self.vfs;
+        let dir = &self.dir;
+        let poison = |e: Error| {
+            if let Error::Poisoned { reason, .. } = &e {
+                poisoned.set(reason.clone());
+            }
+            e
+        };
+        // 3b. The checkpoint, atomically.
+        let bytes = checkpoint::encode(p.next, p.lsn, &p.snaps).map_err(|r| Error::failed("checkpoint", r))?;
+        drop(p.snaps);
+        let tmp = format!("{dir}/{}.tmp", ckpt_name(p.next));
+        let path = format!("{dir}/{}", ckpt_name(p.next));
         let f = v.open(&tmp, true).map_err(|e| io_err(v, &tmp, "create", e))?;
         f.set_len(0).map_err(|e| io_err(v, &tmp, "truncate", e))?;
         if let Err(e) = f.write_all_at(&bytes, 0) {
@@ -576,13 +620,12 @@ impl DeliveryTable {
         v.rename(&tmp, &path).map_err(|e| io_err(v, &path, "rename", e))?;
         v.sync_dir(dir).map_err(|e| poison(sync_err(v, dir, e)))?;
         // 4. Drop what the checkpoint covers.
-        t.last_checkpoint = Instant::now();
         for name in v.list(dir).map_err(|e| io_err(v, dir, "list", e))? {
-            let stale = generation_of(&name, "wal-", ".log").is_some_and(|g| g <= old.generation)
-                || generation_of(&name, "checkpoint-", ".ckpt").is_some_and(|g| g < next);
+            let stale = generation_of(&name, "wal-", ".log").is_some_and(|g| g <= p.old_generation)
+                || generation_of(&name, "checkpoint-", ".ckpt").is_some_and(|g| g < p.next);
             if stale {
-                let p = format!("{dir}/{name}");
-                v.remove_file(&p).map_err(|e| io_err(v, &p, "remove", e))?;
+                let path = format!("{dir}/{name}");
+                v.remove_file(&path).map_err(|e| io_err(v, &path, "remove", e))?;
             }
         }
         v.sync_dir(dir).map_err(|e| poison(sync_err(v, dir, e)))?;
