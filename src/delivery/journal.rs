@@ -196,16 +196,9 @@ impl GroupState {
     pub(crate) fn clamp(&mut self, high_watermark: impl Fn(u32) -> u64) -> usize {
         let mut changed = 0;
         for (&p, part) in &mut self.parts {
-            let hw = high_watermark(p);
-            let top = hw.max(part.floor);
-            if part.frontier > top
-                || part.cursor > top
-                || part.deliveries.last_key_value().is_some_and(|(&s, _)| s > hw)
-                || part.dead.last_key_value().is_some_and(|(&s, _)| s > hw)
-                || part.done.iter().last().is_some_and(|(_, e)| e > top)
-            {
+            if let Some(dead) = part.clamp(high_watermark(p)) {
                 changed += 1;
-                for order in part.clamp(hw) {
+                for order in dead {
                     self.dead_order.remove(&order);
                 }
             }

@@ -238,21 +238,30 @@ impl PartState {
 
     /// Forgets everything above `high_watermark`: after a machine crash
     /// under `Batched`/`None` the log may have lost a tail that the delivery
-    /// log still mentions. Returns the dead-letter orders removed.
-    pub(crate) fn clamp(&mut self, high_watermark: u64) -> Vec<u64> {
+    /// log still mentions. Returns None when nothing was above it, else the
+    /// dead-letter orders removed.
+    pub(crate) fn clamp(&mut self, high_watermark: u64) -> Option<Vec<u64>> {
         // Settled positions may run up to the floor (a start after a
         // sequence not yet appended); deliveries and dead letters, which
         // only ever come from claims, never go above the high watermark.
         let top = high_watermark.max(self.floor);
+        let above = high_watermark.saturating_add(1);
+        let settled_above = self.done.remove_from(top.saturating_add(1));
+        let changed = self.frontier > top
+            || self.cursor > top
+            || settled_above > 0
+            || self.deliveries.last_key_value().is_some_and(|(&s, _)| s > high_watermark)
+            || self.dead.last_key_value().is_some_and(|(&s, _)| s > high_watermark);
+        if !changed {
+            return None;
+        }
         self.frontier = self.frontier.min(top);
         self.cursor = self.cursor.min(top);
-        self.done.remove_from(top.saturating_add(1));
-        let above = high_watermark.saturating_add(1);
         for seq in self.deliveries.split_off(&above).into_keys() {
             self.ready.remove(&seq);
         }
         self.timers.retain(|&(_, seq)| seq <= high_watermark);
-        self.dead.split_off(&above).into_values().map(|d| d.order).collect()
+        Some(self.dead.split_off(&above).into_values().map(|d| d.order).collect())
     }
 
     /// (leased, waiting) counts.

@@ -57,6 +57,15 @@ impl Poison {
         }
     }
 
+    /// Poisons when `e` is `Error::Poisoned` (a failed sync reported by a
+    /// lower layer), and gives `e` back: `.map_err(|e| poison.absorb(e))`.
+    pub fn absorb(&self, e: Error) -> Error {
+        if let Error::Poisoned { reason, .. } = &e {
+            self.set(reason.clone());
+        }
+        e
+    }
+
     /// The reason, once poisoned.
     pub fn reason(&self) -> Option<String> {
         self.reason.lock().clone()

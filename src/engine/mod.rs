@@ -138,13 +138,9 @@ impl Engine {
         indexes: &[String],
         created_ms: i64,
     ) -> Result<StreamEntry> {
-        self.create_stream_inner(name, partition_count, indexes, created_ms).inspect_err(|e| {
-            // A failed sync may have dropped pages of any file: refuse writes
-            // until reopen, as after a failed sync of an append.
-            if let Error::Poisoned { reason, .. } = e {
-                self.inner.poison.set(reason.clone());
-            }
-        })
+        // A failed sync may have dropped pages of any file: refuse writes
+        // until reopen, as after a failed sync of an append.
+        self.create_stream_inner(name, partition_count, indexes, created_ms).map_err(|e| self.inner.poison.absorb(e))
     }
 
     fn create_stream_inner(

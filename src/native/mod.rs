@@ -139,12 +139,7 @@ impl NativeBackend {
         let (log, table) = self.engine.groups(stream)?;
         let engine = self.engine.clone();
         let group = group.to_owned();
-        let ticket = blocking(move || {
-            let (out, ticket) = table.with_group(&engine.ctx(), &log, &group, f)?;
-            Ok((out, ticket))
-        })
-        .await?;
-        let (out, ticket) = ticket;
+        let (out, ticket) = blocking(move || table.with_group(&engine.ctx(), &log, &group, f)).await?;
         ticket.resolved().await?;
         Ok(out)
     }

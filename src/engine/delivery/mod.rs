@@ -573,12 +573,7 @@ impl DeliveryTable {
     /// Steps 1 and 2 and the snapshot, under the table's lock.
     fn checkpoint_begin(&self, t: &mut Table, poisoned: &Poison) -> Result<PendingCheckpoint> {
         let v = &*self.vfs;
-        let poison = |e: Error| {
-            if let Error::Poisoned { reason, .. } = &e {
-                poisoned.set(reason.clone());
-            }
-            e
-        };
+        let poison = |e: Error| poisoned.absorb(e);
         // 1. Everything so far durable, so no later generation follows a torn tail.
         t.wal.file.sync_data().map_err(|e| poison(sync_err(v, &t.wal.path, e)))?;
         // 2. The next generation takes new records from now on, whether or
@@ -599,12 +594,7 @@ impl DeliveryTable {
     fn checkpoint_finish(&self, p: PendingCheckpoint, poisoned: &Poison) -> Result<()> {
         let v = &*self.vfs;
         let dir = &self.dir;
-        let poison = |e: Error| {
-            if let Error::Poisoned { reason, .. } = &e {
-                poisoned.set(reason.clone());
-            }
-            e
-        };
+        let poison = |e: Error| poisoned.absorb(e);
         // 3b. The checkpoint, atomically.
         let bytes = checkpoint::encode(p.next, p.lsn, &p.snaps).map_err(|r| Error::failed("checkpoint", r))?;
         drop(p.snaps);

@@ -164,12 +164,7 @@ impl StreamLog {
         if !rolls.is_empty() {
             self.commit_barrier(*next_txn - 1, &touched, &mut guards, poison)?;
             for &i in &rolls {
-                if let Err(e) = writers[i].1.roll(&mut guards[i], now_ms()) {
-                    if let Error::Poisoned { reason, .. } = &e {
-                        poison.set(reason.clone());
-                    }
-                    return Err(e);
-                }
+                writers[i].1.roll(&mut guards[i], now_ms()).map_err(|e| poison.absorb(e))?;
             }
         }
 
@@ -193,10 +188,7 @@ impl StreamLog {
                             poison.set(undo.to_string());
                         }
                     }
-                    if let Error::Poisoned { reason, .. } = &e {
-                        poison.set(reason.clone());
-                    }
-                    return Err(e);
+                    return Err(poison.absorb(e));
                 }
             }
         }
