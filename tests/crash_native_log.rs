@@ -172,6 +172,7 @@ fn plan(seed: u64) -> Plan {
         durability: Durability::Sync,
         segment_bytes: rng.pick(&[4096, 4096, 8192]),
         preallocate_bytes: rng.pick(&[1024, 1024, 0]),
+        background_indexing: false,
         ..EngineOptions::default()
     };
     let streams: Vec<(String, u32)> =
@@ -643,7 +644,12 @@ fn present_failed(engine: &Engine, model: &Model) -> u64 {
 // ------------------------------------------------------------------ torn tails
 
 fn small() -> EngineOptions {
-    EngineOptions { segment_bytes: 4096, preallocate_bytes: 1024, ..EngineOptions::default() }
+    EngineOptions {
+        segment_bytes: 4096,
+        preallocate_bytes: 1024,
+        background_indexing: false,
+        ..EngineOptions::default()
+    }
 }
 
 fn event(id: &str, p: u32, pad: usize) -> Planned {

@@ -10,6 +10,7 @@
 
 pub mod commit;
 pub mod delivery;
+pub mod index;
 pub mod log;
 pub mod options;
 pub mod segment;
@@ -43,7 +44,9 @@ struct Inner {
     vfs: Arc<dyn Vfs>,
     opts: EngineOptions,
     manifest: Mutex<ManifestBody>,
-    streams: RwLock<HashMap<String, Arc<StreamLog>>>,
+    streams: Arc<RwLock<HashMap<String, Arc<StreamLog>>>>,
+    /// The background index builder (when enabled).
+    builder: Option<index::Builder>,
     /// Each stream's consumer groups.
     tables: RwLock<HashMap<String, Arc<DeliveryTable>>>,
     delivery_recovery: Vec<(String, DeliveryRecovery)>,
@@ -86,7 +89,16 @@ impl Engine {
         let mut tables = HashMap::new();
         let mut delivery_recovery = Vec::new();
         for s in &body.streams {
-            let log = StreamLog::open(vfs.clone(), &opts, s.id, &s.name, s.partition_count, now, &mut truncations)?;
+            let log = StreamLog::open(
+                vfs.clone(),
+                &opts,
+                s.id,
+                &s.name,
+                s.partition_count,
+                &s.indexes,
+                now,
+                &mut truncations,
+            )?;
             let (table, report) = DeliveryTable::open(vfs.clone(), &opts, &log)?;
             delivery_recovery.push((s.name.clone(), report));
             tables.insert(s.name.clone(), Arc::new(table));
@@ -94,12 +106,15 @@ impl Engine {
         }
         let poison = Arc::new(Poison::default());
         let committer = Committer::start(opts.durability, poison.clone())?;
+        let streams = Arc::new(RwLock::new(streams));
+        let builder = if opts.background_indexing { Some(index::Builder::start(streams.clone())?) } else { None };
         Ok(Engine {
             inner: Arc::new(Inner {
                 vfs,
                 opts,
                 manifest: Mutex::new(body),
-                streams: RwLock::new(streams),
+                streams,
+                builder,
                 tables: RwLock::new(tables),
                 delivery_recovery,
                 committer,
@@ -162,8 +177,27 @@ impl Engine {
             inner.vfs.remove_dir_all(&dir).map_err(|e| io_err(&*inner.vfs, &dir, "remove", e))?;
         }
         let mut truncations = Vec::new();
-        let log =
-            StreamLog::open(inner.vfs.clone(), &inner.opts, id, name, partition_count, created_ms, &mut truncations)?;
+        // Kept as given (stream info shows them so), one per canonical field.
+        let mut declared: Vec<String> = Vec::new();
+        let mut seen = Vec::new();
+        for f in indexes {
+            let c = index::check_field(name, f)?;
+            if !seen.contains(&c) {
+                seen.push(c);
+                declared.push(f.clone());
+            }
+        }
+        let indexes = &declared[..];
+        let log = StreamLog::open(
+            inner.vfs.clone(),
+            &inner.opts,
+            id,
+            name,
+            partition_count,
+            indexes,
+            created_ms,
+            &mut truncations,
+        )?;
         let (table, _) = DeliveryTable::open(inner.vfs.clone(), &inner.opts, &log)?;
         inner.vfs.sync_dir(log.dir()).map_err(|e| sync_err(&*inner.vfs, log.dir(), e))?;
         inner.vfs.sync_dir(STREAMS).map_err(|e| sync_err(&*inner.vfs, STREAMS, e))?;
@@ -217,10 +251,58 @@ impl Engine {
     pub fn vfs(&self) -> &Arc<dyn Vfs> {
         &self.inner.vfs
     }
+
+    /// Adds a field to a stream's indexes: recorded in the manifest at
+    /// once; existing segments are indexed in the background (see
+    /// [`Engine::index_status`]). Adding a field already indexed is a no-op.
+    pub fn create_index(&self, stream: &str, field: &str) -> Result<()> {
+        let canonical = index::check_field(stream, field)?;
+        let inner = &*self.inner;
+        inner.poison.check(stream)?;
+        let log = self.stream(stream)?;
+        let mut m = inner.manifest.lock();
+        let mut next = m.clone();
+        let Some(entry) = next.streams.iter_mut().find(|s| s.name == stream) else {
+            return Err(Error::stream_not_found(stream));
+        };
+        if log.index.fields().contains(&canonical) {
+            return Ok(());
+        }
+        entry.indexes.push(field.to_owned());
+        let declared = entry.indexes.clone();
+        manifest::store(&*inner.vfs, &next).map_err(|e| inner.poison.absorb(e))?;
+        *m = next;
+        drop(m);
+        log.index.set_declared(&declared);
+        if let Some(b) = &inner.builder {
+            b.wake();
+        }
+        Ok(())
+    }
+
+    /// How far each indexed field of a stream is built.
+    pub fn index_status(&self, stream: &str) -> Result<Vec<index::IndexStatus>> {
+        let log = self.stream(stream)?;
+        Ok(log.index.status(&log))
+    }
+
+    /// Runs index building to completion on the calling thread (what the
+    /// background builder does over time): every sealed segment gets its
+    /// index file, every active segment's in-memory index catches up.
+    pub fn build_indexes(&self) -> Result<()> {
+        let logs: Vec<Arc<StreamLog>> = self.inner.streams.read().values().cloned().collect();
+        for log in logs {
+            while log.index.build_step(&log) {}
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        if let Some(b) = &self.builder {
+            b.stop();
+        }
         self.committer.shutdown();
     }
 }
@@ -248,7 +330,12 @@ mod tests {
     use vfs::MemVfs;
 
     fn small() -> EngineOptions {
-        EngineOptions { segment_bytes: 4096, preallocate_bytes: 1024, ..EngineOptions::default() }
+        EngineOptions {
+            segment_bytes: 4096,
+            preallocate_bytes: 1024,
+            background_indexing: false,
+            ..EngineOptions::default()
+        }
     }
 
     fn append(engine: &Engine, stream: &str, partitions: &[u32]) -> Result<Vec<(u32, u64)>> {

@@ -60,6 +60,11 @@ pub struct EngineOptions {
     /// ... or once this long has passed since the last checkpoint and the
     /// WAL is not empty, checked on the next group call (default 5 min).
     pub checkpoint_interval: Duration,
+    /// Build secondary indexes on a background thread (default true).
+    /// Without it, queries scan segments whose index file is missing until
+    /// [`Engine::build_indexes`](crate::engine::Engine::build_indexes) runs
+    /// (the fault-injection tests turn it off to stay deterministic).
+    pub background_indexing: bool,
 }
 
 impl Default for EngineOptions {
@@ -71,6 +76,7 @@ impl Default for EngineOptions {
             preallocate_bytes: 4 << 20,
             checkpoint_bytes: 16 << 20,
             checkpoint_interval: Duration::from_secs(300),
+            background_indexing: true,
         }
     }
 }

@@ -86,6 +86,79 @@ impl Filter {
     }
 }
 
+impl Cursor {
+    /// The sequences of partition `p` that may come after this cursor in
+    /// its order: (exclusive lower, inclusive upper).
+    fn bounds(&self, p: u32) -> (u64, u64) {
+        let (_, a, b) = self.key;
+        let none = (u64::MAX, 0);
+        match (self.order_by, self.descending) {
+            (OrderBy::Sequence, false) => (if u64::from(p) > b { a.saturating_sub(1) } else { a }, u64::MAX),
+            (OrderBy::Sequence, true) => (0, if u64::from(p) < b { a } else { a.saturating_sub(1) }),
+            (OrderBy::Partition, false) => match u64::from(p).cmp(&a) {
+                Ordering::Less => none,
+                Ordering::Equal => (b, u64::MAX),
+                Ordering::Greater => (0, u64::MAX),
+            },
+            (OrderBy::Partition, true) => match u64::from(p).cmp(&a) {
+                Ordering::Greater => none,
+                Ordering::Equal => (0, b.saturating_sub(1)),
+                Ordering::Less => (0, u64::MAX),
+            },
+            (OrderBy::Timestamp, _) => (0, u64::MAX),
+        }
+    }
+}
+
+/// How a query read one run of a partition's sequences (native backend;
+/// see [`Page::explain`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Explain {
+    /// The partition.
+    pub partition: u32,
+    /// The first sequence of the run.
+    pub first: u64,
+    /// The last sequence of the run.
+    pub last: u64,
+    /// How it was read.
+    pub access: Access,
+}
+
+/// The path a query took through a run of sequences.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Access {
+    /// Posting lists of these (canonical) fields were intersected; the
+    /// candidates were read and the whole query re-checked on each.
+    Index {
+        /// The fields whose index narrowed the run.
+        fields: Vec<String>,
+        /// Candidate events read.
+        candidates: u64,
+        /// `file` (a sealed segment's index file) or `memory` (the active
+        /// segment's in-memory index).
+        source: String,
+    },
+    /// Every event of the run was read and filtered.
+    Scan {
+        /// Why no index applied.
+        reason: String,
+    },
+}
+
+impl fmt::Display for Explain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "partition {} sequences {}..={}: ", self.partition, self.first, self.last)?;
+        match &self.access {
+            Access::Index { fields, candidates, source } => {
+                write!(f, "index {} ({source}), {candidates} candidates", fields.join(" ∩ "))
+            }
+            Access::Scan { reason } => write!(f, "scan ({reason})"),
+        }
+    }
+}
+
 /// The order of query results.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -263,6 +336,46 @@ impl Query {
         (after, self.until_sequence.unwrap_or(u64::MAX))
     }
 
+    /// The sequence bounds of a partition narrowed by everything that
+    /// implies one: the explicit bounds, `sequence` filters with integer
+    /// values, and the cursor (for orders by sequence or partition). Events
+    /// outside them cannot match; `after >= until` means none can.
+    pub fn narrowed_bounds(&self, partition: u32) -> (u64, u64) {
+        let (mut after, mut until) = self.sequence_bounds(partition);
+        for f in self.filters.iter().filter(|f| f.path == "sequence") {
+            let n = |v: &Value| v.as_u64();
+            match &f.op {
+                Op::Eq(v) => match n(v) {
+                    Some(x) => {
+                        after = after.max(x.saturating_sub(1));
+                        until = until.min(x);
+                    }
+                    None if v.as_f64().is_none_or(|x| x.fract() != 0.0 || x < 0.0) => return (0, 0),
+                    None => {}
+                },
+                Op::Gt(v) => after = after.max(n(v).unwrap_or(0)),
+                Op::Gte(v) => after = after.max(n(v).unwrap_or(1).saturating_sub(1)),
+                Op::Lt(v) => {
+                    if let Some(x) = n(v) {
+                        until = until.min(x.saturating_sub(1));
+                    }
+                }
+                Op::Lte(v) => {
+                    if let Some(x) = n(v) {
+                        until = until.min(x);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(c) = &self.cursor {
+            let (a, u) = c.bounds(partition);
+            after = after.max(a);
+            until = until.min(u);
+        }
+        (after, until)
+    }
+
     /// The partitions an event may match in, from `partition` equality
     /// filters; every partition when none restricts it.
     pub fn partitions(&self, partition_count: u32) -> Vec<u32> {
@@ -388,6 +501,19 @@ impl<'q> PageBuilder<'q> {
                 .is_some_and(|top| self.query.compare_keys(self.query.sort_key(e), top.0) == Ordering::Greater)
     }
 
+    /// True when the page is full and the event at (`partition`,
+    /// `sequence`) ranks after everything kept (see [`PageBuilder::past_end`]);
+    /// always false for the timestamp order, whose key needs the event.
+    pub fn past_end_at(&self, partition: u32, sequence: u64) -> bool {
+        let key = match self.query.order_by {
+            OrderBy::Sequence => (0, sequence, u64::from(partition)),
+            OrderBy::Partition => (0, u64::from(partition), sequence),
+            OrderBy::Timestamp => return false,
+        };
+        self.heap.len() >= self.keep
+            && self.heap.peek().is_some_and(|top| self.query.compare_keys(key, top.0) == Ordering::Greater)
+    }
+
     /// The page.
     pub fn finish(self) -> Page {
         let q = self.query;
@@ -399,7 +525,7 @@ impl<'q> PageBuilder<'q> {
         } else {
             None
         };
-        Page { events: ranked.into_iter().map(|r| r.1).collect(), next_cursor }
+        Page { events: ranked.into_iter().map(|r| r.1).collect(), next_cursor, explain: Vec::new() }
     }
 }
 
@@ -412,6 +538,11 @@ pub struct Page {
     pub events: Vec<Event>,
     /// Where the next page starts; `None` when this was the last.
     pub next_cursor: Option<Cursor>,
+    /// How the backend read each run of sequences (the native backend says
+    /// which index or scan it used; others leave it empty). For humans and
+    /// tests; its shape may grow.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub explain: Vec<Explain>,
 }
 
 /// An exact keyset position in a query's order: the sort key of the last

@@ -174,25 +174,6 @@ impl NativeBackend {
     }
 }
 
-/// One page of a query by a filtered scan of the partitions it may match,
-/// stopping a partition early when the scan order is the query's order.
-fn scan_page(log: &StreamLog, query: &Query) -> Result<Page> {
-    let mut builder = query.page_builder();
-    let ordered = query.scan_is_ordered();
-    for p in query.partitions(log.partition_count()) {
-        let (after, until) = query.sequence_bounds(p);
-        log.partition(p)?.scan(after, until, |r| {
-            let e = r.into_event(&query.stream, p);
-            if ordered && builder.past_end(&e) {
-                return false;
-            }
-            builder.offer(e);
-            true
-        })?;
-    }
-    Ok(builder.finish())
-}
-
 /// Runs blocking engine work off the async workers.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f).await.map_err(|e| Error::failed("native", format!("engine task failed: {e}")))?
@@ -261,8 +242,8 @@ impl Backend for NativeBackend {
     async fn query(&self, query: &Query) -> Result<Page> {
         let log = self.engine.stream(&query.stream)?;
         let query = query.clone();
-        // A filtered scan may read a whole stream: keep it off the workers.
-        blocking(move || scan_page(&log, &query)).await
+        // Reading may touch the disk: keep it off the workers.
+        blocking(move || crate::engine::index::planner::query_page(&log, &query)).await
     }
 
     async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<Vec<Lease>> {

@@ -202,31 +202,10 @@ impl EventSource for LogSource<'_> {
         self.0.seek_time(p, t.as_millis())
     }
     fn matching(&self, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> Result<()> {
-        let name = &self.0.name;
-        self.0.partition(p)?.scan(0, u64::MAX, |r| {
-            let e = r.into_event(name, p);
-            if q.matches(&e) {
-                f(e.sequence);
-            }
-            true
-        })
+        crate::engine::index::planner::matching(self.0, p, q, f)
     }
     fn position_of(&self, id: &str) -> Result<Option<(u32, u64)>> {
-        // A scan until the secondary indexes arrive (the id index).
-        let name = &self.0.name;
-        for p in 0..self.0.partition_count() {
-            let mut found = None;
-            self.0.partition(p)?.scan(0, u64::MAX, |r| {
-                if r.doc.0 == id {
-                    found = Some(r.into_event(name, p).sequence);
-                }
-                found.is_none()
-            })?;
-            if let Some(seq) = found {
-                return Ok(Some((p, seq)));
-            }
-        }
-        Ok(None)
+        crate::engine::index::planner::position_of(self.0, id)
     }
 }
 

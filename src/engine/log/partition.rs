@@ -73,7 +73,18 @@ impl Segment {
     pub fn footer(&self) -> Option<Footer> {
         *self.footer.read()
     }
+
+    /// The path of its secondary-index file (`<base>.six`).
+    pub fn six_path(&self) -> String {
+        let stem = self.log_path.strip_suffix(".log").unwrap_or(&self.log_path);
+        format!("{stem}.six")
+    }
 }
+
+/// The read size of a scan through many records.
+const CHUNK_SCAN: usize = 256 << 10;
+/// The read size of a point read (a record and a few around it).
+const CHUNK_POINT: usize = 8 << 10;
 
 /// Where a scan of the active segment during recovery stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -502,6 +513,20 @@ impl Partition {
     /// Calls `f` on each record with `after < seq <= until` (and visible), in
     /// order, until `f` returns false.
     pub fn scan(&self, after: u64, until: u64, mut f: impl FnMut(StoredRecord) -> bool) -> Result<()> {
+        self.scan_raw(after, until, |offset, header, doc, seg| {
+            let doc = decode_doc(doc).map_err(|reason| corrupt(&*self.vfs, &seg.log_path, offset, reason))?;
+            Ok(f(StoredRecord { header, doc }))
+        })
+    }
+
+    /// As [`Partition::scan`], with each record's undecoded MessagePack
+    /// document (and its offset and segment, for errors).
+    pub fn scan_raw(
+        &self,
+        after: u64,
+        until: u64,
+        mut f: impl FnMut(u64, RecordHeader, &[u8], &Segment) -> Result<bool>,
+    ) -> Result<()> {
         let visible = self.visible();
         let until = until.min(visible);
         if after >= until {
@@ -514,55 +539,155 @@ impl Partition {
             map.range(start..).map(|(_, s)| s.clone()).collect()
         };
         for seg in segs {
-            let start = self.seek(&seg, first)?;
-            let limit = match seg.footer() {
-                Some(f) => f.records_end,
-                None => seg.log.len().map_err(|e| io_err(&*self.vfs, &seg.log_path, "stat", e))?,
-            };
-            let mut scanner = Scanner::new(&*seg.log, start, limit);
-            let mut expected = None;
-            loop {
-                let step = scanner.next_step().map_err(|e| io_err(&*self.vfs, &seg.log_path, "read", e))?;
-                match step {
-                    Step::Record { header, doc, offset } => {
-                        if expected.is_some_and(|e| e != header.seq) {
-                            return Err(corrupt(
-                                &*self.vfs,
-                                &seg.log_path,
-                                offset,
-                                format!("sequence {} where {} was expected", header.seq, expected.unwrap_or(0)),
-                            ));
-                        }
-                        expected = Some(header.seq + 1);
-                        if header.seq > until {
-                            return Ok(());
-                        }
-                        if header.seq < first {
-                            continue;
-                        }
-                        let doc =
-                            decode_doc(doc).map_err(|reason| corrupt(&*self.vfs, &seg.log_path, offset, reason))?;
-                        if !f(StoredRecord { header, doc }) {
-                            return Ok(());
-                        }
-                    }
-                    Step::End { .. } => break,
-                    Step::Truncated { offset } | Step::Invalid { offset, .. } => {
-                        // Beyond the visible records a writer may be mid-write;
-                        // before them, or anywhere in a sealed segment, it is damage.
-                        if seg.footer().is_some() || expected.is_none_or(|e| e <= until) {
-                            let reason = match step {
-                                Step::Invalid { reason, .. } => reason,
-                                _ => "record runs past the end of the file",
-                            };
-                            return Err(corrupt(&*self.vfs, &seg.log_path, offset, reason));
-                        }
-                        return Ok(());
-                    }
-                }
+            if !self.scan_segment(&seg, first, until, CHUNK_SCAN, &mut f)? {
+                break;
             }
         }
         Ok(())
+    }
+
+    /// Scans one segment from `first` to `until` (both within the visible
+    /// records); false when `f` asked to stop or `until` was reached.
+    fn scan_segment(
+        &self,
+        seg: &Segment,
+        first: u64,
+        until: u64,
+        chunk: usize,
+        f: &mut dyn FnMut(u64, RecordHeader, &[u8], &Segment) -> Result<bool>,
+    ) -> Result<bool> {
+        let start = self.seek(seg, first)?;
+        let limit = match seg.footer() {
+            Some(f) => f.records_end,
+            None => seg.log.len().map_err(|e| io_err(&*self.vfs, &seg.log_path, "stat", e))?,
+        };
+        let mut scanner = Scanner::with_chunk(&*seg.log, start, limit, chunk);
+        let mut expected = None;
+        loop {
+            let step = scanner.next_step().map_err(|e| io_err(&*self.vfs, &seg.log_path, "read", e))?;
+            match step {
+                Step::Record { header, doc, offset } => {
+                    if expected.is_some_and(|e| e != header.seq) {
+                        return Err(corrupt(
+                            &*self.vfs,
+                            &seg.log_path,
+                            offset,
+                            format!("sequence {} where {} was expected", header.seq, expected.unwrap_or(0)),
+                        ));
+                    }
+                    expected = Some(header.seq + 1);
+                    if header.seq > until {
+                        return Ok(false);
+                    }
+                    if header.seq < first {
+                        continue;
+                    }
+                    if !f(offset, header, doc, seg)? {
+                        return Ok(false);
+                    }
+                    if header.seq == until {
+                        return Ok(false);
+                    }
+                }
+                Step::End { .. } => return Ok(true),
+                Step::Truncated { offset } | Step::Invalid { offset, .. } => {
+                    // Beyond the visible records a writer may be mid-write;
+                    // before them, or anywhere in a sealed segment, it is damage.
+                    if seg.footer().is_some() || expected.is_none_or(|e| e <= until) {
+                        let reason = match step {
+                            Step::Invalid { reason, .. } => reason,
+                            _ => "record runs past the end of the file",
+                        };
+                        return Err(corrupt(&*self.vfs, &seg.log_path, offset, reason));
+                    }
+                    return Ok(false);
+                }
+            }
+        }
+    }
+
+    /// Calls `f` on the records of the given sequences (ascending; those
+    /// above the visible records are skipped), reading each from the
+    /// nearest index point with small reads, until `f` returns false.
+    pub fn fetch(&self, seqs: &[u64], mut f: impl FnMut(StoredRecord) -> bool) -> Result<()> {
+        let visible = self.visible();
+        let mut i = 0;
+        while i < seqs.len() {
+            let s = seqs[i];
+            if s == 0 || s > visible {
+                break;
+            }
+            let Some(seg) = self.segments.read().range(..=s).next_back().map(|(_, g)| g.clone()) else {
+                i += 1;
+                continue;
+            };
+            let seg_last = seg.footer().map_or(visible, |f| f.last_seq.min(visible));
+            // One pass over this segment while the next wanted record is
+            // near; a far one is reached by a new seek.
+            let mut stop = false;
+            let far = |from: u64, to: u64| -> Result<bool> {
+                Ok(self.seek(&seg, to)? > self.seek(&seg, from)? + 2 * INDEX_INTERVAL_BYTES)
+            };
+            let mut decode_err = None;
+            self.scan_segment(&seg, s, seg_last, CHUNK_POINT, &mut |offset, header, doc, seg| {
+                while i < seqs.len() && seqs[i] < header.seq {
+                    i += 1; // not in the log (never expected): skip it
+                }
+                if i >= seqs.len() || seqs[i] > seg_last {
+                    return Ok(false);
+                }
+                if seqs[i] == header.seq {
+                    match decode_doc(doc) {
+                        Ok(doc) => {
+                            if !f(StoredRecord { header, doc }) {
+                                stop = true;
+                                return Ok(false);
+                            }
+                        }
+                        Err(reason) => {
+                            decode_err = Some(corrupt(&*self.vfs, &seg.log_path, offset, reason));
+                            return Ok(false);
+                        }
+                    }
+                    i += 1;
+                    if i < seqs.len() && seqs[i] <= seg_last && far(header.seq, seqs[i])? {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            })?;
+            if let Some(e) = decode_err {
+                return Err(e);
+            }
+            if stop {
+                return Ok(());
+            }
+            // A wanted sequence the segment did not hold: skip it.
+            if i < seqs.len() && seqs[i] == s {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The active segment.
+    pub fn active_segment(&self) -> Option<Arc<Segment>> {
+        self.segments.read().values().next_back().cloned()
+    }
+
+    /// The partition's directory.
+    pub fn dir(&self) -> &str {
+        &self.dir
+    }
+
+    /// The file system underneath.
+    pub fn vfs(&self) -> &Arc<dyn Vfs> {
+        &self.vfs
+    }
+
+    /// Its stream's id.
+    pub fn stream_id(&self) -> u64 {
+        self.stream_id
     }
 
     /// The byte offset to start scanning `seg` for sequence `first`.

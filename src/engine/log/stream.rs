@@ -7,6 +7,7 @@ use parking_lot::Mutex;
 use super::partition::{Location, Partition, StoredRecord, Truncation};
 use super::txn::TxnLog;
 use crate::engine::commit::{Committer, Job, Poison, Ticket};
+use crate::engine::index::StreamIndex;
 use crate::engine::options::{Durability, EngineOptions};
 use crate::engine::segment::format::{FLAG_END, FLAG_MULTI};
 use crate::engine::segment::record::{DocRef, RecordHeader, encode_record, set_flags};
@@ -37,6 +38,8 @@ pub struct StreamLog {
     txn: Arc<TxnLog>,
     /// Serializes appends; holds the next transaction id.
     write: Mutex<u64>,
+    /// Its secondary indexes.
+    pub index: StreamIndex,
 }
 
 /// The directory of a stream.
@@ -52,6 +55,7 @@ impl StreamLog {
         id: u64,
         name: &str,
         partition_count: u32,
+        indexes: &[String],
         now_ms: i64,
         truncations: &mut Vec<(String, Truncation)>,
     ) -> Result<StreamLog> {
@@ -74,7 +78,15 @@ impl StreamLog {
                 reason: "the last transaction id is the largest possible".into(),
             });
         };
-        Ok(StreamLog { id, name: name.to_owned(), dir, partitions, txn, write: Mutex::new(next_txn) })
+        Ok(StreamLog {
+            id,
+            name: name.to_owned(),
+            dir,
+            partitions,
+            txn,
+            write: Mutex::new(next_txn),
+            index: StreamIndex::new(partition_count, indexes),
+        })
     }
 
     /// The stream's directory.

@@ -52,12 +52,19 @@ pub struct Scanner<'f> {
     pos: u64,
     buf: Vec<u8>,
     buf_start: u64,
+    chunk: usize,
 }
 
 impl<'f> Scanner<'f> {
     /// Scans `file` from `offset` up to `limit` bytes.
     pub fn new(file: &'f dyn VfsFile, offset: u64, limit: u64) -> Self {
-        Scanner { file, limit, pos: offset, buf: Vec::new(), buf_start: offset }
+        Scanner::with_chunk(file, offset, limit, CHUNK)
+    }
+
+    /// As [`Scanner::new`], reading `chunk` bytes at a time (small for
+    /// point reads, which would waste a large read).
+    pub fn with_chunk(file: &'f dyn VfsFile, offset: u64, limit: u64, chunk: usize) -> Self {
+        Scanner { file, limit, pos: offset, buf: Vec::new(), buf_start: offset, chunk }
     }
 
     /// The offset of the next record.
@@ -73,7 +80,7 @@ impl<'f> Scanner<'f> {
             return Ok(());
         }
         let available = self.limit.saturating_sub(self.pos);
-        let want = u64::try_from(need.max(CHUNK)).unwrap_or(u64::MAX).min(available);
+        let want = u64::try_from(need.max(self.chunk)).unwrap_or(u64::MAX).min(available);
         let want = usize::try_from(want).unwrap_or(usize::MAX);
         self.buf.resize(want, 0);
         let n = self.file.read_at(&mut self.buf, self.pos)?;

@@ -1,0 +1,616 @@
+//! The secondary-index file of a sealed segment (`<base>.six`), specified in
+//! `format/secondary-index.md`: a header, blocks of sorted terms with their
+//! delta-encoded sequence lists, a directory of the blocks, a trailer.
+//!
+//! Decoding never panics and never trusts a length: every count and offset
+//! is checked against the bytes present and the segment it describes.
+
+use std::ops::Bound;
+
+use super::term::KeyRange;
+
+/// Magic of a secondary-index file (first and last 8 bytes).
+pub const SIX_MAGIC: [u8; 8] = *b"RHEOSIX\0";
+/// The format version this build writes and reads.
+pub const SIX_VERSION: u16 = 1;
+
+// Header (64 bytes).
+/// Offset of the magic.
+pub const SIX_MAGIC_AT: usize = 0;
+/// Offset of the version (u16).
+pub const SIX_VERSION_AT: usize = SIX_MAGIC_AT + 8;
+/// Offset of the flags (u16, zero).
+pub const SIX_FLAGS_AT: usize = SIX_VERSION_AT + 2;
+/// Offset of the partition (u32).
+pub const SIX_PARTITION_AT: usize = SIX_FLAGS_AT + 2;
+/// Offset of the stream id (u64).
+pub const SIX_STREAM_AT: usize = SIX_PARTITION_AT + 4;
+/// Offset of the segment's base sequence (u64).
+pub const SIX_BASE_AT: usize = SIX_STREAM_AT + 8;
+/// Offset of the segment's last sequence (u64).
+pub const SIX_LAST_AT: usize = SIX_BASE_AT + 8;
+/// Offset of the segment's records_end (u64), from its footer.
+pub const SIX_RECORDS_END_AT: usize = SIX_LAST_AT + 8;
+/// Offset of the segment's largest timestamp (i64), from its footer.
+pub const SIX_MAX_TS_AT: usize = SIX_RECORDS_END_AT + 8;
+/// Offset of the reserved zero bytes (4).
+pub const SIX_RESERVED_AT: usize = SIX_MAX_TS_AT + 8;
+/// Offset of the header CRC32 (over bytes 0..60).
+pub const SIX_HEADER_CRC_AT: usize = SIX_RESERVED_AT + 4;
+/// Size of the header.
+pub const SIX_HEADER_LEN: usize = SIX_HEADER_CRC_AT + 4;
+
+// Trailer (24 bytes, the file's last).
+/// Offset in the trailer of the directory's file offset (u64).
+pub const SIX_DIR_OFFSET_AT: usize = 0;
+/// Offset in the trailer of the directory's length (u32).
+pub const SIX_DIR_LEN_AT: usize = SIX_DIR_OFFSET_AT + 8;
+/// Offset in the trailer of the directory's CRC32 (u32).
+pub const SIX_DIR_CRC_AT: usize = SIX_DIR_LEN_AT + 4;
+/// Offset in the trailer of the closing magic.
+pub const SIX_TRAILER_MAGIC_AT: usize = SIX_DIR_CRC_AT + 4;
+/// Size of the trailer.
+pub const SIX_TRAILER_LEN: usize = SIX_TRAILER_MAGIC_AT + 8;
+
+/// A block is closed once it holds at least this many bytes.
+pub const BLOCK_TARGET: usize = 4096;
+/// The most fields one file may cover.
+pub const MAX_FIELDS: usize = 1024;
+/// The longest term key (field ordinal + value key).
+pub const MAX_KEY_LEN: usize = 64 << 10;
+
+/// The segment an index file describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SixHeader {
+    /// The partition.
+    pub partition: u32,
+    /// The stream's id.
+    pub stream_id: u64,
+    /// The segment's first sequence.
+    pub base_seq: u64,
+    /// The segment's last sequence.
+    pub last_seq: u64,
+    /// Where the segment's records end (its footer's `records_end`).
+    pub records_end: u64,
+    /// The segment's largest timestamp (its footer's `max_ts`).
+    pub max_ts: i64,
+}
+
+/// Why an index file was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SixError {
+    /// Damaged, or not an index file: rebuild it.
+    Damaged(String),
+    /// Written by another format version: rebuild it.
+    Version(u16),
+}
+
+impl std::fmt::Display for SixError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SixError::Damaged(r) => f.write_str(r),
+            SixError::Version(v) => write!(f, "index format version {v} (this build reads {SIX_VERSION})"),
+        }
+    }
+}
+
+fn damaged(r: impl Into<String>) -> SixError {
+    SixError::Damaged(r.into())
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl SixHeader {
+    /// The 64 header bytes.
+    pub fn encode(&self) -> [u8; SIX_HEADER_LEN] {
+        let mut b = [0u8; SIX_HEADER_LEN];
+        b[SIX_MAGIC_AT..SIX_MAGIC_AT + 8].copy_from_slice(&SIX_MAGIC);
+        b[SIX_VERSION_AT..SIX_VERSION_AT + 2].copy_from_slice(&SIX_VERSION.to_le_bytes());
+        b[SIX_PARTITION_AT..SIX_PARTITION_AT + 4].copy_from_slice(&self.partition.to_le_bytes());
+        b[SIX_STREAM_AT..SIX_STREAM_AT + 8].copy_from_slice(&self.stream_id.to_le_bytes());
+        b[SIX_BASE_AT..SIX_BASE_AT + 8].copy_from_slice(&self.base_seq.to_le_bytes());
+        b[SIX_LAST_AT..SIX_LAST_AT + 8].copy_from_slice(&self.last_seq.to_le_bytes());
+        b[SIX_RECORDS_END_AT..SIX_RECORDS_END_AT + 8].copy_from_slice(&self.records_end.to_le_bytes());
+        b[SIX_MAX_TS_AT..SIX_MAX_TS_AT + 8].copy_from_slice(&self.max_ts.to_le_bytes());
+        let crc = crc32fast::hash(&b[..SIX_HEADER_CRC_AT]);
+        b[SIX_HEADER_CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Decodes and checks a header.
+    pub fn decode(b: &[u8]) -> Result<SixHeader, SixError> {
+        if b.len() < SIX_HEADER_LEN || b[..8] != SIX_MAGIC {
+            return Err(damaged("not a secondary-index file (bad magic or too short)"));
+        }
+        if crc32fast::hash(&b[..SIX_HEADER_CRC_AT]) != u32_at(b, SIX_HEADER_CRC_AT) {
+            return Err(damaged("index header checksum mismatch"));
+        }
+        let version = u16_at(b, SIX_VERSION_AT);
+        if version != SIX_VERSION {
+            return Err(SixError::Version(version));
+        }
+        if u16_at(b, SIX_FLAGS_AT) != 0 || u32_at(b, SIX_RESERVED_AT) != 0 {
+            return Err(damaged("index header flags or reserved bytes are not zero"));
+        }
+        let h = SixHeader {
+            partition: u32_at(b, SIX_PARTITION_AT),
+            stream_id: u64_at(b, SIX_STREAM_AT),
+            base_seq: u64_at(b, SIX_BASE_AT),
+            last_seq: u64_at(b, SIX_LAST_AT),
+            records_end: u64_at(b, SIX_RECORDS_END_AT),
+            max_ts: u64_at(b, SIX_MAX_TS_AT).cast_signed(),
+        };
+        if h.base_seq == 0 || h.last_seq < h.base_seq || h.last_seq == u64::MAX {
+            return Err(damaged(format!("impossible sequence range {}..={}", h.base_seq, h.last_seq)));
+        }
+        Ok(h)
+    }
+
+    /// How many records the segment holds.
+    pub fn count(&self) -> u64 {
+        self.last_seq - self.base_seq + 1
+    }
+}
+
+/// Appends `v` as an LEB128 varint.
+pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(u8::try_from(v & 0x7f).unwrap_or(0) | 0x80);
+        v >>= 7;
+    }
+    out.push(u8::try_from(v).unwrap_or(0));
+}
+
+/// A cursor over bytes that reads varints and slices, checked.
+#[derive(Debug, Clone, Copy)]
+pub struct Bytes<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Bytes<'a> {
+    /// Reads `b` from the start.
+    pub fn new(b: &'a [u8]) -> Self {
+        Bytes { b, pos: 0 }
+    }
+    /// True when everything was read.
+    pub fn is_empty(&self) -> bool {
+        self.pos >= self.b.len()
+    }
+    /// An LEB128 varint (at most 10 bytes, no overflow).
+    pub fn varint(&mut self) -> Result<u64, SixError> {
+        let mut v: u64 = 0;
+        for i in 0..10 {
+            let byte = *self.b.get(self.pos).ok_or_else(|| damaged("varint runs past the end"))?;
+            self.pos += 1;
+            let bits = u64::from(byte & 0x7f);
+            if i == 9 && bits > 1 {
+                return Err(damaged("varint overflows 64 bits"));
+            }
+            v |= bits << (7 * i);
+            if byte & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(damaged("varint longer than 10 bytes"))
+    }
+    /// A varint that must fit `usize` and be at most `max`.
+    pub fn len(&mut self, max: usize, what: &str) -> Result<usize, SixError> {
+        let v = self.varint()?;
+        usize::try_from(v).ok().filter(|&n| n <= max).ok_or_else(|| damaged(format!("{what} {v} is out of range")))
+    }
+    /// The next `n` bytes.
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], SixError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.b.len()).ok_or_else(|| damaged("runs past the end"))?;
+        let s = &self.b[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+}
+
+/// One block of the directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockRef {
+    /// Its first term key.
+    pub first: Vec<u8>,
+    /// Its file offset.
+    pub offset: u64,
+    /// Its length in bytes.
+    pub len: u32,
+    /// CRC32 of its bytes.
+    pub crc: u32,
+    /// How many terms it holds.
+    pub terms: u32,
+}
+
+/// Everything but the blocks: what a reader keeps in memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SixMeta {
+    /// The segment described.
+    pub header: SixHeader,
+    /// The fields covered, sorted; a term's first two bytes are the index
+    /// of its field in this list (big-endian).
+    pub fields: Vec<String>,
+    /// The blocks, in term order.
+    pub blocks: Vec<BlockRef>,
+    /// The last term key of the file (empty when it has no terms).
+    pub last: Vec<u8>,
+}
+
+/// One term of a block.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'a> {
+    /// Field ordinal (2 bytes, big-endian) + value key.
+    pub key: &'a [u8],
+    /// How many sequences follow.
+    pub count: u64,
+    postings: &'a [u8],
+}
+
+/// Encodes a whole index file. `terms` are sorted by key, each with its
+/// ascending sequence offsets from the base (`seq - base_seq`).
+pub fn encode<'t>(
+    header: &SixHeader,
+    fields: &[String],
+    terms: impl IntoIterator<Item = (&'t [u8], &'t [u32])>,
+) -> Vec<u8> {
+    let mut out = header.encode().to_vec();
+    let mut blocks: Vec<BlockRef> = Vec::new();
+    let mut block = Vec::new();
+    let mut first: Option<Vec<u8>> = None;
+    let mut count = 0u32;
+    let mut last = Vec::new();
+    let mut postings = Vec::new();
+    let mut close = |out: &mut Vec<u8>, block: &mut Vec<u8>, first: &mut Option<Vec<u8>>, count: &mut u32| {
+        if let Some(f) = first.take() {
+            blocks.push(BlockRef {
+                first: f,
+                offset: out.len() as u64,
+                len: u32::try_from(block.len()).unwrap_or(u32::MAX),
+                crc: crc32fast::hash(block),
+                terms: *count,
+            });
+            out.extend_from_slice(block);
+            block.clear();
+            *count = 0;
+        }
+    };
+    for (key, offsets) in terms {
+        if first.is_none() {
+            first = Some(key.to_vec());
+        }
+        postings.clear();
+        let mut prev = 0u32;
+        for (i, &o) in offsets.iter().enumerate() {
+            put_varint(&mut postings, u64::from(if i == 0 { o } else { o - prev }));
+            prev = o;
+        }
+        put_varint(&mut block, key.len() as u64);
+        block.extend_from_slice(key);
+        put_varint(&mut block, offsets.len() as u64);
+        put_varint(&mut block, postings.len() as u64);
+        block.extend_from_slice(&postings);
+        count += 1;
+        last.clear();
+        last.extend_from_slice(key);
+        if block.len() >= BLOCK_TARGET {
+            close(&mut out, &mut block, &mut first, &mut count);
+        }
+    }
+    close(&mut out, &mut block, &mut first, &mut count);
+    let dir_offset = out.len() as u64;
+    let mut dir = Vec::new();
+    put_varint(&mut dir, fields.len() as u64);
+    for f in fields {
+        put_varint(&mut dir, f.len() as u64);
+        dir.extend_from_slice(f.as_bytes());
+    }
+    put_varint(&mut dir, blocks.len() as u64);
+    for b in &blocks {
+        put_varint(&mut dir, b.first.len() as u64);
+        dir.extend_from_slice(&b.first);
+        put_varint(&mut dir, b.offset);
+        put_varint(&mut dir, u64::from(b.len));
+        dir.extend_from_slice(&b.crc.to_le_bytes());
+        put_varint(&mut dir, u64::from(b.terms));
+    }
+    put_varint(&mut dir, last.len() as u64);
+    dir.extend_from_slice(&last);
+    out.extend_from_slice(&dir);
+    out.extend_from_slice(&dir_offset.to_le_bytes());
+    out.extend_from_slice(&u32::try_from(dir.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&dir).to_le_bytes());
+    out.extend_from_slice(&SIX_MAGIC);
+    out
+}
+
+/// The directory's position from the trailer (the last 24 bytes of a file
+/// of `file_len` bytes): (offset, length, crc).
+pub fn decode_trailer(t: &[u8], file_len: u64) -> Result<(u64, u32, u32), SixError> {
+    if t.len() != SIX_TRAILER_LEN || t[SIX_TRAILER_MAGIC_AT..] != SIX_MAGIC {
+        return Err(damaged("index trailer missing (a file cut short?)"));
+    }
+    let (offset, len, crc) = (u64_at(t, SIX_DIR_OFFSET_AT), u32_at(t, SIX_DIR_LEN_AT), u32_at(t, SIX_DIR_CRC_AT));
+    let end = offset.checked_add(u64::from(len)).and_then(|e| e.checked_add(SIX_TRAILER_LEN as u64));
+    if offset < SIX_HEADER_LEN as u64 || end != Some(file_len) {
+        return Err(damaged(format!("directory at {offset} (+{len}) does not end where the trailer starts")));
+    }
+    Ok((offset, len, crc))
+}
+
+/// Decodes and checks the directory (`dir` at `dir_offset`, CRC checked by
+/// the caller or here when `crc` is given).
+pub fn decode_dir(header: SixHeader, dir: &[u8], dir_offset: u64, crc: u32) -> Result<SixMeta, SixError> {
+    if crc32fast::hash(dir) != crc {
+        return Err(damaged("index directory checksum mismatch"));
+    }
+    let mut r = Bytes::new(dir);
+    let nfields = r.len(MAX_FIELDS, "field count")?;
+    let mut fields: Vec<String> = Vec::with_capacity(nfields);
+    for _ in 0..nfields {
+        let n = r.len(dir.len(), "field name length")?;
+        let name = std::str::from_utf8(r.take(n)?).map_err(|_| damaged("field name is not UTF-8"))?;
+        if fields.last().is_some_and(|prev| prev.as_str() >= name) {
+            return Err(damaged("fields are not sorted and distinct"));
+        }
+        fields.push(name.to_owned());
+    }
+    let nblocks = r.len(dir.len(), "block count")?;
+    let mut blocks: Vec<BlockRef> = Vec::with_capacity(nblocks);
+    let mut expect = SIX_HEADER_LEN as u64;
+    for _ in 0..nblocks {
+        let n = r.len(MAX_KEY_LEN, "key length")?;
+        let first = r.take(n)?.to_vec();
+        let offset = r.varint()?;
+        let len = u32::try_from(r.varint()?).map_err(|_| damaged("block length out of range"))?;
+        let crc = u32_at(r.take(4)?, 0);
+        let terms = u32::try_from(r.varint()?).map_err(|_| damaged("block term count out of range"))?;
+        if offset != expect || len == 0 || terms == 0 {
+            return Err(damaged(format!(
+                "block at {offset} (+{len}, {terms} terms) where one was expected at {expect}"
+            )));
+        }
+        if blocks.last().is_some_and(|b| b.first >= first) {
+            return Err(damaged("block first keys are not ascending"));
+        }
+        expect = offset + u64::from(len);
+        blocks.push(BlockRef { first, offset, len, crc, terms });
+    }
+    if expect != dir_offset {
+        return Err(damaged(format!("blocks end at {expect}, the directory starts at {dir_offset}")));
+    }
+    let n = r.len(MAX_KEY_LEN, "key length")?;
+    let last = r.take(n)?.to_vec();
+    if !r.is_empty() {
+        return Err(damaged("bytes after the directory's end"));
+    }
+    if blocks.last().is_some_and(|b| b.first > last) || (blocks.is_empty() != last.is_empty()) {
+        return Err(damaged("the last key is before the last block"));
+    }
+    Ok(SixMeta { header, fields, blocks, last })
+}
+
+impl SixMeta {
+    /// Checks a block's bytes (as read from `offset`) and iterates its terms.
+    pub fn block<'b>(&self, i: usize, bytes: &'b [u8]) -> Result<BlockIter<'b>, SixError> {
+        let b = self.blocks.get(i).ok_or_else(|| damaged("no such block"))?;
+        if bytes.len() != b.len as usize || crc32fast::hash(bytes) != b.crc {
+            return Err(damaged(format!("block at offset {} checksum mismatch", b.offset)));
+        }
+        Ok(BlockIter { r: Bytes::new(bytes), left: b.terms, max_count: self.header.count() })
+    }
+
+    /// The first block that may hold `key` or a later key.
+    pub fn block_for(&self, key: &[u8]) -> usize {
+        self.blocks.partition_point(|b| b.first.as_slice() <= key).saturating_sub(1)
+    }
+
+    /// True when no key of the file can be in `lo..=hi` by the directory
+    /// alone (before the first or after the last key).
+    pub fn excludes(&self, lo: &Bound<Vec<u8>>, hi: &Bound<Vec<u8>>) -> bool {
+        let Some(first) = self.blocks.first().map(|b| &b.first) else { return true };
+        let below = match hi {
+            Bound::Included(h) => h < first,
+            Bound::Excluded(h) => h <= first,
+            Bound::Unbounded => false,
+        };
+        let above = match lo {
+            Bound::Included(l) => *l > self.last,
+            Bound::Excluded(l) => *l >= self.last,
+            Bound::Unbounded => false,
+        };
+        below || above
+    }
+
+    /// The ordinal of a field, when the file covers it.
+    pub fn ordinal(&self, field: &str) -> Option<u16> {
+        self.fields.binary_search_by(|f| f.as_str().cmp(field)).ok().and_then(|i| u16::try_from(i).ok())
+    }
+}
+
+/// The terms of a checked block.
+#[derive(Debug)]
+pub struct BlockIter<'b> {
+    r: Bytes<'b>,
+    left: u32,
+    max_count: u64,
+}
+
+impl<'b> BlockIter<'b> {
+    /// The next term, or `None` at the end (checking the block ends exactly).
+    pub fn next_entry(&mut self) -> Result<Option<Entry<'b>>, SixError> {
+        if self.left == 0 {
+            return if self.r.is_empty() { Ok(None) } else { Err(damaged("bytes after a block's last term")) };
+        }
+        self.left -= 1;
+        let n = self.r.len(MAX_KEY_LEN, "key length")?;
+        let key = self.r.take(n)?;
+        let count = self.r.varint()?;
+        if count == 0 || count > self.max_count {
+            return Err(damaged(format!("posting count {count} is out of range")));
+        }
+        let plen = self.r.len(usize::MAX, "posting length")?;
+        let postings = self.r.take(plen)?;
+        Ok(Some(Entry { key, count, postings }))
+    }
+}
+
+impl Entry<'_> {
+    /// The sequences, checked: ascending, within `base..=last`, exactly
+    /// `count` of them filling the posting bytes.
+    pub fn sequences(&self, header: &SixHeader, out: &mut Vec<u64>) -> Result<(), SixError> {
+        let mut r = Bytes::new(self.postings);
+        let mut seq = header.base_seq;
+        for i in 0..self.count {
+            let d = r.varint()?;
+            if i > 0 && d == 0 {
+                return Err(damaged("posting list is not strictly ascending"));
+            }
+            seq = seq
+                .checked_add(d)
+                .filter(|&s| s <= header.last_seq)
+                .ok_or_else(|| damaged(format!("posting beyond the segment's last sequence {}", header.last_seq)))?;
+            out.push(seq);
+        }
+        if !r.is_empty() {
+            return Err(damaged("bytes after a posting list"));
+        }
+        Ok(())
+    }
+}
+
+/// The term key of a field ordinal and value-key range end.
+pub fn term_bound(ordinal: u16, b: &Bound<Vec<u8>>, upper: bool) -> Bound<Vec<u8>> {
+    let with = |k: &[u8]| {
+        let mut v = ordinal.to_be_bytes().to_vec();
+        v.extend_from_slice(k);
+        v
+    };
+    match b {
+        Bound::Included(k) => Bound::Included(with(k)),
+        Bound::Excluded(k) => Bound::Excluded(with(k)),
+        Bound::Unbounded if upper => match ordinal.checked_add(1) {
+            Some(next) => Bound::Excluded(next.to_be_bytes().to_vec()),
+            None => Bound::Unbounded,
+        },
+        Bound::Unbounded => Bound::Included(ordinal.to_be_bytes().to_vec()),
+    }
+}
+
+/// The term-key range of a value-key range of one field.
+pub fn term_range(ordinal: u16, r: &KeyRange) -> KeyRange {
+    KeyRange { lo: term_bound(ordinal, &r.lo, false), hi: term_bound(ordinal, &r.hi, true) }
+}
+
+/// A whole file decoded and checked (tests, fuzzing, `verify`): its
+/// directory and every term with its sequences.
+pub fn decode_all(bytes: &[u8]) -> Result<(SixMeta, Vec<(Vec<u8>, Vec<u64>)>), SixError> {
+    let header = SixHeader::decode(bytes)?;
+    if bytes.len() < SIX_HEADER_LEN + SIX_TRAILER_LEN {
+        return Err(damaged("index file too short"));
+    }
+    let t = &bytes[bytes.len() - SIX_TRAILER_LEN..];
+    let (offset, len, crc) = decode_trailer(t, bytes.len() as u64)?;
+    let start = usize::try_from(offset).map_err(|_| damaged("directory offset out of range"))?;
+    let dir = bytes.get(start..start + len as usize).ok_or_else(|| damaged("directory runs past the end"))?;
+    let meta = decode_dir(header, dir, offset, crc)?;
+    let mut terms: Vec<(Vec<u8>, Vec<u64>)> = Vec::new();
+    for (i, b) in meta.blocks.iter().enumerate() {
+        let at = usize::try_from(b.offset).map_err(|_| damaged("block offset out of range"))?;
+        let block = bytes.get(at..at + b.len as usize).ok_or_else(|| damaged("block runs past the end"))?;
+        let mut it = meta.block(i, block)?;
+        let mut first = true;
+        while let Some(e) = it.next_entry()? {
+            if first && e.key != b.first.as_slice() {
+                return Err(damaged("a block's first key differs from the directory"));
+            }
+            first = false;
+            if terms.last().is_some_and(|(k, _)| k.as_slice() >= e.key) {
+                return Err(damaged("term keys are not ascending"));
+            }
+            if e.key.len() < 2 || usize::from(u16::from_be_bytes([e.key[0], e.key[1]])) >= meta.fields.len() {
+                return Err(damaged("a term names no covered field"));
+            }
+            let mut seqs = Vec::new();
+            e.sequences(&meta.header, &mut seqs)?;
+            terms.push((e.key.to_vec(), seqs));
+        }
+    }
+    if terms.last().map(|(k, _)| k.as_slice()).unwrap_or(&[]) != meta.last.as_slice() {
+        return Err(damaged("the directory's last key is not the last term"));
+    }
+    Ok((meta, terms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(n_terms: u32) -> (SixHeader, Vec<u8>, Vec<(Vec<u8>, Vec<u32>)>) {
+        let h = SixHeader { partition: 3, stream_id: 9, base_seq: 101, last_seq: 600, records_end: 9000, max_ts: 77 };
+        let terms: Vec<(Vec<u8>, Vec<u32>)> = (0..n_terms)
+            .map(|i| {
+                let mut k = vec![0, u8::try_from(i % 2).expect("small")];
+                k.extend_from_slice(format!("value-{i:06}").as_bytes());
+                (k, (0..=(i % 7)).map(|j| j * 50 + i % 50).collect())
+            })
+            .collect();
+        let mut sorted = terms.clone();
+        sorted.sort();
+        let fields = vec!["id".to_owned(), "type".to_owned()];
+        let bytes = encode(&h, &fields, sorted.iter().map(|(k, v)| (k.as_slice(), v.as_slice())));
+        (h, bytes, sorted)
+    }
+
+    #[test]
+    fn round_trip_many_blocks() {
+        let (h, bytes, terms) = sample(2000);
+        let (meta, got) = decode_all(&bytes).expect("decode");
+        assert_eq!(meta.header, h);
+        assert!(meta.blocks.len() > 3);
+        assert_eq!(got.len(), terms.len());
+        for ((k, seqs), (k2, offs)) in got.iter().zip(&terms) {
+            assert_eq!(k, k2);
+            assert_eq!(seqs, &offs.iter().map(|&o| 101 + u64::from(o)).collect::<Vec<_>>());
+        }
+        let (_, empty, _) = sample(0);
+        let (meta, got) = decode_all(&empty).expect("empty");
+        assert!(meta.blocks.is_empty() && got.is_empty());
+    }
+
+    #[test]
+    fn every_flipped_byte_and_every_cut_is_refused() {
+        let (_, bytes, _) = sample(40);
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x5a;
+            assert!(decode_all(&b).is_err(), "flip at {i} went unnoticed");
+        }
+        for n in 0..bytes.len() {
+            assert!(decode_all(&bytes[..n]).is_err(), "cut at {n}");
+        }
+    }
+
+    #[test]
+    fn varints_round_trip_and_overflow_is_refused() {
+        for v in [0, 1, 127, 128, 300, u64::from(u32::MAX), u64::MAX] {
+            let mut b = Vec::new();
+            put_varint(&mut b, v);
+            assert_eq!(Bytes::new(&b).varint().expect("varint"), v);
+        }
+        assert!(Bytes::new(&[0xff; 10]).varint().is_err());
+        assert!(Bytes::new(&[0x80]).varint().is_err());
+    }
+}

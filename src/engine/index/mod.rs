@@ -1,0 +1,671 @@
+//! Secondary indexes: per sealed segment an index file (`<base>.six`,
+//! `format/secondary-index.md`), for the active segment an in-memory index
+//! that follows the appends, a background builder, and the query planner.
+//!
+//! Index files are derived data. They are written without fsync, checked
+//! against the segment they describe when loaded, and rebuilt when missing,
+//! damaged, of another version or covering other fields than the stream
+//! declares. Until a segment's index is ready the planner scans it, so an
+//! index only ever makes a query faster, never different.
+
+pub mod extract;
+pub mod file;
+pub mod planner;
+pub mod term;
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::engine::log::partition::{Partition, Segment};
+use crate::engine::log::stream::StreamLog;
+use crate::engine::vfs::{Vfs, VfsFile};
+use crate::error::{Error, Result};
+use extract::{DocParts, FieldPath};
+use file::{SixError, SixHeader, SixMeta};
+use term::{ALWAYS_INDEXED, KeyRange, canonical, scalar_key};
+
+/// The fields a stream indexes: the fixed ones and those it declares,
+/// canonical and sorted.
+#[derive(Debug, PartialEq, Eq)]
+pub struct FieldSet {
+    names: Vec<String>,
+    paths: Vec<FieldPath>,
+}
+
+impl FieldSet {
+    /// The fixed fields plus `declared` (query paths).
+    pub fn new(declared: &[String]) -> FieldSet {
+        let mut names: Vec<String> = ALWAYS_INDEXED.iter().map(|s| (*s).to_owned()).collect();
+        names.extend(declared.iter().filter_map(|d| canonical(d)));
+        names.sort();
+        names.dedup();
+        let paths = names.iter().map(|n| FieldPath::parse(n)).collect();
+        FieldSet { names, paths }
+    }
+
+    /// The canonical names, sorted.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// True when the set holds this canonical field.
+    pub fn contains(&self, field: &str) -> bool {
+        self.names.binary_search_by(|n| n.as_str().cmp(field)).is_ok()
+    }
+}
+
+/// Checks a field a stream is asked to index: a query path that names a
+/// value of the event (not `partition`, `sequence`, `timestamp`, `stream`).
+pub fn check_field(stream: &str, field: &str) -> Result<String> {
+    let bad = |why: &str| Error::invalid("index", format!("stream {stream:?}: cannot index {field:?}: {why}"));
+    if field.is_empty() || field.len() > 256 || field.contains('\0') {
+        return Err(bad("a field path is 1 to 256 characters without NUL"));
+    }
+    if field.split('.').any(str::is_empty) {
+        return Err(bad("a dotted path has no empty segments"));
+    }
+    canonical(field).ok_or_else(|| bad("the log itself orders and bounds this field"))
+}
+
+/// A fast hasher for term keys (FNV-1a; the keys are not attacker-chosen
+/// in a way that matters: a bad distribution only costs time).
+#[derive(Default)]
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+type TermMap = HashMap<Box<[u8]>, Vec<u32>, BuildHasherDefault<Fnv>>;
+
+/// An in-memory index of one segment's records `base..=upto`, per field.
+#[derive(Debug)]
+pub struct MemIndex {
+    base: u64,
+    upto: u64,
+    fields: Arc<FieldSet>,
+    maps: Vec<TermMap>,
+}
+
+impl MemIndex {
+    fn new(base: u64, fields: Arc<FieldSet>) -> MemIndex {
+        let maps = fields.names.iter().map(|_| TermMap::default()).collect();
+        MemIndex { base, upto: base - 1, fields, maps }
+    }
+
+    /// Indexes the record `seq` (the next one) from its raw document.
+    fn add(&mut self, seq: u64, doc: &[u8], key: &mut Vec<u8>) {
+        self.upto = seq;
+        let Some(parts) = DocParts::split(doc) else { return };
+        let Ok(off) = u32::try_from(seq - self.base) else { return };
+        for (i, path) in self.fields.paths.iter().enumerate() {
+            let Some(v) = parts.get(path) else { continue };
+            key.clear();
+            scalar_key(&v, key);
+            let map = &mut self.maps[i];
+            match map.get_mut(key.as_slice()) {
+                Some(list) => {
+                    if list.last() != Some(&off) {
+                        list.push(off);
+                    }
+                }
+                None => {
+                    map.insert(key.as_slice().into(), vec![off]);
+                }
+            }
+        }
+    }
+
+    fn lookup(&self, field: &str, ranges: &[KeyRange], cap: u64) -> Option<Vec<u64>> {
+        let i = self.fields.names.binary_search_by(|n| n.as_str().cmp(field)).ok()?;
+        let map = &self.maps[i];
+        let mut out: Vec<u64> = Vec::new();
+        let mut add = |list: &Vec<u32>| -> bool {
+            out.extend(list.iter().map(|&o| self.base + u64::from(o)));
+            out.len() as u64 <= cap
+        };
+        for r in ranges {
+            if r.is_point() {
+                if let std::ops::Bound::Included(k) = &r.lo
+                    && let Some(list) = map.get(k.as_slice())
+                    && !add(list)
+                {
+                    return None;
+                }
+            } else {
+                for (k, list) in map {
+                    if r.contains(k) && !add(list) {
+                        return None;
+                    }
+                }
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        Some(out)
+    }
+
+    /// The index file of this (complete, sealed) segment.
+    fn encode(&self, header: &SixHeader) -> Vec<u8> {
+        let mut terms: Vec<(Vec<u8>, &[u32])> = Vec::new();
+        for (i, map) in self.maps.iter().enumerate() {
+            let ord = u16::try_from(i).unwrap_or(u16::MAX).to_be_bytes();
+            for (k, list) in map {
+                let mut key = Vec::with_capacity(2 + k.len());
+                key.extend_from_slice(&ord);
+                key.extend_from_slice(k);
+                terms.push((key, list));
+            }
+        }
+        terms.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        file::encode(header, &self.fields.names, terms.iter().map(|(k, l)| (k.as_slice(), *l)))
+    }
+}
+
+/// Where a loaded index file's bytes are.
+#[derive(Debug)]
+enum Source {
+    /// Built in memory, not written yet.
+    Memory(Vec<u8>),
+    /// On disk.
+    File(Arc<dyn VfsFile>),
+}
+
+/// A sealed segment's index: its directory in memory, its blocks read on
+/// demand (and checked on every read).
+#[derive(Debug)]
+pub struct SixFile {
+    meta: SixMeta,
+    source: Source,
+    path: String,
+}
+
+impl SixFile {
+    /// Opens and checks an index file against the segment it must describe.
+    fn open(vfs: &dyn Vfs, path: &str, expect: &SixHeader) -> std::result::Result<SixFile, SixError> {
+        let damaged = |r: String| SixError::Damaged(r);
+        let f = vfs.open(path, false).map_err(|e| damaged(format!("open: {e}")))?;
+        let len = f.len().map_err(|e| damaged(format!("stat: {e}")))?;
+        if len < (file::SIX_HEADER_LEN + file::SIX_TRAILER_LEN) as u64 {
+            return Err(damaged("index file too short".into()));
+        }
+        let head = read_exact(&*f, 0, file::SIX_HEADER_LEN).map_err(|e| damaged(format!("read: {e}")))?;
+        let header = SixHeader::decode(&head)?;
+        if header != *expect {
+            return Err(damaged(format!("describes {header:?}, the segment is {expect:?}")));
+        }
+        let trailer = read_exact(&*f, len - file::SIX_TRAILER_LEN as u64, file::SIX_TRAILER_LEN)
+            .map_err(|e| damaged(format!("read: {e}")))?;
+        let (offset, dlen, crc) = file::decode_trailer(&trailer, len)?;
+        let dir = read_exact(&*f, offset, dlen as usize).map_err(|e| damaged(format!("read: {e}")))?;
+        let meta = file::decode_dir(header, &dir, offset, crc)?;
+        Ok(SixFile { meta, source: Source::File(f), path: path.to_owned() })
+    }
+
+    fn in_memory(bytes: Vec<u8>, path: String) -> std::result::Result<SixFile, SixError> {
+        let header = SixHeader::decode(&bytes)?;
+        let t = bytes.len().checked_sub(file::SIX_TRAILER_LEN).ok_or(SixError::Damaged("too short".into()))?;
+        let (offset, dlen, crc) = file::decode_trailer(&bytes[t..], bytes.len() as u64)?;
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        let dir = bytes.get(start..start + dlen as usize).ok_or(SixError::Damaged("directory".into()))?;
+        let meta = file::decode_dir(header, dir, offset, crc)?;
+        Ok(SixFile { meta, source: Source::Memory(bytes), path })
+    }
+
+    /// The file's path (in messages).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The fields it covers.
+    pub fn fields(&self) -> &[String] {
+        &self.meta.fields
+    }
+
+    fn block_bytes(&self, i: usize) -> std::result::Result<std::borrow::Cow<'_, [u8]>, SixError> {
+        let b = &self.meta.blocks[i];
+        match &self.source {
+            Source::Memory(bytes) => {
+                let at = usize::try_from(b.offset).unwrap_or(usize::MAX);
+                bytes
+                    .get(at..at + b.len as usize)
+                    .map(std::borrow::Cow::Borrowed)
+                    .ok_or(SixError::Damaged("block out of range".into()))
+            }
+            Source::File(f) => read_exact(&**f, b.offset, b.len as usize)
+                .map(std::borrow::Cow::Owned)
+                .map_err(|e| SixError::Damaged(format!("read: {e}"))),
+        }
+    }
+
+    /// The sequences of `field` whose values fall in any of `ranges`;
+    /// `Ok(None)` when the field is not covered or more than `cap` match.
+    fn lookup(&self, field: &str, ranges: &[KeyRange], cap: u64) -> std::result::Result<Option<Vec<u64>>, SixError> {
+        let Some(ord) = self.meta.ordinal(field) else { return Ok(None) };
+        let mut out = Vec::new();
+        for r in ranges {
+            let r = file::term_range(ord, r);
+            if self.meta.excludes(&r.lo, &r.hi) {
+                continue;
+            }
+            let start = match &r.lo {
+                std::ops::Bound::Included(k) | std::ops::Bound::Excluded(k) => self.meta.block_for(k),
+                std::ops::Bound::Unbounded => 0,
+            };
+            'blocks: for i in start..self.meta.blocks.len() {
+                let bytes = self.block_bytes(i)?;
+                let mut it = self.meta.block(i, &bytes)?;
+                while let Some(e) = it.next_entry()? {
+                    let past = match &r.hi {
+                        std::ops::Bound::Included(h) => e.key > h.as_slice(),
+                        std::ops::Bound::Excluded(h) => e.key >= h.as_slice(),
+                        std::ops::Bound::Unbounded => false,
+                    };
+                    if past {
+                        break 'blocks;
+                    }
+                    if r.contains(e.key) {
+                        if out.len() as u64 + e.count > cap {
+                            return Ok(None);
+                        }
+                        e.sequences(&self.meta.header, &mut out)?;
+                    }
+                }
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        Ok(Some(out))
+    }
+}
+
+fn read_exact(f: &dyn VfsFile, at: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let mut done = 0;
+    while done < len {
+        let n = f.read_at(&mut buf[done..], at + done as u64)?;
+        if n == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "file ends early"));
+        }
+        done += n;
+    }
+    Ok(buf)
+}
+
+/// What is known of a sealed segment's index file.
+#[derive(Debug, Clone)]
+enum Sealed {
+    /// Loaded and checked (maybe for other fields than the current set).
+    Ready(Arc<SixFile>, bool),
+    /// Probed: no usable file on disk; to build.
+    Absent,
+}
+
+/// One partition's indexes.
+#[derive(Debug, Default)]
+pub struct PartitionIndex {
+    sealed: RwLock<BTreeMap<u64, Sealed>>,
+    active: Mutex<Option<MemIndex>>,
+}
+
+/// A stream's indexes.
+#[derive(Debug)]
+pub struct StreamIndex {
+    fields: RwLock<Arc<FieldSet>>,
+    parts: Vec<PartitionIndex>,
+}
+
+/// How far an index field is built on a stream.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IndexStatus {
+    /// The canonical field.
+    pub field: String,
+    /// Segments (over all partitions) whose index covers it.
+    pub segments_ready: u64,
+    /// All segments.
+    pub segments_total: u64,
+}
+
+impl IndexStatus {
+    /// True when every segment's index covers the field.
+    pub fn ready(&self) -> bool {
+        self.segments_ready == self.segments_total
+    }
+}
+
+fn header_of(part: &Partition, seg: &Segment) -> Option<SixHeader> {
+    let f = seg.footer()?;
+    Some(SixHeader {
+        partition: part.partition,
+        stream_id: part.stream_id(),
+        base_seq: seg.base_seq,
+        last_seq: f.last_seq,
+        records_end: f.records_end,
+        max_ts: f.max_ts,
+    })
+}
+
+impl StreamIndex {
+    /// The indexes of a stream of `partitions` partitions declaring `declared`.
+    pub fn new(partitions: u32, declared: &[String]) -> StreamIndex {
+        StreamIndex {
+            fields: RwLock::new(Arc::new(FieldSet::new(declared))),
+            parts: (0..partitions).map(|_| PartitionIndex::default()).collect(),
+        }
+    }
+
+    /// The fields indexed now.
+    pub fn fields(&self) -> Arc<FieldSet> {
+        self.fields.read().clone()
+    }
+
+    /// Changes the declared fields (the builder then backfills).
+    pub fn set_declared(&self, declared: &[String]) {
+        *self.fields.write() = Arc::new(FieldSet::new(declared));
+    }
+
+    /// A partition's indexes.
+    pub fn partition(&self, p: u32) -> Option<&PartitionIndex> {
+        self.parts.get(p as usize)
+    }
+
+    /// How far each field is built.
+    pub fn status(&self, log: &StreamLog) -> Vec<IndexStatus> {
+        let fields = self.fields();
+        let mut ready = vec![0u64; fields.names.len()];
+        let mut total = 0u64;
+        for (p, pix) in self.parts.iter().enumerate() {
+            let Ok(part) = log.partition(u32::try_from(p).unwrap_or(u32::MAX)) else { continue };
+            let sealed = pix.sealed.read();
+            for seg in part.segments() {
+                total += 1;
+                let covered: Vec<String> = match (seg.footer(), sealed.get(&seg.base_seq)) {
+                    (Some(_), Some(Sealed::Ready(f, _))) => f.fields().to_vec(),
+                    (Some(_), _) => Vec::new(),
+                    (None, _) => match &*pix.active.lock() {
+                        Some(m) if m.base == seg.base_seq => m.fields.names.clone(),
+                        _ => Vec::new(),
+                    },
+                };
+                for (i, n) in fields.names.iter().enumerate() {
+                    if covered.contains(n) {
+                        ready[i] += 1;
+                    }
+                }
+            }
+        }
+        fields
+            .names
+            .iter()
+            .zip(ready)
+            .map(|(f, r)| IndexStatus { field: f.clone(), segments_ready: r, segments_total: total })
+            .collect()
+    }
+
+    /// One round of building for every partition: catch up the active
+    /// segments' in-memory indexes, then build (or persist) at most one
+    /// sealed segment's file per partition. True when work remains.
+    pub fn build_step(&self, log: &StreamLog) -> bool {
+        let mut more = false;
+        for (p, pix) in self.parts.iter().enumerate() {
+            let Ok(part) = log.partition(u32::try_from(p).unwrap_or(u32::MAX)) else { continue };
+            let fields = self.fields();
+            if let Err(e) = pix.catch_up(part, &fields) {
+                tracing::warn!(stream = %log.name, partition = p, error = %e, "indexing the active segment failed");
+            }
+            match pix.build_one(part, &fields) {
+                Ok(done) => more |= done,
+                Err(e) => {
+                    tracing::warn!(stream = %log.name, partition = p, error = %e, "building a segment index failed");
+                }
+            }
+        }
+        more
+    }
+}
+
+impl PartitionIndex {
+    /// Brings the in-memory index of the active segment up to the visible
+    /// records. A sealed segment's leftover in-memory index becomes its
+    /// (not yet written) index file.
+    pub fn catch_up(&self, part: &Partition, fields: &Arc<FieldSet>) -> Result<()> {
+        let Some(seg) = part.active_segment() else { return Ok(()) };
+        let mut guard = self.active.lock();
+        if let Some(m) = guard.as_ref()
+            && (m.base != seg.base_seq || m.fields != *fields)
+            && let Some(old) = guard.take()
+            && old.fields == *fields
+        {
+            self.seal_from_memory(part, old)?;
+        }
+        let mem = match guard.as_mut() {
+            Some(m) if m.base == seg.base_seq && m.fields == *fields => m,
+            _ => guard.insert(MemIndex::new(seg.base_seq, fields.clone())),
+        };
+        let until = part.visible();
+        if mem.upto >= until {
+            return Ok(());
+        }
+        let mut key = Vec::new();
+        part.scan_raw(mem.upto, until, |_, h, doc, _| {
+            if h.seq != mem.upto + 1 {
+                return Ok(false);
+            }
+            mem.add(h.seq, doc, &mut key);
+            Ok(true)
+        })
+    }
+
+    /// Completes a sealed segment's in-memory index and keeps it as that
+    /// segment's index file (written later by the builder).
+    fn seal_from_memory(&self, part: &Partition, mut mem: MemIndex) -> Result<()> {
+        let Some(seg) = part.segments().into_iter().find(|s| s.base_seq == mem.base) else { return Ok(()) };
+        let Some(header) = header_of(part, &seg) else { return Ok(()) };
+        if mem.upto < header.last_seq {
+            let mut key = Vec::new();
+            part.scan_raw(mem.upto, header.last_seq, |_, h, doc, _| {
+                if h.seq != mem.upto + 1 {
+                    return Ok(false);
+                }
+                mem.add(h.seq, doc, &mut key);
+                Ok(true)
+            })?;
+        }
+        if mem.upto != header.last_seq {
+            return Ok(());
+        }
+        if let Ok(f) = SixFile::in_memory(mem.encode(&header), seg.six_path()) {
+            self.sealed.write().insert(seg.base_seq, Sealed::Ready(Arc::new(f), false));
+        }
+        Ok(())
+    }
+
+    /// The loaded index of a sealed segment, probing its file on first use.
+    pub fn sealed(&self, part: &Partition, seg: &Segment) -> Option<Arc<SixFile>> {
+        match self.sealed.read().get(&seg.base_seq) {
+            Some(Sealed::Ready(f, _)) => return Some(f.clone()),
+            Some(Sealed::Absent) => return None,
+            None => {}
+        }
+        let header = header_of(part, seg)?;
+        let state = match SixFile::open(&**part.vfs(), &seg.six_path(), &header) {
+            Ok(f) => Sealed::Ready(Arc::new(f), true),
+            Err(e) => {
+                if part.vfs().exists(&seg.six_path()).unwrap_or(false) {
+                    tracing::info!(file = %part.vfs().describe(&seg.six_path()).display(), reason = %e, "index file refused; it will be rebuilt");
+                }
+                Sealed::Absent
+            }
+        };
+        let mut map = self.sealed.write();
+        let entry = map.entry(seg.base_seq).or_insert(state);
+        match entry {
+            Sealed::Ready(f, _) => Some(f.clone()),
+            Sealed::Absent => None,
+        }
+    }
+
+    /// Forgets a sealed segment's index (found damaged while reading it).
+    pub fn invalidate(&self, base: u64) {
+        self.sealed.write().insert(base, Sealed::Absent);
+    }
+
+    /// Builds or writes one sealed segment's index file. True when it did.
+    fn build_one(&self, part: &Partition, fields: &Arc<FieldSet>) -> Result<bool> {
+        for seg in part.segments() {
+            let Some(header) = header_of(part, &seg) else { continue };
+            let current = self.sealed(part, &seg);
+            let persisted = matches!(self.sealed.read().get(&seg.base_seq), Some(Sealed::Ready(_, true)));
+            let file = match current {
+                Some(f) if f.fields() == fields.names.as_slice() => {
+                    if persisted {
+                        continue;
+                    }
+                    f
+                }
+                _ => Arc::new(self.build_from_log(part, &seg, &header, fields)?),
+            };
+            self.persist(part, &seg, &header, &file);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Reads a sealed segment and builds its index in memory.
+    fn build_from_log(
+        &self,
+        part: &Partition,
+        seg: &Segment,
+        header: &SixHeader,
+        fields: &Arc<FieldSet>,
+    ) -> Result<SixFile> {
+        let mut mem = MemIndex::new(seg.base_seq, fields.clone());
+        let mut key = Vec::new();
+        part.scan_raw(seg.base_seq - 1, header.last_seq, |_, h, doc, _| {
+            mem.add(h.seq, doc, &mut key);
+            Ok(true)
+        })?;
+        if mem.upto != header.last_seq {
+            return Err(Error::failed(
+                "index",
+                format!("segment {} ended at sequence {}, its footer says {}", seg.path(), mem.upto, header.last_seq),
+            ));
+        }
+        SixFile::in_memory(mem.encode(header), seg.six_path())
+            .map_err(|e| Error::failed("index", format!("encoding the index of {}: {e}", seg.path())))
+    }
+
+    /// Writes an index file (temporary name, then rename; no fsync: it is
+    /// derived data) and switches to reading it from disk. A failed write
+    /// keeps the in-memory copy.
+    fn persist(&self, part: &Partition, seg: &Segment, header: &SixHeader, f: &SixFile) {
+        let vfs = &**part.vfs();
+        let path = seg.six_path();
+        let written = match &f.source {
+            Source::Memory(bytes) => {
+                let tmp = format!("{path}.tmp");
+                vfs.open(&tmp, true)
+                    .and_then(|file| {
+                        file.set_len(0)?;
+                        file.write_all_at(bytes, 0)
+                    })
+                    .and_then(|()| vfs.rename(&tmp, &path))
+            }
+            Source::File(_) => Ok(()),
+        };
+        let state = match written {
+            Ok(()) => match SixFile::open(vfs, &path, header) {
+                Ok(on_disk) => Sealed::Ready(Arc::new(on_disk), true),
+                Err(e) => {
+                    tracing::warn!(file = %vfs.describe(&path).display(), error = %e, "a written index file does not read back");
+                    return;
+                }
+            },
+            Err(e) => {
+                tracing::warn!(file = %vfs.describe(&path).display(), error = %e, "could not write an index file; keeping it in memory");
+                match &f.source {
+                    Source::Memory(bytes) => match SixFile::in_memory(bytes.clone(), path.clone()) {
+                        Ok(m) => Sealed::Ready(Arc::new(m), true),
+                        Err(_) => return,
+                    },
+                    Source::File(_) => return,
+                }
+            }
+        };
+        self.sealed.write().insert(seg.base_seq, state);
+    }
+}
+
+/// The background builder: one thread per engine, stopped (and joined)
+/// when the engine closes.
+#[derive(Debug)]
+pub struct Builder {
+    shared: Arc<(Mutex<bool>, Condvar)>,
+    stopped: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// How often an idle builder looks for new records.
+const IDLE: Duration = Duration::from_millis(20);
+
+impl Builder {
+    /// Starts the thread over the engine's streams.
+    pub fn start(streams: Arc<RwLock<HashMap<String, Arc<StreamLog>>>>) -> Result<Builder> {
+        let shared = Arc::new((Mutex::new(false), Condvar::new()));
+        let stopped = Arc::new(AtomicBool::new(false));
+        let (s, stop) = (shared.clone(), stopped.clone());
+        let thread = std::thread::Builder::new()
+            .name("rheo-index".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    let logs: Vec<Arc<StreamLog>> = streams.read().values().cloned().collect();
+                    let mut more = false;
+                    for log in logs {
+                        if stop.load(Ordering::Acquire) {
+                            return;
+                        }
+                        more |= log.index.build_step(&log);
+                    }
+                    if !more {
+                        let mut woken = s.0.lock();
+                        if !*woken {
+                            s.1.wait_for(&mut woken, IDLE);
+                        }
+                        *woken = false;
+                    }
+                }
+            })
+            .map_err(|e| Error::failed("open", format!("cannot start the index builder thread: {e}")))?;
+        Ok(Builder { shared, stopped, thread: Mutex::new(Some(thread)) })
+    }
+
+    /// Wakes the builder (new work, e.g. an index was added).
+    pub fn wake(&self) {
+        *self.shared.0.lock() = true;
+        self.shared.1.notify_one();
+    }
+
+    /// Stops and joins the thread.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.wake();
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,441 @@
+//! The query planner: per partition and segment, read candidates from the
+//! indexes when a filter can use them, else scan; re-check the whole query
+//! on every event read, so an index only ever narrows the reading.
+//!
+//! - Bounds: the explicit sequence bounds, `sequence` filters, the cursor
+//!   (orders by sequence or partition) and `from` (through the time index)
+//!   narrow each partition's range before anything is read.
+//! - Index: `eq`/`in` filters on indexed fields give posting lists, the
+//!   smallest first, intersected; ranges and `exists` are used when no
+//!   equality applies and they are selective (at most a quarter of the
+//!   segment). Sealed segments read their index file, the active segment
+//!   its in-memory index (records beyond it are scanned).
+//! - Order and limit: ascending by sequence or partition, descending by
+//!   sequence or partition, reading stops once the page is full and the
+//!   next event would rank after it.
+
+use std::sync::Arc;
+
+use super::term::{KeyRange, canonical, ranges};
+use super::{FieldSet, PartitionIndex, SixFile};
+use crate::engine::log::partition::{Partition, Segment, StoredRecord};
+use crate::engine::log::stream::StreamLog;
+use crate::error::Result;
+use crate::model::query::{Access, Explain, OrderBy, Page, PageBuilder, Query};
+
+/// An indexable filter.
+#[derive(Debug)]
+struct Term {
+    field: String,
+    ranges: Vec<KeyRange>,
+    /// Every range is one key (equality): cheap and selective.
+    point: bool,
+}
+
+/// The filters of a query an index can answer.
+#[derive(Debug)]
+struct Plan {
+    terms: Vec<Term>,
+}
+
+impl Plan {
+    fn new(q: &Query, fields: &FieldSet) -> Plan {
+        let mut terms: Vec<Term> = q
+            .filters
+            .iter()
+            .filter_map(|f| {
+                let field = canonical(&f.path).filter(|c| fields.contains(c))?;
+                let ranges = ranges(&f.op)?;
+                let point = ranges.iter().all(KeyRange::is_point);
+                Some(Term { field, ranges, point })
+            })
+            .collect();
+        // Equalities first: they are looked up before any range.
+        terms.sort_by_key(|t| !t.point);
+        Plan { terms }
+    }
+}
+
+/// Something that answers posting lists for one run of sequences.
+enum Postings<'a> {
+    File(&'a SixFile),
+    Memory(&'a super::MemIndex),
+}
+
+/// What a source could tell about a run.
+enum Candidates {
+    /// These sequences (ascending) hold every match.
+    Seqs(Vec<u64>, Vec<String>),
+    /// No filter narrows it.
+    Scan(&'static str),
+}
+
+impl Postings<'_> {
+    fn lookup(&self, t: &Term, cap: u64) -> std::result::Result<Option<Vec<u64>>, super::SixError> {
+        match self {
+            Postings::File(f) => f.lookup(&t.field, &t.ranges, cap),
+            Postings::Memory(m) => Ok(m.lookup(&t.field, &t.ranges, cap)),
+        }
+    }
+    fn covers(&self, field: &str) -> bool {
+        match self {
+            Postings::File(f) => f.meta.ordinal(field).is_some(),
+            Postings::Memory(m) => m.fields.contains(field),
+        }
+    }
+
+    /// Intersects the posting lists of the plan's terms this source covers.
+    fn candidates(&self, plan: &Plan, records: u64) -> std::result::Result<Candidates, super::SixError> {
+        let usable: Vec<&Term> = plan.terms.iter().filter(|t| self.covers(&t.field)).collect();
+        if usable.is_empty() {
+            return Ok(Candidates::Scan("no filter on an indexed field"));
+        }
+        let range_cap = (records / 4).max(64);
+        let mut lists: Vec<(Vec<u64>, &str)> = Vec::new();
+        for t in usable {
+            if !t.point && !lists.is_empty() {
+                break; // an equality already narrowed it; ranges are re-checked
+            }
+            let cap = if t.point { u64::MAX } else { range_cap };
+            if let Some(l) = self.lookup(t, cap)? {
+                let empty = l.is_empty();
+                lists.push((l, &t.field));
+                if empty {
+                    break;
+                }
+            }
+        }
+        if lists.is_empty() {
+            return Ok(Candidates::Scan("ranges too wide to help"));
+        }
+        lists.sort_by_key(|(l, _)| l.len());
+        let fields = lists.iter().map(|(_, f)| (*f).to_owned()).collect();
+        let mut it = lists.into_iter();
+        let mut acc = it.next().map(|(l, _)| l).unwrap_or_default();
+        for (l, _) in it {
+            if acc.is_empty() {
+                break;
+            }
+            acc = intersect(&acc, &l);
+        }
+        Ok(Candidates::Seqs(acc, fields))
+    }
+}
+
+/// The sequences in both ascending lists (galloping through the longer).
+fn intersect(small: &[u64], large: &[u64]) -> Vec<u64> {
+    let mut out = Vec::with_capacity(small.len());
+    let mut rest = large;
+    for &s in small {
+        let i = rest.partition_point(|&x| x < s);
+        rest = &rest[i..];
+        match rest.first() {
+            Some(&x) if x == s => out.push(s),
+            Some(_) => {}
+            None => break,
+        }
+    }
+    out
+}
+
+/// Runs a query over a native stream: one page, with how it was read.
+pub fn query_page(log: &StreamLog, q: &Query) -> Result<Page> {
+    let fields = log.index.fields();
+    let plan = Plan::new(q, &fields);
+    let mut builder = q.page_builder();
+    let mut explain = Vec::new();
+    let ordered_asc = q.scan_is_ordered();
+    let ordered_desc = q.descending && matches!(q.order_by, OrderBy::Sequence | OrderBy::Partition);
+    for p in q.partitions(log.partition_count()) {
+        let part = log.partition(p)?;
+        let Some(pix) = log.index.partition(p) else { continue };
+        let (mut after, until) = q.narrowed_bounds(p);
+        let until = until.min(part.visible());
+        if after >= until {
+            continue;
+        }
+        if let Some(from) = q.from {
+            // Every event before the first at/after `from` is older.
+            match part.seek_time(from.as_millis())? {
+                Some(s) => after = after.max(s - 1),
+                None => continue,
+            }
+            if after >= until {
+                continue;
+            }
+        }
+        let mut segs: Vec<Arc<Segment>> = part
+            .segments()
+            .into_iter()
+            .filter(|s| s.base_seq <= until && s.footer().is_none_or(|f| f.last_seq > after))
+            .collect();
+        if ordered_desc {
+            segs.reverse();
+        }
+        if !plan.terms.is_empty() {
+            pix.catch_up(part, &fields)?;
+        }
+        let mut run = Run { q, p, part, builder: &mut builder, ordered_asc, ordered_desc, stopped: false };
+        for seg in segs {
+            let lo = after.saturating_add(1).max(seg.base_seq);
+            let hi = seg.footer().map_or(until, |f| f.last_seq.min(until));
+            if lo > hi {
+                continue;
+            }
+            let first = if ordered_desc { hi } else { lo };
+            if (ordered_asc || ordered_desc) && run.builder.past_end_at(p, first) {
+                break;
+            }
+            run.segment(pix, &plan, &seg, lo, hi, &mut explain)?;
+            if run.stopped {
+                break;
+            }
+        }
+    }
+    let mut page = builder.finish();
+    page.explain = explain;
+    Ok(page)
+}
+
+/// Reading one partition into the page.
+struct Run<'a, 'q> {
+    q: &'q Query,
+    p: u32,
+    part: &'a Partition,
+    builder: &'a mut PageBuilder<'q>,
+    ordered_asc: bool,
+    ordered_desc: bool,
+    stopped: bool,
+}
+
+impl Run<'_, '_> {
+    fn segment(
+        &mut self,
+        pix: &PartitionIndex,
+        plan: &Plan,
+        seg: &Segment,
+        lo: u64,
+        hi: u64,
+        explain: &mut Vec<Explain>,
+    ) -> Result<()> {
+        if plan.terms.is_empty() {
+            return self.scan(lo, hi, "no filter on an indexed field", explain);
+        }
+        if seg.footer().is_some() {
+            let Some(file) = pix.sealed(self.part, seg) else {
+                return self.scan(lo, hi, "the segment's index is not built yet", explain);
+            };
+            let records = file.meta.header.count();
+            match Postings::File(&file).candidates(plan, records) {
+                Ok(c) => return self.candidates(c, "file", lo, hi, explain),
+                Err(e) => {
+                    tracing::warn!(file = %file.path(), error = %e, "index file damaged; scanning and rebuilding");
+                    pix.invalidate(seg.base_seq);
+                    return self.scan(lo, hi, "the segment's index was damaged", explain);
+                }
+            }
+        }
+        // The active segment: its in-memory index up to where it reached.
+        let guard = pix.active.lock();
+        let (c, upto) = match guard.as_ref() {
+            Some(m) if m.base == seg.base_seq => {
+                let c = Postings::Memory(m)
+                    .candidates(plan, m.upto.saturating_sub(m.base) + 1)
+                    .unwrap_or(Candidates::Scan("index lookup failed"));
+                (c, m.upto)
+            }
+            _ => (Candidates::Scan("the active segment is not indexed yet"), seg.base_seq - 1),
+        };
+        drop(guard);
+        let indexed_hi = hi.min(upto);
+        if self.ordered_desc {
+            if indexed_hi < hi {
+                self.scan(lo.max(indexed_hi + 1), hi, "records newer than the in-memory index", explain)?;
+            }
+            if lo <= indexed_hi && !self.stopped {
+                self.candidates(c, "memory", lo, indexed_hi, explain)?;
+            }
+        } else {
+            if lo <= indexed_hi {
+                self.candidates(c, "memory", lo, indexed_hi, explain)?;
+            }
+            if indexed_hi < hi && !self.stopped {
+                self.scan(lo.max(indexed_hi + 1), hi, "records newer than the in-memory index", explain)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn candidates(&mut self, c: Candidates, source: &str, lo: u64, hi: u64, explain: &mut Vec<Explain>) -> Result<()> {
+        let (mut seqs, fields) = match c {
+            Candidates::Scan(reason) => return self.scan(lo, hi, reason, explain),
+            Candidates::Seqs(seqs, fields) => (seqs, fields),
+        };
+        seqs.retain(|&s| s >= lo && s <= hi);
+        explain.push(Explain {
+            partition: self.p,
+            first: lo,
+            last: hi,
+            access: Access::Index { fields, candidates: seqs.len() as u64, source: source.to_owned() },
+        });
+        if self.ordered_desc {
+            // Newest first: read the candidates in chunks from the end.
+            for chunk in seqs.rchunks(64) {
+                self.read(chunk, true)?;
+                if self.stopped {
+                    break;
+                }
+            }
+            Ok(())
+        } else {
+            self.read(&seqs, false)
+        }
+    }
+
+    /// Offers the records of `seqs` (ascending); in descending order the
+    /// caller passes chunks newest first, and each chunk is offered newest
+    /// first too.
+    fn read(&mut self, seqs: &[u64], desc: bool) -> Result<()> {
+        let (q, p) = (self.q, self.p);
+        let mut got: Vec<StoredRecord> = Vec::new();
+        let ordered_asc = self.ordered_asc;
+        let builder = &mut *self.builder;
+        let mut stopped = false;
+        self.part.fetch(seqs, |r| {
+            if desc {
+                got.push(r);
+                return true;
+            }
+            if ordered_asc && builder.past_end_at(p, r.header.seq) {
+                stopped = true;
+                return false;
+            }
+            builder.offer(r.into_event(&q.stream, p));
+            true
+        })?;
+        for r in got.into_iter().rev() {
+            if builder.past_end_at(p, r.header.seq) {
+                stopped = true;
+                break;
+            }
+            builder.offer(r.into_event(&q.stream, p));
+        }
+        self.stopped |= stopped;
+        Ok(())
+    }
+
+    fn scan(&mut self, lo: u64, hi: u64, reason: &str, explain: &mut Vec<Explain>) -> Result<()> {
+        explain.push(Explain {
+            partition: self.p,
+            first: lo,
+            last: hi,
+            access: Access::Scan { reason: reason.to_owned() },
+        });
+        let (q, p, ordered_asc) = (self.q, self.p, self.ordered_asc);
+        let builder = &mut *self.builder;
+        let mut stopped = false;
+        self.part.scan(lo - 1, hi, |r| {
+            if ordered_asc && builder.past_end_at(p, r.header.seq) {
+                stopped = true;
+                return false;
+            }
+            builder.offer(r.into_event(&q.stream, p));
+            true
+        })?;
+        // A descending scan reads forwards: it may stop only between runs.
+        self.stopped |= stopped;
+        Ok(())
+    }
+}
+
+/// The sequences of partition `p` whose events match `q`, ascending, through
+/// the indexes where they apply (replay by query).
+pub fn matching(log: &StreamLog, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> Result<()> {
+    let fields = log.index.fields();
+    let plan = Plan::new(q, &fields);
+    let part = log.partition(p)?;
+    let Some(pix) = log.index.partition(p) else { return Ok(()) };
+    let (after, until) = q.narrowed_bounds(p);
+    let until = until.min(part.visible());
+    if after >= until {
+        return Ok(());
+    }
+    if !plan.terms.is_empty() {
+        pix.catch_up(part, &fields)?;
+    }
+    let name = &q.stream;
+    let mut offer = |r: StoredRecord| {
+        let e = r.into_event(name, p);
+        if q.matches(&e) {
+            f(e.sequence);
+        }
+        true
+    };
+    for seg in part.segments() {
+        let lo = after.saturating_add(1).max(seg.base_seq);
+        let hi = seg.footer().map_or(until, |f| f.last_seq.min(until));
+        if lo > hi {
+            continue;
+        }
+        let (c, upto) = if plan.terms.is_empty() {
+            (Candidates::Scan(""), lo - 1)
+        } else if seg.footer().is_some() {
+            match pix.sealed(part, &seg) {
+                Some(file) => {
+                    let c = Postings::File(&file).candidates(&plan, file.meta.header.count()).unwrap_or_else(|_| {
+                        pix.invalidate(seg.base_seq);
+                        Candidates::Scan("")
+                    });
+                    (c, hi)
+                }
+                None => (Candidates::Scan(""), lo - 1),
+            }
+        } else {
+            let guard = pix.active.lock();
+            match guard.as_ref() {
+                Some(m) if m.base == seg.base_seq => (
+                    Postings::Memory(m)
+                        .candidates(&plan, m.upto.saturating_sub(m.base) + 1)
+                        .unwrap_or(Candidates::Scan("")),
+                    m.upto.min(hi),
+                ),
+                _ => (Candidates::Scan(""), lo - 1),
+            }
+        };
+        let scan_from = match c {
+            Candidates::Seqs(mut seqs, _) if upto >= lo => {
+                seqs.retain(|&s| s >= lo && s <= upto);
+                part.fetch(&seqs, &mut offer)?;
+                upto + 1
+            }
+            _ => lo,
+        };
+        if scan_from <= hi {
+            part.scan(scan_from - 1, hi, &mut offer)?;
+        }
+    }
+    Ok(())
+}
+
+/// The first (partition, sequence) holding the event `id`, through the id
+/// index (the dead-letter cursor, replay by ids).
+pub fn position_of(log: &StreamLog, id: &str) -> Result<Option<(u32, u64)>> {
+    let q = Query::new(log.name.clone()).eq("id", id).limit(1);
+    for p in 0..log.partition_count() {
+        let mut found = None;
+        matching_first(log, p, &q, &mut found)?;
+        if let Some(seq) = found {
+            return Ok(Some((p, seq)));
+        }
+    }
+    Ok(None)
+}
+
+fn matching_first(log: &StreamLog, p: u32, q: &Query, found: &mut Option<u64>) -> Result<()> {
+    // Ascending by sequence with limit 1: the planner stops at the first.
+    let mut one = q.clone();
+    one.filters.push(crate::model::query::Filter { path: "partition".into(), op: crate::Op::Eq(p.into()) });
+    let page = query_page(log, &one)?;
+    *found = page.events.first().map(|e| e.sequence);
+    Ok(())
+}
