@@ -24,8 +24,8 @@ use crate::error::{Error, Result};
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, NewEvent};
 use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, ReplayOptions,
-    ResetOptions, StreamInfo, StreamOptions,
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag,
+    ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
 };
 use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
@@ -135,6 +135,20 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     /// Lag, in-flight and dead-letter counts of a group.
     async fn group_info(&self, _stream: &str, _group: &str) -> Result<GroupInfo> {
         Err(self.unsupported("group_info"))
+    }
+
+    /// Adds an index on `field` (a query path) to `stream`. Events already
+    /// in the stream are indexed in the background ([`Backend::index_status`]
+    /// reports how far); queries stay exact meanwhile. Adding a field that is
+    /// already indexed is a no-op. `StreamNotFound`; an invalid field is
+    /// refused with a message naming it.
+    async fn create_index(&self, _stream: &str, _field: &str) -> Result<()> {
+        Err(self.unsupported("create_index"))
+    }
+
+    /// How far each indexed field of `stream` is built. `StreamNotFound`.
+    async fn index_status(&self, _stream: &str) -> Result<Vec<IndexStatus>> {
+        Err(self.unsupported("index_status"))
     }
 
     /// Returns when new events may be claimable on `stream`, or after

@@ -14,8 +14,8 @@ use crate::memory::MemoryBackend;
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{AppendOptions, Event, NewEvent};
 use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, ReplayOptions,
-    ResetOptions, StreamInfo, StreamOptions,
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag,
+    ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
 };
 use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
 use crate::model::names::{
@@ -195,6 +195,32 @@ impl Rheo {
         check_stream(stream)?;
         opts.validate(stream)?;
         self.inner.backend.create_stream(stream, &opts).await
+    }
+
+    /// Adds an index on `field` (a query path such as `"currency"` or
+    /// `"order.customer_id"`) to a stream. It returns once the index is
+    /// recorded; events already in the stream are indexed in the background,
+    /// and queries stay exact meanwhile (they scan what is not indexed yet).
+    /// The returned [`IndexBuild`] reports progress or waits for the end.
+    /// Adding a field already indexed is a no-op.
+    ///
+    /// ```
+    /// # async fn f(rheo: &rheo::Rheo) -> rheo::Result<()> {
+    /// let build = rheo.create_index("orders", "currency").await?;
+    /// build.wait(|p| eprintln!("{}: {}/{} segments", p.field, p.segments_ready, p.segments_total)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn create_index(&self, stream: &str, field: &str) -> Result<IndexBuild> {
+        check_stream(stream)?;
+        let canonical = crate::model::query::check_index_field(stream, field)?;
+        self.inner.backend.create_index(stream, field).await?;
+        Ok(IndexBuild { rheo: self.clone(), stream: stream.to_owned(), field: canonical })
+    }
+
+    /// How far each indexed field of a stream is built.
+    pub async fn index_status(&self, stream: &str) -> Result<Vec<IndexStatus>> {
+        check_stream(stream)?;
+        self.inner.backend.index_status(stream).await
     }
 
     /// Creates a stream, or returns the existing one of that name: what a
@@ -515,4 +541,47 @@ fn check_reason(reason: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// An index being built in the background (from [`Rheo::create_index`]).
+#[derive(Debug, Clone)]
+pub struct IndexBuild {
+    rheo: Rheo,
+    stream: String,
+    field: String,
+}
+
+/// How often [`IndexBuild::wait`] looks at the progress.
+const INDEX_POLL: Duration = Duration::from_millis(50);
+
+impl IndexBuild {
+    /// The canonical field being indexed.
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// Its progress now.
+    pub async fn status(&self) -> Result<IndexStatus> {
+        let all = self.rheo.index_status(&self.stream).await?;
+        all.into_iter().find(|s| s.field == self.field).ok_or_else(|| {
+            Error::failed("index_status", format!("stream {:?} reports no index on {:?}", self.stream, self.field))
+        })
+    }
+
+    /// Waits until every segment is indexed, calling `progress` each time
+    /// the count changes (and once at the start); returns the final status.
+    pub async fn wait(&self, mut progress: impl FnMut(&IndexStatus)) -> Result<IndexStatus> {
+        let mut last: Option<IndexStatus> = None;
+        loop {
+            let s = self.status().await?;
+            if last.as_ref() != Some(&s) {
+                progress(&s);
+            }
+            if s.ready() {
+                return Ok(s);
+            }
+            last = Some(s);
+            tokio::time::sleep(INDEX_POLL).await;
+        }
+    }
 }

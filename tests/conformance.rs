@@ -41,6 +41,8 @@ mod fetch;
 mod frontier_lag;
 #[path = "conformance/groups.rs"]
 mod groups;
+#[path = "conformance/indexes.rs"]
+mod indexes;
 #[path = "conformance/names.rs"]
 mod names;
 #[path = "conformance/ops_inspect.rs"]
@@ -107,6 +109,10 @@ macro_rules! suite {
                 log: [
                     names::stream_name_over_255_bytes_is_invalid_name,
                     names::names_with_nul_or_control_chars_are_invalid_name,
+                    indexes::create_index_backfills_and_queries_stay_exact,
+                    indexes::create_index_refuses_log_fields_bad_paths_and_unknown_streams,
+                    indexes::indexed_values_match_by_type,
+                    indexes::explain_shows_the_index_or_the_scan,
                     streams::create_stream_defaults_to_one_partition,
                     streams::create_stream_keeps_partitions_and_indexes,
                     streams::create_stream_twice_is_already_exists,

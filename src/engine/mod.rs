@@ -89,16 +89,7 @@ impl Engine {
         let mut tables = HashMap::new();
         let mut delivery_recovery = Vec::new();
         for s in &body.streams {
-            let log = StreamLog::open(
-                vfs.clone(),
-                &opts,
-                s.id,
-                &s.name,
-                s.partition_count,
-                &s.indexes,
-                now,
-                &mut truncations,
-            )?;
+            let log = StreamLog::open(vfs.clone(), &opts, s, now, &mut truncations)?;
             let (table, report) = DeliveryTable::open(vfs.clone(), &opts, &log)?;
             delivery_recovery.push((s.name.clone(), report));
             tables.insert(s.name.clone(), Arc::new(table));
@@ -187,21 +178,11 @@ impl Engine {
                 declared.push(f.clone());
             }
         }
-        let indexes = &declared[..];
-        let log = StreamLog::open(
-            inner.vfs.clone(),
-            &inner.opts,
-            id,
-            name,
-            partition_count,
-            indexes,
-            created_ms,
-            &mut truncations,
-        )?;
+        let entry = StreamEntry { id, name: name.to_owned(), partition_count, indexes: declared, created_ms };
+        let log = StreamLog::open(inner.vfs.clone(), &inner.opts, &entry, created_ms, &mut truncations)?;
         let (table, _) = DeliveryTable::open(inner.vfs.clone(), &inner.opts, &log)?;
         inner.vfs.sync_dir(log.dir()).map_err(|e| sync_err(&*inner.vfs, log.dir(), e))?;
         inner.vfs.sync_dir(STREAMS).map_err(|e| sync_err(&*inner.vfs, STREAMS, e))?;
-        let entry = StreamEntry { id, name: name.to_owned(), partition_count, indexes: indexes.to_vec(), created_ms };
         let mut next = m.clone();
         next.next_stream_id = id + 1;
         next.streams.push(entry.clone());

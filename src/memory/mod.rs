@@ -22,11 +22,11 @@ use crate::error::{Error, ObjectKind, Result};
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, NewEvent};
 use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, ReplayOptions,
-    ResetOptions, StreamInfo, StreamOptions, check_partitions,
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, MAX_INDEXES,
+    ReplayOptions, ResetOptions, StreamInfo, StreamOptions, check_partitions,
 };
 use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
-use crate::model::query::{Page, Query};
+use crate::model::query::{Page, Query, canonical_path, check_index_field};
 use crate::model::routing::route;
 use crate::model::time::{Clock, SystemClock, Timestamp};
 
@@ -303,6 +303,33 @@ impl Backend for MemoryBackend {
     async fn group_info(&self, stream: &str, group: &str) -> Result<GroupInfo> {
         let now = self.clock.now();
         self.with_group(stream, group, |g, log| Ok(g.info(log, now)))
+    }
+
+    async fn create_index(&self, stream: &str, field: &str) -> Result<()> {
+        let canonical = check_index_field(stream, field)?;
+        self.with_stream(stream, |s| {
+            let opts = &mut s.log.opts;
+            if !opts.indexes.iter().any(|f| canonical_path(f).as_deref() == Some(canonical.as_str())) {
+                if opts.indexes.len() >= MAX_INDEXES {
+                    return Err(Error::invalid(
+                        "indexes",
+                        format!("stream {stream:?} has {MAX_INDEXES} indexes, the maximum"),
+                    ));
+                }
+                opts.indexes.push(field.to_owned());
+            }
+            Ok(())
+        })
+    }
+
+    async fn index_status(&self, stream: &str) -> Result<Vec<IndexStatus>> {
+        // Queries scan memory: every declared field is "ready" at once.
+        self.with_stream(stream, |s| {
+            let mut fields: Vec<String> = s.log.opts.indexes.iter().filter_map(|f| canonical_path(f)).collect();
+            fields.sort();
+            fields.dedup();
+            Ok(fields.into_iter().map(|field| IndexStatus { field, segments_ready: 0, segments_total: 0 }).collect())
+        })
     }
 
     async fn wait_for_events(&self, stream: &str, timeout: Duration) -> Result<()> {

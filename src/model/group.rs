@@ -54,9 +54,40 @@ impl StreamOptions {
                 max: MAX_PARTITIONS,
             });
         }
+        if self.indexes.len() > MAX_INDEXES {
+            return Err(Error::invalid(
+                "indexes",
+                format!("stream {stream:?} declares {} indexes, above the maximum {MAX_INDEXES}", self.indexes.len()),
+            ));
+        }
+        for f in &self.indexes {
+            super::query::check_index_field(stream, f)?;
+        }
         Ok(())
     }
 }
+
+/// How far an index is built on a stream (see `Rheo::create_index`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexStatus {
+    /// The field, canonical (see [`crate::canonical_path`]).
+    pub field: String,
+    /// Segments (over all partitions) whose index covers it.
+    pub segments_ready: u64,
+    /// All segments (0 on a backend without segments, where an index is
+    /// ready at once).
+    pub segments_total: u64,
+}
+
+impl IndexStatus {
+    /// True when every segment's index covers the field.
+    pub fn ready(&self) -> bool {
+        self.segments_ready >= self.segments_total
+    }
+}
+
+/// The most fields a stream may declare for indexing.
+pub const MAX_INDEXES: usize = 64;
 
 /// A stream as listed by `list_streams`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

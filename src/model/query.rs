@@ -50,6 +50,49 @@ pub struct Filter {
     pub op: Op,
 }
 
+/// The canonical form of a query path, so that paths that read the same
+/// value have one name (the name an index on them has): `currency` and
+/// `payload.currency` are `payload.currency`; `metadata.producer` is
+/// `producer`. `None` for the fields the log itself orders and bounds
+/// (`stream`, `partition`, `sequence`, `timestamp`), which need no index.
+///
+/// ```
+/// assert_eq!(rheo::canonical_path("order.customer_id").as_deref(), Some("payload.order.customer_id"));
+/// assert_eq!(rheo::canonical_path("metadata.producer").as_deref(), Some("producer"));
+/// assert_eq!(rheo::canonical_path("sequence"), None);
+/// ```
+pub fn canonical_path(path: &str) -> Option<String> {
+    use super::event::LINEAGE_FIELDS;
+    match path {
+        "stream" | "partition" | "sequence" | "timestamp" => None,
+        "id" | "key" | "type" => Some(path.to_owned()),
+        _ if LINEAGE_FIELDS.contains(&path) => Some(path.to_owned()),
+        _ => {
+            if let Some(rest) = path.strip_prefix("metadata.") {
+                if LINEAGE_FIELDS.contains(&rest) {
+                    return Some(rest.to_owned());
+                }
+                return Some(format!("metadata.{rest}"));
+            }
+            Some(format!("payload.{}", path.strip_prefix("payload.").unwrap_or(path)))
+        }
+    }
+}
+
+/// Checks a field a stream is asked to index and returns its canonical
+/// name: a query path of 1 to 256 bytes, no empty dotted segment, naming a
+/// value of the event (not `partition`, `sequence`, `timestamp`, `stream`).
+pub(crate) fn check_index_field(stream: &str, field: &str) -> Result<String> {
+    let bad = |why: &str| Error::invalid("index", format!("stream {stream:?}: cannot index {field:?}: {why}"));
+    if field.is_empty() || field.len() > 256 || field.contains('\0') {
+        return Err(bad("a field path is 1 to 256 bytes without NUL"));
+    }
+    if field.split('.').any(str::is_empty) {
+        return Err(bad("a dotted path has no empty segment"));
+    }
+    canonical_path(field).ok_or_else(|| bad("the log itself orders and bounds this field"))
+}
+
 /// Compares two JSON values of the same type; `None` when the types differ
 /// (or for arrays and objects, which only compare equal or not).
 pub fn compare_values(a: &Value, b: &Value) -> Option<Ordering> {

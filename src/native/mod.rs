@@ -28,8 +28,8 @@ use crate::error::{Error, Result};
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, NewEvent};
 use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, ReplayOptions,
-    ResetOptions, StreamInfo, StreamOptions,
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag,
+    ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
 };
 use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
@@ -185,6 +185,7 @@ impl Backend for NativeBackend {
         let mut c = Capabilities::new(BACKEND);
         c.durable = true;
         c.ops_inspect = true;
+        c.indexed_query = true;
         c
     }
 
@@ -342,6 +343,24 @@ impl Backend for NativeBackend {
     async fn group_info(&self, stream: &str, group: &str) -> Result<GroupInfo> {
         let now = self.clock.now();
         self.group_op(stream, group, |g, src| Ok(g.info(src, now))).await
+    }
+
+    async fn create_index(&self, stream: &str, field: &str) -> Result<()> {
+        let engine = self.engine.clone();
+        let (stream, field) = (stream.to_owned(), field.to_owned());
+        blocking(move || {
+            engine.create_index(&stream, &field)?;
+            // Without the background builder, build now (tests, tools).
+            if !engine.options().background_indexing {
+                engine.build_indexes()?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn index_status(&self, stream: &str) -> Result<Vec<IndexStatus>> {
+        self.engine.index_status(stream)
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamInfo>> {

@@ -42,12 +42,17 @@ pub fn memory() -> BoxFuture<'static, Fixture> {
     })
 }
 
-/// The native backend on an in-memory file system (`MemVfs`).
+/// The native backend on an in-memory file system (`MemVfs`), with tiny
+/// segments (4 KiB): most events are in sealed segments, read through their
+/// index files once the background builder has written them (and scanned
+/// before), the rest through the active segment's in-memory index.
 pub fn native_mem() -> BoxFuture<'static, Fixture> {
     Box::pin(async {
         let clock = ManualClock::new(START);
         let vfs: Arc<dyn rheo::engine::vfs::Vfs> = Arc::new(rheo::engine::vfs::MemVfs::new());
-        let engine = rheo::engine::Engine::open(vfs, rheo::EngineOptions::default()).expect("engine opens");
+        let opts =
+            rheo::EngineOptions { segment_bytes: 4096, preallocate_bytes: 1024, ..rheo::EngineOptions::default() };
+        let engine = rheo::engine::Engine::open(vfs, opts).expect("engine opens");
         let backend = rheo::NativeBackend::with_engine(engine, Arc::new(clock.clone()));
         let rheo = Rheo::builder()
             .clock(Arc::new(clock.clone()))

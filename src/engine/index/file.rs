@@ -514,9 +514,12 @@ pub fn term_range(ordinal: u16, r: &KeyRange) -> KeyRange {
     KeyRange { lo: term_bound(ordinal, &r.lo, false), hi: term_bound(ordinal, &r.hi, true) }
 }
 
+/// Every term of a file with its sequences, in key order.
+pub type Terms = Vec<(Vec<u8>, Vec<u64>)>;
+
 /// A whole file decoded and checked (tests, fuzzing, `verify`): its
 /// directory and every term with its sequences.
-pub fn decode_all(bytes: &[u8]) -> Result<(SixMeta, Vec<(Vec<u8>, Vec<u64>)>), SixError> {
+pub fn decode_all(bytes: &[u8]) -> Result<(SixMeta, Terms), SixError> {
     let header = SixHeader::decode(bytes)?;
     if bytes.len() < SIX_HEADER_LEN + SIX_TRAILER_LEN {
         return Err(damaged("index file too short"));
@@ -558,7 +561,9 @@ pub fn decode_all(bytes: &[u8]) -> Result<(SixMeta, Vec<(Vec<u8>, Vec<u64>)>), S
 mod tests {
     use super::*;
 
-    fn sample(n_terms: u32) -> (SixHeader, Vec<u8>, Vec<(Vec<u8>, Vec<u32>)>) {
+    type Offsets = Vec<(Vec<u8>, Vec<u32>)>;
+
+    fn sample(n_terms: u32) -> (SixHeader, Vec<u8>, Offsets) {
         let h = SixHeader { partition: 3, stream_id: 9, base_seq: 101, last_seq: 600, records_end: 9000, max_ts: 77 };
         let terms: Vec<(Vec<u8>, Vec<u32>)> = (0..n_terms)
             .map(|i| {

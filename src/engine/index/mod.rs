@@ -59,17 +59,9 @@ impl FieldSet {
     }
 }
 
-/// Checks a field a stream is asked to index: a query path that names a
-/// value of the event (not `partition`, `sequence`, `timestamp`, `stream`).
+/// Checks a field a stream is asked to index; its canonical name.
 pub fn check_field(stream: &str, field: &str) -> Result<String> {
-    let bad = |why: &str| Error::invalid("index", format!("stream {stream:?}: cannot index {field:?}: {why}"));
-    if field.is_empty() || field.len() > 256 || field.contains('\0') {
-        return Err(bad("a field path is 1 to 256 characters without NUL"));
-    }
-    if field.split('.').any(str::is_empty) {
-        return Err(bad("a dotted path has no empty segments"));
-    }
-    canonical(field).ok_or_else(|| bad("the log itself orders and bounds this field"))
+    crate::model::query::check_index_field(stream, field)
 }
 
 /// A fast hasher for term keys (FNV-1a; the keys are not attacker-chosen
@@ -330,23 +322,7 @@ pub struct StreamIndex {
     parts: Vec<PartitionIndex>,
 }
 
-/// How far an index field is built on a stream.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct IndexStatus {
-    /// The canonical field.
-    pub field: String,
-    /// Segments (over all partitions) whose index covers it.
-    pub segments_ready: u64,
-    /// All segments.
-    pub segments_total: u64,
-}
-
-impl IndexStatus {
-    /// True when every segment's index covers the field.
-    pub fn ready(&self) -> bool {
-        self.segments_ready == self.segments_total
-    }
-}
+pub use crate::model::group::IndexStatus;
 
 fn header_of(part: &Partition, seg: &Segment) -> Option<SixHeader> {
     let f = seg.footer()?;

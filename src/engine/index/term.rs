@@ -25,8 +25,6 @@ use std::ops::Bound;
 
 use serde_json::Value;
 
-use crate::model::event::LINEAGE_FIELDS;
-
 /// Tag of a null value.
 pub const TAG_NULL: u8 = 0x00;
 /// Tag of a boolean.
@@ -53,27 +51,7 @@ const EXACT_LIMIT: f64 = 9_007_199_254_740_992.0; // 2^53
 pub const ALWAYS_INDEXED: [&str; 8] =
     ["id", "key", "type", "correlation_id", "causation_id", "producer", "schema", "schema_version"];
 
-/// The canonical form of a query path, so that paths that read the same
-/// value name the same index field: `currency` and `payload.currency` are
-/// `payload.currency`; `metadata.producer` is `producer`. `None` for the
-/// fields the log itself orders or bounds (`stream`, `partition`,
-/// `sequence`, `timestamp`), which are never in a secondary index.
-pub fn canonical(path: &str) -> Option<String> {
-    match path {
-        "stream" | "partition" | "sequence" | "timestamp" => None,
-        "id" | "key" | "type" => Some(path.to_owned()),
-        _ if LINEAGE_FIELDS.contains(&path) => Some(path.to_owned()),
-        _ => {
-            if let Some(rest) = path.strip_prefix("metadata.") {
-                if LINEAGE_FIELDS.contains(&rest) {
-                    return Some(rest.to_owned());
-                }
-                return Some(format!("metadata.{rest}"));
-            }
-            Some(format!("payload.{}", path.strip_prefix("payload.").unwrap_or(path)))
-        }
-    }
-}
+pub use crate::model::query::canonical_path as canonical;
 
 /// A scalar value read from a record, borrowed.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -81,6 +81,10 @@ impl Segment {
     }
 }
 
+/// What a raw scan calls per record: (offset, header, MessagePack document,
+/// segment) -> go on?
+type RawVisitor<'a> = dyn FnMut(u64, RecordHeader, &[u8], &Segment) -> Result<bool> + 'a;
+
 /// The read size of a scan through many records.
 const CHUNK_SCAN: usize = 256 << 10;
 /// The read size of a point read (a record and a few around it).
@@ -554,7 +558,7 @@ impl Partition {
         first: u64,
         until: u64,
         chunk: usize,
-        f: &mut dyn FnMut(u64, RecordHeader, &[u8], &Segment) -> Result<bool>,
+        f: &mut RawVisitor<'_>,
     ) -> Result<bool> {
         let start = self.seek(seg, first)?;
         let limit = match seg.footer() {

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::manifest::StreamEntry;
 use super::partition::{Location, Partition, StoredRecord, Truncation};
 use super::txn::TxnLog;
 use crate::engine::commit::{Committer, Job, Poison, Ticket};
@@ -52,13 +53,11 @@ impl StreamLog {
     pub fn open(
         vfs: Arc<dyn Vfs>,
         opts: &EngineOptions,
-        id: u64,
-        name: &str,
-        partition_count: u32,
-        indexes: &[String],
+        entry: &StreamEntry,
         now_ms: i64,
         truncations: &mut Vec<(String, Truncation)>,
     ) -> Result<StreamLog> {
+        let StreamEntry { id, ref name, partition_count, ref indexes, .. } = *entry;
         let dir = stream_dir(id);
         vfs.create_dir_all(&dir).map_err(|e| super::manifest::io_err(&*vfs, &dir, "create", e))?;
         let txn = Arc::new(TxnLog::open(vfs.clone(), &dir)?);
