@@ -243,6 +243,10 @@ pub struct SixMeta {
     /// The fields covered, sorted; a term's first two bytes are the index
     /// of its field in this list (big-endian).
     pub fields: Vec<String>,
+    /// Per field (same order), the smallest and largest value key it has
+    /// (both empty when it has none): lookups outside skip the file without
+    /// reading a block (time-ordered ids make this the common case).
+    pub spans: Vec<(Vec<u8>, Vec<u8>)>,
     /// The blocks, in term order.
     pub blocks: Vec<BlockRef>,
     /// The last term key of the file (empty when it has no terms).
@@ -273,6 +277,7 @@ pub fn encode<'t>(
     let mut count = 0u32;
     let mut last = Vec::new();
     let mut postings = Vec::new();
+    let mut spans: Vec<(Vec<u8>, Vec<u8>)> = vec![(Vec::new(), Vec::new()); fields.len()];
     let mut close = |out: &mut Vec<u8>, block: &mut Vec<u8>, first: &mut Option<Vec<u8>>, count: &mut u32| {
         if let Some(f) = first.take() {
             blocks.push(BlockRef {
@@ -290,6 +295,14 @@ pub fn encode<'t>(
     for (key, offsets) in terms {
         if first.is_none() {
             first = Some(key.to_vec());
+        }
+        if key.len() > 2
+            && let Some(span) = spans.get_mut(usize::from(u16::from_be_bytes([key[0], key[1]])))
+        {
+            if span.0.is_empty() {
+                span.0 = key[2..].to_vec();
+            }
+            span.1 = key[2..].to_vec();
         }
         postings.clear();
         let mut prev = 0u32;
@@ -313,9 +326,13 @@ pub fn encode<'t>(
     let dir_offset = out.len() as u64;
     let mut dir = Vec::new();
     put_varint(&mut dir, fields.len() as u64);
-    for f in fields {
+    for (f, (lo, hi)) in fields.iter().zip(&spans) {
         put_varint(&mut dir, f.len() as u64);
         dir.extend_from_slice(f.as_bytes());
+        put_varint(&mut dir, lo.len() as u64);
+        dir.extend_from_slice(lo);
+        put_varint(&mut dir, hi.len() as u64);
+        dir.extend_from_slice(hi);
     }
     put_varint(&mut dir, blocks.len() as u64);
     for b in &blocks {
@@ -359,6 +376,7 @@ pub fn decode_dir(header: SixHeader, dir: &[u8], dir_offset: u64, crc: u32) -> R
     let mut r = Bytes::new(dir);
     let nfields = r.len(MAX_FIELDS, "field count")?;
     let mut fields: Vec<String> = Vec::with_capacity(nfields);
+    let mut spans = Vec::with_capacity(nfields);
     for _ in 0..nfields {
         let n = r.len(dir.len(), "field name length")?;
         let name = std::str::from_utf8(r.take(n)?).map_err(|_| damaged("field name is not UTF-8"))?;
@@ -366,6 +384,14 @@ pub fn decode_dir(header: SixHeader, dir: &[u8], dir_offset: u64, crc: u32) -> R
             return Err(damaged("fields are not sorted and distinct"));
         }
         fields.push(name.to_owned());
+        let n = r.len(MAX_KEY_LEN, "key length")?;
+        let lo = r.take(n)?.to_vec();
+        let n = r.len(MAX_KEY_LEN, "key length")?;
+        let hi = r.take(n)?.to_vec();
+        if lo > hi || lo.is_empty() != hi.is_empty() {
+            return Err(damaged(format!("field {name:?}: value span is reversed or half empty")));
+        }
+        spans.push((lo, hi));
     }
     let nblocks = r.len(dir.len(), "block count")?;
     let mut blocks: Vec<BlockRef> = Vec::with_capacity(nblocks);
@@ -399,7 +425,7 @@ pub fn decode_dir(header: SixHeader, dir: &[u8], dir_offset: u64, crc: u32) -> R
     if blocks.last().is_some_and(|b| b.first > last) || (blocks.is_empty() != last.is_empty()) {
         return Err(damaged("the last key is before the last block"));
     }
-    Ok(SixMeta { header, fields, blocks, last })
+    Ok(SixMeta { header, fields, spans, blocks, last })
 }
 
 impl SixMeta {
@@ -429,6 +455,25 @@ impl SixMeta {
         let above = match lo {
             Bound::Included(l) => *l > self.last,
             Bound::Excluded(l) => *l >= self.last,
+            Bound::Unbounded => false,
+        };
+        below || above
+    }
+
+    /// True when field `ord` has no value key in `r` by its span alone.
+    pub fn span_excludes(&self, ord: u16, r: &KeyRange) -> bool {
+        let Some((lo, hi)) = self.spans.get(usize::from(ord)) else { return true };
+        if lo.is_empty() {
+            return true;
+        }
+        let below = match &r.hi {
+            Bound::Included(h) => h < lo,
+            Bound::Excluded(h) => h <= lo,
+            Bound::Unbounded => false,
+        };
+        let above = match &r.lo {
+            Bound::Included(l) => l > hi,
+            Bound::Excluded(l) => l >= hi,
             Bound::Unbounded => false,
         };
         below || above
@@ -553,6 +598,18 @@ pub fn decode_all(bytes: &[u8]) -> Result<(SixMeta, Terms), SixError> {
     }
     if terms.last().map(|(k, _)| k.as_slice()).unwrap_or(&[]) != meta.last.as_slice() {
         return Err(damaged("the directory's last key is not the last term"));
+    }
+    for (i, (lo, hi)) in meta.spans.iter().enumerate() {
+        let ord = u16::try_from(i).unwrap_or(u16::MAX).to_be_bytes();
+        let mut of_field = terms.iter().filter(|(k, _)| k[..2] == ord).map(|(k, _)| &k[2..]);
+        let first = of_field.next();
+        let last = of_field.next_back().or(first);
+        if first.unwrap_or(&[]) != lo.as_slice() || last.unwrap_or(&[]) != hi.as_slice() {
+            return Err(damaged(format!(
+                "field {:?}: the directory's value span differs from its terms",
+                meta.fields[i]
+            )));
+        }
     }
     Ok((meta, terms))
 }

@@ -251,6 +251,9 @@ impl SixFile {
         let Some(ord) = self.meta.ordinal(field) else { return Ok(None) };
         let mut out = Vec::new();
         for r in ranges {
+            if self.meta.span_excludes(ord, r) {
+                continue;
+            }
             let r = file::term_range(ord, r);
             if self.meta.excludes(&r.lo, &r.hi) {
                 continue;
