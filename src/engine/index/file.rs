@@ -251,6 +251,11 @@ pub struct SixMeta {
     pub blocks: Vec<BlockRef>,
     /// The last term key of the file (empty when it has no terms).
     pub last: Vec<u8>,
+    /// Where the record offsets start (right after the blocks).
+    pub offsets_at: u64,
+    /// How many record offsets there are: one per record (u32, the byte
+    /// offset of record `base_seq + i` in the segment), or none.
+    pub offsets: u64,
 }
 
 /// One term of a block.
@@ -269,6 +274,7 @@ pub fn encode<'t>(
     header: &SixHeader,
     fields: &[String],
     terms: impl IntoIterator<Item = (&'t [u8], &'t [u32])>,
+    offsets: &[u32],
 ) -> Vec<u8> {
     let mut out = header.encode().to_vec();
     let mut blocks: Vec<BlockRef> = Vec::new();
@@ -323,6 +329,11 @@ pub fn encode<'t>(
         }
     }
     close(&mut out, &mut block, &mut first, &mut count);
+    // The record offsets: every record's, or none (a segment past 4 GiB).
+    let offsets = if offsets.len() as u64 == header.count() { offsets } else { &[] };
+    for o in offsets {
+        out.extend_from_slice(&o.to_le_bytes());
+    }
     let dir_offset = out.len() as u64;
     let mut dir = Vec::new();
     put_varint(&mut dir, fields.len() as u64);
@@ -345,6 +356,7 @@ pub fn encode<'t>(
     }
     put_varint(&mut dir, last.len() as u64);
     dir.extend_from_slice(&last);
+    put_varint(&mut dir, offsets.len() as u64);
     out.extend_from_slice(&dir);
     out.extend_from_slice(&dir_offset.to_le_bytes());
     out.extend_from_slice(&u32::try_from(dir.len()).unwrap_or(u32::MAX).to_le_bytes());
@@ -414,18 +426,25 @@ pub fn decode_dir(header: SixHeader, dir: &[u8], dir_offset: u64, crc: u32) -> R
         expect = offset + u64::from(len);
         blocks.push(BlockRef { first, offset, len, crc, terms });
     }
-    if expect != dir_offset {
-        return Err(damaged(format!("blocks end at {expect}, the directory starts at {dir_offset}")));
-    }
     let n = r.len(MAX_KEY_LEN, "key length")?;
     let last = r.take(n)?.to_vec();
+    let offsets = r.varint()?;
+    if offsets != 0 && offsets != header.count() {
+        return Err(damaged(format!("{offsets} record offsets for a segment of {} records", header.count())));
+    }
+    let offsets_at = expect;
+    if offsets.checked_mul(4).and_then(|b| offsets_at.checked_add(b)) != Some(dir_offset) {
+        return Err(damaged(format!(
+            "blocks end at {offsets_at}, then {offsets} record offsets; the directory starts at {dir_offset}"
+        )));
+    }
     if !r.is_empty() {
         return Err(damaged("bytes after the directory's end"));
     }
     if blocks.last().is_some_and(|b| b.first > last) || (blocks.is_empty() != last.is_empty()) {
         return Err(damaged("the last key is before the last block"));
     }
-    Ok(SixMeta { header, fields, spans, blocks, last })
+    Ok(SixMeta { header, fields, spans, blocks, last, offsets_at, offsets })
 }
 
 impl SixMeta {
@@ -599,6 +618,15 @@ pub fn decode_all(bytes: &[u8]) -> Result<(SixMeta, Terms), SixError> {
     if terms.last().map(|(k, _)| k.as_slice()).unwrap_or(&[]) != meta.last.as_slice() {
         return Err(damaged("the directory's last key is not the last term"));
     }
+    let at = usize::try_from(meta.offsets_at).map_err(|_| damaged("offsets out of range"))?;
+    let mut prev = 0u64;
+    for i in 0..usize::try_from(meta.offsets).unwrap_or(0) {
+        let o = u64::from(u32_at(bytes, at + 4 * i));
+        if o <= prev || o < 64 || o >= meta.header.records_end {
+            return Err(damaged(format!("record offset {o} of record {i} is out of order or outside the records")));
+        }
+        prev = o;
+    }
     for (i, (lo, hi)) in meta.spans.iter().enumerate() {
         let ord = u16::try_from(i).unwrap_or(u16::MAX).to_be_bytes();
         let mut of_field = terms.iter().filter(|(k, _)| k[..2] == ord).map(|(k, _)| &k[2..]);
@@ -632,7 +660,8 @@ mod tests {
         let mut sorted = terms.clone();
         sorted.sort();
         let fields = vec!["id".to_owned(), "type".to_owned()];
-        let bytes = encode(&h, &fields, sorted.iter().map(|(k, v)| (k.as_slice(), v.as_slice())));
+        let offsets: Vec<u32> = (0..500).map(|i| 64 + 16 * i).collect();
+        let bytes = encode(&h, &fields, sorted.iter().map(|(k, v)| (k.as_slice(), v.as_slice())), &offsets);
         (h, bytes, sorted)
     }
 

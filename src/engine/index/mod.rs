@@ -92,17 +92,35 @@ pub struct MemIndex {
     upto: u64,
     fields: Arc<FieldSet>,
     maps: Vec<TermMap>,
+    /// The byte offset of each record `base + i` (emptied for good if one
+    /// does not fit u32: such a segment is read through its sparse index).
+    offsets: Vec<u32>,
+    offsets_ok: bool,
 }
 
 impl MemIndex {
     fn new(base: u64, fields: Arc<FieldSet>) -> MemIndex {
         let maps = fields.names.iter().map(|_| TermMap::default()).collect();
-        MemIndex { base, upto: base - 1, fields, maps }
+        MemIndex { base, upto: base - 1, fields, maps, offsets: Vec::new(), offsets_ok: true }
     }
 
-    /// Indexes the record `seq` (the next one) from its raw document.
-    fn add(&mut self, seq: u64, doc: &[u8], key: &mut Vec<u8>) {
+    /// The byte offset of record `seq`, when known.
+    fn offset_of(&self, seq: u64) -> Option<u64> {
+        let i = usize::try_from(seq.checked_sub(self.base)?).ok()?;
+        self.offsets.get(i).map(|&o| u64::from(o))
+    }
+
+    /// Indexes the record `seq` (the next one), at byte `offset`, from its
+    /// raw document.
+    fn add(&mut self, seq: u64, offset: u64, doc: &[u8], key: &mut Vec<u8>) {
         self.upto = seq;
+        match u32::try_from(offset) {
+            Ok(o) if self.offsets_ok => self.offsets.push(o),
+            _ => {
+                self.offsets_ok = false;
+                self.offsets = Vec::new();
+            }
+        }
         let Some(parts) = DocParts::split(doc) else { return };
         let Ok(off) = u32::try_from(seq - self.base) else { return };
         for (i, path) in self.fields.paths.iter().enumerate() {
@@ -165,7 +183,7 @@ impl MemIndex {
             }
         }
         terms.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        file::encode(header, &self.fields.names, terms.iter().map(|(k, l)| (k.as_slice(), *l)))
+        file::encode(header, &self.fields.names, terms.iter().map(|(k, l)| (k.as_slice(), *l)), &self.offsets)
     }
 }
 
@@ -222,6 +240,24 @@ impl SixFile {
     /// The file's path (in messages).
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// The byte offset of record `seq` in its segment, from the file's
+    /// offset table (checked by the caller against the record found there).
+    fn offset_of(&self, seq: u64) -> Option<u64> {
+        let m = &self.meta;
+        if m.offsets == 0 || seq < m.header.base_seq || seq > m.header.last_seq {
+            return None;
+        }
+        let at = m.offsets_at + (seq - m.header.base_seq) * 4;
+        let b: [u8; 4] = match &self.source {
+            Source::Memory(bytes) => {
+                let i = usize::try_from(at).ok()?;
+                bytes.get(i..i + 4)?.try_into().ok()?
+            }
+            Source::File(f) => read_exact(&**f, at, 4).ok()?.try_into().ok()?,
+        };
+        Some(u64::from(u32::from_le_bytes(b)))
     }
 
     /// The fields it covers.
@@ -441,11 +477,11 @@ impl PartitionIndex {
             return Ok(());
         }
         let mut key = Vec::new();
-        part.scan_raw(mem.upto, until, |_, h, doc, _| {
+        part.scan_raw(mem.upto, until, |off, h, doc, _| {
             if h.seq != mem.upto + 1 {
                 return Ok(false);
             }
-            mem.add(h.seq, doc, &mut key);
+            mem.add(h.seq, off, doc, &mut key);
             Ok(true)
         })
     }
@@ -457,11 +493,11 @@ impl PartitionIndex {
         let Some(header) = header_of(part, &seg) else { return Ok(()) };
         if mem.upto < header.last_seq {
             let mut key = Vec::new();
-            part.scan_raw(mem.upto, header.last_seq, |_, h, doc, _| {
+            part.scan_raw(mem.upto, header.last_seq, |off, h, doc, _| {
                 if h.seq != mem.upto + 1 {
                     return Ok(false);
                 }
-                mem.add(h.seq, doc, &mut key);
+                mem.add(h.seq, off, doc, &mut key);
                 Ok(true)
             })?;
         }
@@ -535,8 +571,8 @@ impl PartitionIndex {
     ) -> Result<SixFile> {
         let mut mem = MemIndex::new(seg.base_seq, fields.clone());
         let mut key = Vec::new();
-        part.scan_raw(seg.base_seq - 1, header.last_seq, |_, h, doc, _| {
-            mem.add(h.seq, doc, &mut key);
+        part.scan_raw(seg.base_seq - 1, header.last_seq, |off, h, doc, _| {
+            mem.add(h.seq, off, doc, &mut key);
             Ok(true)
         })?;
         if mem.upto != header.last_seq {

@@ -208,6 +208,15 @@ struct Run<'a, 'q> {
     stopped: bool,
 }
 
+/// Where a candidate record is: its byte offset in the segment, when the
+/// index knows it (checked against the record read there).
+enum Locate<'a> {
+    /// From a sealed segment's index file (read on demand).
+    File(&'a SixFile),
+    /// Copied from the in-memory index, parallel to the candidates.
+    Known(Vec<Option<u64>>),
+}
+
 impl Run<'_, '_> {
     fn segment(
         &mut self,
@@ -227,7 +236,12 @@ impl Run<'_, '_> {
             };
             let records = file.meta.header.count();
             match Postings::File(&file).candidates(plan, records) {
-                Ok(c) => return self.candidates(c, "file", lo, hi, explain),
+                Ok(Candidates::Seqs(mut seqs, fields)) => {
+                    seqs.retain(|&s| s >= lo && s <= hi);
+                    self.explain_index(fields, seqs.len(), "file", lo, hi, explain);
+                    return self.read_all(seg, &seqs, &Locate::File(&file));
+                }
+                Ok(Candidates::Scan(reason)) => return self.scan(lo, hi, reason, explain),
                 Err(e) => {
                     tracing::warn!(file = %file.path(), error = %e, "index file damaged; scanning and rebuilding");
                     pix.invalidate(seg.base_seq);
@@ -237,90 +251,94 @@ impl Run<'_, '_> {
         }
         // The active segment: its in-memory index up to where it reached.
         let guard = pix.active.lock();
-        let (c, upto) = match guard.as_ref() {
+        let (found, upto) = match guard.as_ref() {
             Some(m) if m.base == seg.base_seq => {
+                let indexed_hi = hi.min(m.upto);
                 let c = Postings::Memory(m)
                     .candidates(plan, m.upto.saturating_sub(m.base) + 1)
                     .unwrap_or(Candidates::Scan("index lookup failed"));
-                (c, m.upto)
+                let found = match c {
+                    Candidates::Seqs(mut seqs, fields) => {
+                        seqs.retain(|&s| s >= lo && s <= indexed_hi);
+                        let offs = seqs.iter().map(|&s| m.offset_of(s)).collect();
+                        Ok((seqs, offs, fields))
+                    }
+                    Candidates::Scan(reason) => Err(reason),
+                };
+                (found, m.upto)
             }
-            _ => (Candidates::Scan("the active segment is not indexed yet"), seg.base_seq - 1),
+            _ => (Err("the active segment is not indexed yet"), seg.base_seq - 1),
         };
         drop(guard);
         let indexed_hi = hi.min(upto);
+        let tail = |run: &mut Self, explain: &mut Vec<Explain>| {
+            if indexed_hi < hi && !run.stopped {
+                run.scan(lo.max(indexed_hi + 1), hi, "records newer than the in-memory index", explain)?;
+            }
+            Ok::<(), crate::Error>(())
+        };
         if self.ordered_desc {
-            if indexed_hi < hi {
-                self.scan(lo.max(indexed_hi + 1), hi, "records newer than the in-memory index", explain)?;
+            tail(self, explain)?;
+        }
+        if lo <= indexed_hi && !self.stopped {
+            match found {
+                Ok((seqs, offs, fields)) => {
+                    self.explain_index(fields, seqs.len(), "memory", lo, indexed_hi, explain);
+                    self.read_all(seg, &seqs, &Locate::Known(offs))?;
+                }
+                Err(reason) => self.scan(lo, indexed_hi, reason, explain)?,
             }
-            if lo <= indexed_hi && !self.stopped {
-                self.candidates(c, "memory", lo, indexed_hi, explain)?;
-            }
-        } else {
-            if lo <= indexed_hi {
-                self.candidates(c, "memory", lo, indexed_hi, explain)?;
-            }
-            if indexed_hi < hi && !self.stopped {
-                self.scan(lo.max(indexed_hi + 1), hi, "records newer than the in-memory index", explain)?;
-            }
+        }
+        if !self.ordered_desc {
+            tail(self, explain)?;
         }
         Ok(())
     }
 
-    fn candidates(&mut self, c: Candidates, source: &str, lo: u64, hi: u64, explain: &mut Vec<Explain>) -> Result<()> {
-        let (mut seqs, fields) = match c {
-            Candidates::Scan(reason) => return self.scan(lo, hi, reason, explain),
-            Candidates::Seqs(seqs, fields) => (seqs, fields),
-        };
-        seqs.retain(|&s| s >= lo && s <= hi);
+    fn explain_index(&self, fields: Vec<String>, n: usize, source: &str, lo: u64, hi: u64, explain: &mut Vec<Explain>) {
         explain.push(Explain {
             partition: self.p,
             first: lo,
             last: hi,
-            access: Access::Index { fields, candidates: seqs.len() as u64, source: source.to_owned() },
+            access: Access::Index { fields, candidates: n as u64, source: source.to_owned() },
         });
-        if self.ordered_desc {
-            // Newest first: read the candidates in chunks from the end.
-            for chunk in seqs.rchunks(64) {
-                self.read(chunk, true)?;
-                if self.stopped {
-                    break;
-                }
-            }
-            Ok(())
-        } else {
-            self.read(&seqs, false)
-        }
     }
 
-    /// Offers the records of `seqs` (ascending); in descending order the
-    /// caller passes chunks newest first, and each chunk is offered newest
-    /// first too.
-    fn read(&mut self, seqs: &[u64], desc: bool) -> Result<()> {
-        let (q, p) = (self.q, self.p);
-        let mut got: Vec<StoredRecord> = Vec::new();
-        let ordered_asc = self.ordered_asc;
-        let builder = &mut *self.builder;
-        let mut stopped = false;
-        self.part.fetch(seqs, |r| {
-            if desc {
-                got.push(r);
-                return true;
+    /// Offers the candidates (ascending) in the page's order: newest first
+    /// when descending.
+    fn read_all(&mut self, seg: &Segment, seqs: &[u64], locate: &Locate<'_>) -> Result<()> {
+        let order: Box<dyn Iterator<Item = usize>> =
+            if self.ordered_desc { Box::new((0..seqs.len()).rev()) } else { Box::new(0..seqs.len()) };
+        for i in order {
+            let seq = seqs[i];
+            if (self.ordered_asc || self.ordered_desc) && self.builder.past_end_at(self.p, seq) {
+                self.stopped = true;
+                return Ok(());
             }
-            if ordered_asc && builder.past_end_at(p, r.header.seq) {
-                stopped = true;
-                return false;
+            let offset = match locate {
+                Locate::File(f) => f.offset_of(seq),
+                Locate::Known(offs) => offs.get(i).copied().flatten(),
+            };
+            let record = match offset {
+                Some(o) => self.part.record_at(seg, o, seq)?,
+                None => None,
+            };
+            let record = match record {
+                Some(r) => Some(r),
+                None => {
+                    // No offset, or a stale one: find it through the sparse index.
+                    let mut got = None;
+                    self.part.fetch(&[seq], |r| {
+                        got = Some(r);
+                        false
+                    })?;
+                    got
+                }
+            };
+            if let Some(r) = record {
+                self.builder.offer(r.into_event(&self.q.stream, self.p));
             }
-            builder.offer(r.into_event(&q.stream, p));
-            true
-        })?;
-        for r in got.into_iter().rev() {
-            if builder.past_end_at(p, r.header.seq) {
-                stopped = true;
-                break;
-            }
-            builder.offer(r.into_event(&q.stream, p));
         }
-        self.stopped |= stopped;
         Ok(())
     }
 

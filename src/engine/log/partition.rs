@@ -89,6 +89,8 @@ type RawVisitor<'a> = dyn FnMut(u64, RecordHeader, &[u8], &Segment) -> Result<bo
 const CHUNK_SCAN: usize = 256 << 10;
 /// The read size of a point read (a record and a few around it).
 const CHUNK_POINT: usize = 8 << 10;
+/// The first read of one record at a known offset (most fit).
+const CHUNK_RECORD: usize = 1 << 10;
 
 /// Where a scan of the active segment during recovery stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -672,6 +674,27 @@ impl Partition {
             }
         }
         Ok(())
+    }
+
+    /// The record `seq` of `seg`, read at byte `offset` (from an index's
+    /// offset table). `None` when the bytes there are not that visible
+    /// record: the caller falls back to [`Partition::fetch`].
+    pub fn record_at(&self, seg: &Segment, offset: u64, seq: u64) -> Result<Option<StoredRecord>> {
+        if seq > self.visible() || offset < HEADER_LEN as u64 {
+            return Ok(None);
+        }
+        let limit = match seg.footer() {
+            Some(f) => f.records_end,
+            None => seg.log.len().map_err(|e| io_err(&*self.vfs, &seg.log_path, "stat", e))?,
+        };
+        let mut scanner = Scanner::with_chunk(&*seg.log, offset, limit, CHUNK_RECORD);
+        match scanner.next_step().map_err(|e| io_err(&*self.vfs, &seg.log_path, "read", e))? {
+            Step::Record { header, doc, .. } if header.seq == seq => {
+                let doc = decode_doc(doc).map_err(|reason| corrupt(&*self.vfs, &seg.log_path, offset, reason))?;
+                Ok(Some(StoredRecord { header, doc }))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// The active segment.
