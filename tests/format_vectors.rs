@@ -25,6 +25,15 @@
 //!   through the public API; the engine's own encoders must write exactly
 //!   what the spec's write (`engine_checkpoint_reproduces_the_vector`,
 //!   `engine_writes_the_specified_records`).
+//! * The secondary index (`format/secondary-index.md`): its vectors are
+//!   written by the engine's own encoder from the terms of a list of events,
+//!   decoded with `file::decode_all` and compared with their `.json`,
+//!   re-encoded from the JSON, and the corrupt one refused for the reason
+//!   its JSON names; the spec's value-key examples and always-indexed fields
+//!   are checked against `term`; a `MemVfs` engine builds real files, which
+//!   are then damaged, replaced by another segment's, or removed, and the
+//!   planner's answers must stay those of a filtered read while the builder
+//!   writes them again.
 //!
 //! The vectors are written once by `generate_vectors` (ignored):
 //! `RHEO_WRITE_VECTORS=1 cargo test --test format_vectors generate_vectors -- --ignored`.
@@ -36,7 +45,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rheo::engine::delivery::{checkpoint, wal};
+use rheo::engine::index::file::{
+    self as six, SIX_HEADER_LEN, SIX_MAGIC, SIX_TRAILER_LEN, SIX_VERSION, SixError, SixHeader,
+};
+use rheo::engine::index::{FieldSet, planner, term};
 use rheo::engine::log::manifest::{self, ManifestBody, StreamEntry};
+use rheo::engine::log::stream::Routed;
 use rheo::engine::log::txn;
 use rheo::engine::segment::file::{Footer, IndexEntry, SegmentHeader, decode_index, encode_index_header};
 use rheo::engine::segment::format;
@@ -48,8 +62,8 @@ use rheo::engine::segment::record::{Decoded, DocRef, RecordHeader, decode_doc, d
 use rheo::engine::vfs::{MemVfs, Vfs};
 use rheo::engine::{Durability, Engine, EngineOptions, RecoveryMode};
 use rheo::{
-    Backend, DeadLetterOptions, Error, FetchOptions, GroupOptions, Lease, LeaseRef, ManualClock, Metadata,
-    NativeBackend, Query, ReplayOptions, ResetOptions, Timestamp,
+    AppendOptions, Backend, DeadLetterOptions, Error, Event, FetchOptions, GroupOptions, Lease, LeaseRef, ManualClock,
+    Metadata, NativeBackend, NewEvent, Query, ReplayOptions, ResetOptions, Timestamp,
 };
 use serde_json::{Value, json};
 
@@ -346,6 +360,7 @@ fn build_vectors() -> BTreeMap<&'static str, Vec<u8>> {
     build_delivery_wal_corrupt(&mut files);
     build_checkpoint(&mut files);
     build_checkpoint_corrupt(&mut files);
+    build_secondary_index(&mut files);
     files
 }
 
@@ -1355,6 +1370,42 @@ fn code_constants() -> BTreeMap<&'static str, Stated> {
     ] {
         m.insert(name, int(value));
     }
+    // The secondary index (format/secondary-index.md).
+    m.insert("SIX_MAGIC", Stated::Bytes(&SIX_MAGIC));
+    m.insert("SIX_VERSION", Stated::Int(u64::from(SIX_VERSION)));
+    for (name, value) in [
+        ("SIX_MAGIC_AT", six::SIX_MAGIC_AT),
+        ("SIX_VERSION_AT", six::SIX_VERSION_AT),
+        ("SIX_FLAGS_AT", six::SIX_FLAGS_AT),
+        ("SIX_PARTITION_AT", six::SIX_PARTITION_AT),
+        ("SIX_STREAM_AT", six::SIX_STREAM_AT),
+        ("SIX_BASE_AT", six::SIX_BASE_AT),
+        ("SIX_LAST_AT", six::SIX_LAST_AT),
+        ("SIX_RECORDS_END_AT", six::SIX_RECORDS_END_AT),
+        ("SIX_MAX_TS_AT", six::SIX_MAX_TS_AT),
+        ("SIX_RESERVED_AT", six::SIX_RESERVED_AT),
+        ("SIX_HEADER_CRC_AT", six::SIX_HEADER_CRC_AT),
+        ("SIX_HEADER_LEN", SIX_HEADER_LEN),
+        ("SIX_DIR_OFFSET_AT", six::SIX_DIR_OFFSET_AT),
+        ("SIX_DIR_LEN_AT", six::SIX_DIR_LEN_AT),
+        ("SIX_DIR_CRC_AT", six::SIX_DIR_CRC_AT),
+        ("SIX_TRAILER_MAGIC_AT", six::SIX_TRAILER_MAGIC_AT),
+        ("SIX_TRAILER_LEN", SIX_TRAILER_LEN),
+        ("BLOCK_TARGET", six::BLOCK_TARGET),
+        ("MAX_FIELDS", six::MAX_FIELDS),
+        ("MAX_KEY_LEN", six::MAX_KEY_LEN),
+    ] {
+        m.insert(name, int(value));
+    }
+    for (name, tag) in [
+        ("TAG_NULL", term::TAG_NULL),
+        ("TAG_BOOL", term::TAG_BOOL),
+        ("TAG_NUMBER", term::TAG_NUMBER),
+        ("TAG_STRING", term::TAG_STRING),
+        ("TAG_OTHER", term::TAG_OTHER),
+    ] {
+        m.insert(name, Stated::Int(u64::from(tag)));
+    }
     m
 }
 
@@ -1406,7 +1457,9 @@ fn spec_tables_match_the_code() {
     let constants = code_constants();
     let mut stated: BTreeMap<String, usize> = BTreeMap::new();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("format");
-    for doc in ["README.md", "segment.md", "index.md", "manifest.md", "delivery-wal.md", "checkpoint.md"] {
+    for doc in
+        ["README.md", "segment.md", "index.md", "manifest.md", "delivery-wal.md", "checkpoint.md", "secondary-index.md"]
+    {
         let text = std::fs::read_to_string(dir.join(doc)).unwrap_or_else(|e| panic!("format/{doc}: {e}"));
         for table in tables(&text) {
             let head: Vec<&str> = table[0].iter().map(String::as_str).collect();
@@ -1476,6 +1529,8 @@ fn the_stated_sizes_hold() {
         (32, 8, 11, 48)
     );
     assert_eq!((wal::KIND_CREATE, wal::KIND_OPS, wal::WAL_MAX_BODY), (1, 2, 64 << 20));
+    assert_eq!((SIX_MAGIC, SIX_VERSION, SIX_HEADER_LEN, SIX_TRAILER_LEN), (*b"RHEOSIX\0", 1, 64, 24));
+    assert_eq!((six::BLOCK_TARGET, six::MAX_FIELDS, six::MAX_KEY_LEN), (4096, 1024, 64 << 10));
     // CRC32 is IEEE (reflected 0xEDB88320, init and xorout 0xFFFFFFFF).
     assert_eq!(crc32fast::hash(b"123456789"), 0xCBF4_3926);
 }
@@ -3056,4 +3111,566 @@ fn group_state_above_the_high_watermark_is_dropped() {
     part["deliveries"].as_array_mut().expect("deliveries").retain(|d| ju(d, "seq") <= 4);
     part["dead"] = json!([]);
     assert_eq!(recovered_state(&engine, &mem), json!([audit_created(), billing]));
+}
+
+// ========================================================= secondary index
+//
+// The index file of a sealed segment (`format/secondary-index.md`): the
+// vectors are written by the engine's own encoder (`file::encode`) from the
+// terms of a list of events, each value's key made by `term::json_key`; the
+// engine-level test builds, refuses and rebuilds real files.
+
+/// The fields the secondary-index vector's stream declares.
+const SIX_DECLARED: [&str; 4] = ["amount", "customer", "flag", "lines"];
+/// Records in the secondary-index vector's segment: sequences 1..=120.
+const SIX_RECORDS: u64 = 120;
+/// The size of each record of the vector's (imagined) segment.
+const SIX_RECORD_BYTES: u32 = 220;
+
+/// The vector's record offsets: record `base_seq + i` at `64 + 220 i`.
+fn six_record_offsets() -> Vec<u32> {
+    (0..u32::try_from(SIX_RECORDS).expect("small")).map(|i| 64 + SIX_RECORD_BYTES * i).collect()
+}
+
+/// The segment the vector describes. `records_end` and `max_ts` are what a
+/// footer would say (no segment vector goes with it): record `i` is
+/// `SIX_RECORD_BYTES` long, the first at offset 64.
+fn six_header() -> SixHeader {
+    SixHeader {
+        partition: 0,
+        stream_id: STREAM_ID,
+        base_seq: 1,
+        last_seq: SIX_RECORDS,
+        records_end: 26_464,
+        max_ts: T0 + 119,
+    }
+}
+
+/// Event `i` (its sequence) of the secondary-index vector: a string, an
+/// integer, a negative integer, non-integral and integral floats, booleans,
+/// null, arrays and objects, in the declared fields and the fixed ones.
+fn six_event(i: u64) -> Event {
+    let amount = match i % 6 {
+        0 => json!(100),
+        1 => json!(250),
+        2 => json!(-5),
+        3 => json!(2.5),
+        4 => json!(19.99),
+        _ => json!(100.0),
+    };
+    let event_type = if i.is_multiple_of(3) { "order_paid" } else { "order_placed" };
+    let mut payload = json!({"type": event_type, "customer": format!("customer-{:02}", i % 7), "amount": amount});
+    match i % 4 {
+        0 => payload["flag"] = json!(true),
+        1 => payload["flag"] = json!(false),
+        2 => payload["flag"] = Value::Null,
+        _ => {}
+    }
+    if i.is_multiple_of(2) {
+        payload["lines"] = json!([{"sku": "a", "qty": 1}]);
+    } else if i.is_multiple_of(7) {
+        payload["lines"] = json!({"sku": "b"});
+    }
+    Event {
+        id: format!("0190a3c2-7b00-7000-8000-{i:012x}"),
+        stream: STREAM.to_owned(),
+        partition: 0,
+        sequence: i,
+        timestamp: Timestamp::from_millis(T0 + i64::try_from(i).expect("small") - 1),
+        key: Some(format!("k{}", i % 5)),
+        event_type: Some(event_type.to_owned()),
+        metadata: Metadata::new(),
+        payload,
+    }
+}
+
+fn six_declared() -> Vec<String> {
+    SIX_DECLARED.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// A term of an index file: its key, the field ordinal, the first value
+/// that gave it, and its sequences.
+struct SixTerm {
+    key: Vec<u8>,
+    ordinal: usize,
+    value: Value,
+    seqs: Vec<u64>,
+}
+
+/// The terms an index of `names` holds for `events`, sorted by key: the
+/// value of each field as `Event::field` reads it (absent: no term).
+fn six_terms(events: &[Event], names: &[String]) -> Vec<SixTerm> {
+    let mut terms: BTreeMap<Vec<u8>, SixTerm> = BTreeMap::new();
+    for e in events {
+        for (ordinal, name) in names.iter().enumerate() {
+            let Some(value) = e.field(name) else { continue };
+            let mut key = u16::try_from(ordinal).expect("ordinal").to_be_bytes().to_vec();
+            key.extend_from_slice(&term::json_key(&value));
+            let t = terms.entry(key.clone()).or_insert(SixTerm { key, ordinal, value, seqs: Vec::new() });
+            t.seqs.push(e.sequence);
+        }
+    }
+    terms.into_values().collect()
+}
+
+/// The index file of `terms` (sequences as offsets from the base) and
+/// `records` (each record's byte offset).
+fn six_encode(h: &SixHeader, names: &[String], terms: &[(Vec<u8>, Vec<u64>)], records: &[u32]) -> Vec<u8> {
+    let offsets: Vec<(&[u8], Vec<u32>)> = terms
+        .iter()
+        .map(|(k, seqs)| (k.as_slice(), seqs.iter().map(|&s| u32::try_from(s - h.base_seq).expect("u32")).collect()))
+        .collect();
+    six::encode(h, names, offsets.iter().map(|(k, o)| (*k, o.as_slice())), records)
+}
+
+/// The record offsets a decoded file holds (`meta.offsets` u32 from
+/// `meta.offsets_at`).
+fn six_offsets_of(file: &[u8], meta: &six::SixMeta) -> Vec<u32> {
+    let at = to_usize(meta.offsets_at);
+    (0..to_usize(meta.offsets)).map(|i| le_u32(file, at + 4 * i)).collect()
+}
+
+/// The name of a value key's tag.
+fn six_kind(tag: u8) -> &'static str {
+    match tag {
+        term::TAG_NULL => "null",
+        term::TAG_BOOL => "bool",
+        term::TAG_NUMBER => "number",
+        term::TAG_STRING => "string",
+        term::TAG_OTHER => "array or object",
+        _ => panic!("unknown tag {tag}"),
+    }
+}
+
+/// The byte the corrupt vector flips: inside the first block's first key.
+const SIX_DAMAGED_BYTE: usize = SIX_HEADER_LEN + 10;
+
+fn build_secondary_index(files: &mut BTreeMap<&'static str, Vec<u8>>) {
+    let h = six_header();
+    let names = FieldSet::new(&six_declared()).names().to_vec();
+    let events: Vec<Event> = (1..=SIX_RECORDS).map(six_event).collect();
+    let terms = six_terms(&events, &names);
+    let pairs: Vec<(Vec<u8>, Vec<u64>)> = terms.iter().map(|t| (t.key.clone(), t.seqs.clone())).collect();
+    let bytes = six_encode(&h, &names, &pairs, &six_record_offsets());
+    let (meta, _) = six::decode_all(&bytes).expect("the vector decodes");
+    assert!(meta.blocks.len() >= 2, "the vector has several blocks");
+    assert_eq!(six_offsets_of(&bytes, &meta), six_record_offsets(), "the record offsets");
+    let trailer = &bytes[bytes.len() - SIX_TRAILER_LEN..];
+    let (dir_offset, dir_len, dir_crc) = six::decode_trailer(trailer, bytes.len() as u64).expect("trailer");
+    let expected = json!({
+        "length": bytes.len(),
+        "header": {
+            "magic_hex": hex(&SIX_MAGIC),
+            "version": SIX_VERSION,
+            "flags": 0,
+            "partition": h.partition,
+            "stream_id": h.stream_id,
+            "base_seq": h.base_seq,
+            "last_seq": h.last_seq,
+            "records_end": h.records_end,
+            "max_ts": h.max_ts,
+            "crc": le_u32(&bytes, six::SIX_HEADER_CRC_AT),
+            "hex": hex(&bytes[..SIX_HEADER_LEN]),
+        },
+        "declared": SIX_DECLARED,
+        "fields": names,
+        "blocks": meta.blocks.iter().map(|b| json!({
+            "offset": b.offset,
+            "len": b.len,
+            "crc": b.crc,
+            "terms": b.terms,
+            "first_key_hex": hex(&b.first),
+        })).collect::<Vec<_>>(),
+        "record_offsets": {"at": meta.offsets_at, "count": meta.offsets, "values": six_record_offsets()},
+        "directory": {"offset": dir_offset, "len": dir_len, "crc": dir_crc},
+        "last_key_hex": hex(&meta.last),
+        "trailer_hex": hex(trailer),
+        "terms": terms.iter().map(|t| json!({
+            "field": names[t.ordinal],
+            "kind": six_kind(t.key[2]),
+            "value": t.value,
+            "key_hex": hex(&t.key),
+            "sequences": t.seqs,
+        })).collect::<Vec<_>>(),
+    });
+    let mut corrupt = bytes.clone();
+    corrupt[SIX_DAMAGED_BYTE] ^= 0x01;
+    let refused = six::decode_all(&corrupt).expect_err("the corrupt vector is refused");
+    let first = &meta.blocks[0];
+    let expected_corrupt = json!({
+        "length": corrupt.len(),
+        "damage": {"byte_offset": SIX_DAMAGED_BYTE, "xor": 1, "block": 0, "block_offset": first.offset},
+        "refused_by": "block checksum: CRC32 of block 0's bytes differs from its directory entry (SixMeta::block)",
+        "error": {"kind": "Damaged", "reason": refused.to_string()},
+    });
+    files.insert("secondary-index.six", bytes);
+    files.insert("secondary-index.json", pretty(&expected));
+    files.insert("secondary-index-corrupt.six", corrupt);
+    files.insert("secondary-index-corrupt.json", pretty(&expected_corrupt));
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    assert!(s.len().is_multiple_of(2), "odd hex {s}");
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex")).collect()
+}
+
+/// What an index file holds: its header, fields, terms (key, sequences)
+/// and record offsets.
+type SixContent = (SixHeader, Vec<String>, six::Terms, Vec<u32>);
+
+/// The header, fields, terms and record offsets the vector's JSON lists.
+fn six_from_json(e: &Value) -> SixContent {
+    let h = &e["header"];
+    let header = SixHeader {
+        partition: u32::try_from(ju(h, "partition")).expect("u32"),
+        stream_id: ju(h, "stream_id"),
+        base_seq: ju(h, "base_seq"),
+        last_seq: ju(h, "last_seq"),
+        records_end: ju(h, "records_end"),
+        max_ts: ji(h, "max_ts"),
+    };
+    let fields = e["fields"].as_array().expect("fields").iter().map(|f| f.as_str().expect("name").to_owned()).collect();
+    let terms = e["terms"]
+        .as_array()
+        .expect("terms")
+        .iter()
+        .map(|t| {
+            let seqs = t["sequences"].as_array().expect("sequences").iter().map(|s| s.as_u64().expect("u64"));
+            (unhex(js(t, "key_hex")), seqs.collect())
+        })
+        .collect();
+    let offsets = e["record_offsets"]["values"].as_array().expect("record offsets");
+    let offsets = offsets.iter().map(|o| u32::try_from(o.as_u64().expect("u64")).expect("u32")).collect();
+    (header, fields, terms, offsets)
+}
+
+#[test]
+fn the_secondary_index_vector_decodes_as_expected() {
+    let file = read_vector("secondary-index.six");
+    let e = read_json("secondary-index.json");
+    assert_eq!(file.len() as u64, ju(&e, "length"), "length");
+    let (meta, terms) = six::decode_all(&file).expect("the vector decodes");
+    let (header, fields, listed, records) = six_from_json(&e);
+    let h = &e["header"];
+    assert_eq!(meta.header, header, "header fields");
+    assert_eq!(hex(&file[..8]), js(h, "magic_hex"), "magic");
+    assert_eq!(u64::from(le_u16(&file, six::SIX_VERSION_AT)), ju(h, "version"), "version");
+    assert_eq!(u64::from(le_u16(&file, six::SIX_FLAGS_AT)), ju(h, "flags"), "flags");
+    assert_eq!(le_u32(&file, six::SIX_RESERVED_AT), 0, "reserved");
+    assert_eq!(u64::from(le_u32(&file, six::SIX_HEADER_CRC_AT)), ju(h, "crc"), "header crc");
+    assert_eq!(u64::from(crc32fast::hash(&file[..six::SIX_HEADER_CRC_AT])), ju(h, "crc"), "crc over 0..60");
+    assert_eq!(hex(&file[..SIX_HEADER_LEN]), js(h, "hex"), "header bytes");
+    assert_eq!(meta.fields, fields, "fields");
+    assert_eq!(FieldSet::new(&six_declared()).names(), fields.as_slice(), "fixed and declared fields, canonical");
+    let blocks = e["blocks"].as_array().expect("blocks");
+    assert!(blocks.len() >= 2, "several blocks");
+    assert_eq!(meta.blocks.len(), blocks.len(), "block count");
+    for (i, (b, x)) in meta.blocks.iter().zip(blocks).enumerate() {
+        assert_eq!(b.offset, ju(x, "offset"), "block {i}: offset");
+        assert_eq!(u64::from(b.len), ju(x, "len"), "block {i}: len");
+        assert_eq!(u64::from(b.crc), ju(x, "crc"), "block {i}: crc");
+        assert_eq!(u64::from(b.terms), ju(x, "terms"), "block {i}: terms");
+        assert_eq!(hex(&b.first), js(x, "first_key_hex"), "block {i}: first key");
+        let bytes = &file[to_usize(b.offset)..to_usize(b.offset) + b.len as usize];
+        assert_eq!(crc32fast::hash(bytes), b.crc, "block {i}: CRC of its bytes");
+        let closed_early = i + 1 < meta.blocks.len() && (b.len as usize) < six::BLOCK_TARGET;
+        assert!(!closed_early, "block {i}: only the last block is shorter than BLOCK_TARGET");
+    }
+    assert_eq!(hex(&meta.last), js(&e, "last_key_hex"), "last key");
+    let o = &e["record_offsets"];
+    assert_eq!((meta.offsets_at, meta.offsets), (ju(o, "at"), ju(o, "count")), "record offsets: place");
+    assert_eq!(six_offsets_of(&file, &meta), records, "record offsets");
+    let blocks_end = meta.blocks.last().map_or(SIX_HEADER_LEN as u64, |b| b.offset + u64::from(b.len));
+    assert_eq!(meta.offsets_at, blocks_end, "the record offsets follow the blocks");
+    let trailer = &file[file.len() - SIX_TRAILER_LEN..];
+    assert_eq!(hex(trailer), js(&e, "trailer_hex"), "trailer bytes");
+    let d = &e["directory"];
+    let (offset, len, crc) = six::decode_trailer(trailer, file.len() as u64).expect("trailer");
+    assert_eq!((offset, u64::from(len), u64::from(crc)), (ju(d, "offset"), ju(d, "len"), ju(d, "crc")), "directory");
+    assert_eq!(&trailer[six::SIX_TRAILER_MAGIC_AT..], &SIX_MAGIC, "closing magic");
+    assert_eq!(terms.len(), listed.len(), "term count");
+    let described = e["terms"].as_array().expect("terms");
+    for (i, ((key, seqs), (k, s))) in terms.iter().zip(&listed).enumerate() {
+        assert_eq!(hex(key), hex(k), "term {i}: key");
+        assert_eq!(seqs, s, "term {i}: sequences");
+        // The key is the field's ordinal and the listed value's key.
+        let x = &described[i];
+        let ordinal = usize::from(u16::from_be_bytes([key[0], key[1]]));
+        assert_eq!(fields[ordinal], js(x, "field"), "term {i}: field");
+        assert_eq!(term::json_key(&x["value"]), key[2..], "term {i}: value key of {}", x["value"]);
+        assert_eq!(six_kind(key[2]), js(x, "kind"), "term {i}: kind");
+    }
+    // The terms are those of the vector's events.
+    let events: Vec<Event> = (1..=SIX_RECORDS).map(six_event).collect();
+    let from_events: Vec<(Vec<u8>, Vec<u64>)> =
+        six_terms(&events, &fields).into_iter().map(|t| (t.key, t.seqs)).collect();
+    assert!(from_events == listed, "the listed terms are the events' terms");
+    // The vector holds every kind of value key.
+    let kinds: std::collections::BTreeSet<u8> = terms.iter().map(|(k, _)| k[2]).collect();
+    assert_eq!(kinds.len(), 5, "every value-key tag appears");
+}
+
+#[test]
+fn the_secondary_index_vector_re_encodes_from_its_json() {
+    let e = read_json("secondary-index.json");
+    let (header, fields, terms, records) = six_from_json(&e);
+    let encoded = six_encode(&header, &fields, &terms, &records);
+    assert!(encoded == read_vector("secondary-index.six"), "encode(JSON) = the file");
+}
+
+#[test]
+fn the_corrupt_secondary_index_vector_is_refused_by_the_block_checksum() {
+    let file = read_vector("secondary-index-corrupt.six");
+    let e = read_json("secondary-index-corrupt.json");
+    assert_eq!(file.len() as u64, ju(&e, "length"), "length");
+    let err = &e["error"];
+    assert_eq!(js(err, "kind"), "Damaged");
+    assert_eq!(six::decode_all(&file).map(|_| ()), Err(SixError::Damaged(js(err, "reason").to_owned())), "refused");
+    // One flipped byte in the block: header, directory and trailer still check.
+    let damage = &e["damage"];
+    let good = read_vector("secondary-index.six");
+    let at = to_usize(ju(damage, "byte_offset"));
+    let diff: Vec<usize> = (0..good.len()).filter(|&i| good[i] != file[i]).collect();
+    assert_eq!(diff, vec![at], "only the damaged byte differs");
+    assert_eq!(u64::from(good[at] ^ file[at]), ju(damage, "xor"), "the flip");
+    let header = SixHeader::decode(&file).expect("the header still checks");
+    let trailer = &file[file.len() - SIX_TRAILER_LEN..];
+    let (offset, len, crc) = six::decode_trailer(trailer, file.len() as u64).expect("trailer");
+    let dir = &file[to_usize(offset)..to_usize(offset) + len as usize];
+    let meta = six::decode_dir(header, dir, offset, crc).expect("the directory still checks");
+    let b = &meta.blocks[to_usize(ju(damage, "block"))];
+    assert_eq!(b.offset, ju(damage, "block_offset"), "damaged block");
+    assert!(to_usize(b.offset) <= at && at < to_usize(b.offset) + b.len as usize, "the byte is inside the block");
+}
+
+/// Queries that use the vector stream's indexes in every way the planner
+/// knows (equality, `in`, ranges, `exists`, several filters, descending,
+/// paging) and some that cannot.
+fn six_queries() -> Vec<Query> {
+    let q = || Query::new(STREAM).limit(rheo::MAX_LIMIT);
+    vec![
+        q().eq("customer", "customer-03"),
+        q().eq("type", "order_paid").eq("amount", 100),
+        q().eq("amount", 2.5),
+        q().eq("payload.amount", -5).descending().limit(7),
+        q().gte("amount", 19.99),
+        q().lt("amount", 0),
+        q().eq("flag", Value::Null),
+        q().eq("flag", true).eq("key", "k2"),
+        q().exists("lines"),
+        q().eq("lines", json!([{"sku": "a", "qty": 1}])),
+        q().is_in("key", ["k1", "k4"]).limit(9),
+        q().eq("id", "0190a3c2-7b00-7000-8000-00000000002a"),
+        q().eq("customer", "nobody"),
+        q().missing("flag"),
+    ]
+}
+
+/// Every event of the vector stream, read record by record.
+fn six_all_events(log: &rheo::engine::log::stream::StreamLog) -> Vec<Event> {
+    let records = log.read(0, 0, 100_000).expect("read");
+    records.into_iter().map(|r| r.into_event(STREAM, 0)).collect()
+}
+
+/// The queries through the planner give what a filtered read of every event
+/// gives; returns, per query, the explain of its page.
+fn six_check_queries(log: &rheo::engine::log::stream::StreamLog, when: &str) -> Vec<Vec<rheo::Explain>> {
+    let all = six_all_events(log);
+    assert_eq!(all.len() as u64, SIX_RECORDS, "{when}: every event is there");
+    six_queries()
+        .into_iter()
+        .map(|q| {
+            let got = planner::query_page(log, &q).unwrap_or_else(|e| panic!("{when}: {q:?}: {e}"));
+            let want = q.page_from(all.iter().cloned());
+            assert_eq!(got.events, want.events, "{when}: events of {q:?}");
+            assert_eq!(got.next_cursor, want.next_cursor, "{when}: cursor of {q:?}");
+            got.explain
+        })
+        .collect()
+}
+
+/// How a page read the sealed segment starting at `base` (`None`: the page
+/// was full before it).
+fn six_access(explain: &[rheo::Explain], base: u64) -> Option<&rheo::Access> {
+    explain.iter().find(|x| x.first == base).map(|x| &x.access)
+}
+
+fn six_options() -> EngineOptions {
+    EngineOptions { segment_bytes: 4096, background_indexing: false, ..EngineOptions::default() }
+}
+
+#[test]
+fn secondary_index_files_are_built_refused_and_rebuilt() {
+    let mem = MemVfs::new();
+    let vfs: Arc<dyn Vfs> = Arc::new(mem.clone());
+    let engine = Engine::open(vfs.clone(), six_options()).expect("open");
+    engine.create_stream(STREAM, 1, &six_declared(), T0).expect("create");
+    let log = engine.stream(STREAM).expect("stream");
+    let news: Vec<NewEvent> = (1..=SIX_RECORDS)
+        .map(|i| {
+            let e = six_event(i);
+            NewEvent::prepare(e.payload, AppendOptions::new().id(e.id).key(e.key.expect("key")))
+        })
+        .collect();
+    for (i, chunk) in news.chunks(3).enumerate() {
+        let ts = T0 + i64::try_from(i).expect("small");
+        let routed: Vec<Routed<'_>> = chunk.iter().map(|event| Routed { partition: 0, ts, event }).collect();
+        let (_, ticket) = engine.append(&log, &routed).expect("append");
+        ticket.wait().expect("durable");
+    }
+    engine.build_indexes().expect("build");
+
+    // Every sealed segment has its index file, describing it, with exactly
+    // the terms of its records.
+    let names = FieldSet::new(&six_declared()).names().to_vec();
+    let all = six_all_events(&log);
+    let sealed: Vec<_> =
+        log.partition(0).expect("p0").segments().into_iter().filter(|s| s.footer().is_some()).collect();
+    assert!(sealed.len() >= 4, "several sealed segments: {}", sealed.len());
+    let mut built = Vec::new();
+    for seg in &sealed {
+        let path = seg.six_path();
+        assert!(path.ends_with(&format!("{:020}.six", seg.base_seq)), "{path}");
+        let bytes = mem.read_file(&path).unwrap_or_else(|| panic!("{path} was not written"));
+        let (meta, terms) = six::decode_all(&bytes).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let f = seg.footer().expect("sealed");
+        let header = SixHeader {
+            partition: 0,
+            stream_id: STREAM_ID,
+            base_seq: seg.base_seq,
+            last_seq: f.last_seq,
+            records_end: f.records_end,
+            max_ts: f.max_ts,
+        };
+        assert_eq!(meta.header, header, "{path}: header = the segment's footer");
+        assert_eq!(meta.fields, names, "{path}: fields");
+        let mine: Vec<Event> =
+            all.iter().filter(|e| (seg.base_seq..=f.last_seq).contains(&e.sequence)).cloned().collect();
+        let want: Vec<(Vec<u8>, Vec<u64>)> = six_terms(&mine, &names).into_iter().map(|t| (t.key, t.seqs)).collect();
+        assert!(terms == want, "{path}: the terms of the segment's records");
+        // Each record offset is where that record starts in the segment.
+        let log_bytes = mem.read_file(seg.path()).expect("segment");
+        let offsets = six_offsets_of(&bytes, &meta);
+        assert_eq!(offsets.len() as u64, f.last_seq - seg.base_seq + 1, "{path}: one offset per record");
+        for (seq, &o) in (seg.base_seq..).zip(&offsets) {
+            match decode_record(&log_bytes[o as usize..]) {
+                Decoded::Record { header, .. } => assert_eq!(header.seq, seq, "{path}: offset {o}"),
+                other => panic!("{path}: offset {o} of {seq}: {other:?}"),
+            }
+        }
+        built.push(bytes);
+    }
+    let dir = format!("{STREAM_DIR}/00000");
+    let listed = mem.list(&dir).expect("list");
+    assert!(!listed.iter().any(|n| n.ends_with(".tmp")), "no temporary file left: {listed:?}");
+    for explain in six_check_queries(&log, "built") {
+        for seg in &sealed {
+            match six_access(&explain, seg.base_seq) {
+                Some(rheo::Access::Index { source, .. }) => assert_eq!(source, "file", "{explain:?}"),
+                Some(rheo::Access::Scan { reason }) => {
+                    assert!(!reason.starts_with("the segment's index"), "{reason}");
+                }
+                _ => {}
+            }
+        }
+    }
+
+    // Garbage, a valid file of another segment, and a missing file.
+    let (garbage, other, gone) = (&sealed[0], &sealed[1], &sealed[2]);
+    mem.write_file(
+        &garbage.six_path(),
+        b"not an index file at all, but longer than a header and a trailer: 0123456789",
+    )
+    .expect("write");
+    mem.write_file(&other.six_path(), &built[3]).expect("write");
+    vfs.remove_file(&gone.six_path()).expect("remove");
+    drop(log);
+    drop(engine);
+    let engine = Engine::open(vfs.clone(), six_options()).expect("reopen");
+    let log = engine.stream(STREAM).expect("stream");
+    let point = six_queries()[0].clone();
+    for explain in six_check_queries(&log, "refused") {
+        for seg in [garbage, other, gone] {
+            if let Some(rheo::Access::Index { .. }) = six_access(&explain, seg.base_seq) {
+                panic!("segment {}: a refused index file was used: {explain:?}", seg.base_seq);
+            }
+        }
+    }
+    let explain = planner::query_page(&log, &point).expect("query").explain;
+    for seg in [garbage, other, gone] {
+        let reason = "the segment's index is not built yet";
+        let want = rheo::Access::Scan { reason: reason.into() };
+        assert_eq!(six_access(&explain, seg.base_seq), Some(&want), "{explain:?}");
+    }
+    assert!(matches!(six_access(&explain, sealed[3].base_seq), Some(rheo::Access::Index { .. })), "{explain:?}");
+
+    // The builder writes them again, byte for byte.
+    engine.build_indexes().expect("rebuild");
+    for (seg, bytes) in sealed.iter().zip(&built) {
+        assert!(mem.read_file(&seg.six_path()).as_ref() == Some(bytes), "{}: rebuilt as built", seg.six_path());
+    }
+    for explain in six_check_queries(&log, "rebuilt") {
+        for seg in &sealed {
+            if let Some(rheo::Access::Scan { reason }) = six_access(&explain, seg.base_seq) {
+                assert!(!reason.starts_with("the segment's index"), "segment {}: {reason}", seg.base_seq);
+            }
+        }
+    }
+
+    // A file covering other fields than the stream now declares is rebuilt.
+    engine.create_index(STREAM, "note").expect("create index");
+    engine.build_indexes().expect("rebuild for the new field");
+    let wider = {
+        let mut d = six_declared();
+        d.push("note".into());
+        FieldSet::new(&d).names().to_vec()
+    };
+    for seg in &sealed {
+        let bytes = mem.read_file(&seg.six_path()).expect("index file");
+        let (meta, _) = six::decode_all(&bytes).expect("valid");
+        assert_eq!(meta.fields, wider, "{}: covers the new field", seg.six_path());
+    }
+    six_check_queries(&log, "new field");
+}
+
+/// A cell written as `` `text` ``.
+fn code_cell(cell: &str) -> &str {
+    cell.strip_prefix('`').and_then(|c| c.strip_suffix('`')).unwrap_or_else(|| panic!("not a code cell: {cell}"))
+}
+
+#[test]
+fn the_secondary_index_spec_examples_hold() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("format/secondary-index.md");
+    let text = std::fs::read_to_string(&path).expect("format/secondary-index.md");
+    let (mut keys, mut always) = (0, Vec::new());
+    for table in tables(&text) {
+        let head: Vec<&str> = table[0].iter().map(String::as_str).collect();
+        match head.as_slice() {
+            ["Value", "Key", "Note"] => {
+                for row in &table[1..] {
+                    let value: Value = serde_json::from_str(code_cell(&row[0])).expect("a JSON value");
+                    let key = code_cell(&row[1]).replace(' ', "");
+                    assert_eq!(hex(&term::json_key(&value)), key, "the key of {value}");
+                    keys += 1;
+                }
+            }
+            ["Always indexed", "Reads"] => always.extend(table[1..].iter().map(|r| code_cell(&r[0]).to_owned())),
+            _ => {}
+        }
+    }
+    assert!(keys >= 15, "the value-key examples table");
+    assert_eq!(always, term::ALWAYS_INDEXED, "the always-indexed fields");
+    // The canonical names the spec gives as examples.
+    for (path, name) in [
+        ("currency", Some("payload.currency")),
+        ("payload.order.customer_id", Some("payload.order.customer_id")),
+        ("metadata.producer", Some("producer")),
+        ("metadata.region.name", Some("metadata.region.name")),
+        ("correlation_id", Some("correlation_id")),
+        ("type", Some("type")),
+        ("sequence", None),
+        ("timestamp", None),
+    ] {
+        assert_eq!(term::canonical(path).as_deref(), name, "canonical({path})");
+    }
 }
