@@ -3220,7 +3220,13 @@ fn six_encode(h: &SixHeader, names: &[String], terms: &[(Vec<u8>, Vec<u64>)], re
         .iter()
         .map(|(k, seqs)| (k.as_slice(), seqs.iter().map(|&s| u32::try_from(s - h.base_seq).expect("u32")).collect()))
         .collect();
-    six::encode(h, names, offsets.iter().map(|(k, o)| (*k, o.as_slice())), records)
+    // Term keys are the field ordinal (2 bytes, big-endian) + the value key.
+    six::encode(
+        h,
+        names,
+        offsets.iter().map(|(k, o)| (u16::from_be_bytes([k[0], k[1]]), &k[2..], o.as_slice())),
+        records,
+    )
 }
 
 /// The record offsets a decoded file holds (`meta.offsets` u32 from

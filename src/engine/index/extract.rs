@@ -43,6 +43,97 @@ impl FieldPath {
     }
 }
 
+/// Several fields read in one pass: the metadata and payload maps are each
+/// walked once for all the fields under them, however many there are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extractor {
+    fields: Vec<FieldPath>,
+    /// Distinct first segments of the metadata paths, and of the payload's.
+    meta_heads: Vec<String>,
+    payload_heads: Vec<String>,
+    /// Per field: index of its head in the list of its map (or unused).
+    head_of: Vec<usize>,
+}
+
+impl Extractor {
+    /// Plans the extraction of `fields`.
+    pub fn new(fields: Vec<FieldPath>) -> Extractor {
+        let mut meta_heads: Vec<String> = Vec::new();
+        let mut payload_heads: Vec<String> = Vec::new();
+        let mut head_of = Vec::with_capacity(fields.len());
+        for f in &fields {
+            let (heads, path) = match f {
+                FieldPath::Metadata(p) => (&mut meta_heads, p),
+                FieldPath::Payload(p) => (&mut payload_heads, p),
+                _ => {
+                    head_of.push(0);
+                    continue;
+                }
+            };
+            let head = path.first().cloned().unwrap_or_default();
+            let i = heads.iter().position(|h| *h == head).unwrap_or_else(|| {
+                heads.push(head);
+                heads.len() - 1
+            });
+            head_of.push(i);
+        }
+        Extractor { fields, meta_heads, payload_heads, head_of }
+    }
+
+    /// The fields, in order.
+    pub fn fields(&self) -> &[FieldPath] {
+        &self.fields
+    }
+
+    /// Calls `f(i, value)` for each field `i` present in the document.
+    pub fn extract<'a>(&self, doc: &DocParts<'a>, mut f: impl FnMut(usize, Scalar<'a>)) {
+        let mut meta_at: Vec<Option<Reader<'a>>> = vec![None; self.meta_heads.len()];
+        let mut payload_at: Vec<Option<Reader<'a>>> = vec![None; self.payload_heads.len()];
+        if !self.meta_heads.is_empty() {
+            map_heads(doc.parts[3], &self.meta_heads, &mut meta_at);
+        }
+        if !self.payload_heads.is_empty() {
+            map_heads(doc.parts[4], &self.payload_heads, &mut payload_at);
+        }
+        for (i, field) in self.fields.iter().enumerate() {
+            let v = match field {
+                FieldPath::Id | FieldPath::Key | FieldPath::Type => doc.get(field),
+                FieldPath::Metadata(p) | FieldPath::Payload(p) => {
+                    let at = if matches!(field, FieldPath::Metadata(_)) { &meta_at } else { &payload_at };
+                    at[self.head_of[i]].and_then(|mut r| {
+                        r.descend(&p[1..])?;
+                        r.scalar()
+                    })
+                }
+            };
+            if let Some(v) = v {
+                f(i, v);
+            }
+        }
+    }
+}
+
+/// Walks the map at `r` once; records where the value of each wanted key
+/// starts (the last duplicate wins, as in a JSON map).
+fn map_heads<'a>(mut r: Reader<'a>, heads: &[String], at: &mut [Option<Reader<'a>>]) {
+    let Some(Item::Map(n)) = r.item() else { return };
+    for _ in 0..n {
+        let key = match r.item() {
+            Some(Item::Scalar(Scalar::Str(k))) => Some(k),
+            Some(_) => None,
+            None => return,
+        };
+        if let Some(k) = key
+            && let Some(i) = heads.iter().position(|h| h.as_bytes() == k)
+        {
+            at[i] = Some(r);
+        }
+        if r.skip().is_none() {
+            return;
+        }
+    }
+}
+
 /// A cursor over MessagePack bytes.
 #[derive(Debug, Clone, Copy)]
 struct Reader<'a> {
@@ -220,10 +311,12 @@ impl<'a> DocParts<'a> {
             _ => return None,
         }
         let mut parts = [r; 5];
-        for p in &mut parts {
+        // The payload is last: its end need not be found.
+        for p in &mut parts[..4] {
             *p = r;
             r.skip()?;
         }
+        parts[4] = r;
         Some(DocParts { parts })
     }
 
@@ -331,6 +424,14 @@ mod tests {
             assert_eq!(got, want, "path {p}");
         }
         assert_eq!(parts.id(), Some(e.id.as_bytes()));
+        // One pass for all of them gives the same values.
+        let canon: Vec<String> = paths.iter().map(|p| canonical(p).expect("indexable")).collect();
+        let x = Extractor::new(canon.iter().map(|c| FieldPath::parse(c)).collect());
+        let mut got: Vec<Option<Vec<u8>>> = vec![None; canon.len()];
+        x.extract(&parts, |i, v| got[i] = key_of(Some(v)));
+        for (i, c) in canon.iter().enumerate() {
+            assert_eq!(got[i], key_of(parts.get(&FieldPath::parse(c))), "field {c}");
+        }
     }
 
     #[test]

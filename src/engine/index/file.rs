@@ -268,12 +268,14 @@ pub struct Entry<'a> {
     postings: &'a [u8],
 }
 
-/// Encodes a whole index file. `terms` are sorted by key, each with its
-/// ascending sequence offsets from the base (`seq - base_seq`).
+/// Encodes a whole index file. `terms` are (field ordinal, value key,
+/// ascending record offsets from the base `seq - base_seq`), sorted by
+/// ordinal then value key; `offsets` are the records' byte offsets (all of
+/// them, or none).
 pub fn encode<'t>(
     header: &SixHeader,
     fields: &[String],
-    terms: impl IntoIterator<Item = (&'t [u8], &'t [u32])>,
+    terms: impl IntoIterator<Item = (u16, &'t [u8], &'t [u32])>,
     offsets: &[u32],
 ) -> Vec<u8> {
     let mut out = header.encode().to_vec();
@@ -298,17 +300,21 @@ pub fn encode<'t>(
             *count = 0;
         }
     };
-    for (key, offsets) in terms {
+    let mut key = Vec::new();
+    for (ord, value, offsets) in terms {
+        key.clear();
+        key.extend_from_slice(&ord.to_be_bytes());
+        key.extend_from_slice(value);
+        let key = key.as_slice();
         if first.is_none() {
             first = Some(key.to_vec());
         }
-        if key.len() > 2
-            && let Some(span) = spans.get_mut(usize::from(u16::from_be_bytes([key[0], key[1]])))
-        {
+        if let Some(span) = spans.get_mut(usize::from(ord)) {
             if span.0.is_empty() {
-                span.0 = key[2..].to_vec();
+                span.0 = value.to_vec();
             }
-            span.1 = key[2..].to_vec();
+            span.1.clear();
+            span.1.extend_from_slice(value);
         }
         postings.clear();
         let mut prev = 0u32;
@@ -661,7 +667,8 @@ mod tests {
         sorted.sort();
         let fields = vec!["id".to_owned(), "type".to_owned()];
         let offsets: Vec<u32> = (0..500).map(|i| 64 + 16 * i).collect();
-        let bytes = encode(&h, &fields, sorted.iter().map(|(k, v)| (k.as_slice(), v.as_slice())), &offsets);
+        let terms = sorted.iter().map(|(k, v)| (u16::from_be_bytes([k[0], k[1]]), &k[2..], v.as_slice()));
+        let bytes = encode(&h, &fields, terms, &offsets);
         (h, bytes, sorted)
     }
 

@@ -25,7 +25,7 @@ use crate::engine::log::partition::{Partition, Segment};
 use crate::engine::log::stream::StreamLog;
 use crate::engine::vfs::{Vfs, VfsFile};
 use crate::error::{Error, Result};
-use extract::{DocParts, FieldPath};
+use extract::{DocParts, Extractor, FieldPath};
 use file::{SixError, SixHeader, SixMeta};
 use term::{ALWAYS_INDEXED, KeyRange, canonical, scalar_key};
 
@@ -34,7 +34,7 @@ use term::{ALWAYS_INDEXED, KeyRange, canonical, scalar_key};
 #[derive(Debug, PartialEq, Eq)]
 pub struct FieldSet {
     names: Vec<String>,
-    paths: Vec<FieldPath>,
+    extractor: Extractor,
 }
 
 impl FieldSet {
@@ -44,8 +44,8 @@ impl FieldSet {
         names.extend(declared.iter().filter_map(|d| canonical(d)));
         names.sort();
         names.dedup();
-        let paths = names.iter().map(|n| FieldPath::parse(n)).collect();
-        FieldSet { names, paths }
+        let extractor = Extractor::new(names.iter().map(|n| FieldPath::parse(n)).collect());
+        FieldSet { names, extractor }
     }
 
     /// The canonical names, sorted.
@@ -64,26 +64,157 @@ pub fn check_field(stream: &str, field: &str) -> Result<String> {
     crate::model::query::check_index_field(stream, field)
 }
 
-/// A fast hasher for term keys (FNV-1a; the keys are not attacker-chosen
-/// in a way that matters: a bad distribution only costs time).
+/// A fast hasher for term keys, a word at a time (the keys are not chosen
+/// by an attacker in a way that matters: a bad spread only costs time).
 #[derive(Default)]
-struct Fnv(u64);
+struct WordHasher(u64);
 
-impl Hasher for Fnv {
+impl Hasher for WordHasher {
     fn finish(&self) -> u64 {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
-        for &b in bytes {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut h = self.0;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            h = (h.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
         }
-        self.0 = h;
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            h = (h.rotate_left(5) ^ u64::from_le_bytes(w) ^ (rest.len() as u64) << 56).wrapping_mul(K);
+        }
+        // Spread the high bits (hashbrown uses the top 7 for its tags).
+        self.0 = h ^ (h >> 29);
     }
 }
 
-type TermMap = HashMap<Box<[u8]>, Vec<u32>, BuildHasherDefault<Fnv>>;
+/// The record offsets (from the segment's base) holding one term: most
+/// terms of a unique field (ids) hold one, without an allocation.
+#[derive(Debug)]
+enum SeqList {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl SeqList {
+    /// Adds the next record (ascending; a repeat is ignored).
+    fn push(&mut self, off: u32) {
+        match self {
+            SeqList::One(o) if *o != off => *self = SeqList::Many(vec![*o, off]),
+            SeqList::One(_) => {}
+            SeqList::Many(v) => {
+                if v.last() != Some(&off) {
+                    v.push(off);
+                }
+            }
+        }
+    }
+
+    fn as_slice(&self) -> &[u32] {
+        match self {
+            SeqList::One(o) => std::slice::from_ref(o),
+            SeqList::Many(v) => v,
+        }
+    }
+}
+
+/// A hasher for keys that already are hashes.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+fn hash_key(key: &[u8]) -> u64 {
+    let mut h = WordHasher::default();
+    h.write(key);
+    h.finish()
+}
+
+/// One field's terms in insertion order (so a field whose values grow with
+/// the sequence, like time-ordered ids, is nearly sorted already), their
+/// keys in one arena, found by hash.
+#[derive(Debug, Default)]
+struct TermMap {
+    arena: Vec<u8>,
+    /// (key start in the arena, key length, records).
+    terms: Vec<(usize, usize, SeqList)>,
+    /// Key hash -> the first term with that hash; `chain` links the others.
+    by_hash: HashMap<u64, u32, BuildHasherDefault<Prehashed>>,
+    chain: Vec<u32>,
+}
+
+const NO_TERM: u32 = u32::MAX;
+
+impl TermMap {
+    fn with_capacity(terms: usize) -> TermMap {
+        TermMap {
+            arena: Vec::with_capacity(terms * 40),
+            terms: Vec::with_capacity(terms),
+            by_hash: HashMap::with_capacity_and_hasher(terms, Default::default()),
+            chain: Vec::with_capacity(terms),
+        }
+    }
+
+    fn key(&self, i: usize) -> &[u8] {
+        let (start, len, _) = self.terms[i];
+        &self.arena[start..start + len]
+    }
+
+    fn find(&self, key: &[u8], h: u64) -> Option<usize> {
+        let mut i = *self.by_hash.get(&h)?;
+        while i != NO_TERM {
+            let idx = i as usize;
+            if self.key(idx) == key {
+                return Some(idx);
+            }
+            i = self.chain[idx];
+        }
+        None
+    }
+
+    fn get(&self, key: &[u8]) -> Option<&SeqList> {
+        self.find(key, hash_key(key)).map(|i| &self.terms[i].2)
+    }
+
+    /// Adds record `off` to the term `key`.
+    fn add(&mut self, key: &[u8], off: u32) {
+        let h = hash_key(key);
+        if let Some(i) = self.find(key, h) {
+            self.terms[i].2.push(off);
+            return;
+        }
+        let Ok(idx) = u32::try_from(self.terms.len()) else { return };
+        if idx == NO_TERM {
+            return;
+        }
+        let start = self.arena.len();
+        self.arena.extend_from_slice(key);
+        self.terms.push((start, key.len(), SeqList::One(off)));
+        let prev = self.by_hash.insert(h, idx).unwrap_or(NO_TERM);
+        self.chain.push(prev);
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&[u8], &SeqList)> {
+        self.terms.iter().map(|(start, len, list)| (&self.arena[*start..*start + *len], list))
+    }
+}
 
 /// An in-memory index of one segment's records `base..=upto`, per field.
 #[derive(Debug)]
@@ -99,9 +230,11 @@ pub struct MemIndex {
 }
 
 impl MemIndex {
-    fn new(base: u64, fields: Arc<FieldSet>) -> MemIndex {
-        let maps = fields.names.iter().map(|_| TermMap::default()).collect();
-        MemIndex { base, upto: base - 1, fields, maps, offsets: Vec::new(), offsets_ok: true }
+    /// An empty index of the segment starting at `base`, sized for about
+    /// `records` records (the id field gets a term per record).
+    fn new(base: u64, fields: Arc<FieldSet>, records: usize) -> MemIndex {
+        let maps = fields.names.iter().map(|n| TermMap::with_capacity(if n == "id" { records } else { 16 })).collect();
+        MemIndex { base, upto: base - 1, fields, maps, offsets: Vec::with_capacity(records), offsets_ok: true }
     }
 
     /// The byte offset of record `seq`, when known.
@@ -123,30 +256,20 @@ impl MemIndex {
         }
         let Some(parts) = DocParts::split(doc) else { return };
         let Ok(off) = u32::try_from(seq - self.base) else { return };
-        for (i, path) in self.fields.paths.iter().enumerate() {
-            let Some(v) = parts.get(path) else { continue };
+        let maps = &mut self.maps;
+        self.fields.extractor.extract(&parts, |i, v| {
             key.clear();
             scalar_key(&v, key);
-            let map = &mut self.maps[i];
-            match map.get_mut(key.as_slice()) {
-                Some(list) => {
-                    if list.last() != Some(&off) {
-                        list.push(off);
-                    }
-                }
-                None => {
-                    map.insert(key.as_slice().into(), vec![off]);
-                }
-            }
-        }
+            maps[i].add(key, off);
+        });
     }
 
     fn lookup(&self, field: &str, ranges: &[KeyRange], cap: u64) -> Option<Vec<u64>> {
         let i = self.fields.names.binary_search_by(|n| n.as_str().cmp(field)).ok()?;
         let map = &self.maps[i];
         let mut out: Vec<u64> = Vec::new();
-        let mut add = |list: &Vec<u32>| -> bool {
-            out.extend(list.iter().map(|&o| self.base + u64::from(o)));
+        let mut add = |list: &SeqList| -> bool {
+            out.extend(list.as_slice().iter().map(|&o| self.base + u64::from(o)));
             out.len() as u64 <= cap
         };
         for r in ranges {
@@ -158,7 +281,7 @@ impl MemIndex {
                     return None;
                 }
             } else {
-                for (k, list) in map {
+                for (k, list) in map.iter() {
                     if r.contains(k) && !add(list) {
                         return None;
                     }
@@ -172,18 +295,22 @@ impl MemIndex {
 
     /// The index file of this (complete, sealed) segment.
     fn encode(&self, header: &SixHeader) -> Vec<u8> {
-        let mut terms: Vec<(Vec<u8>, &[u32])> = Vec::new();
-        for (i, map) in self.maps.iter().enumerate() {
-            let ord = u16::try_from(i).unwrap_or(u16::MAX).to_be_bytes();
-            for (k, list) in map {
-                let mut key = Vec::with_capacity(2 + k.len());
-                key.extend_from_slice(&ord);
-                key.extend_from_slice(k);
-                terms.push((key, list));
-            }
-        }
-        terms.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        file::encode(header, &self.fields.names, terms.iter().map(|(k, l)| (k.as_slice(), *l)), &self.offsets)
+        // Fields are in name order (= ordinal order); each field's terms sorted.
+        let per_field: Vec<Vec<(&[u8], &[u32])>> = self
+            .maps
+            .iter()
+            .map(|map| {
+                let mut terms: Vec<(&[u8], &[u32])> = map.iter().map(|(k, l)| (k, l.as_slice())).collect();
+                // Stable sort: runs already in order (insertion order) are cheap.
+                terms.sort_by(|a, b| a.0.cmp(b.0));
+                terms
+            })
+            .collect();
+        let terms = per_field.iter().enumerate().flat_map(|(i, terms)| {
+            let ord = u16::try_from(i).unwrap_or(u16::MAX);
+            terms.iter().map(move |&(k, l)| (ord, k, l))
+        });
+        file::encode(header, &self.fields.names, terms, &self.offsets)
     }
 }
 
@@ -470,7 +597,7 @@ impl PartitionIndex {
         }
         let mem = match guard.as_mut() {
             Some(m) if m.base == seg.base_seq && m.fields == *fields => m,
-            _ => guard.insert(MemIndex::new(seg.base_seq, fields.clone())),
+            _ => guard.insert(MemIndex::new(seg.base_seq, fields.clone(), 1024)),
         };
         let until = part.visible();
         if mem.upto >= until {
@@ -569,7 +696,8 @@ impl PartitionIndex {
         header: &SixHeader,
         fields: &Arc<FieldSet>,
     ) -> Result<SixFile> {
-        let mut mem = MemIndex::new(seg.base_seq, fields.clone());
+        let records = usize::try_from(header.count()).unwrap_or(0).min(1 << 24);
+        let mut mem = MemIndex::new(seg.base_seq, fields.clone(), records);
         let mut key = Vec::new();
         part.scan_raw(seg.base_seq - 1, header.last_seq, |off, h, doc, _| {
             mem.add(h.seq, off, doc, &mut key);
