@@ -472,7 +472,13 @@ enum Sealed {
     Ready(Arc<SixFile>, bool),
     /// Probed: no usable file on disk; to build.
     Absent,
+    /// Building it failed (reading the segment): retried after a while.
+    Failed(std::time::Instant),
 }
+
+/// How long a segment whose index could not be built is left alone (its
+/// queries scan it meanwhile).
+const RETRY_FAILED_BUILD: Duration = Duration::from_secs(60);
 
 /// One partition's indexes.
 #[derive(Debug, Default)]
@@ -641,7 +647,7 @@ impl PartitionIndex {
     pub fn sealed(&self, part: &Partition, seg: &Segment) -> Option<Arc<SixFile>> {
         match self.sealed.read().get(&seg.base_seq) {
             Some(Sealed::Ready(f, _)) => return Some(f.clone()),
-            Some(Sealed::Absent) => return None,
+            Some(Sealed::Absent | Sealed::Failed(_)) => return None,
             None => {}
         }
         let header = header_of(part, seg)?;
@@ -658,7 +664,7 @@ impl PartitionIndex {
         let entry = map.entry(seg.base_seq).or_insert(state);
         match entry {
             Sealed::Ready(f, _) => Some(f.clone()),
-            Sealed::Absent => None,
+            Sealed::Absent | Sealed::Failed(_) => None,
         }
     }
 
@@ -671,6 +677,11 @@ impl PartitionIndex {
     fn build_one(&self, part: &Partition, fields: &Arc<FieldSet>) -> Result<bool> {
         for seg in part.segments() {
             let Some(header) = header_of(part, &seg) else { continue };
+            if let Some(Sealed::Failed(at)) = self.sealed.read().get(&seg.base_seq)
+                && at.elapsed() < RETRY_FAILED_BUILD
+            {
+                continue;
+            }
             let current = self.sealed(part, &seg);
             let persisted = matches!(self.sealed.read().get(&seg.base_seq), Some(Sealed::Ready(_, true)));
             let file = match current {
@@ -680,7 +691,13 @@ impl PartitionIndex {
                     }
                     f
                 }
-                _ => Arc::new(self.build_from_log(part, &seg, &header, fields)?),
+                _ => match self.build_from_log(part, &seg, &header, fields) {
+                    Ok(f) => Arc::new(f),
+                    Err(e) => {
+                        self.sealed.write().insert(seg.base_seq, Sealed::Failed(std::time::Instant::now()));
+                        return Err(e);
+                    }
+                },
             };
             self.persist(part, &seg, &header, &file);
             return Ok(true);
