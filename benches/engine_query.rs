@@ -146,6 +146,12 @@ fn queries(c: &mut Criterion) {
 fn building(c: &mut Criterion) {
     let dir = tempfile::tempdir_in(support::bench_dir()).expect("temporary directory");
     fill(dir.path());
+    let (mut six, mut log) = (0u64, 0u64);
+    for f in six_files(dir.path()) {
+        six += std::fs::metadata(&f).expect("stat").len();
+        log += std::fs::metadata(f.with_extension("log")).expect("stat").len();
+    }
+    eprintln!("index files: {six} bytes for {log} bytes of sealed segments ({:.1} %)", 100.0 * six as f64 / log as f64);
     let mut g = c.benchmark_group("engine_index_build");
     g.sample_size(10);
     g.measurement_time(Duration::from_secs(30));
