@@ -1530,7 +1530,7 @@ fn the_stated_sizes_hold() {
     );
     assert_eq!((wal::KIND_CREATE, wal::KIND_OPS, wal::WAL_MAX_BODY), (1, 2, 64 << 20));
     assert_eq!((SIX_MAGIC, SIX_VERSION, SIX_HEADER_LEN, SIX_TRAILER_LEN), (*b"RHEOSIX\0", 1, 64, 24));
-    assert_eq!((six::BLOCK_TARGET, six::MAX_FIELDS, six::MAX_KEY_LEN), (4096, 1024, 64 << 10));
+    assert_eq!((six::BLOCK_TARGET, six::MAX_FIELDS, six::MAX_KEY_LEN), (4096, 1024, (16 << 20) + 3));
     // CRC32 is IEEE (reflected 0xEDB88320, init and xorout 0xFFFFFFFF).
     assert_eq!(crc32fast::hash(b"123456789"), 0xCBF4_3926);
 }
@@ -3678,5 +3678,68 @@ fn the_secondary_index_spec_examples_hold() {
         ("timestamp", None),
     ] {
         assert_eq!(term::canonical(path).as_deref(), name, "canonical({path})");
+    }
+}
+
+/// The vector with its directory replaced by `dir` (trailer remade).
+fn six_with_dir(file: &[u8], dir: &[u8]) -> Vec<u8> {
+    let trailer = &file[file.len() - SIX_TRAILER_LEN..];
+    let (offset, _, _) = six::decode_trailer(trailer, file.len() as u64).expect("trailer");
+    let mut out = file[..to_usize(offset)].to_vec();
+    out.extend_from_slice(dir);
+    out.extend_from_slice(&offset.to_le_bytes());
+    out.extend_from_slice(&u32::try_from(dir.len()).expect("u32").to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(dir).to_le_bytes());
+    out.extend_from_slice(&SIX_MAGIC);
+    out
+}
+
+#[test]
+fn the_secondary_index_reader_accepts_exactly_what_the_writer_writes() {
+    // A string value longer than 64 KiB (an event may hold 1 MiB) reads back.
+    let h = six_header();
+    let names = vec!["payload.note".to_owned()];
+    let mut long = vec![0, 0];
+    long.extend_from_slice(&term::json_key(&json!("n".repeat(100_000))));
+    let terms = vec![(long, vec![1, 7]), (vec![0, 0, term::TAG_OTHER], vec![2])];
+    let bytes = six_encode(&h, &names, &terms, &six_record_offsets());
+    let (meta, got) = six::decode_all(&bytes).unwrap_or_else(|e| panic!("a 100 KB value: {e}"));
+    assert!(got == terms && meta.spans[0].0.len() == 100_001, "a 100 KB value round trips");
+    // One encoding per file: a varint longer than its shortest form is
+    // refused (here the directory's record count, 120 as `f8 00`).
+    let file = read_vector("secondary-index.six");
+    let (offset, len, _) =
+        six::decode_trailer(&file[file.len() - SIX_TRAILER_LEN..], file.len() as u64).expect("trailer");
+    let mut dir = file[to_usize(offset)..to_usize(offset) + len as usize].to_vec();
+    assert_eq!(dir.pop(), Some(120), "the directory ends with the record count");
+    dir.extend_from_slice(&[0xf8, 0x00]);
+    let reason = "varint longer than its shortest form";
+    assert_eq!(six::decode_all(&six_with_dir(&file, &dir)).map(|_| ()), Err(SixError::Damaged(reason.into())));
+}
+
+#[test]
+fn fields_of_a_payload_that_is_an_array_are_indexed() {
+    // A payload may be any JSON value; `0.sku` reads into an array payload.
+    let mem = MemVfs::new();
+    let vfs: Arc<dyn Vfs> = Arc::new(mem.clone());
+    let engine = Engine::open(vfs, six_options()).expect("open");
+    engine.create_stream(STREAM, 1, &["0.sku".to_owned(), "1".to_owned()], T0).expect("create");
+    let log = engine.stream(STREAM).expect("stream");
+    for i in 0..60u32 {
+        let payload = json!([{"sku": format!("s{}", i % 3), "pad": "p".repeat(100)}, i % 2 == 0]);
+        let event = NewEvent::prepare(payload, AppendOptions::new());
+        let (_, ticket) = engine.append(&log, &[Routed { partition: 0, ts: T0, event: &event }]).expect("append");
+        ticket.wait().expect("durable");
+    }
+    engine.build_indexes().expect("build");
+    let sealed = log.partition(0).expect("p0").segments().iter().filter(|s| s.footer().is_some()).count();
+    assert!(sealed >= 2, "sealed segments: {sealed}");
+    let all = six_all_events(&log);
+    for q in [Query::new(STREAM).eq("0.sku", "s1"), Query::new(STREAM).eq("1", true), Query::new(STREAM).exists("0")] {
+        let q = q.limit(rheo::MAX_LIMIT);
+        let got = planner::query_page(&log, &q).unwrap_or_else(|e| panic!("{q:?}: {e}"));
+        let want = q.page_from(all.iter().cloned());
+        assert!(!want.events.is_empty(), "{q:?} matches some events");
+        assert_eq!(got.events, want.events, "{q:?}: the planner and a filtered read");
     }
 }

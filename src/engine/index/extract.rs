@@ -95,9 +95,14 @@ impl Extractor {
         if !self.payload_heads.is_empty() {
             map_heads(doc.parts[4], &self.payload_heads, &mut payload_at);
         }
+        // A payload may be any JSON value: one that is not an object (an
+        // array, read by `0.sku`) has no keys to walk once; read on its own.
+        let mut probe = doc.parts[4];
+        let payload_is_map = matches!(probe.item(), Some(Item::Map(_)));
         for (i, field) in self.fields.iter().enumerate() {
             let v = match field {
                 FieldPath::Id | FieldPath::Key | FieldPath::Type => doc.get(field),
+                FieldPath::Payload(_) if !payload_is_map => doc.get(field),
                 FieldPath::Metadata(p) | FieldPath::Payload(p) => {
                     let at = if matches!(field, FieldPath::Metadata(_)) { &meta_at } else { &payload_at };
                     at[self.head_of[i]].and_then(|mut r| {

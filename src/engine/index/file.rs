@@ -8,6 +8,7 @@
 use std::ops::Bound;
 
 use super::term::KeyRange;
+use crate::engine::segment::format::MAX_BODY_LEN;
 
 /// Magic of a secondary-index file (first and last 8 bytes).
 pub const SIX_MAGIC: [u8; 8] = *b"RHEOSIX\0";
@@ -56,8 +57,10 @@ pub const SIX_TRAILER_LEN: usize = SIX_TRAILER_MAGIC_AT + 8;
 pub const BLOCK_TARGET: usize = 4096;
 /// The most fields one file may cover.
 pub const MAX_FIELDS: usize = 1024;
-/// The longest term key (field ordinal + value key).
-pub const MAX_KEY_LEN: usize = 64 << 10;
+/// The longest term key (field ordinal + value key). A value key is a tag
+/// and at most a string's bytes, and a string is at most a record's body:
+/// whatever the writer indexes, a reader accepts.
+pub const MAX_KEY_LEN: usize = 2 + 1 + MAX_BODY_LEN as usize;
 
 /// The segment an index file describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,6 +204,10 @@ impl<'a> Bytes<'a> {
             }
             v |= bits << (7 * i);
             if byte & 0x80 == 0 {
+                // The writer uses the shortest form: one encoding per value.
+                if byte == 0 && i > 0 {
+                    return Err(damaged("varint longer than its shortest form"));
+                }
                 return Ok(v);
             }
         }
@@ -432,6 +439,11 @@ pub fn decode_dir(header: SixHeader, dir: &[u8], dir_offset: u64, crc: u32) -> R
         expect = offset + u64::from(len);
         blocks.push(BlockRef { first, offset, len, crc, terms });
     }
+    // The writer closes a block once it holds BLOCK_TARGET bytes: every
+    // block but the last is at least that long (one way to cut the terms).
+    if blocks.iter().rev().skip(1).any(|b| (b.len as usize) < BLOCK_TARGET) {
+        return Err(damaged(format!("a block before the last is shorter than {BLOCK_TARGET} bytes")));
+    }
     let n = r.len(MAX_KEY_LEN, "key length")?;
     let last = r.take(n)?.to_vec();
     let offsets = r.varint()?;
@@ -525,6 +537,10 @@ impl<'b> BlockIter<'b> {
             return if self.r.is_empty() { Ok(None) } else { Err(damaged("bytes after a block's last term")) };
         }
         self.left -= 1;
+        // ... and so holds no term after reaching it.
+        if self.left == 0 && self.r.pos >= BLOCK_TARGET {
+            return Err(damaged(format!("a block holds a term after reaching {BLOCK_TARGET} bytes")));
+        }
         let n = self.r.len(MAX_KEY_LEN, "key length")?;
         let key = self.r.take(n)?;
         let count = self.r.varint()?;
