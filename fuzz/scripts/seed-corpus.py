@@ -3,7 +3,8 @@
 
 The seeds are built here at run time (nothing binary is committed), from
 the byte layouts in src/engine/segment/format.rs, log/manifest.rs,
-log/txn.rs, engine/delivery/wal.rs and engine/delivery/checkpoint.rs (the
+log/txn.rs, engine/delivery/wal.rs, engine/delivery/checkpoint.rs and
+engine/index/file.rs (format/secondary-index.md) (the
 delivery records' MessagePack as rmp_serde writes it: structs as arrays,
 enums as {variant: fields} maps or, unit variants, the variant's name). A seed that drifts from the format only makes the fuzzer
 start further away; the targets never rely on it. When format/vectors/
@@ -130,6 +131,104 @@ def seeds():
     yield "manifest_txn_decoder", "empty-manifest", manifest([], 1)
     yield "manifest_txn_decoder", "txn", txn_log([1, 2, 9])
     yield "manifest_txn_decoder", "txn-entries", struct.pack("<QI", 5, 0) + bytes(4)
+
+    # six_decoder: mode AS_IS=0 FIXED=1 BUILT=2 DOC=3, KEEP_VERSION=4; then the content.
+    yield from six_seeds()
+
+
+# ---------------------------------------------------------------- secondary index
+
+def varint(n):
+    out = b""
+    while n >= 0x80:
+        out += bytes([n & 0x7F | 0x80])
+        n >>= 7
+    return out + bytes([n])
+
+
+def six_file(fields, terms, base=1, last=8, records_end=64 + 8 * 100, max_ts=1000, offsets=True,
+             partition=0, stream=1, block_target=4096):
+    """A .six file as file::encode writes it (format/secondary-index.md).
+
+    fields: sorted names; terms: sorted (key bytes, [sequence offsets from base])."""
+    head = b"RHEOSIX\0" + struct.pack("<HHIQQQQq", VERSION, 0, partition, stream, base, last, records_end, max_ts)
+    head += bytes(4)
+    out = head + struct.pack("<I", crc(head))
+    blocks, block, first, count = [], b"", None, 0
+    spans = [[b"", b""] for _ in fields]
+    for key, offs in terms:
+        if first is None:
+            first = key
+        ordinal = struct.unpack(">H", key[:2])[0]
+        if len(key) > 2 and ordinal < len(fields):
+            if not spans[ordinal][0]:
+                spans[ordinal][0] = key[2:]
+            spans[ordinal][1] = key[2:]
+        post, prev = b"", 0
+        for i, o in enumerate(offs):
+            post += varint(o if i == 0 else o - prev)
+            prev = o
+        block += varint(len(key)) + key + varint(len(offs)) + varint(len(post)) + post
+        count += 1
+        if len(block) >= block_target:
+            blocks.append((first, len(out), block, count))
+            out += block
+            block, first, count = b"", None, 0
+    if first is not None:
+        blocks.append((first, len(out), block, count))
+        out += block
+    n = last - base + 1
+    if offsets:
+        out += b"".join(struct.pack("<I", 64 + 100 * i) for i in range(n))
+    d = varint(len(fields))
+    for f, (lo, hi) in zip(fields, spans):
+        d += varint(len(f)) + f.encode() + varint(len(lo)) + lo + varint(len(hi)) + hi
+    d += varint(len(blocks))
+    for f, off, b, cnt in blocks:
+        d += varint(len(f)) + f + varint(off) + varint(len(b)) + struct.pack("<I", crc(b)) + varint(cnt)
+    lastkey = terms[-1][0] if terms else b""
+    d += varint(len(lastkey)) + lastkey + varint(n if offsets else 0)
+    dir_offset = len(out)
+    return out + d + struct.pack("<QII", dir_offset, len(d), crc(d)) + b"RHEOSIX\0"
+
+
+def six_key(ordinal, tag, value=b""):
+    return struct.pack(">H", ordinal) + bytes([tag]) + value
+
+
+def six_int(n):
+    return b"\x01" + ((n + 2 ** 127) % 2 ** 128).to_bytes(16, "big")
+
+
+def six_seeds():
+    fields = ["id", "payload.amount", "payload.flag", "type"]
+    terms = [
+        (six_key(0, 3, b"evt-1"), [0]), (six_key(0, 3, b"evt-2"), [1]), (six_key(0, 3, b"evt-3"), [2, 5]),
+        (six_key(1, 2, six_int(-5)), [0, 3]),
+        (six_key(1, 2, six_int(2) + struct.pack(">d", 0.5)), [1]),
+        (six_key(1, 2, six_int(250)), [2, 4, 7]),
+        (six_key(2, 0), [6]), (six_key(2, 1, b"\x00"), [0]), (six_key(2, 1, b"\x01"), [1, 2]),
+        (six_key(2, 4), [3]),
+        (six_key(3, 3, b"order_paid"), [0, 2, 4, 6]), (six_key(3, 3, b"order_placed"), [1, 3, 5, 7]),
+    ]
+    small = six_file(fields, terms)
+    yield "six_decoder", "file", b"\x00" + small
+    yield "six_decoder", "file-fixed", b"\x01" + small
+    yield "six_decoder", "file-no-offsets", b"\x01" + six_file(fields, terms, offsets=False)
+    yield "six_decoder", "file-small-blocks", b"\x01" + six_file(fields, terms, block_target=16)
+    yield "six_decoder", "file-empty", b"\x01" + six_file(["id", "type"], [], last=1)
+    yield "six_decoder", "file-version-2", b"\x05" + small[:8] + b"\x02" + small[9:]
+    bad = bytearray(small)
+    bad[70] ^= 1
+    yield "six_decoder", "file-damaged-block", b"\x01" + bytes(bad)
+    yield "six_decoder", "built", b"\x02" + bytes(range(1, 200))
+    yield "six_decoder", "built-long-value", b"\x02" + bytes([0, 5, 9, 0, 3, 2, 0, 7, 0x81, 0x30, 0, 1])
+    yield "six_decoder", "doc", b"\x03" + doc("e1", "k", "t")
+    nested = b"\x82" + mp_str("a") + b"\x92\x01\x81" + mp_str("b") + b"\xcb" + struct.pack(">d", 1.5)
+    nested += mp_str("b") + b"\x93\xc0\xc3\xa0"
+    yield "six_decoder", "doc-nested", b"\x03" + doc("e2", None, None, payload=nested)
+    yield "six_decoder", "doc-duplicate-keys", b"\x03" + doc("e3", "k", None, payload=b"\x82\xa1a\x01\xa1a\x02")
+    yield "six_decoder", "doc-nan", b"\x03" + doc("e4", None, "t", payload=b"\x81\xa1a\xcb\x7f\xf8" + bytes(6))
 
 
 # ---------------------------------------------------------------- delivery table
@@ -405,11 +504,26 @@ def vector_seeds(vectors):
             yield "wal_decoder", "vector-fixed-" + name, wal_input(8, read(name))
         elif name.endswith(".ckpt"):
             yield "checkpoint_decoder", "vector-" + name, ckpt_input(0, read(name))
+        elif name.endswith(".six"):
+            # Secondary-index vectors: as they are (AS_IS) and with the checksums
+            # remade by the target (FIXED).
+            yield "six_decoder", "vector-" + name, b"\x00" + read(name)
+            yield "six_decoder", "vector-fixed-" + name, b"\x01" + read(name)
     for name in names:
         if not name.endswith(".log") or name.startswith("delivery-wal"):
             continue
         log = read(name)
         yield "record_decoder", "vector-" + name, log[64:]
+        # six_decoder (DOC): the documents of the first records.
+        at = 64
+        for i in range(8):
+            if at + 8 > len(log):
+                break
+            body_len = struct.unpack_from("<I", log, at)[0]
+            if body_len < 29 or at + 8 + body_len > len(log):
+                break
+            yield "six_decoder", "vector-doc-%d-%s" % (i, name), b"\x03" + log[at + 8 + 28:at + 8 + body_len]
+            at += 8 + body_len
         yield "index_decoder", "vector-header-" + name, base + log[:64]
         yield "index_decoder", "vector-end-" + name, base + log[-64:]
         # segment_recovery: mode 0 (the file as is, header included); with
