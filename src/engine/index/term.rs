@@ -16,8 +16,11 @@
 //! `i128` (every integer, every float below 2^127 in magnitude): the
 //! integral part `floor(v)` as 16 big-endian bytes with the sign bit
 //! flipped, followed, for a value with a fraction, by the fraction's `f64`
-//! bits (8 big-endian bytes; a fraction is in (0, 1), so its bits order as
+//! bits (8 big-endian bytes; a fraction is in (0, 1], so its bits order as
 //! its value). Integers and integral floats share a key (`1 == 1.0`).
+//! The fraction `v - floor(v)` is exact except for `v` in (−1, 0), where
+//! `v + 1` is rounded: there distinct values may share a key (the order is
+//! kept, not made strict), so bounds at such values include their key.
 //! Classes `0x00` and `0x02` hold floats below and above that range as
 //! order-preserving `f64` bits.
 
@@ -248,6 +251,14 @@ fn equal(v: &Value) -> KeyRange {
     }
 }
 
+/// True for a float in (−1, 0): its fraction `v + 1` is rounded to an
+/// `f64`, so values near it may have the same key (−1e-300 and −1e-200 both
+/// have the fraction 1.0; −0.3 and −0.30000000000000004 both 0.7). A bound
+/// at it must include its key, or it misses them.
+fn shares_key(v: &Value) -> bool {
+    v.as_f64().is_some_and(|f| -1.0 < f && f < 0.0)
+}
+
 /// Values above (`upward`) or below `v`, `inclusive` or not, of its type.
 fn bound(v: &Value, inclusive: bool, upward: bool) -> Vec<KeyRange> {
     let tag = match v {
@@ -266,7 +277,7 @@ fn bound(v: &Value, inclusive: bool, upward: bool) -> Vec<KeyRange> {
             let (lo, hi) = widened(f);
             (if upward { lo } else { hi }, true)
         }
-        None => (json_key(v), inclusive),
+        None => (json_key(v), inclusive || shares_key(v)),
     };
     let at = if inclusive { Bound::Included(at) } else { Bound::Excluded(at) };
     vec![if upward { KeyRange { lo: at, hi: whole.hi } } else { KeyRange { lo: whole.lo, hi: at } }]
@@ -327,5 +338,40 @@ mod tests {
         assert_eq!(compare_values(&json!(big), &json!((1i64 << 53) as f64)), Some(Ordering::Equal));
         assert!(r.contains(&json_key(&json!(big))));
         assert!(r.contains(&json_key(&json!(1i64 << 53))));
+    }
+
+    #[test]
+    fn bounds_at_floats_in_minus_one_to_zero_include_values_sharing_their_key() {
+        use crate::model::query::Op;
+        let values = [-1e-300, -1e-200, -0.3, -0.30000000000000004, -0.25, -0.24999999999999997, -0.75, -1.0, 0.0];
+        // Distinct values, one key: the fraction v + 1 rounds to 1.0 (or 0.7).
+        assert_eq!(json_key(&json!(-1e-300)), json_key(&json!(-1e-200)));
+        let mut minus_tiny = vec![TAG_NUMBER, CLASS_INT, 0x7f];
+        minus_tiny.extend_from_slice(&[0xff; 15]);
+        minus_tiny.extend_from_slice(&1.0f64.to_bits().to_be_bytes());
+        assert_eq!(json_key(&json!(-1e-300)), minus_tiny, "the spec's example");
+        assert_eq!(json_key(&json!(-0.3)), json_key(&json!(-0.30000000000000004)));
+        for a in values.map(|a| json!(a)) {
+            let event = crate::Event {
+                id: "e".into(),
+                stream: "s".into(),
+                partition: 0,
+                sequence: 1,
+                timestamp: crate::Timestamp::EPOCH,
+                key: None,
+                event_type: None,
+                metadata: Default::default(),
+                payload: json!({"n": a}),
+            };
+            for b in values.map(|b| json!(b)) {
+                for op in [Op::Gt(b.clone()), Op::Gte(b.clone()), Op::Lt(b.clone()), Op::Lte(b.clone()), Op::Eq(b)] {
+                    let filter = crate::model::query::Filter { path: "n".into(), op };
+                    if filter.matches(&event) {
+                        let rs = ranges(&filter.op).expect("indexable");
+                        assert!(rs.iter().any(|r| r.contains(&json_key(&a))), "{a} matches {:?}", filter.op);
+                    }
+                }
+            }
+        }
     }
 }
