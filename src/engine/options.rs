@@ -38,6 +38,9 @@ pub enum RecoveryMode {
     TruncateAtFirstDamage,
 }
 
+/// The largest `segment_bytes` (larger settings act as this).
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
+
 /// Settings of a native data directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineOptions {
@@ -45,7 +48,9 @@ pub struct EngineOptions {
     pub durability: Durability,
     /// Recovery policy (default `TolerateTornTail`).
     pub recovery: RecoveryMode,
-    /// A segment rolls once it holds this many bytes (default 64 MiB).
+    /// A segment rolls once it holds this many bytes (default 64 MiB; at
+    /// most [`MAX_SEGMENT_BYTES`], so that record offsets and counts within
+    /// a segment fit the index files' 32-bit fields).
     pub segment_bytes: u64,
     /// Under `Durability::Sync`, zero-fill the active segment ahead of
     /// writes in steps of up to this many bytes, so that a sync flushes only

@@ -65,7 +65,9 @@ pub fn parse_url(rest: &str, mut opts: EngineOptions) -> Result<(String, EngineO
         match k {
             "durability" => durability = Some(v.to_owned()),
             "max_delay_ms" => max_delay = Duration::from_millis(number(v)?.min(3_600_000)),
-            "segment_bytes" => opts.segment_bytes = number(v)?.max(4096),
+            "segment_bytes" => {
+                opts.segment_bytes = number(v)?.clamp(4096, crate::engine::options::MAX_SEGMENT_BYTES);
+            }
             "preallocate_bytes" => opts.preallocate_bytes = number(v)?,
             "checkpoint_bytes" => opts.checkpoint_bytes = number(v)?.max(4096),
             "checkpoint_interval_ms" => opts.checkpoint_interval = Duration::from_millis(number(v)?),

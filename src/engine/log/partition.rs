@@ -207,6 +207,16 @@ impl Partition {
             .filter_map(|n| n.strip_suffix(".log").filter(|b| b.len() == 20).and_then(|b| b.parse().ok()))
             .collect();
         bases.sort_unstable();
+        // An index file's temporary copy left by a crash mid-write (derived
+        // data: the builder writes it again if needed).
+        for n in vfs.list(&dir).map_err(|e| io_err(&*vfs, &dir, "list", e))? {
+            if n.ends_with(".six.tmp") {
+                let path = format!("{dir}/{n}");
+                if let Err(e) = vfs.remove_file(&path) {
+                    tracing::warn!(file = %vfs.describe(&path).display(), error = %e, "could not remove a leftover index file");
+                }
+            }
+        }
         let mut segments = BTreeMap::new();
         let mut expected_base = None;
         for (i, &base) in bases.iter().enumerate() {
@@ -318,7 +328,7 @@ impl Partition {
     /// True when `len` more bytes do not fit in the active segment (which
     /// holds at least one record), so it must roll first.
     pub fn needs_roll(&self, w: &Writer, len: u64) -> bool {
-        w.count > 0 && w.end + len > self.opts.segment_bytes
+        w.count > 0 && w.end + len > self.opts.segment_bytes.min(crate::engine::options::MAX_SEGMENT_BYTES)
     }
 
     /// The active segment's log file.
