@@ -206,5 +206,47 @@ fn building(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, queries, building);
+/// Appends of 1M events (batches of 1000 over 4 partitions) with the
+/// background builder on, until every segment's index is built, against
+/// the same appends with indexing off: the difference is what indexing
+/// costs an appending workload on this machine's two cores.
+fn appending(c: &mut Criterion) {
+    let mut g = c.benchmark_group("engine_index_append");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(30));
+    g.throughput(Throughput::Elements(EVENTS));
+    let batches: Vec<Vec<NewEvent>> =
+        (0..EVENTS / 1000).map(|b| (b * 1000..(b + 1) * 1000).map(event).collect()).collect();
+    for background in [false, true] {
+        let name = if background { "append_1M_then_indexed" } else { "append_1M_no_indexing" };
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let dir = tempfile::tempdir_in(support::bench_dir()).expect("temporary directory");
+                    let engine = Engine::open_dir(dir.path(), opts(background)).expect("open");
+                    engine.create_stream("q", PARTITIONS, &["customer".into(), "currency".into()], 0).expect("stream");
+                    let log = engine.stream("q").expect("stream");
+                    let t = Instant::now();
+                    for batch in &batches {
+                        let routed: Vec<Routed<'_>> = batch
+                            .iter()
+                            .map(|e| Routed { partition: e.partition.unwrap_or(0), ts: 1_700_000_000_000, event: e })
+                            .collect();
+                        let (_, ticket) = engine.append(&log, &routed).expect("append");
+                        ticket.wait().expect("durable");
+                    }
+                    while background && !engine.index_status("q").expect("status").iter().all(|s| s.ready()) {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    total += t.elapsed();
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, queries, building, appending);
 criterion_main!(benches);

@@ -580,6 +580,15 @@ impl IndexBuild {
             if s.ready() {
                 return Ok(s);
             }
+            if s.segments_failed > 0 && s.segments_ready + s.segments_failed >= s.segments_total {
+                return Err(Error::failed(
+                    "create_index",
+                    format!(
+                        "stream {:?}: the index on {:?} could not be built for {} of {} segments (see the log); queries scan them, and the build is retried",
+                        self.stream, self.field, s.segments_failed, s.segments_total
+                    ),
+                ));
+            }
             last = Some(s);
             tokio::time::sleep(INDEX_POLL).await;
         }

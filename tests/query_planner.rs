@@ -777,7 +777,14 @@ fn descending_pages_over_runs_of_more_than_a_chunk_of_candidates_are_exact() {
         let first = planner::query_page(&log, &q).expect("query");
         let big =
             |x: &rheo::model::query::Explain| matches!(x.access, Access::Index { candidates, .. } if candidates > 64);
-        assert!(first.explain.iter().any(big), "{:#?}", first.explain);
+        if order == OrderBy::Timestamp {
+            // That order can't stop early: reading nine in ten events one by
+            // one would cost more than scanning them.
+            let scanned = |x: &rheo::model::query::Explain| matches!(x.access, Access::Scan { .. });
+            assert!(first.explain.iter().all(scanned), "{:#?}", first.explain);
+        } else {
+            assert!(first.explain.iter().any(big), "{:#?}", first.explain);
+        }
         if let Err(e) = check_query(&log, &q) {
             panic!("{e}");
         }

@@ -172,7 +172,7 @@ impl Engine {
         let mut declared: Vec<String> = Vec::new();
         let mut seen = Vec::new();
         for f in indexes {
-            let c = index::check_field(name, f)?;
+            let c = crate::model::query::check_index_field(name, f)?;
             if !seen.contains(&c) {
                 seen.push(c);
                 declared.push(f.clone());
@@ -237,24 +237,32 @@ impl Engine {
     /// once; existing segments are indexed in the background (see
     /// [`Engine::index_status`]). Adding a field already indexed is a no-op.
     pub fn create_index(&self, stream: &str, field: &str) -> Result<()> {
-        let canonical = index::check_field(stream, field)?;
+        let canonical = crate::model::query::check_index_field(stream, field)?;
         let inner = &*self.inner;
         inner.poison.check(stream)?;
         let log = self.stream(stream)?;
+        // Under the manifest lock from the check to the new field set, so
+        // that concurrent calls neither lose a field nor record one twice.
         let mut m = inner.manifest.lock();
         let mut next = m.clone();
         let Some(entry) = next.streams.iter_mut().find(|s| s.name == stream) else {
             return Err(Error::stream_not_found(stream));
         };
-        if log.index.fields().contains(&canonical) {
+        if index::FieldSet::new(&entry.indexes).contains(&canonical) {
             return Ok(());
+        }
+        if entry.indexes.len() >= crate::model::group::MAX_INDEXES {
+            return Err(Error::invalid(
+                "index",
+                format!("stream {stream:?} has {} indexes, the maximum", crate::model::group::MAX_INDEXES),
+            ));
         }
         entry.indexes.push(field.to_owned());
         let declared = entry.indexes.clone();
         manifest::store(&*inner.vfs, &next).map_err(|e| inner.poison.absorb(e))?;
         *m = next;
-        drop(m);
         log.index.set_declared(&declared);
+        drop(m);
         if let Some(b) = &inner.builder {
             b.wake();
         }
@@ -270,12 +278,18 @@ impl Engine {
     /// Runs index building to completion on the calling thread (what the
     /// background builder does over time): every sealed segment gets its
     /// index file, every active segment's in-memory index catches up.
+    /// Returns the first error met (a segment that could not be read is
+    /// left to be scanned, and retried after a while).
     pub fn build_indexes(&self) -> Result<()> {
         let logs: Vec<Arc<StreamLog>> = self.inner.streams.read().values().cloned().collect();
+        let mut errors = Vec::new();
         for log in logs {
-            while log.index.build_step(&log) {}
+            while log.index.build_step(&log, &mut errors) {}
         }
-        Ok(())
+        match errors.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 

@@ -26,7 +26,7 @@ use crate::model::group::{
     ReplayOptions, ResetOptions, StreamInfo, StreamOptions, check_partitions,
 };
 use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
-use crate::model::query::{Page, Query, canonical_path, check_index_field};
+use crate::model::query::{ALWAYS_INDEXED, Page, Query, canonical_path, check_index_field};
 use crate::model::routing::route;
 use crate::model::time::{Clock, SystemClock, Timestamp};
 
@@ -309,7 +309,9 @@ impl Backend for MemoryBackend {
         let canonical = check_index_field(stream, field)?;
         self.with_stream(stream, |s| {
             let opts = &mut s.log.opts;
-            if !opts.indexes.iter().any(|f| canonical_path(f).as_deref() == Some(canonical.as_str())) {
+            let known = ALWAYS_INDEXED.contains(&canonical.as_str())
+                || opts.indexes.iter().any(|f| canonical_path(f).as_deref() == Some(canonical.as_str()));
+            if !known {
                 if opts.indexes.len() >= MAX_INDEXES {
                     return Err(Error::invalid(
                         "indexes",
@@ -325,10 +327,14 @@ impl Backend for MemoryBackend {
     async fn index_status(&self, stream: &str) -> Result<Vec<IndexStatus>> {
         // Queries scan memory: every declared field is "ready" at once.
         self.with_stream(stream, |s| {
-            let mut fields: Vec<String> = s.log.opts.indexes.iter().filter_map(|f| canonical_path(f)).collect();
+            let mut fields: Vec<String> = ALWAYS_INDEXED.iter().map(|f| (*f).to_owned()).collect();
+            fields.extend(s.log.opts.indexes.iter().filter_map(|f| canonical_path(f)));
             fields.sort();
             fields.dedup();
-            Ok(fields.into_iter().map(|field| IndexStatus { field, segments_ready: 0, segments_total: 0 }).collect())
+            Ok(fields
+                .into_iter()
+                .map(|field| IndexStatus { field, segments_ready: 0, segments_total: 0, segments_failed: 0 })
+                .collect())
         })
     }
 

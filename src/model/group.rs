@@ -77,6 +77,9 @@ pub struct IndexStatus {
     /// All segments (0 on a backend without segments, where an index is
     /// ready at once).
     pub segments_total: u64,
+    /// Segments whose index could not be built (a read error; logged):
+    /// queries scan them, and the build is retried after a while.
+    pub segments_failed: u64,
 }
 
 impl IndexStatus {

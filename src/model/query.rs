@@ -50,6 +50,10 @@ pub struct Filter {
     pub op: Op,
 }
 
+/// The fields every stream indexes (canonical names, see [`canonical_path`]).
+pub const ALWAYS_INDEXED: [&str; 8] =
+    ["id", "key", "type", "correlation_id", "causation_id", "producer", "schema", "schema_version"];
+
 /// The canonical form of a query path, so that paths that read the same
 /// value have one name (the name an index on them has): `currency` and
 /// `payload.currency` are `payload.currency`; `metadata.producer` is
@@ -411,7 +415,8 @@ impl Query {
                 _ => {}
             }
         }
-        if let Some(c) = &self.cursor {
+        if let Some(c) = self.cursor.as_ref().filter(|c| c.order_by == self.order_by && c.descending == self.descending)
+        {
             let (a, u) = c.bounds(partition);
             after = after.max(a);
             until = until.min(u);

@@ -362,7 +362,9 @@ impl Backend for NativeBackend {
     }
 
     async fn index_status(&self, stream: &str) -> Result<Vec<IndexStatus>> {
-        self.engine.index_status(stream)
+        // It takes partition locks a catch-up may hold for a while.
+        let (engine, stream) = (self.engine.clone(), stream.to_owned());
+        blocking(move || engine.index_status(&stream)).await
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamInfo>> {

@@ -1,6 +1,8 @@
 //! Secondary indexes: per sealed segment an index file (`<base>.six`,
 //! `format/secondary-index.md`), for the active segment an in-memory index
-//! that follows the appends, a background builder, and the query planner.
+//! caught up from the log by the background builder and by every query
+//! before it reads (never by the append path), the builder, and the query
+//! planner.
 //!
 //! Index files are derived data. They are written without fsync, checked
 //! against the segment they describe when loaded, and rebuilt when missing,
@@ -31,10 +33,18 @@ use term::{ALWAYS_INDEXED, KeyRange, canonical, scalar_key};
 
 /// The fields a stream indexes: the fixed ones and those it declares,
 /// canonical and sorted.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct FieldSet {
     names: Vec<String>,
     extractor: Extractor,
+    /// Distinct for every set made in this process.
+    version: u64,
+}
+
+impl PartialEq for FieldSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.names == other.names
+    }
 }
 
 impl FieldSet {
@@ -45,7 +55,9 @@ impl FieldSet {
         names.sort();
         names.dedup();
         let extractor = Extractor::new(names.iter().map(|n| FieldPath::parse(n)).collect());
-        FieldSet { names, extractor }
+        static VERSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let version = VERSIONS.fetch_add(1, Ordering::Relaxed);
+        FieldSet { names, extractor, version }
     }
 
     /// The canonical names, sorted.
@@ -59,14 +71,8 @@ impl FieldSet {
     }
 }
 
-/// Checks a field a stream is asked to index; its canonical name.
-pub fn check_field(stream: &str, field: &str) -> Result<String> {
-    crate::model::query::check_index_field(stream, field)
-}
-
-/// A fast hasher for term keys, a word at a time (the keys are not chosen
-/// by an attacker in a way that matters: a bad spread only costs time).
-#[derive(Default)]
+/// A fast hasher for term keys, a word at a time, started from a random
+/// per-process seed ([`hash_seed`]).
 struct WordHasher(u64);
 
 impl Hasher for WordHasher {
@@ -141,8 +147,18 @@ impl Hasher for Prehashed {
     }
 }
 
+/// The seed of every term hash in this process, random: producers choose
+/// ids and values, and must not be able to make keys collide on purpose.
+fn hash_seed() -> u64 {
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SEED.get_or_init(|| {
+        use std::hash::BuildHasher;
+        std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64) | 1
+    })
+}
+
 fn hash_key(key: &[u8]) -> u64 {
-    let mut h = WordHasher::default();
+    let mut h = WordHasher(hash_seed());
     h.write(key);
     h.finish()
 }
@@ -235,6 +251,23 @@ impl MemIndex {
     fn new(base: u64, fields: Arc<FieldSet>, records: usize) -> MemIndex {
         let maps = fields.names.iter().map(|n| TermMap::with_capacity(if n == "id" { records } else { 16 })).collect();
         MemIndex { base, upto: base - 1, fields, maps, offsets: Vec::with_capacity(records), offsets_ok: true }
+    }
+
+    /// Indexes the visible records of its segment after `upto`, up to
+    /// `until` (never past the segment's end).
+    fn extend(&mut self, part: &Partition, until: u64) -> Result<()> {
+        if self.upto >= until {
+            return Ok(());
+        }
+        let mut key = Vec::new();
+        let base = self.base;
+        part.scan_raw(self.upto, until, |off, h, doc, seg| {
+            if seg.base_seq != base || h.seq != self.upto + 1 {
+                return Ok(false);
+            }
+            self.add(h.seq, off, doc, &mut key);
+            Ok(true)
+        })
     }
 
     /// The byte offset of record `seq`, when known.
@@ -485,6 +518,9 @@ const RETRY_FAILED_BUILD: Duration = Duration::from_secs(60);
 pub struct PartitionIndex {
     sealed: RwLock<BTreeMap<u64, Sealed>>,
     active: Mutex<Option<MemIndex>>,
+    /// (segment count, field set) when a build pass last found every
+    /// sealed segment's file written: the next pass may skip the walk.
+    built: Mutex<Option<(usize, u64)>>,
 }
 
 /// A stream's indexes.
@@ -536,18 +572,24 @@ impl StreamIndex {
     pub fn status(&self, log: &StreamLog) -> Vec<IndexStatus> {
         let fields = self.fields();
         let mut ready = vec![0u64; fields.names.len()];
-        let mut total = 0u64;
+        let (mut total, mut failed) = (0u64, 0u64);
         for (p, pix) in self.parts.iter().enumerate() {
             let Ok(part) = log.partition(u32::try_from(p).unwrap_or(u32::MAX)) else { continue };
+            // Lock order: `active`, then `sealed` (as catch_up takes them).
+            let active = pix.active.lock().as_ref().map(|m| (m.base, m.fields.clone()));
             let sealed = pix.sealed.read();
             for seg in part.segments() {
                 total += 1;
-                let covered: Vec<String> = match (seg.footer(), sealed.get(&seg.base_seq)) {
-                    (Some(_), Some(Sealed::Ready(f, _))) => f.fields().to_vec(),
-                    (Some(_), _) => Vec::new(),
-                    (None, _) => match &*pix.active.lock() {
-                        Some(m) if m.base == seg.base_seq => m.fields.names.clone(),
-                        _ => Vec::new(),
+                let covered: &[String] = match (seg.footer(), sealed.get(&seg.base_seq)) {
+                    (Some(_), Some(Sealed::Ready(f, _))) => f.fields(),
+                    (Some(_), Some(Sealed::Failed(_))) => {
+                        failed += 1;
+                        &[]
+                    }
+                    (Some(_), _) => &[],
+                    (None, _) => match &active {
+                        Some((base, f)) if *base == seg.base_seq => &f.names,
+                        _ => &[],
                     },
                 };
                 for (i, n) in fields.names.iter().enumerate() {
@@ -561,25 +603,33 @@ impl StreamIndex {
             .names
             .iter()
             .zip(ready)
-            .map(|(f, r)| IndexStatus { field: f.clone(), segments_ready: r, segments_total: total })
+            .map(|(f, r)| IndexStatus {
+                field: f.clone(),
+                segments_ready: r,
+                segments_total: total,
+                segments_failed: failed,
+            })
             .collect()
     }
 
     /// One round of building for every partition: catch up the active
-    /// segments' in-memory indexes, then build (or persist) at most one
-    /// sealed segment's file per partition. True when work remains.
-    pub fn build_step(&self, log: &StreamLog) -> bool {
+    /// segments' in-memory indexes, then build (or write) at most one
+    /// sealed segment's file per partition. True when work remains; the
+    /// errors met (logged too; the segments concerned are scanned).
+    pub fn build_step(&self, log: &StreamLog, errors: &mut Vec<Error>) -> bool {
         let mut more = false;
         for (p, pix) in self.parts.iter().enumerate() {
             let Ok(part) = log.partition(u32::try_from(p).unwrap_or(u32::MAX)) else { continue };
             let fields = self.fields();
             if let Err(e) = pix.catch_up(part, &fields) {
                 tracing::warn!(stream = %log.name, partition = p, error = %e, "indexing the active segment failed");
+                errors.push(e);
             }
             match pix.build_one(part, &fields) {
                 Ok(done) => more |= done,
                 Err(e) => {
-                    tracing::warn!(stream = %log.name, partition = p, error = %e, "building a segment index failed");
+                    tracing::warn!(stream = %log.name, partition = p, error = %e, "building a segment index failed; it is scanned until a retry succeeds");
+                    errors.push(e);
                 }
             }
         }
@@ -589,56 +639,55 @@ impl StreamIndex {
 
 impl PartitionIndex {
     /// Brings the in-memory index of the active segment up to the visible
-    /// records. A sealed segment's leftover in-memory index becomes its
-    /// (not yet written) index file.
+    /// records. When the segment it covered has sealed, it becomes that
+    /// segment's (not yet written) index file, once every record of that
+    /// segment is visible (under `Sync` a roll can precede the publication
+    /// of the last records); until then the new active segment is scanned.
+    ///
+    /// Lock order: `active`, then `sealed`.
     pub fn catch_up(&self, part: &Partition, fields: &Arc<FieldSet>) -> Result<()> {
         let Some(seg) = part.active_segment() else { return Ok(()) };
         let mut guard = self.active.lock();
         if let Some(m) = guard.as_ref()
             && (m.base != seg.base_seq || m.fields != *fields)
-            && let Some(old) = guard.take()
-            && old.fields == *fields
         {
-            self.seal_from_memory(part, old)?;
+            if m.fields == *fields {
+                let old = part.segments().into_iter().find(|s| s.base_seq == m.base);
+                match old.as_deref().and_then(|s| header_of(part, s)) {
+                    Some(h) if part.visible() < h.last_seq => return Ok(()),
+                    Some(h) => {
+                        if let (Some(old), Some(mem)) = (old, guard.take()) {
+                            self.seal_from_memory(part, mem, &old, &h)?;
+                        }
+                    }
+                    None => *guard = None,
+                }
+            } else {
+                *guard = None;
+            }
         }
         let mem = match guard.as_mut() {
-            Some(m) if m.base == seg.base_seq && m.fields == *fields => m,
-            _ => guard.insert(MemIndex::new(seg.base_seq, fields.clone(), 1024)),
+            Some(m) => m,
+            None => guard.insert(MemIndex::new(seg.base_seq, fields.clone(), 1024)),
         };
-        let until = part.visible();
-        if mem.upto >= until {
-            return Ok(());
-        }
-        let mut key = Vec::new();
-        part.scan_raw(mem.upto, until, |off, h, doc, _| {
-            if h.seq != mem.upto + 1 {
-                return Ok(false);
-            }
-            mem.add(h.seq, off, doc, &mut key);
-            Ok(true)
-        })
+        mem.extend(part, part.visible())
     }
 
     /// Completes a sealed segment's in-memory index and keeps it as that
     /// segment's index file (written later by the builder).
-    fn seal_from_memory(&self, part: &Partition, mut mem: MemIndex) -> Result<()> {
-        let Some(seg) = part.segments().into_iter().find(|s| s.base_seq == mem.base) else { return Ok(()) };
-        let Some(header) = header_of(part, &seg) else { return Ok(()) };
-        if mem.upto < header.last_seq {
-            let mut key = Vec::new();
-            part.scan_raw(mem.upto, header.last_seq, |off, h, doc, _| {
-                if h.seq != mem.upto + 1 {
-                    return Ok(false);
-                }
-                mem.add(h.seq, off, doc, &mut key);
-                Ok(true)
-            })?;
-        }
+    fn seal_from_memory(&self, part: &Partition, mut mem: MemIndex, seg: &Segment, header: &SixHeader) -> Result<()> {
+        mem.extend(part, header.last_seq)?;
         if mem.upto != header.last_seq {
-            return Ok(());
+            return Ok(()); // the builder reads it from the log instead
         }
-        if let Ok(f) = SixFile::in_memory(mem.encode(&header), seg.six_path()) {
-            self.sealed.write().insert(seg.base_seq, Sealed::Ready(Arc::new(f), false));
+        match SixFile::in_memory(mem.encode(header), seg.six_path()) {
+            Ok(f) => {
+                self.sealed.write().insert(seg.base_seq, Sealed::Ready(Arc::new(f), false));
+                *self.built.lock() = None;
+            }
+            Err(e) => {
+                tracing::warn!(segment = %seg.path(), error = %e, "an encoded index does not decode; it will be rebuilt")
+            }
         }
         Ok(())
     }
@@ -671,18 +720,31 @@ impl PartitionIndex {
     /// Forgets a sealed segment's index (found damaged while reading it).
     pub fn invalidate(&self, base: u64) {
         self.sealed.write().insert(base, Sealed::Absent);
+        *self.built.lock() = None;
     }
 
     /// Builds or writes one sealed segment's index file. True when it did.
     fn build_one(&self, part: &Partition, fields: &Arc<FieldSet>) -> Result<bool> {
-        for seg in part.segments() {
-            let Some(header) = header_of(part, &seg) else { continue };
-            if let Some(Sealed::Failed(at)) = self.sealed.read().get(&seg.base_seq)
-                && at.elapsed() < RETRY_FAILED_BUILD
-            {
+        let segs = part.segments();
+        // Nothing changed since a pass found everything built: skip the walk.
+        let state = (segs.len(), fields.version);
+        if *self.built.lock() == Some(state) {
+            return Ok(false);
+        }
+        let mut complete = true;
+        for seg in &segs {
+            let Some(header) = header_of(part, seg) else { continue };
+            if header.last_seq > part.visible() {
+                complete = false; // its last records are not published yet
                 continue;
             }
-            let current = self.sealed(part, &seg);
+            if let Some(Sealed::Failed(at)) = self.sealed.read().get(&seg.base_seq) {
+                complete = false;
+                if at.elapsed() < RETRY_FAILED_BUILD {
+                    continue;
+                }
+            }
+            let current = self.sealed(part, seg);
             let persisted = matches!(self.sealed.read().get(&seg.base_seq), Some(Sealed::Ready(_, true)));
             let file = match current {
                 Some(f) if f.fields() == fields.names.as_slice() => {
@@ -691,7 +753,7 @@ impl PartitionIndex {
                     }
                     f
                 }
-                _ => match self.build_from_log(part, &seg, &header, fields) {
+                _ => match self.build_from_log(part, seg, &header, fields) {
                     Ok(f) => Arc::new(f),
                     Err(e) => {
                         self.sealed.write().insert(seg.base_seq, Sealed::Failed(std::time::Instant::now()));
@@ -699,8 +761,11 @@ impl PartitionIndex {
                     }
                 },
             };
-            self.persist(part, &seg, &header, &file);
+            self.persist(part, seg, &header, &file);
             return Ok(true);
+        }
+        if complete {
+            *self.built.lock() = Some(state);
         }
         Ok(false)
     }
@@ -715,11 +780,7 @@ impl PartitionIndex {
     ) -> Result<SixFile> {
         let records = usize::try_from(header.count()).unwrap_or(0).min(1 << 24);
         let mut mem = MemIndex::new(seg.base_seq, fields.clone(), records);
-        let mut key = Vec::new();
-        part.scan_raw(seg.base_seq - 1, header.last_seq, |off, h, doc, _| {
-            mem.add(h.seq, off, doc, &mut key);
-            Ok(true)
-        })?;
+        mem.extend(part, header.last_seq)?;
         if mem.upto != header.last_seq {
             return Err(Error::failed(
                 "index",
@@ -738,7 +799,10 @@ impl PartitionIndex {
         let path = seg.six_path();
         let written = match &f.source {
             Source::Memory(bytes) => {
-                let tmp = format!("{path}.tmp");
+                // A name of its own: two builders never share a temporary file.
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let n = NEXT.fetch_add(1, Ordering::Relaxed);
+                let tmp = format!("{path}.{}-{n}.tmp", std::process::id());
                 vfs.open(&tmp, true)
                     .and_then(|file| {
                         file.set_len(0)?;
@@ -752,8 +816,8 @@ impl PartitionIndex {
             Ok(()) => match SixFile::open(vfs, &path, header) {
                 Ok(on_disk) => Sealed::Ready(Arc::new(on_disk), true),
                 Err(e) => {
-                    tracing::warn!(file = %vfs.describe(&path).display(), error = %e, "a written index file does not read back");
-                    return;
+                    tracing::warn!(file = %vfs.describe(&path).display(), error = %e, "a written index file does not read back; retrying later");
+                    Sealed::Failed(std::time::Instant::now())
                 }
             },
             Err(e) => {
@@ -761,9 +825,9 @@ impl PartitionIndex {
                 match &f.source {
                     Source::Memory(bytes) => match SixFile::in_memory(bytes.clone(), path.clone()) {
                         Ok(m) => Sealed::Ready(Arc::new(m), true),
-                        Err(_) => return,
+                        Err(_) => Sealed::Failed(std::time::Instant::now()),
                     },
-                    Source::File(_) => return,
+                    Source::File(_) => Sealed::Failed(std::time::Instant::now()),
                 }
             }
         };
@@ -799,7 +863,7 @@ impl Builder {
                         if stop.load(Ordering::Acquire) {
                             return;
                         }
-                        more |= log.index.build_step(&log);
+                        more |= log.index.build_step(&log, &mut Vec::new());
                     }
                     if !more {
                         let mut woken = s.0.lock();
@@ -904,5 +968,47 @@ mod tests {
         let ranged = Query::new("s").gte("n", 40).lt("n", 47).limit(1000);
         let (got, want, _) = both(&engine, &ranged);
         assert_eq!((got.len(), got), (7, want));
+    }
+
+    #[test]
+    fn concurrent_producers_under_sync_with_the_builder_stay_exact_and_get_indexed() {
+        let vfs: Arc<dyn crate::engine::vfs::Vfs> = Arc::new(MemVfs::new());
+        let o = EngineOptions { durability: crate::engine::Durability::Sync, background_indexing: true, ..opts() };
+        let engine = Engine::open(vfs, o).expect("open");
+        engine.create_stream("s", 1, &["n".into()], 0).expect("create");
+        let producers: Vec<_> = (0..4u64)
+            .map(|t| {
+                let engine = engine.clone();
+                std::thread::spawn(move || append(&engine, t * 1000, 250))
+            })
+            .collect();
+        let log = engine.stream("s").expect("stream");
+        let mut checked = 0;
+        while producers.iter().any(|p| !p.is_finished()) || checked < 5 {
+            let hw = log.high_watermark(0);
+            let q = Query::new("s").eq("type", "t2").until_sequence(hw).limit(10_000);
+            let (got, want, _) = both(&engine, &q);
+            assert_eq!(got, want, "at high watermark {hw}");
+            checked += 1;
+        }
+        for p in producers {
+            p.join().expect("producer");
+        }
+        // Every sealed segment gets its file soon (no stall on a segment whose
+        // last records were published after the roll).
+        let t = std::time::Instant::now();
+        loop {
+            let status = engine.index_status("s").expect("status");
+            assert!(status.iter().all(|s| s.segments_failed == 0), "{status:?}");
+            if status.iter().all(IndexStatus::ready) {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "not built after 20 s: {status:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let q = Query::new("s").eq("type", "t2").limit(10_000);
+        let (got, want, access) = both(&engine, &q);
+        assert_eq!((got.len(), got), (200, want));
+        assert!(access.iter().all(|a| matches!(a, Access::Index { .. })), "{access:?}");
     }
 }

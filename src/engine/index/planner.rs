@@ -18,10 +18,11 @@ use std::sync::Arc;
 
 use super::term::{KeyRange, canonical, ranges};
 use super::{FieldSet, PartitionIndex, SixFile};
-use crate::engine::log::partition::{Partition, Segment, StoredRecord};
+use crate::engine::log::partition::{Partition, Segment};
 use crate::engine::log::stream::StreamLog;
 use crate::error::Result;
-use crate::model::query::{Access, Explain, OrderBy, Page, PageBuilder, Query};
+use crate::model::names::MAX_LIMIT;
+use crate::model::query::{Access, Explain, Filter, Op, OrderBy, Page, PageBuilder, Query};
 
 /// An indexable filter.
 #[derive(Debug)]
@@ -88,7 +89,7 @@ impl Postings<'_> {
     fn candidates(&self, plan: &Plan, records: u64) -> std::result::Result<Candidates, super::SixError> {
         let usable: Vec<&Term> = plan.terms.iter().filter(|t| self.covers(&t.field)).collect();
         if usable.is_empty() {
-            return Ok(Candidates::Scan("no filter on an indexed field"));
+            return Ok(Candidates::Scan("no filter on a field this index covers"));
         }
         let range_cap = (records / 4).max(64);
         let mut lists: Vec<(Vec<u64>, &str)> = Vec::new();
@@ -173,7 +174,10 @@ pub fn query_page(log: &StreamLog, q: &Query) -> Result<Page> {
             segs.reverse();
         }
         if !plan.terms.is_empty() {
-            pix.catch_up(part, &fields)?;
+            // Index upkeep never fails a query: what it could not index is scanned.
+            if let Err(e) = pix.catch_up(part, &fields) {
+                tracing::warn!(stream = %log.name, partition = p, error = %e, "indexing the active segment failed; scanning it");
+            }
         }
         let mut run = Run { q, p, part, builder: &mut builder, ordered_asc, ordered_desc, stopped: false };
         for seg in segs {
@@ -238,6 +242,9 @@ impl Run<'_, '_> {
             match Postings::File(&file).candidates(plan, records) {
                 Ok(Candidates::Seqs(mut seqs, fields)) => {
                     seqs.retain(|&s| s >= lo && s <= hi);
+                    if self.too_many(seqs.len(), lo, hi) {
+                        return self.scan(lo, hi, "most of the run matches: a scan reads it faster", explain);
+                    }
                     self.explain_index(fields, seqs.len(), "file", lo, hi, explain);
                     return self.read_all(seg, &seqs, &Locate::File(&file));
                 }
@@ -256,7 +263,7 @@ impl Run<'_, '_> {
                 let indexed_hi = hi.min(m.upto);
                 let c = Postings::Memory(m)
                     .candidates(plan, m.upto.saturating_sub(m.base) + 1)
-                    .unwrap_or(Candidates::Scan("index lookup failed"));
+                    .unwrap_or(Candidates::Scan("the in-memory index could not answer"));
                 let found = match c {
                     Candidates::Seqs(mut seqs, fields) => {
                         seqs.retain(|&s| s >= lo && s <= indexed_hi);
@@ -282,6 +289,9 @@ impl Run<'_, '_> {
         }
         if lo <= indexed_hi && !self.stopped {
             match found {
+                Ok((seqs, _, _)) if self.too_many(seqs.len(), lo, indexed_hi) => {
+                    self.scan(lo, indexed_hi, "most of the run matches: a scan reads it faster", explain)?;
+                }
                 Ok((seqs, offs, fields)) => {
                     self.explain_index(fields, seqs.len(), "memory", lo, indexed_hi, explain);
                     self.read_all(seg, &seqs, &Locate::Known(offs))?;
@@ -293,6 +303,13 @@ impl Run<'_, '_> {
             tail(self, explain)?;
         }
         Ok(())
+    }
+
+    /// True when reading `n` candidates one by one would cost more than
+    /// scanning the run `lo..=hi`: over a quarter of it, in an order that
+    /// cannot stop early (an ordered read stops at the page's end).
+    fn too_many(&self, n: usize, lo: u64, hi: u64) -> bool {
+        !(self.ordered_asc || self.ordered_desc) && n as u64 > (hi - lo + 1) / 4
     }
 
     fn explain_index(&self, fields: Vec<String>, n: usize, source: &str, lo: u64, hi: u64, explain: &mut Vec<Explain>) {
@@ -367,93 +384,31 @@ impl Run<'_, '_> {
 }
 
 /// The sequences of partition `p` whose events match `q`, ascending, through
-/// the indexes where they apply (replay by query).
+/// the planner (replay by query, by ids): pages of the largest size.
 pub fn matching(log: &StreamLog, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> Result<()> {
-    let fields = log.index.fields();
-    let plan = Plan::new(q, &fields);
-    let part = log.partition(p)?;
-    let Some(pix) = log.index.partition(p) else { return Ok(()) };
-    let (after, until) = q.narrowed_bounds(p);
-    let until = until.min(part.visible());
-    if after >= until {
-        return Ok(());
-    }
-    if !plan.terms.is_empty() {
-        pix.catch_up(part, &fields)?;
-    }
-    let name = &q.stream;
-    let mut offer = |r: StoredRecord| {
-        let e = r.into_event(name, p);
-        if q.matches(&e) {
+    // Pages of this partition in ascending order; the given query's own
+    // cursor and order (if any) still decide what matches.
+    let mut pages = q.clone();
+    pages.filters.push(Filter { path: "partition".into(), op: Op::Eq(p.into()) });
+    pages.order_by = OrderBy::Sequence;
+    pages.descending = false;
+    pages.limit = MAX_LIMIT;
+    pages.cursor = None;
+    loop {
+        let page = query_page(log, &pages)?;
+        for e in page.events.iter().filter(|e| q.matches(e)) {
             f(e.sequence);
         }
-        true
-    };
-    for seg in part.segments() {
-        let lo = after.saturating_add(1).max(seg.base_seq);
-        let hi = seg.footer().map_or(until, |f| f.last_seq.min(until));
-        if lo > hi {
-            continue;
-        }
-        let (c, upto) = if plan.terms.is_empty() {
-            (Candidates::Scan(""), lo - 1)
-        } else if seg.footer().is_some() {
-            match pix.sealed(part, &seg) {
-                Some(file) => {
-                    let c = Postings::File(&file).candidates(&plan, file.meta.header.count()).unwrap_or_else(|_| {
-                        pix.invalidate(seg.base_seq);
-                        Candidates::Scan("")
-                    });
-                    (c, hi)
-                }
-                None => (Candidates::Scan(""), lo - 1),
-            }
-        } else {
-            let guard = pix.active.lock();
-            match guard.as_ref() {
-                Some(m) if m.base == seg.base_seq => (
-                    Postings::Memory(m)
-                        .candidates(&plan, m.upto.saturating_sub(m.base) + 1)
-                        .unwrap_or(Candidates::Scan("")),
-                    m.upto.min(hi),
-                ),
-                _ => (Candidates::Scan(""), lo - 1),
-            }
-        };
-        let scan_from = match c {
-            Candidates::Seqs(mut seqs, _) if upto >= lo => {
-                seqs.retain(|&s| s >= lo && s <= upto);
-                part.fetch(&seqs, &mut offer)?;
-                upto + 1
-            }
-            _ => lo,
-        };
-        if scan_from <= hi {
-            part.scan(scan_from - 1, hi, &mut offer)?;
+        match page.next_cursor {
+            Some(c) => pages.cursor = Some(c),
+            None => return Ok(()),
         }
     }
-    Ok(())
 }
 
-/// The first (partition, sequence) holding the event `id`, through the id
-/// index (the dead-letter cursor, replay by ids).
+/// The first (partition, sequence) holding the event `id` (the lowest
+/// partition, then sequence), through the id index (the dead-letter cursor).
 pub fn position_of(log: &StreamLog, id: &str) -> Result<Option<(u32, u64)>> {
-    let q = Query::new(log.name.clone()).eq("id", id).limit(1);
-    for p in 0..log.partition_count() {
-        let mut found = None;
-        matching_first(log, p, &q, &mut found)?;
-        if let Some(seq) = found {
-            return Ok(Some((p, seq)));
-        }
-    }
-    Ok(None)
-}
-
-fn matching_first(log: &StreamLog, p: u32, q: &Query, found: &mut Option<u64>) -> Result<()> {
-    // Ascending by sequence with limit 1: the planner stops at the first.
-    let mut one = q.clone();
-    one.filters.push(crate::model::query::Filter { path: "partition".into(), op: crate::Op::Eq(p.into()) });
-    let page = query_page(log, &one)?;
-    *found = page.events.first().map(|e| e.sequence);
-    Ok(())
+    let q = Query::new(log.name.clone()).eq("id", id).order_by(OrderBy::Partition).limit(1);
+    Ok(query_page(log, &q)?.events.first().map(|e| (e.partition, e.sequence)))
 }

@@ -50,9 +50,7 @@ const CLASS_HIGH: u8 = 0x02;
 /// through `f64`, which is not transitive: lookups widen their bounds.
 const EXACT_LIMIT: f64 = 9_007_199_254_740_992.0; // 2^53
 
-/// The fields every stream indexes.
-pub const ALWAYS_INDEXED: [&str; 8] =
-    ["id", "key", "type", "correlation_id", "causation_id", "producer", "schema", "schema_version"];
+pub use crate::model::query::ALWAYS_INDEXED;
 
 pub use crate::model::query::canonical_path as canonical;
 

@@ -200,21 +200,18 @@ impl Partition {
     ) -> Result<Partition> {
         let Location { dir, stream_id, partition } = at;
         vfs.create_dir_all(&dir).map_err(|e| io_err(&*vfs, &dir, "create", e))?;
-        let mut bases: Vec<u64> = vfs
-            .list(&dir)
-            .map_err(|e| io_err(&*vfs, &dir, "list", e))?
+        let names = vfs.list(&dir).map_err(|e| io_err(&*vfs, &dir, "list", e))?;
+        let mut bases: Vec<u64> = names
             .iter()
             .filter_map(|n| n.strip_suffix(".log").filter(|b| b.len() == 20).and_then(|b| b.parse().ok()))
             .collect();
         bases.sort_unstable();
         // An index file's temporary copy left by a crash mid-write (derived
         // data: the builder writes it again if needed).
-        for n in vfs.list(&dir).map_err(|e| io_err(&*vfs, &dir, "list", e))? {
-            if n.ends_with(".six.tmp") {
-                let path = format!("{dir}/{n}");
-                if let Err(e) = vfs.remove_file(&path) {
-                    tracing::warn!(file = %vfs.describe(&path).display(), error = %e, "could not remove a leftover index file");
-                }
+        for n in names.iter().filter(|n| n.ends_with(".tmp") && n.contains(".six.")) {
+            let path = format!("{dir}/{n}");
+            if let Err(e) = vfs.remove_file(&path) {
+                tracing::warn!(file = %vfs.describe(&path).display(), error = %e, "could not remove a leftover index file");
             }
         }
         let mut segments = BTreeMap::new();
