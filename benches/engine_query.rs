@@ -46,22 +46,31 @@ fn event(n: u64) -> NewEvent {
     )
 }
 
-/// The data set in `dir`, indexes built; returns the ids of every 1000th event.
-fn fill(dir: &Path) -> Vec<String> {
-    let engine = Engine::open_dir(dir, opts(false)).expect("open");
+/// A new engine in `dir` with the stream "q" and its declared indexes.
+fn create(dir: &Path, background: bool) -> (Engine, Arc<StreamLog>) {
+    let engine = Engine::open_dir(dir, opts(background)).expect("open");
     engine.create_stream("q", PARTITIONS, &["customer".into(), "currency".into()], 0).expect("stream");
     let log = engine.stream("q").expect("stream");
+    (engine, log)
+}
+
+/// Appends one batch (to the partitions its events name) and waits.
+fn append(engine: &Engine, log: &StreamLog, batch: &[NewEvent]) {
+    let routed: Vec<Routed<'_>> =
+        batch.iter().map(|e| Routed { partition: e.partition.unwrap_or(0), ts: 1_700_000_000_000, event: e }).collect();
+    let (_, ticket) = engine.append(log, &routed).expect("append");
+    ticket.wait().expect("durable");
+}
+
+/// The data set in `dir`, indexes built; returns the ids of every 1000th event.
+fn fill(dir: &Path) -> Vec<String> {
+    let (engine, log) = create(dir, false);
     let mut ids = Vec::new();
     let mut done = 0;
     while done < EVENTS {
         let batch: Vec<NewEvent> = (done..(done + 1000).min(EVENTS)).map(event).collect();
         ids.push(batch[0].id.clone());
-        let routed: Vec<Routed<'_>> = batch
-            .iter()
-            .map(|e| Routed { partition: e.partition.unwrap_or(0), ts: 1_700_000_000_000, event: e })
-            .collect();
-        let (_, ticket) = engine.append(&log, &routed).expect("append");
-        ticket.wait().expect("durable");
+        append(&engine, &log, &batch);
         done += batch.len() as u64;
     }
     engine.build_indexes().expect("build");
@@ -224,17 +233,10 @@ fn appending(c: &mut Criterion) {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     let dir = tempfile::tempdir_in(support::bench_dir()).expect("temporary directory");
-                    let engine = Engine::open_dir(dir.path(), opts(background)).expect("open");
-                    engine.create_stream("q", PARTITIONS, &["customer".into(), "currency".into()], 0).expect("stream");
-                    let log = engine.stream("q").expect("stream");
+                    let (engine, log) = create(dir.path(), background);
                     let t = Instant::now();
                     for batch in &batches {
-                        let routed: Vec<Routed<'_>> = batch
-                            .iter()
-                            .map(|e| Routed { partition: e.partition.unwrap_or(0), ts: 1_700_000_000_000, event: e })
-                            .collect();
-                        let (_, ticket) = engine.append(&log, &routed).expect("append");
-                        ticket.wait().expect("durable");
+                        append(&engine, &log, batch);
                     }
                     while background && !engine.index_status("q").expect("status").iter().all(|s| s.ready()) {
                         std::thread::sleep(Duration::from_millis(1));

@@ -409,6 +409,12 @@ pub fn matching(log: &StreamLog, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> R
 /// The first (partition, sequence) holding the event `id` (the lowest
 /// partition, then sequence), through the id index (the dead-letter cursor).
 pub fn position_of(log: &StreamLog, id: &str) -> Result<Option<(u32, u64)>> {
-    let q = Query::new(log.name.clone()).eq("id", id).order_by(OrderBy::Partition).limit(1);
-    Ok(query_page(log, &q)?.events.first().map(|e| (e.partition, e.sequence)))
+    // Partition by partition, so the search stops at the first that has it.
+    for p in 0..log.partition_count() {
+        let q = Query::new(log.name.clone()).eq("id", id).partition(p).limit(1);
+        if let Some(e) = query_page(log, &q)?.events.first() {
+            return Ok(Some((p, e.sequence)));
+        }
+    }
+    Ok(None)
 }
