@@ -40,6 +40,8 @@ pub fn small_options() -> EngineOptions {
         preallocate_bytes: 0,
         checkpoint_bytes: u64::MAX,
         checkpoint_interval: Duration::from_secs(1 << 40),
+        // No builder thread per input: deterministic and fast.
+        background_indexing: false,
         ..EngineOptions::default()
     }
 }

@@ -509,6 +509,11 @@ enum Sealed {
     Failed(std::time::Instant),
 }
 
+/// The smallest record a segment can hold (frame + fixed body + a minimal
+/// document), for sizing an index before reading the segment.
+const MIN_RECORD_BYTES: u64 =
+    (crate::engine::segment::format::FRAME_LEN + crate::engine::segment::format::BODY_MIN) as u64;
+
 /// How long a segment whose index could not be built is left alone (its
 /// queries scan it meanwhile).
 const RETRY_FAILED_BUILD: Duration = Duration::from_secs(60);
@@ -778,7 +783,10 @@ impl PartitionIndex {
         header: &SixHeader,
         fields: &Arc<FieldSet>,
     ) -> Result<SixFile> {
-        let records = usize::try_from(header.count()).unwrap_or(0).min(1 << 24);
+        // Sized for the records the segment can hold (a footer may lie:
+        // never allocate by its count alone).
+        let fit = header.records_end / MIN_RECORD_BYTES;
+        let records = usize::try_from(header.count().min(fit).min(1 << 20)).unwrap_or(0);
         let mut mem = MemIndex::new(seg.base_seq, fields.clone(), records);
         mem.extend(part, header.last_seq)?;
         if mem.upto != header.last_seq {
