@@ -65,6 +65,8 @@ mod settle;
 mod streams;
 #[path = "conformance/support.rs"]
 mod support;
+#[path = "conformance/wakeups.rs"]
+mod wakeups;
 
 /// One test: the case `$area::$case` on a fresh fixture from `$factory`,
 /// with the given test attributes.
@@ -109,6 +111,7 @@ macro_rules! suite {
                 log: [
                     names::stream_name_over_255_bytes_is_invalid_name,
                     names::names_with_nul_or_control_chars_are_invalid_name,
+                    wakeups::wait_for_events_wakes_on_append,
                     indexes::create_index_backfills_and_queries_stay_exact,
                     indexes::create_index_refuses_log_fields_bad_paths_and_unknown_streams,
                     indexes::indexed_values_match_by_type,

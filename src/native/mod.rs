@@ -188,6 +188,7 @@ impl Backend for NativeBackend {
         c.durable = true;
         c.ops_inspect = true;
         c.indexed_query = true;
+        c.wakeups = true;
         c
     }
 
@@ -228,6 +229,10 @@ impl Backend for NativeBackend {
     async fn append_batch(&self, stream: &str, events: Vec<NewEvent>) -> Result<Vec<Event>> {
         let (out, ticket) = self.append_events(stream, events)?;
         ticket.resolved().await?;
+        // Visible now (published before the ticket resolves): wake waiters.
+        if let Ok(log) = self.engine.stream(stream) {
+            log.appended.notify_waiters();
+        }
         Ok(out)
     }
 
@@ -365,6 +370,12 @@ impl Backend for NativeBackend {
         // It takes partition locks a catch-up may hold for a while.
         let (engine, stream) = (self.engine.clone(), stream.to_owned());
         blocking(move || engine.index_status(&stream)).await
+    }
+
+    async fn wait_for_events(&self, stream: &str, timeout: Duration) -> Result<()> {
+        let log = self.engine.stream(stream)?;
+        let _ = tokio::time::timeout(timeout, log.appended.notified()).await;
+        Ok(())
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
