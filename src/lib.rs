@@ -39,6 +39,7 @@ pub mod memory;
 pub mod model;
 pub mod native;
 mod rangeset;
+pub mod runtime;
 
 pub use backend::Backend;
 pub use client::{IndexBuild, Rheo, RheoBuilder};
@@ -60,6 +61,10 @@ pub use model::query::{Access, Cursor, Explain, Filter, Op, OrderBy, Page, Query
 pub use model::routing::{partition_for_key, phash2, phash2_range};
 pub use model::time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use native::NativeBackend;
+pub use runtime::{
+    Group, GroupBuilder, GroupHandle, Handler, LeaseStream, LeaseStreamOptions, Outcome, RunSummary, StreamLease,
+    handler_fn,
+};
 
 /// The README's code blocks, compiled and run as doctests.
 #[cfg(doctest)]

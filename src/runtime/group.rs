@@ -1,0 +1,401 @@
+//! [`Group`]: a managed consumer of one group.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::settle::{Failure, SettleKind, SettleOp, Stats, classify, run_settler};
+use super::{
+    DEFAULT_CONCURRENCY, DEFAULT_DRAIN_TIMEOUT, DEFAULT_LEASE, DEFAULT_MAX_DEMAND, DEFAULT_POLL, ErrorBackoff, Handler,
+    Outcome, SETTLE_BATCH_MAX, check_bounds, panic_message, renew_interval,
+};
+use crate::client::Rheo;
+use crate::error::{Error, ObjectKind, Result};
+use crate::model::group::FetchOptions;
+use crate::model::lease::Lease;
+use crate::model::names::{MAX_LIMIT, validate_name};
+
+/// Entry point of the managed consumer: see [`Group::builder`].
+#[derive(Debug)]
+pub struct Group;
+
+impl Group {
+    /// A builder for a consumer of `group` on `stream`, with the defaults of
+    /// SEMANTICS.md: concurrency 1, max_demand 10, lease 30 s, poll 200 ms,
+    /// drain timeout 5 s.
+    ///
+    /// ```
+    /// # async fn f(rheo: &rheo::Rheo) -> rheo::Result<()> {
+    /// use std::time::Duration;
+    /// let handle = rheo::Group::builder(rheo, "orders", "billing")
+    ///     .concurrency(8)
+    ///     .max_demand(100)
+    ///     .lease(Duration::from_secs(10))
+    ///     .spawn(rheo::handler_fn(|_lease| async { rheo::Outcome::Ack }))
+    ///     .await?;
+    /// let summary = handle.shutdown().await?;
+    /// println!("acked {}", summary.acked);
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(rheo: &Rheo, stream: impl Into<String>, group: impl Into<String>) -> GroupBuilder {
+        GroupBuilder {
+            rheo: rheo.clone(),
+            stream: stream.into(),
+            group: group.into(),
+            concurrency: DEFAULT_CONCURRENCY,
+            max_demand: DEFAULT_MAX_DEMAND,
+            lease: DEFAULT_LEASE,
+            poll: DEFAULT_POLL,
+            partitions: None,
+            consumer_id: None,
+            retry_backoff: None,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+        }
+    }
+}
+
+/// Settings of a [`Group`] consumer; [`GroupBuilder::spawn`] starts it.
+#[derive(Debug, Clone)]
+pub struct GroupBuilder {
+    rheo: Rheo,
+    stream: String,
+    group: String,
+    concurrency: usize,
+    max_demand: usize,
+    lease: Duration,
+    poll: Duration,
+    partitions: Option<Vec<u32>>,
+    consumer_id: Option<String>,
+    retry_backoff: Option<Duration>,
+    drain_timeout: Duration,
+}
+
+impl GroupBuilder {
+    /// Handlers running at once (default 1, at most [`MAX_LIMIT`]).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
+        self
+    }
+    /// Leases held at once, fetched and not yet settled (default 10).
+    pub fn max_demand(mut self, n: usize) -> Self {
+        self.max_demand = n;
+        self
+    }
+    /// Lease duration of each fetch (default 30 s); renewed every half.
+    pub fn lease(mut self, d: Duration) -> Self {
+        self.lease = d;
+        self
+    }
+    /// Longest idle wait between fetches when no wakeup comes (default 200 ms).
+    pub fn poll(mut self, d: Duration) -> Self {
+        self.poll = d;
+        self
+    }
+    /// Consume only these partitions (default: all of the group's).
+    pub fn partitions(mut self, partitions: impl Into<Vec<u32>>) -> Self {
+        self.partitions = Some(partitions.into());
+        self
+    }
+    /// The consumer id of the fetches (default: the handle's).
+    pub fn consumer_id(mut self, id: impl Into<String>) -> Self {
+        self.consumer_id = Some(id.into());
+        self
+    }
+    /// Delay before a delivery given back by [`Outcome::Retry`] (or a
+    /// panic) is claimable again (default: the group's backoff).
+    pub fn retry_backoff(mut self, d: Duration) -> Self {
+        self.retry_backoff = Some(d);
+        self
+    }
+    /// How long [`GroupHandle::shutdown`] waits for in-flight handlers and
+    /// pending settles (default 5 s).
+    pub fn drain_timeout(mut self, d: Duration) -> Self {
+        self.drain_timeout = d;
+        self
+    }
+
+    fn check(&self) -> Result<()> {
+        validate_name(ObjectKind::Stream, &self.stream)?;
+        validate_name(ObjectKind::Group, &self.group)?;
+        if let Some(id) = &self.consumer_id {
+            validate_name(ObjectKind::Consumer, id)?;
+        }
+        check_bounds(&self.stream, &self.group, self.max_demand, self.lease)?;
+        if self.concurrency == 0 || self.concurrency > MAX_LIMIT {
+            return Err(Error::invalid(
+                "concurrency",
+                format!("{} for {:?}/{:?} is outside 1..={MAX_LIMIT}", self.concurrency, self.stream, self.group),
+            ));
+        }
+        if self.poll.is_zero() {
+            return Err(Error::invalid("poll", format!("zero for {:?}/{:?}", self.stream, self.group)));
+        }
+        Ok(())
+    }
+
+    /// Checks the settings and that the group exists, runs the handler's
+    /// `setup`, then starts consuming in background tasks (needs a Tokio
+    /// runtime with the time driver).
+    pub async fn spawn<H: Handler>(self, handler: H) -> Result<GroupHandle> {
+        self.check()?;
+        self.rheo.lag(&self.stream, &self.group).await?;
+        handler.setup().await?;
+        let stats = Arc::new(Stats::default());
+        let (settle_tx, settle_rx) = mpsc::channel(SETTLE_BATCH_MAX * 4);
+        let settler = tokio::spawn(run_settler(self.rheo.clone(), settle_rx, stats.clone(), SETTLE_BATCH_MAX));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let slots = self.concurrency.min(self.max_demand);
+        let ctx = Arc::new(Ctx {
+            fetch: FetchOptions {
+                limit: slots,
+                consumer_id: self.consumer_id.clone(),
+                lease: self.lease,
+                partitions: self.partitions.clone(),
+            },
+            handler: Arc::new(handler),
+            settle_tx,
+            stats: stats.clone(),
+            config: self,
+        });
+        let task = tokio::spawn(run(ctx, Arc::new(Semaphore::new(slots)), slots, stop_rx, settler));
+        Ok(GroupHandle { stop: stop_tx, task, stats })
+    }
+}
+
+/// A running [`Group`] consumer. Dropping it stops fetching and lets the
+/// drain finish in the background; [`GroupHandle::shutdown`] waits for it.
+#[derive(Debug)]
+pub struct GroupHandle {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<RunSummary>,
+    stats: Arc<Stats>,
+}
+
+/// What a [`Group`] consumer did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunSummary {
+    /// Leases fetched.
+    pub fetched: u64,
+    /// Deliveries acknowledged.
+    pub acked: u64,
+    /// Deliveries given back (handler retries, panics, nacks after a failed ack).
+    pub retried: u64,
+    /// Deliveries dead-lettered (rejects, and retries past `max_attempts`).
+    pub dead_lettered: u64,
+    /// Handlers that panicked (each also counted as a retry).
+    pub panicked: u64,
+    /// Leases lost: a renew or settle said the lease no longer held it.
+    pub lost: u64,
+    /// Leases left to expire: an ambiguous or failed settle, or a handler
+    /// still running at the end of the drain.
+    pub left_to_expiry: u64,
+    /// Fetches that failed (each followed by a backoff).
+    pub fetch_errors: u64,
+    /// `ack_many` calls made.
+    pub ack_batches: u64,
+}
+
+impl RunSummary {
+    fn of(s: &Stats) -> Self {
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        RunSummary {
+            fetched: get(&s.fetched),
+            acked: get(&s.acked),
+            retried: get(&s.retried),
+            dead_lettered: get(&s.dead_lettered),
+            panicked: get(&s.panicked),
+            lost: get(&s.lost),
+            left_to_expiry: get(&s.left_to_expiry),
+            fetch_errors: get(&s.fetch_errors),
+            ack_batches: get(&s.ack_batches),
+        }
+    }
+}
+
+impl GroupHandle {
+    /// The counts so far.
+    pub fn summary(&self) -> RunSummary {
+        RunSummary::of(&self.stats)
+    }
+
+    /// Stops fetching, waits for in-flight handlers and pending settles (up
+    /// to the drain timeout; what is left then expires), and returns the
+    /// final counts.
+    pub async fn shutdown(self) -> Result<RunSummary> {
+        // A send error means the run already ended: nothing to stop.
+        let _ = self.stop.send(true);
+        self.task.await.map_err(|e| Error::failed("group shutdown", format!("consumer task ended abnormally: {e}")))
+    }
+}
+
+struct Ctx {
+    config: GroupBuilder,
+    fetch: FetchOptions,
+    handler: Arc<dyn Handler>,
+    settle_tx: mpsc::Sender<SettleOp>,
+    stats: Arc<Stats>,
+}
+
+/// Resolves when a stop is asked (or the handle is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    // An error means the handle was dropped: stop as well.
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+async fn run(
+    ctx: Arc<Ctx>,
+    slots: Arc<Semaphore>,
+    max_slots: usize,
+    mut stop: watch::Receiver<bool>,
+    settler: tokio::task::JoinHandle<()>,
+) -> RunSummary {
+    let mut tasks = JoinSet::new();
+    fetch_loop(&ctx, &slots, max_slots, &mut stop, &mut tasks).await;
+    drain(ctx, tasks, settler).await
+}
+
+async fn fetch_loop(
+    ctx: &Arc<Ctx>,
+    slots: &Arc<Semaphore>,
+    max_slots: usize,
+    stop: &mut watch::Receiver<bool>,
+    tasks: &mut JoinSet<()>,
+) {
+    let cfg = &ctx.config;
+    let mut backoff = ErrorBackoff::new();
+    loop {
+        while tasks.try_join_next().is_some() {}
+        let first = tokio::select! {
+            biased;
+            _ = stopped(stop) => return,
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+        };
+        let mut permits = vec![first];
+        while permits.len() < max_slots {
+            match slots.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        let mut opts = ctx.fetch.clone();
+        opts.limit = permits.len();
+        let pause = match ctx.config.rheo.fetch(&cfg.stream, &cfg.group, opts).await {
+            Ok(leases) if leases.is_empty() => {
+                backoff.reset();
+                drop(permits);
+                Pause::Idle
+            }
+            Ok(leases) => {
+                backoff.reset();
+                Stats::add(&ctx.stats.fetched, leases.len() as u64);
+                for (lease, permit) in leases.into_iter().zip(permits.drain(..)) {
+                    tasks.spawn(run_handler(ctx.clone(), lease, permit));
+                }
+                continue;
+            }
+            Err(e) => {
+                drop(permits);
+                Stats::add(&ctx.stats.fetch_errors, 1);
+                let d = backoff.next_delay();
+                tracing::warn!(stream = %cfg.stream, group = %cfg.group, "fetch failed, retrying in {d:?}: {e}");
+                Pause::Backoff(d)
+            }
+        };
+        let wait = async {
+            match pause {
+                Pause::Backoff(d) => tokio::time::sleep(d).await,
+                Pause::Idle => {
+                    let started = Instant::now();
+                    if cfg.rheo.wait_for_events(&cfg.stream, cfg.poll).await.is_err() {
+                        tokio::time::sleep_until(started + cfg.poll).await;
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = stopped(stop) => return,
+            _ = wait => {}
+        }
+    }
+}
+
+enum Pause {
+    Idle,
+    Backoff(Duration),
+}
+
+async fn drain(ctx: Arc<Ctx>, mut tasks: JoinSet<()>, mut settler: tokio::task::JoinHandle<()>) -> RunSummary {
+    let deadline = Instant::now() + ctx.config.drain_timeout;
+    let stats = ctx.stats.clone();
+    // The settler ends once every sender (ours and the handler tasks') is gone.
+    drop(ctx);
+    let handlers_done = tokio::time::timeout_at(deadline, async { while tasks.join_next().await.is_some() {} }).await;
+    if handlers_done.is_err() {
+        let abandoned = tasks.len() as u64;
+        tracing::warn!("drain timeout: {abandoned} handlers still running; their leases are left to expire");
+        Stats::add(&stats.left_to_expiry, abandoned);
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+    if tokio::time::timeout_at(deadline, &mut settler).await.is_err() {
+        tracing::warn!("drain timeout: pending settles abandoned; their leases are left to expire");
+        settler.abort();
+    }
+    RunSummary::of(&stats)
+}
+
+/// Runs the handler on one lease, renewing it meanwhile, then queues the settle.
+async fn run_handler(ctx: Arc<Ctx>, lease: Lease, permit: OwnedSemaphorePermit) {
+    let lref = lease.to_ref();
+    let cfg = &ctx.config;
+    let every = renew_interval(cfg.lease);
+    let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let handling = AssertUnwindSafe(ctx.handler.handle(&lease)).catch_unwind();
+    tokio::pin!(handling);
+    let mut held = true;
+    let result = loop {
+        tokio::select! {
+            r = &mut handling => break r,
+            _ = ticks.tick(), if held => {
+                if let Err(e) = cfg.rheo.renew(&lref, cfg.lease).await {
+                    match classify(&e) {
+                        Failure::Stale => {
+                            held = false;
+                            tracing::debug!(stream = %cfg.stream, group = %cfg.group, sequence = lref.sequence,
+                                "renew: lease lost; the handler's outcome will be dropped: {e}");
+                        }
+                        _ => tracing::warn!(stream = %cfg.stream, group = %cfg.group, sequence = lref.sequence,
+                                "renew failed, retrying at the next tick: {e}"),
+                    }
+                }
+            }
+        }
+    };
+    if !held {
+        Stats::add(&ctx.stats.lost, 1);
+        return;
+    }
+    let kind = match result {
+        Ok(Outcome::Ack) => SettleKind::Ack,
+        Ok(Outcome::Retry(reason)) => SettleKind::Retry(reason, cfg.retry_backoff),
+        Ok(Outcome::RetryAfter(reason, d)) => SettleKind::Retry(reason, Some(d)),
+        Ok(Outcome::Reject(reason)) => SettleKind::Reject(reason),
+        Err(panic) => {
+            Stats::add(&ctx.stats.panicked, 1);
+            SettleKind::Retry(format!("handler_panic: {}", panic_message(&*panic)), cfg.retry_backoff)
+        }
+    };
+    // The slot is free once the settle is queued (the queue is bounded).
+    if ctx.settle_tx.send(SettleOp { lease: lref, kind }).await.is_err() {
+        Stats::add(&ctx.stats.left_to_expiry, 1);
+    }
+    drop(permit);
+}

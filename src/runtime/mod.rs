@@ -1,0 +1,259 @@
+//! The consumer runtime: a managed consumer group ([`Group`]) and its
+//! composable form ([`LeaseStream`]).
+//!
+//! [`Group`] fetches leases, runs a [`Handler`] on each as a task (at most
+//! `concurrency` at once, at most `max_demand` leases held), renews in-flight
+//! leases every `lease / 2`, settles outcomes in batches (`ack_many`), backs
+//! off on backend errors and drains gracefully on
+//! [`GroupHandle::shutdown`]. Defaults follow SEMANTICS.md ("Consumer runtime
+//! defaults").
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {
+//! use rheo::{AppendOptions, Group, GroupOptions, Outcome, Rheo, StreamOptions, handler_fn};
+//! use serde_json::json;
+//!
+//! let rheo = Rheo::open("memory:").await?;
+//! rheo.create_stream("orders", StreamOptions::new()).await?;
+//! rheo.create_group("orders", "billing", GroupOptions::new()).await?;
+//! rheo.append("orders", &json!({"total": 42}), AppendOptions::new()).await?;
+//!
+//! let handle = Group::builder(&rheo, "orders", "billing")
+//!     .concurrency(4)
+//!     .spawn(handler_fn(|lease| async move {
+//!         println!("#{}: {}", lease.sequence(), lease.event.payload);
+//!         Outcome::Ack
+//!     }))
+//!     .await?;
+//! while rheo.lag("orders", "billing").await?.total > 0 {
+//!     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+//! }
+//! let summary = handle.shutdown().await?;
+//! assert_eq!(summary.acked, 1);
+//! # Ok::<(), rheo::Error>(()) }).expect("example");
+//! ```
+
+mod group;
+mod settle;
+mod stream;
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::{Error, Result};
+use crate::model::lease::Lease;
+use crate::model::names::MAX_REASON_BYTES;
+
+pub use group::{Group, GroupBuilder, GroupHandle, RunSummary};
+pub use stream::{LeaseStream, LeaseStreamOptions, StreamLease};
+
+/// Default number of handlers running at once.
+pub const DEFAULT_CONCURRENCY: usize = 1;
+/// Default number of leases held (fetched, not yet settled) at once.
+pub const DEFAULT_MAX_DEMAND: usize = 10;
+/// Default lease duration.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default idle poll interval (the safety net behind wakeups).
+pub const DEFAULT_POLL: Duration = Duration::from_millis(200);
+/// Default time [`GroupHandle::shutdown`] waits for in-flight work.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// The shortest renewal interval.
+pub const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(50);
+/// First delay after a backend error in fetch.
+pub const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+/// Longest delay after repeated backend errors in fetch.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Most settles coalesced into one `ack_many` call.
+pub const SETTLE_BATCH_MAX: usize = 256;
+
+/// What a handler decided about a delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done: acknowledge it.
+    Ack,
+    /// Give it back with a reason; the runtime's retry backoff (else the
+    /// group's) applies. Dead-lettered once its attempts are used up.
+    Retry(String),
+    /// Give it back, claimable again after the delay (see [`Outcome::retry_after`]).
+    RetryAfter(String, Duration),
+    /// Dead-letter it for this group with a reason.
+    Reject(String),
+}
+
+impl Outcome {
+    /// A retry with a reason.
+    pub fn retry(reason: impl Into<String>) -> Self {
+        Outcome::Retry(reason.into())
+    }
+
+    /// A retry claimable again after `delay`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let o = rheo::Outcome::retry_after("rate limited", Duration::from_secs(2));
+    /// assert!(matches!(o, rheo::Outcome::RetryAfter(_, _)));
+    /// ```
+    pub fn retry_after(reason: impl Into<String>, delay: Duration) -> Self {
+        Outcome::RetryAfter(reason.into(), delay)
+    }
+
+    /// A rejection (dead letter) with a reason.
+    pub fn reject(reason: impl Into<String>) -> Self {
+        Outcome::Reject(reason.into())
+    }
+}
+
+/// The code a [`Group`] runs for each delivery.
+///
+/// ```
+/// use rheo::{Handler, Lease, Outcome};
+///
+/// struct Billing;
+///
+/// #[async_trait::async_trait]
+/// impl Handler for Billing {
+///     async fn handle(&self, lease: &Lease) -> Outcome {
+///         match lease.event.payload.get("total") {
+///             Some(_) => Outcome::Ack,
+///             None => Outcome::reject("no total"),
+///         }
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    /// Handles one delivery. A panic counts as
+    /// `Outcome::Retry("handler_panic: <message>")`.
+    async fn handle(&self, lease: &Lease) -> Outcome;
+
+    /// Runs once before the first fetch; an error stops the spawn.
+    async fn setup(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A [`Handler`] made of a closure (see [`handler_fn`]).
+#[derive(Debug, Clone)]
+pub struct HandlerFn<F> {
+    f: F,
+}
+
+/// Makes a [`Handler`] of a closure taking the lease (a clone) by value.
+///
+/// ```
+/// let handler = rheo::handler_fn(|_lease| async { rheo::Outcome::Ack });
+/// ```
+pub fn handler_fn<F, Fut>(f: F) -> HandlerFn<F>
+where
+    F: Fn(Lease) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Outcome> + Send + 'static,
+{
+    HandlerFn { f }
+}
+
+#[async_trait]
+impl<F, Fut> Handler for HandlerFn<F>
+where
+    F: Fn(Lease) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Outcome> + Send + 'static,
+{
+    async fn handle(&self, lease: &Lease) -> Outcome {
+        (self.f)(lease.clone()).await
+    }
+}
+
+/// How often a lease of `lease` is renewed: half of it, at least
+/// [`MIN_RENEW_INTERVAL`].
+pub(crate) fn renew_interval(lease: Duration) -> Duration {
+    (lease / 2).max(MIN_RENEW_INTERVAL)
+}
+
+/// A reason cut to [`MAX_REASON_BYTES`] on a character boundary.
+pub(crate) fn clip_reason(reason: &str) -> &str {
+    if reason.len() <= MAX_REASON_BYTES {
+        return reason;
+    }
+    let mut end = MAX_REASON_BYTES;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason[..end]
+}
+
+/// The doubling backoff used after backend errors.
+#[derive(Debug, Clone)]
+pub(crate) struct ErrorBackoff {
+    next: Duration,
+}
+
+impl ErrorBackoff {
+    pub(crate) fn new() -> Self {
+        ErrorBackoff { next: BACKOFF_INITIAL }
+    }
+
+    /// The delay to wait now; doubles the next one up to [`BACKOFF_MAX`].
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        d
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.next = BACKOFF_INITIAL;
+    }
+}
+
+/// The message of a panic payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+/// Checks the numeric options shared by the group and the stream.
+pub(crate) fn check_bounds(stream: &str, group: &str, max_demand: usize, lease: Duration) -> Result<()> {
+    if max_demand == 0 || max_demand > crate::model::names::MAX_LIMIT {
+        return Err(Error::invalid(
+            "max_demand",
+            format!("{max_demand} for {stream:?}/{group:?} is outside 1..={}", crate::model::names::MAX_LIMIT),
+        ));
+    }
+    if lease.is_zero() || lease > crate::model::names::MAX_LEASE {
+        return Err(Error::invalid("lease", format!("{lease:?} for {stream:?}/{group:?} is outside (0, 24h]")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_cap_and_resets() {
+        let mut b = ErrorBackoff::new();
+        let seen: Vec<u64> = (0..8).map(|_| b.next_delay().as_millis() as u64).collect();
+        assert_eq!(seen, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        b.reset();
+        assert_eq!(b.next_delay(), BACKOFF_INITIAL);
+    }
+
+    #[test]
+    fn renew_interval_is_half_the_lease_with_a_floor() {
+        assert_eq!(renew_interval(Duration::from_secs(30)), Duration::from_secs(15));
+        assert_eq!(renew_interval(Duration::from_millis(20)), MIN_RENEW_INTERVAL);
+    }
+
+    #[test]
+    fn reasons_are_clipped_on_a_char_boundary() {
+        let long = "é".repeat(MAX_REASON_BYTES);
+        let clipped = clip_reason(&long);
+        assert!(clipped.len() <= MAX_REASON_BYTES);
+        assert!(clipped.chars().all(|c| c == 'é'));
+    }
+}

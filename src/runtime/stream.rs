@@ -1,0 +1,417 @@
+//! [`LeaseStream`]: leases as a `futures::Stream`, bounded and renewed.
+
+use std::collections::{HashMap, VecDeque};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::task::AtomicWaker;
+use futures::{FutureExt, Stream};
+use parking_lot::Mutex;
+
+use super::{DEFAULT_LEASE, DEFAULT_MAX_DEMAND, DEFAULT_POLL, ErrorBackoff, check_bounds, clip_reason, renew_interval};
+use crate::client::Rheo;
+use crate::error::{Error, ObjectKind, Result};
+use crate::model::group::FetchOptions;
+use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
+use crate::model::names::validate_name;
+
+/// Settings of a [`LeaseStream`].
+#[derive(Debug, Clone)]
+pub struct LeaseStreamOptions {
+    /// Leases outstanding (yielded or buffered, not yet settled or dropped)
+    /// at most (default 10).
+    pub max_demand: usize,
+    /// Lease duration of each fetch (default 30 s); renewed every half.
+    pub lease: Duration,
+    /// Longest idle wait between fetches when no wakeup comes (default 200 ms).
+    pub poll: Duration,
+    /// Consume only these partitions (default: all of the group's).
+    pub partitions: Option<Vec<u32>>,
+    /// The consumer id of the fetches (default: the handle's).
+    pub consumer_id: Option<String>,
+}
+
+impl Default for LeaseStreamOptions {
+    fn default() -> Self {
+        LeaseStreamOptions {
+            max_demand: DEFAULT_MAX_DEMAND,
+            lease: DEFAULT_LEASE,
+            poll: DEFAULT_POLL,
+            partitions: None,
+            consumer_id: None,
+        }
+    }
+}
+
+impl LeaseStreamOptions {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Sets `max_demand`.
+    pub fn max_demand(mut self, n: usize) -> Self {
+        self.max_demand = n;
+        self
+    }
+    /// Sets the lease duration.
+    pub fn lease(mut self, d: Duration) -> Self {
+        self.lease = d;
+        self
+    }
+    /// Sets the idle poll interval.
+    pub fn poll(mut self, d: Duration) -> Self {
+        self.poll = d;
+        self
+    }
+    /// Restricts to these partitions.
+    pub fn partitions(mut self, partitions: impl Into<Vec<u32>>) -> Self {
+        self.partitions = Some(partitions.into());
+        self
+    }
+    /// Sets the consumer id.
+    pub fn consumer_id(mut self, id: impl Into<String>) -> Self {
+        self.consumer_id = Some(id.into());
+        self
+    }
+}
+
+/// State shared by the stream, its leases and the renewal task.
+#[derive(Debug)]
+struct Shared {
+    rheo: Rheo,
+    lease: Duration,
+    outstanding: AtomicUsize,
+    waker: AtomicWaker,
+    held: Mutex<HashMap<u64, LeaseRef>>,
+    next_id: AtomicU64,
+}
+
+enum State {
+    Idle,
+    Fetching(BoxFuture<'static, Result<Vec<Lease>>>),
+    Waiting(BoxFuture<'static, ()>),
+}
+
+/// Leases of one group as a [`futures::Stream`]: at most `max_demand`
+/// outstanding, renewed in the background until settled or dropped, each
+/// settled through its [`StreamLease`].
+///
+/// Transient backend errors are retried with a backoff (100 ms doubling to
+/// 5 s); other errors are yielded as `Err` items (the stream goes on after
+/// them). An idle stream waits with [`Rheo::wait_for_events`].
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {
+/// use futures::StreamExt;
+/// use rheo::{AppendOptions, GroupOptions, LeaseStreamOptions, Rheo, StreamOptions};
+///
+/// let rheo = Rheo::open("memory:").await?;
+/// rheo.create_stream("orders", StreamOptions::new()).await?;
+/// rheo.create_group("orders", "billing", GroupOptions::new()).await?;
+/// rheo.append_batch("orders", (0..20).map(|n| serde_json::json!({ "n": n }))).await?;
+///
+/// let leases = rheo.lease_stream("orders", "billing", LeaseStreamOptions::new().max_demand(8))?;
+/// // Up to 8 handled at once; each settled through the item.
+/// leases
+///     .take(20)
+///     .map(|lease| async move { lease?.ack().await })
+///     .buffer_unordered(8)
+///     .for_each(|r| async move { r.expect("ack") })
+///     .await;
+/// assert_eq!(rheo.lag("orders", "billing").await?.total, 0);
+/// # Ok::<(), rheo::Error>(()) }).expect("example");
+/// ```
+pub struct LeaseStream {
+    shared: Arc<Shared>,
+    stream: String,
+    group: String,
+    fetch: FetchOptions,
+    max_demand: usize,
+    poll: Duration,
+    buffer: VecDeque<Lease>,
+    state: State,
+    backoff: ErrorBackoff,
+}
+
+impl std::fmt::Debug for LeaseStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseStream")
+            .field("stream", &self.stream)
+            .field("group", &self.group)
+            .field("max_demand", &self.max_demand)
+            .field("outstanding", &self.outstanding())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Rheo {
+    /// Leases of `group` on `stream` as a [`LeaseStream`] (see there).
+    /// Needs to be called inside a Tokio runtime (renewal runs as a task).
+    pub fn lease_stream(&self, stream: &str, group: &str, opts: LeaseStreamOptions) -> Result<LeaseStream> {
+        LeaseStream::new(self, stream, group, opts)
+    }
+}
+
+impl LeaseStream {
+    /// Same as [`Rheo::lease_stream`].
+    pub fn new(rheo: &Rheo, stream: &str, group: &str, opts: LeaseStreamOptions) -> Result<LeaseStream> {
+        validate_name(ObjectKind::Stream, stream)?;
+        validate_name(ObjectKind::Group, group)?;
+        if let Some(id) = &opts.consumer_id {
+            validate_name(ObjectKind::Consumer, id)?;
+        }
+        check_bounds(stream, group, opts.max_demand, opts.lease)?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::failed("lease_stream", format!("{stream:?}/{group:?}: must be created inside a Tokio runtime"))
+        })?;
+        let shared = Arc::new(Shared {
+            rheo: rheo.clone(),
+            lease: opts.lease,
+            outstanding: AtomicUsize::new(0),
+            waker: AtomicWaker::new(),
+            held: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+        });
+        runtime.spawn(renew_loop(Arc::downgrade(&shared), renew_interval(opts.lease)));
+        Ok(LeaseStream {
+            shared,
+            stream: stream.to_owned(),
+            group: group.to_owned(),
+            fetch: FetchOptions {
+                limit: opts.max_demand,
+                consumer_id: opts.consumer_id,
+                lease: opts.lease,
+                partitions: opts.partitions,
+            },
+            max_demand: opts.max_demand,
+            poll: opts.poll,
+            buffer: VecDeque::new(),
+            state: State::Idle,
+            backoff: ErrorBackoff::new(),
+        })
+    }
+
+    /// Leases yielded or buffered and not yet settled or dropped.
+    pub fn outstanding(&self) -> usize {
+        self.shared.outstanding.load(Ordering::Acquire)
+    }
+
+    fn start_fetch(&mut self, limit: usize) {
+        let rheo = self.shared.rheo.clone();
+        let (stream, group) = (self.stream.clone(), self.group.clone());
+        let mut opts = self.fetch.clone();
+        opts.limit = limit;
+        self.state = State::Fetching(async move { rheo.fetch(&stream, &group, opts).await }.boxed());
+    }
+
+    fn start_wait(&mut self, backoff: Option<Duration>) {
+        let rheo = self.shared.rheo.clone();
+        let stream = self.stream.clone();
+        let poll = self.poll;
+        self.state = State::Waiting(
+            async move {
+                match backoff {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => {
+                        if rheo.wait_for_events(&stream, poll).await.is_err() {
+                            tokio::time::sleep(poll).await;
+                        }
+                    }
+                }
+            }
+            .boxed(),
+        );
+    }
+
+    fn wrap(&self, lease: Lease) -> StreamLease {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        self.shared.held.lock().insert(id, lease.to_ref());
+        StreamLease { lease, slot: Slot { shared: self.shared.clone(), id } }
+    }
+}
+
+impl Stream for LeaseStream {
+    type Item = Result<StreamLease>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(lease) = this.buffer.pop_front() {
+                return Poll::Ready(Some(Ok(this.wrap(lease))));
+            }
+            match &mut this.state {
+                State::Fetching(fut) => {
+                    let r = match fut.as_mut().poll(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(r) => r,
+                    };
+                    match r {
+                        Ok(leases) if leases.is_empty() => {
+                            this.backoff.reset();
+                            this.start_wait(None);
+                        }
+                        Ok(leases) => {
+                            this.backoff.reset();
+                            this.shared.outstanding.fetch_add(leases.len(), Ordering::AcqRel);
+                            this.buffer.extend(leases);
+                            this.state = State::Idle;
+                        }
+                        Err(e) => {
+                            let d = this.backoff.next_delay();
+                            this.start_wait(Some(d));
+                            if !e.is_transient() {
+                                return Poll::Ready(Some(Err(e)));
+                            }
+                            tracing::warn!(stream = %this.stream, group = %this.group,
+                                "fetch failed, retrying in {d:?}: {e}");
+                        }
+                    }
+                }
+                State::Waiting(fut) => match fut.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(()) => this.state = State::Idle,
+                },
+                State::Idle => {
+                    let mut out = this.outstanding();
+                    if out >= this.max_demand {
+                        this.shared.waker.register(cx.waker());
+                        // A slot freed between the load and the register.
+                        out = this.outstanding();
+                        if out >= this.max_demand {
+                            return Poll::Pending;
+                        }
+                    }
+                    this.start_fetch(this.max_demand - out);
+                }
+            }
+        }
+    }
+}
+
+/// Renews every held lease each `every` while the stream or a lease lives.
+async fn renew_loop(shared: Weak<Shared>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(this) = shared.upgrade() else { return };
+        let held: Vec<(u64, LeaseRef)> = this.held.lock().iter().map(|(id, l)| (*id, l.clone())).collect();
+        let (rheo, duration) = (&this.rheo, this.lease);
+        let renewals = held.iter().map(|(id, lease)| async move { (*id, rheo.renew(lease, duration).await) });
+        for (id, r) in futures::future::join_all(renewals).await {
+            if let Err(e) = r {
+                if e.is_stale_lease() {
+                    // Lost: stop renewing; its settle will say StaleLease.
+                    this.held.lock().remove(&id);
+                } else {
+                    tracing::warn!("lease renewal failed, retrying at the next tick: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// A slot of the stream's `max_demand`, released when the lease is settled
+/// or dropped.
+#[derive(Debug)]
+struct Slot {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.shared.held.lock().remove(&self.id);
+        self.shared.outstanding.fetch_sub(1, Ordering::AcqRel);
+        self.shared.waker.wake();
+    }
+}
+
+/// A lease yielded by a [`LeaseStream`]: read it through `Deref<Target =
+/// Lease>`, settle it with [`StreamLease::ack`], [`StreamLease::retry`] or
+/// [`StreamLease::reject`]. Dropping it unsettled frees its slot, stops its
+/// renewal and leaves the delivery to lease expiry. It converts into a
+/// [`LeaseRef`], so a batch can be settled with [`Rheo::ack_many`]:
+///
+/// ```
+/// # async fn f(rheo: rheo::Rheo, leases: rheo::LeaseStream) -> rheo::Result<()> {
+/// use futures::StreamExt;
+/// let mut chunks = leases.ready_chunks(100);
+/// while let Some(chunk) = chunks.next().await {
+///     let chunk: Vec<_> = chunk.into_iter().collect::<rheo::Result<_>>()?;
+///     for r in rheo.ack_many(chunk).await? {
+///         r?;
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct StreamLease {
+    lease: Lease,
+    slot: Slot,
+}
+
+impl std::ops::Deref for StreamLease {
+    type Target = Lease;
+    fn deref(&self) -> &Lease {
+        &self.lease
+    }
+}
+
+impl StreamLease {
+    /// The lease. Its `expires_at` is the one of the fetch; renewals move
+    /// the real expiry on.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Acknowledges the delivery and frees the slot.
+    pub async fn ack(self) -> Result<()> {
+        let rheo = self.rheo().clone();
+        rheo.ack(&self.lease).await
+    }
+
+    /// Gives the delivery back with a reason (the group's backoff applies)
+    /// and frees the slot.
+    pub async fn retry(self, reason: &str) -> Result<RetryOutcome> {
+        let rheo = self.rheo().clone();
+        rheo.retry(&self.lease, clip_reason(reason)).await
+    }
+
+    /// Gives the delivery back, claimable again after `delay`.
+    pub async fn retry_after(self, reason: &str, delay: Duration) -> Result<RetryOutcome> {
+        let rheo = self.rheo().clone();
+        rheo.retry_after(&self.lease, clip_reason(reason), delay).await
+    }
+
+    /// Dead-letters the delivery for this group and frees the slot.
+    pub async fn reject(self, reason: &str) -> Result<()> {
+        let rheo = self.rheo().clone();
+        rheo.reject(&self.lease, clip_reason(reason)).await
+    }
+
+    /// Frees the slot and stops renewal; the caller settles the lease itself.
+    pub fn into_lease(self) -> Lease {
+        let StreamLease { lease, slot } = self;
+        drop(slot);
+        lease
+    }
+
+    fn rheo(&self) -> &Rheo {
+        &self.slot.shared.rheo
+    }
+}
+
+impl From<&StreamLease> for LeaseRef {
+    fn from(l: &StreamLease) -> Self {
+        l.lease.to_ref()
+    }
+}
+
+impl From<StreamLease> for LeaseRef {
+    fn from(l: StreamLease) -> Self {
+        l.lease.to_ref()
+    }
+}
