@@ -1,0 +1,542 @@
+//! The consumer runtime (`Group`, `LeaseStream`) on each backend: bounds,
+//! renewal, drain, panics, fetch backoff, settle outcomes and batching.
+//!
+//! Lease expiry reads the fixture's manual clock; the runtime's own timers
+//! (renewal, poll, backoff) run on Tokio's paused clock, so nothing sleeps.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use parking_lot::Mutex;
+use rheo::{
+    AppendOptions, Backend, Capabilities, DeadLetterOptions, Event, FetchOptions, Group, GroupOptions, Lag, Lease,
+    LeaseRef, LeaseStreamOptions, NewEvent, Outcome, Result, RetryOutcome, Rheo, StreamOptions, Timestamp, handler_fn,
+};
+use tokio::time::Instant;
+
+use common::Fixture;
+
+const S: &str = "orders";
+const G: &str = "billing";
+
+/// A backend that delegates to another, counts calls and fails chosen fetches.
+#[derive(Debug)]
+struct Spy {
+    inner: Arc<dyn Backend>,
+    /// Fetch calls with these indexes (0-based) fail with `BackendUnavailable`.
+    failing_fetches: Vec<usize>,
+    fetch_times: Mutex<Vec<Instant>>,
+    ack_calls: AtomicUsize,
+    ack_many_calls: AtomicUsize,
+    ack_many_leases: AtomicUsize,
+}
+
+impl Spy {
+    fn new(inner: Arc<dyn Backend>, failing_fetches: Vec<usize>) -> Arc<Spy> {
+        Arc::new(Spy {
+            inner,
+            failing_fetches,
+            fetch_times: Mutex::new(Vec::new()),
+            ack_calls: AtomicUsize::new(0),
+            ack_many_calls: AtomicUsize::new(0),
+            ack_many_leases: AtomicUsize::new(0),
+        })
+    }
+}
+
+#[async_trait]
+impl Backend for Spy {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn ping(&self) -> Result<()> {
+        self.inner.ping().await
+    }
+    async fn ensure_schema(&self) -> Result<()> {
+        self.inner.ensure_schema().await
+    }
+    async fn create_stream(&self, stream: &str, opts: &StreamOptions) -> Result<rheo::StreamInfo> {
+        self.inner.create_stream(stream, opts).await
+    }
+    async fn create_group(&self, stream: &str, group: &str, opts: &GroupOptions) -> Result<rheo::GroupSummary> {
+        self.inner.create_group(stream, group, opts).await
+    }
+    async fn append(&self, stream: &str, event: NewEvent) -> Result<Event> {
+        self.inner.append(stream, event).await
+    }
+    async fn append_batch(&self, stream: &str, events: Vec<NewEvent>) -> Result<Vec<Event>> {
+        self.inner.append_batch(stream, events).await
+    }
+    async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
+        self.inner.read(stream, partition, after, limit).await
+    }
+    async fn query(&self, query: &rheo::Query) -> Result<rheo::Page> {
+        self.inner.query(query).await
+    }
+    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<Vec<Lease>> {
+        let call = {
+            let mut times = self.fetch_times.lock();
+            times.push(Instant::now());
+            times.len() - 1
+        };
+        if self.failing_fetches.contains(&call) {
+            return Err(rheo::Error::unavailable("spy", "fetch", format!("injected failure of fetch #{call}")));
+        }
+        self.inner.fetch(stream, group, opts).await
+    }
+    async fn renew(&self, lease: &LeaseRef, d: Duration) -> Result<Timestamp> {
+        self.inner.renew(lease, d).await
+    }
+    async fn ack(&self, lease: &LeaseRef) -> Result<()> {
+        self.ack_calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.ack(lease).await
+    }
+    async fn ack_many(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
+        self.ack_many_calls.fetch_add(1, Ordering::SeqCst);
+        self.ack_many_leases.fetch_add(leases.len(), Ordering::SeqCst);
+        self.inner.ack_many(leases).await
+    }
+    async fn retry(&self, lease: &LeaseRef, reason: &str, delay: Option<Duration>) -> Result<RetryOutcome> {
+        self.inner.retry(lease, reason, delay).await
+    }
+    async fn reject(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
+        self.inner.reject(lease, reason).await
+    }
+    async fn replay(&self, stream: &str, group: &str, opts: &rheo::ReplayOptions) -> Result<u64> {
+        self.inner.replay(stream, group, opts).await
+    }
+    async fn reset_group(&self, stream: &str, group: &str, opts: &rheo::ResetOptions) -> Result<()> {
+        self.inner.reset_group(stream, group, opts).await
+    }
+    async fn lag(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
+        self.inner.lag(stream, group, partitions).await
+    }
+    async fn dead_letters(&self, stream: &str, group: &str, opts: &DeadLetterOptions) -> Result<Vec<rheo::DeadLetter>> {
+        self.inner.dead_letters(stream, group, opts).await
+    }
+    async fn wait_for_events(&self, stream: &str, timeout: Duration) -> Result<()> {
+        self.inner.wait_for_events(stream, timeout).await
+    }
+}
+
+/// The fixture's backend behind a spy, on the fixture's clock.
+fn spied(f: &Fixture, failing_fetches: Vec<usize>) -> (Rheo, Arc<Spy>) {
+    let spy = Spy::new(f.rheo.backend().clone(), failing_fetches);
+    let rheo = Rheo::builder()
+        .clock(Arc::new(f.clock.clone()))
+        .consumer_id("runtime-test")
+        .with_backend(spy.clone())
+        .expect("spied backend");
+    (rheo, spy)
+}
+
+async fn setup(f: &Fixture, events: usize, group: GroupOptions) {
+    f.rheo.create_stream(S, StreamOptions::new().partitions(2)).await.expect("stream");
+    f.rheo.create_group(S, G, group).await.expect("group");
+    append(&f.rheo, events).await;
+}
+
+async fn append(rheo: &Rheo, events: usize) {
+    for n in 0..events {
+        rheo.append(S, &serde_json::json!({"n": n}), AppendOptions::new()).await.expect("append");
+    }
+}
+
+/// Waits (on Tokio's clock) until the group's lag is zero.
+async fn until_consumed(rheo: &Rheo) {
+    for _ in 0..10_000 {
+        if rheo.lag(S, G).await.expect("lag").total == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the group never caught up");
+}
+
+/// Waits until the runtime has settled `n` deliveries. Needed before a
+/// shutdown on paused time: while a native commit waits on its writer thread,
+/// Tokio would otherwise jump straight to the drain deadline.
+async fn until_settled(handle: &rheo::GroupHandle, n: u64) {
+    until("settles", || {
+        let s = handle.summary();
+        s.acked + s.retried + s.dead_lettered >= n
+    })
+    .await;
+}
+
+async fn until(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..10_000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Counts handlers running at once and remembers the most.
+#[derive(Default)]
+struct Gauge {
+    now: AtomicUsize,
+    max: AtomicUsize,
+    started: AtomicUsize,
+}
+
+impl Gauge {
+    fn enter(&self) {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(n, Ordering::SeqCst);
+    }
+    fn exit(&self) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn in_flight_bound(f: Fixture, concurrency: usize, max_demand: usize, expected_max: usize) {
+    setup(&f, 40, GroupOptions::new()).await;
+    let gauge = Arc::new(Gauge::default());
+    let g = gauge.clone();
+    let handle = Group::builder(&f.rheo, S, G)
+        .concurrency(concurrency)
+        .max_demand(max_demand)
+        .spawn(handler_fn(move |_lease| {
+            let g = g.clone();
+            async move {
+                g.enter();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                g.exit();
+                Outcome::Ack
+            }
+        }))
+        .await
+        .expect("spawn");
+    until_consumed(&f.rheo).await;
+    until_settled(&handle, 40).await;
+    let summary = handle.shutdown().await.expect("shutdown");
+    assert_eq!(summary.acked, 40);
+    // Never above the bound, and the bound is actually reached (so the test
+    // fails if handlers were serialized by mistake too).
+    assert_eq!(gauge.max.load(Ordering::SeqCst), expected_max);
+}
+
+async fn concurrency_is_never_exceeded(f: Fixture) {
+    in_flight_bound(f, 4, 10, 4).await;
+}
+
+async fn max_demand_is_never_exceeded(f: Fixture) {
+    in_flight_bound(f, 8, 3, 3).await;
+}
+
+async fn renewal_keeps_a_lease_past_its_first_expiry(f: Fixture) {
+    setup(&f, 1, GroupOptions::new()).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let gauge = Arc::new(Gauge::default());
+    let (r, g) = (release.clone(), gauge.clone());
+    let handle = Group::builder(&f.rheo, S, G)
+        .lease(Duration::from_secs(1))
+        .spawn(handler_fn(move |_lease| {
+            let (r, g) = (r.clone(), g.clone());
+            async move {
+                g.enter();
+                r.notified().await;
+                Outcome::Ack
+            }
+        }))
+        .await
+        .expect("spawn");
+    until("the handler to start", || gauge.started.load(Ordering::SeqCst) == 1).await;
+    // 2.4 s of backend time pass while the handler runs; renewals every 500 ms
+    // of Tokio time keep the 1 s lease alive.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        f.clock.advance(Duration::from_millis(600));
+    }
+    let stolen = f.rheo.fetch(S, G, FetchOptions::new().consumer("intruder")).await.expect("fetch");
+    assert!(stolen.is_empty(), "the lease expired: redelivered to another consumer");
+    release.notify_one();
+    until_consumed(&f.rheo).await;
+    until_settled(&handle, 1).await;
+    let summary = handle.shutdown().await.expect("shutdown");
+    assert_eq!((summary.acked, summary.lost), (1, 0));
+}
+
+async fn shutdown_drains_in_flight_handlers(f: Fixture) {
+    setup(&f, 5, GroupOptions::new()).await;
+    let gauge = Arc::new(Gauge::default());
+    let g = gauge.clone();
+    let handle = Group::builder(&f.rheo, S, G)
+        .concurrency(5)
+        .spawn(handler_fn(move |_lease| {
+            let g = g.clone();
+            async move {
+                g.enter();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Outcome::Ack
+            }
+        }))
+        .await
+        .expect("spawn");
+    until("five handlers", || gauge.started.load(Ordering::SeqCst) == 5).await;
+    let summary = handle.shutdown().await.expect("shutdown");
+    assert_eq!(summary.acked, 5);
+    assert_eq!(f.rheo.lag(S, G).await.expect("lag").total, 0);
+}
+
+async fn drain_timeout_leaves_stuck_handlers_to_expiry(f: Fixture) {
+    setup(&f, 2, GroupOptions::new()).await;
+    let gauge = Arc::new(Gauge::default());
+    let g = gauge.clone();
+    let handle = Group::builder(&f.rheo, S, G)
+        .concurrency(2)
+        .drain_timeout(Duration::from_secs(1))
+        .spawn(handler_fn(move |_lease| {
+            let g = g.clone();
+            async move {
+                g.enter();
+                futures::future::pending::<()>().await;
+                Outcome::Ack
+            }
+        }))
+        .await
+        .expect("spawn");
+    until("two handlers", || gauge.started.load(Ordering::SeqCst) == 2).await;
+    let started = Instant::now();
+    let summary = handle.shutdown().await.expect("shutdown");
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!((summary.acked, summary.left_to_expiry), (0, 2));
+    assert_eq!(f.rheo.lag(S, G).await.expect("lag").total, 2);
+}
+
+async fn dead_letter_reasons(rheo: &Rheo) -> Vec<String> {
+    let dl = rheo.dead_letters(S, G, DeadLetterOptions::default()).await.expect("dead letters");
+    dl.into_iter().map(|d| d.reason).collect()
+}
+
+async fn a_panicking_handler_is_a_retry_with_the_reason(f: Fixture) {
+    setup(&f, 1, GroupOptions::new().max_attempts(1)).await;
+    let handle =
+        Group::builder(&f.rheo, S, G).spawn(handler_fn(|_lease| async { panic!("boom") })).await.expect("spawn");
+    until_consumed(&f.rheo).await;
+    until_settled(&handle, 1).await;
+    let summary = handle.shutdown().await.expect("shutdown");
+    assert_eq!((summary.panicked, summary.dead_lettered), (1, 1));
+    // One attempt allowed: the retry dead-letters, keeping the reason.
+    assert_eq!(dead_letter_reasons(&f.rheo).await, ["max_attempts: handler_panic: boom"]);
+}
+
+async fn reject_dead_letters_and_retry_redelivers(f: Fixture) {
+    setup(&f, 2, GroupOptions::new()).await;
+    let handle = Group::builder(&f.rheo, S, G)
+        .spawn(handler_fn(|lease: Lease| async move {
+            match (lease.event.payload["n"].as_u64(), lease.attempt) {
+                (Some(0), _) => Outcome::reject("bad order"),
+                (_, 1) => Outcome::retry("try again"),
+                _ => Outcome::Ack,
+            }
+        }))
+        .await
+        .expect("spawn");
+    until_consumed(&f.rheo).await;
+    until_settled(&handle, 3).await;
+    let summary = handle.shutdown().await.expect("shutdown");
+    assert_eq!((summary.acked, summary.retried, summary.dead_lettered), (1, 1, 1));
+    assert_eq!(dead_letter_reasons(&f.rheo).await, ["bad order"]);
+}
+
+async fn fetch_errors_back_off_doubling_and_reset_on_success(f: Fixture) {
+    setup(&f, 0, GroupOptions::new()).await;
+    // Fetches 0-3 fail, 4 succeeds (nothing to do: idle wait), 5 fails, 6 succeeds.
+    let (rheo, spy) = spied(&f, vec![0, 1, 2, 3, 5]);
+    let handle = Group::builder(&rheo, S, G).spawn(handler_fn(|_lease| async { Outcome::Ack })).await.expect("spawn");
+    until("seven fetches", || spy.fetch_times.lock().len() >= 7).await;
+    let summary = handle.shutdown().await.expect("shutdown");
+    assert_eq!(summary.fetch_errors, 5);
+    let t = spy.fetch_times.lock().clone();
+    let gap = |i: usize| t[i + 1] - t[i];
+    for (i, ms) in [(0, 100), (1, 200), (2, 400), (3, 800)] {
+        let want = Duration::from_millis(ms);
+        assert!(gap(i) >= want && gap(i) < want * 2, "gap after fetch {i}: {:?}, want {want:?}", gap(i));
+    }
+    // After the success the backoff starts again at 100 ms.
+    let want = Duration::from_millis(100);
+    assert!(gap(5) >= want && gap(5) < want * 2, "gap after fetch 5: {:?}, want {want:?}", gap(5));
+}
+
+async fn settles_are_batched_into_ack_many(f: Fixture) {
+    setup(&f, 200, GroupOptions::new()).await;
+    let (rheo, spy) = spied(&f, vec![]);
+    let handle = Group::builder(&rheo, S, G)
+        .concurrency(8)
+        .max_demand(64)
+        .spawn(handler_fn(|_lease| async { Outcome::Ack }))
+        .await
+        .expect("spawn");
+    until_consumed(&f.rheo).await;
+    until_settled(&handle, 200).await;
+    let summary = handle.shutdown().await.expect("shutdown");
+    assert_eq!(summary.acked, 200);
+    assert_eq!(spy.ack_calls.load(Ordering::SeqCst), 0, "single acks used");
+    assert_eq!(spy.ack_many_leases.load(Ordering::SeqCst), 200);
+    let calls = spy.ack_many_calls.load(Ordering::SeqCst);
+    assert_eq!(summary.ack_batches, calls as u64);
+    assert!(calls < 100, "{calls} ack_many calls for 200 acks: not coalesced");
+}
+
+async fn lease_stream_bounds_outstanding_and_settles_through_the_item(f: Fixture) {
+    setup(&f, 10, GroupOptions::new()).await;
+    let mut leases = f.rheo.lease_stream(S, G, LeaseStreamOptions::new().max_demand(3)).expect("lease stream");
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(leases.next().await.expect("item").expect("lease"));
+    }
+    assert_eq!(leases.outstanding(), 3);
+    let blocked = tokio::time::timeout(Duration::from_secs(5), leases.next()).await;
+    assert!(blocked.is_err(), "a fourth lease was yielded with three outstanding");
+    // Settling one frees its slot.
+    held.pop().expect("lease").ack().await.expect("ack");
+    held.push(leases.next().await.expect("item").expect("lease"));
+    // Dropping one unsettled frees its slot too (the delivery is left to expiry).
+    drop(held.pop());
+    assert_eq!(leases.outstanding(), 2);
+    held.push(leases.next().await.expect("item").expect("lease"));
+    let rejected = held.pop().expect("lease");
+    let rejected_seq = (rejected.partition(), rejected.sequence());
+    rejected.reject("unwanted").await.expect("reject");
+    for l in held.drain(..) {
+        assert!(matches!(l.retry("later").await.expect("retry"), RetryOutcome::Scheduled { .. }));
+    }
+    assert_eq!(leases.outstanding(), 0);
+    let dl = f.rheo.dead_letters(S, G, DeadLetterOptions::default()).await.expect("dead letters");
+    assert_eq!(dl.len(), 1);
+    assert_eq!((dl[0].event.partition, dl[0].event.sequence), rejected_seq);
+}
+
+async fn lease_stream_composes_with_buffer_unordered_and_ready_chunks(f: Fixture) {
+    setup(&f, 60, GroupOptions::new()).await;
+    let peak = Arc::new(AtomicUsize::new(0));
+    let leases = f.rheo.lease_stream(S, G, LeaseStreamOptions::new().max_demand(8)).expect("lease stream");
+    let p = peak.clone();
+    let outcomes: Vec<Result<()>> = leases
+        .take(30)
+        .map(|lease| {
+            let p = p.clone();
+            async move {
+                let lease = lease?;
+                p.fetch_max(lease.attempt as usize, Ordering::SeqCst);
+                lease.ack().await
+            }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    assert_eq!(outcomes.len(), 30);
+    assert!(outcomes.iter().all(|r| r.is_ok()), "{outcomes:?}");
+    assert_eq!(f.rheo.lag(S, G).await.expect("lag").total, 30);
+
+    let (rheo, spy) = spied(&f, vec![]);
+    let mut chunks =
+        rheo.lease_stream(S, G, LeaseStreamOptions::new().max_demand(16)).expect("stream").ready_chunks(16);
+    let mut acked = 0;
+    while acked < 30 {
+        let chunk = chunks.next().await.expect("chunk");
+        let chunk: Vec<_> = chunk.into_iter().collect::<Result<_>>().expect("leases");
+        assert!(chunk.len() <= 16);
+        acked += chunk.len();
+        for r in rheo.ack_many(chunk).await.expect("ack_many") {
+            r.expect("ack");
+        }
+    }
+    assert_eq!(acked, 30);
+    assert!(spy.ack_many_calls.load(Ordering::SeqCst) >= 2);
+    assert_eq!(f.rheo.lag(S, G).await.expect("lag").total, 0);
+}
+
+async fn lease_stream_renews_held_leases(f: Fixture) {
+    setup(&f, 1, GroupOptions::new()).await;
+    let mut leases =
+        f.rheo.lease_stream(S, G, LeaseStreamOptions::new().lease(Duration::from_secs(1))).expect("lease stream");
+    let lease = leases.next().await.expect("item").expect("lease");
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        f.clock.advance(Duration::from_millis(600));
+    }
+    let stolen = f.rheo.fetch(S, G, FetchOptions::new().consumer("intruder")).await.expect("fetch");
+    assert!(stolen.is_empty(), "the held lease expired");
+    lease.ack().await.expect("ack after renewals");
+}
+
+async fn spawn_checks_the_group_exists(f: Fixture) {
+    f.rheo.create_stream(S, StreamOptions::new()).await.expect("stream");
+    let err = Group::builder(&f.rheo, S, "nobody")
+        .spawn(handler_fn(|_lease| async { Outcome::Ack }))
+        .await
+        .expect_err("no such group");
+    assert!(err.to_string().contains("nobody"), "{err}");
+    let err = Group::builder(&f.rheo, S, G).concurrency(0).spawn(handler_fn(|_l| async { Outcome::Ack })).await;
+    assert!(matches!(err, Err(rheo::Error::InvalidArgument { argument: "concurrency", .. })));
+}
+
+/// A handler whose setup fails stops the spawn.
+struct FailingSetup(AtomicBool);
+
+#[async_trait]
+impl rheo::Handler for FailingSetup {
+    async fn handle(&self, _lease: &Lease) -> Outcome {
+        self.0.store(true, Ordering::SeqCst);
+        Outcome::Ack
+    }
+    async fn setup(&self) -> Result<()> {
+        Err(rheo::Error::failed("setup", "no database"))
+    }
+}
+
+async fn a_failing_setup_stops_the_spawn(f: Fixture) {
+    setup(&f, 1, GroupOptions::new()).await;
+    let err = Group::builder(&f.rheo, S, G).spawn(FailingSetup(AtomicBool::new(false))).await.expect_err("setup fails");
+    assert!(err.to_string().contains("no database"), "{err}");
+    assert_eq!(f.rheo.lag(S, G).await.expect("lag").total, 1);
+}
+
+macro_rules! cases {
+    ($backend:ident, $factory:path) => {
+        mod $backend {
+            use super::*;
+            macro_rules! case {
+                ($name:ident) => {
+                    #[tokio::test(start_paused = true)]
+                    async fn $name() {
+                        super::$name($factory().await).await;
+                    }
+                };
+            }
+            case!(concurrency_is_never_exceeded);
+            case!(max_demand_is_never_exceeded);
+            case!(renewal_keeps_a_lease_past_its_first_expiry);
+            // Real time: on paused time, Tokio would jump to the drain
+            // deadline while a native commit waits on its writer thread.
+            #[tokio::test]
+            async fn shutdown_drains_in_flight_handlers() {
+                super::shutdown_drains_in_flight_handlers($factory().await).await;
+            }
+            case!(drain_timeout_leaves_stuck_handlers_to_expiry);
+            case!(a_panicking_handler_is_a_retry_with_the_reason);
+            case!(reject_dead_letters_and_retry_redelivers);
+            case!(fetch_errors_back_off_doubling_and_reset_on_success);
+            case!(settles_are_batched_into_ack_many);
+            case!(lease_stream_bounds_outstanding_and_settles_through_the_item);
+            case!(lease_stream_composes_with_buffer_unordered_and_ready_chunks);
+            case!(lease_stream_renews_held_leases);
+            case!(spawn_checks_the_group_exists);
+            case!(a_failing_setup_stops_the_spawn);
+        }
+    };
+}
+
+cases!(memory, common::memory);
+cases!(native_mem, common::native_mem);
