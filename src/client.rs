@@ -25,6 +25,7 @@ use crate::model::names::{
 use crate::model::query::{Page, Query};
 use crate::model::time::{Clock, SystemClock, Timestamp};
 use crate::native::NativeBackend;
+use crate::observe;
 
 /// The entry point: a cheap-to-clone handle on one backend.
 ///
@@ -187,14 +188,14 @@ impl Rheo {
 
     /// Checks the backend is reachable.
     pub async fn ping(&self) -> Result<()> {
-        self.inner.backend.ping().await
+        observed("ping", "", "", self.inner.backend.ping()).await
     }
 
     /// Creates a stream.
     pub async fn create_stream(&self, stream: &str, opts: StreamOptions) -> Result<StreamInfo> {
         check_stream(stream)?;
         opts.validate(stream)?;
-        self.inner.backend.create_stream(stream, &opts).await
+        observed("create_stream", stream, "", self.inner.backend.create_stream(stream, &opts)).await
     }
 
     /// Adds an index on `field` (a query path such as `"currency"` or
@@ -213,14 +214,14 @@ impl Rheo {
     pub async fn create_index(&self, stream: &str, field: &str) -> Result<IndexBuild> {
         check_stream(stream)?;
         let canonical = crate::model::query::check_index_field(stream, field)?;
-        self.inner.backend.create_index(stream, field).await?;
+        observed("create_index", stream, "", self.inner.backend.create_index(stream, field)).await?;
         Ok(IndexBuild { rheo: self.clone(), stream: stream.to_owned(), field: canonical })
     }
 
     /// How far each indexed field of a stream is built.
     pub async fn index_status(&self, stream: &str) -> Result<Vec<IndexStatus>> {
         check_stream(stream)?;
-        self.inner.backend.index_status(stream).await
+        observed("index_status", stream, "", self.inner.backend.index_status(stream)).await
     }
 
     /// Creates a stream, or returns the existing one of that name: what a
@@ -289,7 +290,7 @@ impl Rheo {
     /// Creates a consumer group.
     pub async fn create_group(&self, stream: &str, group: &str, opts: GroupOptions) -> Result<GroupSummary> {
         check_group(stream, group)?;
-        self.inner.backend.create_group(stream, group, &opts).await
+        observed("create_group", stream, group, self.inner.backend.create_group(stream, group, &opts)).await
     }
 
     fn prepare(&self, stream: &str, payload: Value, opts: AppendOptions) -> Result<NewEvent> {
@@ -316,7 +317,9 @@ impl Rheo {
     pub async fn append<T: Serialize + ?Sized>(&self, stream: &str, payload: &T, opts: AppendOptions) -> Result<Event> {
         check_stream(stream)?;
         let event = self.prepare(stream, to_value(stream, payload)?, opts)?;
-        self.inner.backend.append(stream, event).await
+        let e = observed("append", stream, "", self.inner.backend.append(stream, event)).await?;
+        observe::appended(stream, 1);
+        Ok(e)
     }
 
     /// Appends payloads atomically (all or none), each with default options.
@@ -349,14 +352,16 @@ impl Rheo {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        self.inner.backend.append_batch(stream, events).await
+        let out = observed("append_batch", stream, "", self.inner.backend.append_batch(stream, events)).await?;
+        observe::appended(stream, out.len());
+        Ok(out)
     }
 
     /// Events of one partition after a sequence, ascending; no group state.
     pub async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
         check_stream(stream)?;
         validate_limit("limit", limit)?;
-        self.inner.backend.read(stream, partition, after, limit).await
+        observed("read", stream, "", self.inner.backend.read(stream, partition, after, limit)).await
     }
 
     /// The first page of a query's events.
@@ -368,7 +373,7 @@ impl Rheo {
     pub async fn query_page(&self, query: &Query) -> Result<Page> {
         check_stream(&query.stream)?;
         query.validate()?;
-        self.inner.backend.query(query).await
+        observed("query", &query.stream, "", self.inner.backend.query(query)).await
     }
 
     /// Every event matching a query, fetched lazily a page (`query.limit`
@@ -405,7 +410,9 @@ impl Rheo {
             Some(id) => validate_name(ObjectKind::Consumer, id)?,
             None => opts.consumer_id = Some(self.inner.consumer_id.clone()),
         }
-        self.inner.backend.fetch(stream, group, &opts).await
+        let leases = observed("fetch", stream, group, self.inner.backend.fetch(stream, group, &opts)).await?;
+        observe::leased(stream, group, &leases);
+        Ok(leases)
     }
 
     /// Extends a lease; returns the new expiry.
@@ -413,14 +420,16 @@ impl Rheo {
         let lease = lease.into();
         check_lease_ref(&lease)?;
         validate_lease("lease", lease_duration)?;
-        self.inner.backend.renew(&lease, lease_duration).await
+        observed("renew", &lease.stream, &lease.group, self.inner.backend.renew(&lease, lease_duration)).await
     }
 
     /// Acknowledges a delivery.
     pub async fn ack(&self, lease: impl Into<LeaseRef>) -> Result<()> {
         let lease = lease.into();
         check_lease_ref(&lease)?;
-        self.inner.backend.ack(&lease).await
+        observed("ack", &lease.stream, &lease.group, self.inner.backend.ack(&lease)).await?;
+        observe::settled(observe::ACKED, &lease.stream, &lease.group, 1);
+        Ok(())
     }
 
     /// Acknowledges many deliveries in one call; one result per lease, in
@@ -437,7 +446,15 @@ impl Rheo {
         for lease in &leases {
             check_lease_ref(lease)?;
         }
-        self.inner.backend.ack_many(&leases).await
+        let first = leases.first();
+        let (stream, group) = (first.map_or("", |l| l.stream.as_str()), first.map_or("", |l| l.group.as_str()));
+        let results = observed("ack_many", stream, group, self.inner.backend.ack_many(&leases)).await?;
+        for (lease, r) in leases.iter().zip(&results) {
+            if r.is_ok() {
+                observe::settled(observe::ACKED, &lease.stream, &lease.group, 1);
+            }
+        }
+        Ok(results)
     }
 
     /// Gives a delivery back with a reason; the group's backoff applies.
@@ -445,7 +462,14 @@ impl Rheo {
         let lease = lease.into();
         check_lease_ref(&lease)?;
         check_reason(reason)?;
-        self.inner.backend.retry(&lease, reason, None).await
+        let outcome =
+            observed("retry", &lease.stream, &lease.group, self.inner.backend.retry(&lease, reason, None)).await?;
+        let name = match outcome {
+            RetryOutcome::Scheduled { .. } => observe::RETRIED,
+            RetryOutcome::DeadLettered => observe::DEAD_LETTERED,
+        };
+        observe::settled(name, &lease.stream, &lease.group, 1);
+        Ok(outcome)
     }
 
     /// Gives a delivery back, claimable again after `delay`.
@@ -456,7 +480,15 @@ impl Rheo {
         if !delay.is_zero() {
             validate_lease("delay", delay)?;
         }
-        self.inner.backend.retry(&lease, reason, Some(delay)).await
+        let outcome =
+            observed("retry", &lease.stream, &lease.group, self.inner.backend.retry(&lease, reason, Some(delay)))
+                .await?;
+        let name = match outcome {
+            RetryOutcome::Scheduled { .. } => observe::RETRIED,
+            RetryOutcome::DeadLettered => observe::DEAD_LETTERED,
+        };
+        observe::settled(name, &lease.stream, &lease.group, 1);
+        Ok(outcome)
     }
 
     /// Dead-letters a delivery for this group.
@@ -464,7 +496,9 @@ impl Rheo {
         let lease = lease.into();
         check_lease_ref(&lease)?;
         check_reason(reason)?;
-        self.inner.backend.reject(&lease, reason).await
+        observed("reject", &lease.stream, &lease.group, self.inner.backend.reject(&lease, reason)).await?;
+        observe::settled(observe::DEAD_LETTERED, &lease.stream, &lease.group, 1);
+        Ok(())
     }
 
     /// Reopens deliveries; returns how many events were reopened.
@@ -474,56 +508,62 @@ impl Rheo {
         if let Some(q) = &opts.query {
             q.validate()?;
         }
-        self.inner.backend.replay(stream, group, &opts).await
+        observed("replay", stream, group, self.inner.backend.replay(stream, group, &opts)).await
     }
 
     /// Clears and restarts a group; `opts.confirm` must be true.
     pub async fn reset_group(&self, stream: &str, group: &str, opts: ResetOptions) -> Result<()> {
         check_group(stream, group)?;
         opts.check_confirmed(stream, group)?;
-        self.inner.backend.reset_group(stream, group, &opts).await
+        observed("reset_group", stream, group, self.inner.backend.reset_group(stream, group, &opts)).await
     }
 
     /// Lag of a group over all its partitions.
     pub async fn lag(&self, stream: &str, group: &str) -> Result<Lag> {
         check_group(stream, group)?;
-        self.inner.backend.lag(stream, group, None).await
+        let lag = observed("lag", stream, group, self.inner.backend.lag(stream, group, None)).await?;
+        observe::lag(&lag);
+        Ok(lag)
     }
 
     /// Lag of a group over some partitions.
     pub async fn lag_of(&self, stream: &str, group: &str, partitions: &[u32]) -> Result<Lag> {
         check_group(stream, group)?;
-        self.inner.backend.lag(stream, group, Some(partitions)).await
+        let lag = observed("lag", stream, group, self.inner.backend.lag(stream, group, Some(partitions))).await?;
+        observe::lag(&lag);
+        Ok(lag)
     }
 
     /// Every stream.
     pub async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
-        self.inner.backend.list_streams().await
+        observed("list_streams", "", "", self.inner.backend.list_streams()).await
     }
 
     /// The groups of a stream.
     pub async fn list_groups(&self, stream: &str) -> Result<Vec<GroupSummary>> {
         check_stream(stream)?;
-        self.inner.backend.list_groups(stream).await
+        observed("list_groups", stream, "", self.inner.backend.list_groups(stream)).await
     }
 
     /// Dead letters of a group, oldest first.
     pub async fn dead_letters(&self, stream: &str, group: &str, opts: DeadLetterOptions) -> Result<Vec<DeadLetter>> {
         check_group(stream, group)?;
         validate_limit("limit", opts.limit)?;
-        self.inner.backend.dead_letters(stream, group, &opts).await
+        observed("dead_letters", stream, group, self.inner.backend.dead_letters(stream, group, &opts)).await
     }
 
     /// Lag, in-flight and dead-letter counts of a group.
     pub async fn group_info(&self, stream: &str, group: &str) -> Result<GroupInfo> {
         check_group(stream, group)?;
-        self.inner.backend.group_info(stream, group).await
+        let info = observed("group_info", stream, group, self.inner.backend.group_info(stream, group)).await?;
+        observe::group_info(&info);
+        Ok(info)
     }
 
     /// Waits until new events may be claimable on `stream`, or `timeout`.
     pub async fn wait_for_events(&self, stream: &str, timeout: Duration) -> Result<()> {
         check_stream(stream)?;
-        self.inner.backend.wait_for_events(stream, timeout).await
+        observed("wait_for_events", stream, "", self.inner.backend.wait_for_events(stream, timeout)).await
     }
 }
 
@@ -593,4 +633,22 @@ impl IndexBuild {
             tokio::time::sleep(INDEX_POLL).await;
         }
     }
+}
+
+/// Runs a backend call in a `tracing` span named `rheo` (fields `op`,
+/// `stream`, `group`), logging a failure at debug level; the names are in
+/// `docs/observability.md`.
+async fn observed<T>(
+    op: &'static str,
+    stream: &str,
+    group: &str,
+    call: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    use tracing::Instrument;
+    let span = tracing::debug_span!("rheo", op, stream, group);
+    let r = call.instrument(span.clone()).await;
+    if let Err(e) = &r {
+        span.in_scope(|| tracing::debug!(error = %e, "backend call failed"));
+    }
+    r
 }

@@ -38,6 +38,7 @@ pub mod error;
 pub mod memory;
 pub mod model;
 pub mod native;
+pub mod observe;
 mod rangeset;
 pub mod runtime;
 

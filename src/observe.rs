@@ -1,0 +1,63 @@
+//! Metrics, through the `metrics` facade: install any recorder (Prometheus,
+//! StatsD, ...) and these appear; without one they cost next to nothing.
+//! Names and labels are documented in `docs/observability.md`.
+
+use crate::model::group::{GroupInfo, Lag};
+use crate::model::lease::Lease;
+
+/// Events appended (counter; label `stream`).
+pub const APPENDED: &str = "rheo_events_appended_total";
+/// Deliveries leased by `fetch` (counter; `stream`, `group`).
+pub const LEASED: &str = "rheo_deliveries_leased_total";
+/// Leased deliveries that were not the first attempt (counter; `stream`, `group`).
+pub const REDELIVERED: &str = "rheo_deliveries_redelivered_total";
+/// Deliveries acknowledged (counter; `stream`, `group`).
+pub const ACKED: &str = "rheo_deliveries_acked_total";
+/// Deliveries given back for a retry (counter; `stream`, `group`).
+pub const RETRIED: &str = "rheo_deliveries_retried_total";
+/// Deliveries dead-lettered, by `reject` or out of attempts (counter; `stream`, `group`).
+pub const DEAD_LETTERED: &str = "rheo_deliveries_dead_lettered_total";
+/// Lag of a partition as last read by `lag`/`group_info` (gauge; `stream`, `group`, `partition`).
+pub const LAG: &str = "rheo_group_lag";
+/// Unsettled leased deliveries as last read by `group_info` (gauge; `stream`, `group`).
+pub const INFLIGHT: &str = "rheo_group_inflight";
+
+fn sg(stream: &str, group: &str) -> [(&'static str, String); 2] {
+    [("stream", stream.to_owned()), ("group", group.to_owned())]
+}
+
+pub(crate) fn appended(stream: &str, n: usize) {
+    metrics::counter!(APPENDED, "stream" => stream.to_owned()).increment(n as u64);
+}
+
+pub(crate) fn leased(stream: &str, group: &str, leases: &[Lease]) {
+    if leases.is_empty() {
+        return;
+    }
+    metrics::counter!(LEASED, &sg(stream, group)).increment(leases.len() as u64);
+    let again = leases.iter().filter(|l| l.attempt > 1).count() as u64;
+    if again > 0 {
+        metrics::counter!(REDELIVERED, &sg(stream, group)).increment(again);
+    }
+}
+
+pub(crate) fn settled(name: &'static str, stream: &str, group: &str, n: usize) {
+    if n > 0 {
+        metrics::counter!(name, &sg(stream, group)).increment(n as u64);
+    }
+}
+
+pub(crate) fn lag(lag: &Lag) {
+    for p in &lag.partitions {
+        let labels =
+            [("stream", lag.stream.clone()), ("group", lag.group.clone()), ("partition", p.partition.to_string())];
+        #[allow(clippy::cast_precision_loss)] // a gauge is an f64
+        metrics::gauge!(LAG, &labels).set(p.lag as f64);
+    }
+}
+
+pub(crate) fn group_info(info: &GroupInfo) {
+    lag(&info.lag);
+    #[allow(clippy::cast_precision_loss)]
+    metrics::gauge!(INFLIGHT, &sg(&info.lag.stream, &info.lag.group)).set(info.inflight as f64);
+}

@@ -1,0 +1,94 @@
+//! The metrics the facade records, captured by a recorder local to the test.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use metrics::{Counter, CounterFn, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use rheo::{AppendOptions, FetchOptions, GroupOptions, Rheo, StreamOptions, observe};
+use serde_json::json;
+
+/// Every counter and gauge by name and labels (`name{k=v,...}`).
+#[derive(Default, Clone)]
+struct Captured(Arc<Mutex<HashMap<String, f64>>>);
+
+struct Cell(Arc<Mutex<HashMap<String, f64>>>, String);
+
+impl CounterFn for Cell {
+    fn increment(&self, value: u64) {
+        *self.0.lock().expect("lock").entry(self.1.clone()).or_default() += value as f64;
+    }
+    fn absolute(&self, value: u64) {
+        self.0.lock().expect("lock").insert(self.1.clone(), value as f64);
+    }
+}
+
+impl GaugeFn for Cell {
+    fn increment(&self, value: f64) {
+        *self.0.lock().expect("lock").entry(self.1.clone()).or_default() += value;
+    }
+    fn decrement(&self, value: f64) {
+        *self.0.lock().expect("lock").entry(self.1.clone()).or_default() -= value;
+    }
+    fn set(&self, value: f64) {
+        self.0.lock().expect("lock").insert(self.1.clone(), value);
+    }
+}
+
+fn name(key: &Key) -> String {
+    let mut labels: Vec<String> = key.labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+    labels.sort();
+    format!("{}{{{}}}", key.name(), labels.join(","))
+}
+
+impl Recorder for Captured {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(Arc::new(Cell(self.0.clone(), name(key))))
+    }
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::from_arc(Arc::new(Cell(self.0.clone(), name(key))))
+    }
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+#[test]
+fn the_facade_counts_appends_leases_settles_and_sets_lag() {
+    let rec = Captured::default();
+    metrics::with_local_recorder(&rec, || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async {
+            let rheo = Rheo::open("memory:").await.expect("open");
+            rheo.create_stream("s", StreamOptions::new()).await.expect("stream");
+            rheo.create_group("s", "g", GroupOptions::new().max_attempts(1)).await.expect("group");
+            let batch = (0..3).map(|i| (json!({"i": i}), AppendOptions::new()));
+            rheo.append_batch_with("s", batch).await.expect("append");
+            let leases = rheo.fetch("s", "g", FetchOptions::new().limit(10)).await.expect("fetch");
+            assert_eq!(leases.len(), 3);
+            rheo.ack(&leases[0]).await.expect("ack");
+            // max_attempts 1: a retry of the last attempt dead-letters.
+            rheo.retry(&leases[1], "later").await.expect("retry");
+            rheo.reject(&leases[2], "bad").await.expect("reject");
+            let lag = rheo.lag("s", "g").await.expect("lag");
+            assert_eq!(lag.total, 0);
+            rheo.group_info("s", "g").await.expect("info");
+        });
+    });
+    let got = rec.0.lock().expect("lock").clone();
+    let sg = "group=g,stream=s";
+    let want = [
+        (format!("{}{{stream=s}}", observe::APPENDED), 3.0),
+        (format!("{}{{{sg}}}", observe::LEASED), 3.0),
+        (format!("{}{{{sg}}}", observe::ACKED), 1.0),
+        (format!("{}{{{sg}}}", observe::DEAD_LETTERED), 2.0),
+        (format!("{}{{group=g,partition=0,stream=s}}", observe::LAG), 0.0),
+        (format!("{}{{{sg}}}", observe::INFLIGHT), 0.0),
+    ];
+    for (k, v) in want {
+        assert_eq!(got.get(&k), Some(&v), "{k} in {got:?}");
+    }
+    assert!(!got.contains_key(&format!("{}{{{sg}}}", observe::RETRIED)), "{got:?}");
+}
