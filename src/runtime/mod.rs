@@ -237,8 +237,9 @@ mod tests {
     #[test]
     fn backoff_doubles_to_the_cap_and_resets() {
         let mut b = ErrorBackoff::new();
-        let seen: Vec<u64> = (0..8).map(|_| b.next_delay().as_millis() as u64).collect();
-        assert_eq!(seen, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        let seen: Vec<Duration> = (0..8).map(|_| b.next_delay()).collect();
+        let ms = |n| Duration::from_millis(n);
+        assert_eq!(seen, [ms(100), ms(200), ms(400), ms(800), ms(1600), ms(3200), ms(5000), ms(5000)]);
         b.reset();
         assert_eq!(b.next_delay(), BACKOFF_INITIAL);
     }
