@@ -34,6 +34,8 @@ struct Spy {
     ack_calls: AtomicUsize,
     ack_many_calls: AtomicUsize,
     ack_many_leases: AtomicUsize,
+    /// When set, every `ack_many` call fails with this error.
+    failing_acks: Mutex<Option<rheo::Error>>,
 }
 
 impl Spy {
@@ -45,6 +47,7 @@ impl Spy {
             ack_calls: AtomicUsize::new(0),
             ack_many_calls: AtomicUsize::new(0),
             ack_many_leases: AtomicUsize::new(0),
+            failing_acks: Mutex::new(None),
         })
     }
 }
@@ -99,6 +102,9 @@ impl Backend for Spy {
     async fn ack_many(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
         self.ack_many_calls.fetch_add(1, Ordering::SeqCst);
         self.ack_many_leases.fetch_add(leases.len(), Ordering::SeqCst);
+        if let Some(e) = self.failing_acks.lock().clone() {
+            return Err(e);
+        }
         self.inner.ack_many(leases).await
     }
     async fn retry(&self, lease: &LeaseRef, reason: &str, delay: Option<Duration>) -> Result<RetryOutcome> {
@@ -311,6 +317,59 @@ async fn drain_timeout_leaves_stuck_handlers_to_expiry(f: Fixture) {
     assert!(started.elapsed() >= Duration::from_secs(1));
     assert_eq!((summary.acked, summary.left_to_expiry), (0, 2));
     assert_eq!(f.rheo.lag(S, G).await.expect("lag").total, 2);
+}
+
+async fn a_lease_lost_to_another_consumer_is_dropped(f: Fixture) {
+    setup(&f, 1, GroupOptions::new()).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let gauge = Arc::new(Gauge::default());
+    let (r, g) = (release.clone(), gauge.clone());
+    let handle = Group::builder(&f.rheo, S, G)
+        .lease(Duration::from_secs(1))
+        .spawn(handler_fn(move |_lease| {
+            let (r, g) = (r.clone(), g.clone());
+            async move {
+                g.enter();
+                r.notified().await;
+                Outcome::Ack
+            }
+        }))
+        .await
+        .expect("spawn");
+    until("the handler to start", || gauge.started.load(Ordering::SeqCst) == 1).await;
+    // The lease expires before the first renewal and another consumer takes it.
+    f.clock.advance(Duration::from_secs(2));
+    let stolen = f.rheo.fetch(S, G, FetchOptions::new().consumer("intruder")).await.expect("fetch");
+    assert_eq!(stolen.len(), 1);
+    until("the renewal to find the lease lost", || handle.summary().lost == 1).await;
+    release.notify_one();
+    let summary = handle.shutdown().await.expect("shutdown");
+    assert_eq!((summary.acked, summary.lost), (0, 1));
+    // The runtime settled nothing: the intruder's lease still holds.
+    f.rheo.ack(&stolen[0]).await.expect("the intruder acks");
+}
+
+async fn a_definite_ack_failure_is_a_nack_and_an_ambiguous_one_is_left_to_expiry(f: Fixture) {
+    setup(&f, 1, GroupOptions::new().max_attempts(2)).await;
+    let (rheo, spy) = spied(&f, vec![]);
+    *spy.failing_acks.lock() = Some(rheo::Error::failed("ack_many", "disk full"));
+    let handle = Group::builder(&rheo, S, G).spawn(handler_fn(|_lease| async { Outcome::Ack })).await.expect("spawn");
+    // Attempt 1: ack fails, nacked; attempt 2: the same, and the nack dead-letters.
+    until_consumed(&f.rheo).await;
+    until_settled(&handle, 2).await;
+    let summary = handle.shutdown().await.expect("shutdown");
+    assert_eq!((summary.acked, summary.retried, summary.dead_lettered), (0, 1, 1));
+    let reasons = dead_letter_reasons(&f.rheo).await;
+    assert!(reasons[0].starts_with("max_attempts: ack_failed: "), "{reasons:?}");
+
+    append(&f.rheo, 1).await;
+    *spy.failing_acks.lock() = Some(rheo::Error::ambiguous("ack_many", "connection lost after commit"));
+    let handle = Group::builder(&rheo, S, G).spawn(handler_fn(|_lease| async { Outcome::Ack })).await.expect("spawn");
+    until("the ambiguous ack", || handle.summary().left_to_expiry == 1).await;
+    let summary = handle.shutdown().await.expect("shutdown");
+    assert_eq!((summary.acked, summary.retried, summary.left_to_expiry), (0, 0, 1));
+    // Still leased (left to expiry), so not claimable yet.
+    assert!(f.rheo.fetch(S, G, FetchOptions::new().consumer("other")).await.expect("fetch").is_empty());
 }
 
 async fn dead_letter_reasons(rheo: &Rheo) -> Vec<String> {
@@ -526,6 +585,8 @@ macro_rules! cases {
             }
             case!(drain_timeout_leaves_stuck_handlers_to_expiry);
             case!(a_panicking_handler_is_a_retry_with_the_reason);
+            case!(a_lease_lost_to_another_consumer_is_dropped);
+            case!(a_definite_ack_failure_is_a_nack_and_an_ambiguous_one_is_left_to_expiry);
             case!(reject_dead_letters_and_retry_redelivers);
             case!(fetch_errors_back_off_doubling_and_reset_on_success);
             case!(settles_are_batched_into_ack_many);

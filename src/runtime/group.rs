@@ -355,32 +355,26 @@ async fn drain(ctx: Arc<Ctx>, mut tasks: JoinSet<()>, mut settler: tokio::task::
 async fn run_handler(ctx: Arc<Ctx>, lease: Lease, permit: OwnedSemaphorePermit) {
     let lref = lease.to_ref();
     let cfg = &ctx.config;
-    let every = renew_interval(cfg.lease);
-    let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let handling = AssertUnwindSafe(ctx.handler.handle(&lease)).catch_unwind();
     tokio::pin!(handling);
-    let mut held = true;
-    let result = loop {
-        tokio::select! {
-            r = &mut handling => break r,
-            _ = ticks.tick(), if held => {
-                if let Err(e) = cfg.rheo.renew(&lref, cfg.lease).await {
-                    match classify(&e) {
-                        Failure::Stale => {
-                            held = false;
-                            tracing::debug!(stream = %cfg.stream, group = %cfg.group, sequence = lref.sequence,
-                                "renew: lease lost; the handler's outcome will be dropped: {e}");
-                        }
-                        _ => tracing::warn!(stream = %cfg.stream, group = %cfg.group, sequence = lref.sequence,
-                                "renew failed, retrying at the next tick: {e}"),
-                    }
+    // Renewal runs beside the handler (both polled by this task); it ends
+    // only when the lease is lost.
+    let (result, held) = {
+        let renewing = renew_until_lost(cfg, &lref);
+        tokio::pin!(renewing);
+        let mut held = true;
+        let result = loop {
+            tokio::select! {
+                r = &mut handling => break r,
+                () = &mut renewing, if held => {
+                    held = false;
+                    Stats::add(&ctx.stats.lost, 1);
                 }
             }
-        }
+        };
+        (result, held)
     };
     if !held {
-        Stats::add(&ctx.stats.lost, 1);
         return;
     }
     let kind = match result {
@@ -398,4 +392,25 @@ async fn run_handler(ctx: Arc<Ctx>, lease: Lease, permit: OwnedSemaphorePermit) 
         Stats::add(&ctx.stats.left_to_expiry, 1);
     }
     drop(permit);
+}
+
+/// Renews the lease every `lease / 2` until a renew says it is no longer
+/// held; transient failures are retried at the next tick.
+async fn renew_until_lost(cfg: &GroupBuilder, lease: &crate::model::lease::LeaseRef) {
+    let every = renew_interval(cfg.lease);
+    let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match cfg.rheo.renew(lease, cfg.lease).await {
+            Ok(_) => {}
+            Err(e) if classify(&e) == Failure::Stale => {
+                tracing::debug!(stream = %cfg.stream, group = %cfg.group, sequence = lease.sequence,
+                    "renew: lease lost; the handler's outcome will be dropped: {e}");
+                return;
+            }
+            Err(e) => tracing::warn!(stream = %cfg.stream, group = %cfg.group, sequence = lease.sequence,
+                "renew failed, retrying at the next tick: {e}"),
+        }
+    }
 }
