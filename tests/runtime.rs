@@ -516,6 +516,21 @@ async fn lease_stream_composes_with_buffer_unordered_and_ready_chunks(f: Fixture
     assert_eq!(f.rheo.lag(S, G).await.expect("lag").total, 0);
 }
 
+async fn lease_stream_retries_transient_errors_and_yields_definite_ones(f: Fixture) {
+    setup(&f, 1, GroupOptions::new()).await;
+    let (rheo, spy) = spied(&f, vec![0, 1]);
+    let mut leases = rheo.lease_stream(S, G, LeaseStreamOptions::new()).expect("lease stream");
+    let started = Instant::now();
+    let lease = leases.next().await.expect("item").expect("transient errors are retried, not yielded");
+    assert_eq!(spy.fetch_times.lock().len(), 3);
+    assert!(started.elapsed() >= Duration::from_millis(300), "backoff 100 + 200 ms");
+    lease.ack().await.expect("ack");
+
+    let mut missing = f.rheo.lease_stream(S, "nobody", LeaseStreamOptions::new()).expect("lease stream");
+    let err = missing.next().await.expect("item").expect_err("no such group");
+    assert!(matches!(err, rheo::Error::GroupNotFound { .. }), "{err}");
+}
+
 async fn lease_stream_renews_held_leases(f: Fixture) {
     setup(&f, 1, GroupOptions::new()).await;
     let mut leases =
@@ -593,6 +608,7 @@ macro_rules! cases {
             case!(lease_stream_bounds_outstanding_and_settles_through_the_item);
             case!(lease_stream_composes_with_buffer_unordered_and_ready_chunks);
             case!(lease_stream_renews_held_leases);
+            case!(lease_stream_retries_transient_errors_and_yields_definite_ones);
             case!(spawn_checks_the_group_exists);
             case!(a_failing_setup_stops_the_spawn);
         }
