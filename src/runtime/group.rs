@@ -82,7 +82,10 @@ impl GroupBuilder {
         self.concurrency = n;
         self
     }
-    /// Leases held at once, fetched and not yet settled (default 10).
+    /// Leases held at once, fetched and not yet settled (default 10): the
+    /// runtime fetches ahead up to this many while `concurrency` handlers
+    /// run, so a fetch (and its sync) is shared by many events. Leases
+    /// waiting for a handler are renewed like running ones.
     pub fn max_demand(mut self, n: usize) -> Self {
         self.max_demand = n;
         self
@@ -150,8 +153,12 @@ impl GroupBuilder {
         let (settle_tx, settle_rx) = mpsc::channel(SETTLE_BATCH_MAX * 4);
         let settler = tokio::spawn(run_settler(self.rheo.clone(), settle_rx, stats.clone(), SETTLE_BATCH_MAX));
         let (stop_tx, stop_rx) = watch::channel(false);
-        let slots = self.concurrency.min(self.max_demand);
+        // Demand bounds the leases held (fetched ahead); `running` bounds
+        // the handlers running at once.
+        let slots = self.max_demand;
+        let running = Arc::new(Semaphore::new(self.concurrency));
         let ctx = Arc::new(Ctx {
+            running,
             fetch: FetchOptions {
                 limit: slots,
                 consumer_id: self.consumer_id.clone(),
@@ -235,6 +242,8 @@ impl GroupHandle {
 }
 
 struct Ctx {
+    /// Permits to run a handler (`concurrency` of them).
+    running: Arc<Semaphore>,
     config: GroupBuilder,
     fetch: FetchOptions,
     handler: Arc<dyn Handler>,
@@ -355,7 +364,12 @@ async fn drain(ctx: Arc<Ctx>, mut tasks: JoinSet<()>, mut settler: tokio::task::
 async fn run_handler(ctx: Arc<Ctx>, lease: Lease, permit: OwnedSemaphorePermit) {
     let lref = lease.to_ref();
     let cfg = &ctx.config;
-    let handling = AssertUnwindSafe(ctx.handler.handle(&lease)).catch_unwind();
+    // The lease is held (and renewed below) while it waits for a handler slot.
+    let handling = AssertUnwindSafe(async {
+        let _running = ctx.running.acquire().await;
+        ctx.handler.handle(&lease).await
+    })
+    .catch_unwind();
     tokio::pin!(handling);
     // Renewal runs beside the handler (both polled by this task); it ends
     // only when the lease is lost.
