@@ -577,6 +577,34 @@ async fn a_failing_setup_stops_the_spawn(f: Fixture) {
     assert_eq!(f.rheo.lag(S, G).await.expect("lag").total, 1);
 }
 
+/// An idle consumer handles a new event at once, woken by the append, not
+/// at its next poll (a minute away here). Real time: the point is a wakeup.
+async fn an_idle_consumer_is_woken_by_an_append(f: Fixture) {
+    setup(&f, 0, GroupOptions::new()).await;
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = handled.clone();
+    let handle = Group::builder(&f.rheo, S, G)
+        .poll(Duration::from_secs(60))
+        .spawn(handler_fn(move |_lease| {
+            let h = h.clone();
+            async move {
+                h.fetch_add(1, Ordering::SeqCst);
+                Outcome::Ack
+            }
+        }))
+        .await
+        .expect("spawn");
+    // Let it find the stream empty and go idle.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    append(&f.rheo, 1).await;
+    let woken =
+        tokio::time::timeout(Duration::from_secs(20), until("the handler", || handled.load(Ordering::SeqCst) == 1));
+    woken.await.expect("handled long before the 60 s poll: woken by the append");
+    until_settled(&handle, 1).await;
+    let summary = handle.shutdown().await.expect("shutdown");
+    assert_eq!(summary.acked, 1);
+}
+
 macro_rules! cases {
     ($backend:ident, $factory:path) => {
         mod $backend {
@@ -597,6 +625,10 @@ macro_rules! cases {
             #[tokio::test]
             async fn shutdown_drains_in_flight_handlers() {
                 super::shutdown_drains_in_flight_handlers($factory().await).await;
+            }
+            #[tokio::test]
+            async fn an_idle_consumer_is_woken_by_an_append() {
+                super::an_idle_consumer_is_woken_by_an_append($factory().await).await;
             }
             case!(drain_timeout_leaves_stuck_handlers_to_expiry);
             case!(a_panicking_handler_is_a_retry_with_the_reason);
