@@ -1,6 +1,14 @@
-//! Argument parsing and dispatch of the `rheo` command.
+//! Argument parsing and dispatch of the `rheo` command. Each command group
+//! lives in its own file; this one holds the arguments and the error type.
 
+mod bench;
 mod demo;
+mod events;
+mod files;
+mod group;
+mod output;
+mod parse;
+mod stream;
 
 use std::process::ExitCode;
 
@@ -14,6 +22,10 @@ struct Args {
     /// `memory:` (ephemeral).
     #[arg(long, global = true, default_value = "native:./rheo-data")]
     backend: String,
+    /// Machine-readable output: one JSON document, or JSON lines for
+    /// `read` and `tail`.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -23,28 +35,163 @@ enum Command {
     /// Runs a complete, narrated scenario: partitions, producers, two groups,
     /// a retry that ends in the dead-letter queue, lag, a history query, a replay.
     Demo,
+    /// Creates and lists streams.
+    #[command(subcommand)]
+    Stream(stream::StreamCommand),
+    /// Creates secondary indexes and shows how far they are built.
+    #[command(subcommand)]
+    Index(stream::IndexCommand),
+    /// Appends events: JSON payloads from the arguments, or JSON lines from stdin.
+    Append(events::AppendArgs),
+    /// Reads one partition in sequence order.
+    Read(events::ReadArgs),
+    /// Queries a stream's history.
+    Query(events::QueryArgs),
+    /// Follows a stream: prints new events as they arrive.
+    Tail(events::TailArgs),
+    /// Manages consumer groups.
+    #[command(subcommand)]
+    Group(group::GroupCommand),
+    /// Lists dead-lettered deliveries.
+    #[command(subcommand)]
+    Dlq(group::DlqCommand),
+    /// Claims deliveries for a group and prints their lease references.
+    Fetch(group::FetchArgs),
+    /// Acknowledges leases by their references (as printed by `fetch`).
+    Ack(group::AckArgs),
+    /// Dumps the records of one data file (segment, index, WAL, checkpoint).
+    Inspect(files::InspectArgs),
+    /// Checks every checksum of a native data directory without opening it.
+    Verify(files::VerifyArgs),
+    /// Measures append and fetch+ack throughput on the backend.
+    Bench(bench::BenchArgs),
 }
 
-/// Runs the command line; any error is one line on stderr and exit code 1.
+/// A failed command: the one line printed after `error: `.
+#[derive(Debug)]
+pub struct CliError(String);
+
+impl CliError {
+    /// An error with this message.
+    pub fn new(message: impl Into<String>) -> Self {
+        CliError(message.into())
+    }
+}
+
+impl std::fmt::Display for CliError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<rheo::Error> for CliError {
+    fn from(e: rheo::Error) -> Self {
+        CliError(e.to_string())
+    }
+}
+
+impl From<std::io::Error> for CliError {
+    fn from(e: std::io::Error) -> Self {
+        CliError(format!("writing output: {e}"))
+    }
+}
+
+impl From<demo::DemoError> for CliError {
+    fn from(e: demo::DemoError) -> Self {
+        CliError(e.to_string())
+    }
+}
+
+/// The result of a command: `Ok(false)` when it ran but found a problem
+/// (a corrupt file, a failed ack) and already said so.
+pub type CliResult = Result<bool, CliError>;
+
+/// The global options every command sees.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    /// The backend URL.
+    pub backend: String,
+    /// JSON output.
+    pub json: bool,
+}
+
+impl Ctx {
+    /// Opens the backend.
+    pub async fn open(&self) -> Result<rheo::Rheo, CliError> {
+        Ok(rheo::Rheo::open(&self.backend).await?)
+    }
+}
+
+/// Runs the command line: exit 0 on success, 1 when the command failed or
+/// found a problem, 2 on bad arguments; any error is one line on stderr.
 pub fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = e.print();
+                return ExitCode::from(2);
+            }
+            let rendered = e.render().to_string();
+            let first = rendered.lines().find(|l| !l.trim().is_empty()).unwrap_or("error: bad arguments");
+            eprintln!("{first} (see --help)");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("rheo: cannot start the async runtime: {e}");
+            eprintln!("error: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
-        match args.command {
-            Command::Demo => demo::run(&args.backend, &mut std::io::stdout()).await,
-        }
-    });
+    let ctx = Ctx { backend: args.backend, json: args.json };
+    let result = runtime.block_on(dispatch(&ctx, args.command));
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("rheo: {e}");
+            eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+async fn dispatch(ctx: &Ctx, command: Command) -> CliResult {
+    match command {
+        Command::Demo => demo_command(ctx).await,
+        Command::Stream(c) => stream::run_stream(ctx, c).await,
+        Command::Index(c) => stream::run_index(ctx, c).await,
+        Command::Append(a) => events::append(ctx, a).await,
+        Command::Read(a) => events::read(ctx, a).await,
+        Command::Query(a) => events::query(ctx, a).await,
+        Command::Tail(a) => events::tail(ctx, a).await,
+        Command::Group(c) => group::run_group(ctx, c).await,
+        Command::Dlq(c) => group::run_dlq(ctx, c).await,
+        Command::Fetch(a) => group::fetch(ctx, a).await,
+        Command::Ack(a) => group::ack(ctx, a).await,
+        Command::Inspect(a) => files::inspect(ctx, a),
+        Command::Verify(a) => files::verify(ctx, a),
+        Command::Bench(a) => bench::run(ctx, a).await,
+    }
+}
+
+/// `rheo demo`: the narration on stdout, or under `--json` its lines as
+/// `{"backend": .., "lines": [..]}`.
+async fn demo_command(ctx: &Ctx) -> CliResult {
+    if !ctx.json {
+        demo::run(&ctx.backend, &mut std::io::stdout()).await?;
+        return Ok(true);
+    }
+    let mut buf = Vec::new();
+    demo::run(&ctx.backend, &mut buf).await?;
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<&str> = text.lines().collect();
+    output::print_json(&serde_json::json!({"backend": ctx.backend, "lines": lines}))?;
+    Ok(true)
 }

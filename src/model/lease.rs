@@ -89,6 +89,88 @@ impl From<&LeaseRef> for LeaseRef {
     }
 }
 
+impl LeaseRef {
+    /// Escapes one field of the string form: `%` and `:` are percent-encoded.
+    fn escape(field: &str, out: &mut String) {
+        for c in field.chars() {
+            match c {
+                '%' => out.push_str("%25"),
+                ':' => out.push_str("%3A"),
+                c => out.push(c),
+            }
+        }
+    }
+
+    /// Undoes [`LeaseRef::escape`]; None for a `%` not followed by `25` or `3A`.
+    fn unescape(field: &str) -> Option<String> {
+        let mut out = String::with_capacity(field.len());
+        let mut rest = field;
+        while let Some(i) = rest.find('%') {
+            out.push_str(&rest[..i]);
+            let code = rest.get(i + 1..i + 3)?;
+            match code {
+                "25" => out.push('%'),
+                "3A" | "3a" => out.push(':'),
+                _ => return None,
+            }
+            rest = &rest[i + 3..];
+        }
+        out.push_str(rest);
+        Some(out)
+    }
+}
+
+/// The string form a script passes around (`rheo fetch` prints it, `rheo
+/// ack` reads it): `lr1:stream:group:partition:sequence:lease_id[:receipt]`,
+/// with `%` and `:` inside the names percent-encoded. `parse` reads it back.
+///
+/// ```
+/// use rheo::LeaseRef;
+/// let r = LeaseRef { stream: "a:b".into(), group: "g".into(), partition: 1, sequence: 7,
+///                    lease_id: "l".into(), receipt: None };
+/// assert_eq!(r.to_string().parse::<LeaseRef>().ok(), Some(r));
+/// ```
+impl std::fmt::Display for LeaseRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut s = String::from("lr1:");
+        LeaseRef::escape(&self.stream, &mut s);
+        s.push(':');
+        LeaseRef::escape(&self.group, &mut s);
+        s.push_str(&format!(":{}:{}:", self.partition, self.sequence));
+        LeaseRef::escape(&self.lease_id, &mut s);
+        if let Some(r) = &self.receipt {
+            s.push(':');
+            LeaseRef::escape(r, &mut s);
+        }
+        f.write_str(&s)
+    }
+}
+
+impl std::str::FromStr for LeaseRef {
+    type Err = crate::error::Error;
+    fn from_str(s: &str) -> crate::error::Result<Self> {
+        let bad = || {
+            crate::error::Error::invalid(
+                "lease",
+                format!("{s:?} is not a lease reference (lr1:stream:group:partition:sequence:lease_id[:receipt])"),
+            )
+        };
+        let parts: Vec<&str> = s.split(':').collect();
+        if parts.first() != Some(&"lr1") || !(parts.len() == 6 || parts.len() == 7) {
+            return Err(bad());
+        }
+        let text = |i: usize| parts.get(i).and_then(|p| LeaseRef::unescape(p)).ok_or_else(bad);
+        Ok(LeaseRef {
+            stream: text(1)?,
+            group: text(2)?,
+            partition: parts[3].parse().map_err(|_| bad())?,
+            sequence: parts[4].parse().map_err(|_| bad())?,
+            lease_id: text(5)?,
+            receipt: if parts.len() == 7 { Some(text(6)?) } else { None },
+        })
+    }
+}
+
 /// What became of a delivery after `retry`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RetryOutcome {
@@ -99,4 +181,32 @@ pub enum RetryOutcome {
     },
     /// It had used all its attempts and was dead-lettered.
     DeadLettered,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_ref_string_form_round_trips() {
+        let mut r = LeaseRef {
+            stream: "orders:eu%1".into(),
+            group: "billing".into(),
+            partition: 3,
+            sequence: 42,
+            lease_id: "0193-ab".into(),
+            receipt: None,
+        };
+        assert_eq!(r.to_string(), "lr1:orders%3Aeu%251:billing:3:42:0193-ab");
+        assert_eq!(r.to_string().parse::<LeaseRef>().ok(), Some(r.clone()));
+        r.receipt = Some("rc:1".into());
+        assert_eq!(r.to_string().parse::<LeaseRef>().ok(), Some(r));
+    }
+
+    #[test]
+    fn malformed_lease_refs_are_refused() {
+        for s in ["", "lr1:a:b:1:2", "lr2:a:b:1:2:l", "lr1:a:b:x:2:l", "lr1:a%zz:b:1:2:l", "lr1:a:b:1:2:l:r:x"] {
+            assert!(s.parse::<LeaseRef>().is_err(), "{s:?}");
+        }
+    }
 }

@@ -1,0 +1,347 @@
+//! `rheo append`, `rheo read`, `rheo query` and `rheo tail`.
+
+use std::io::BufRead;
+use std::time::Duration;
+
+use clap::Args;
+use rheo::{AppendOptions, Event, OrderBy, Query, Rheo};
+use serde_json::{Value, json};
+
+use super::output::{Table, line, print_json, print_json_line, short_json};
+use super::{CliError, CliResult, Ctx, parse};
+
+/// The most events `append` sends in one batch.
+const APPEND_BATCH_MAX: usize = 1000;
+
+/// Arguments of `rheo append`.
+#[derive(Debug, Args)]
+pub struct AppendArgs {
+    /// The stream.
+    stream: String,
+    /// JSON payloads; none: read JSON lines from stdin.
+    payloads: Vec<String>,
+    /// Routing key of every event appended.
+    #[arg(long)]
+    key: Option<String>,
+    /// Sets the payload's `type` field (the event type) of every event.
+    #[arg(long = "type", value_name = "TYPE")]
+    event_type: Option<String>,
+    /// Appends to this partition instead of routing by key.
+    #[arg(long)]
+    partition: Option<u32>,
+}
+
+/// Arguments of `rheo read`.
+#[derive(Debug, Args)]
+pub struct ReadArgs {
+    /// The stream.
+    stream: String,
+    /// The partition.
+    #[arg(long, default_value_t = 0)]
+    partition: u32,
+    /// Reads events with sequence above this.
+    #[arg(long, default_value_t = 0)]
+    after: u64,
+    /// The most events to read.
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+}
+
+/// Arguments of `rheo query`.
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    /// The stream.
+    stream: String,
+    /// A condition (repeatable, all must hold): `path=value`, `path>value`,
+    /// `path>=value`, `path<value`, `path<=value`, `path in a,b,c`,
+    /// `path exists`, `path missing`. Values are JSON when they parse as
+    /// JSON (`n=1` is the number), else strings (`s="1"` is the string).
+    #[arg(long = "where", value_name = "CONDITION")]
+    conditions: Vec<String>,
+    /// Timestamp lower bound (inclusive): RFC 3339 or milliseconds.
+    #[arg(long)]
+    from: Option<String>,
+    /// Timestamp upper bound (inclusive): RFC 3339 or milliseconds.
+    #[arg(long)]
+    to: Option<String>,
+    /// Sequence lower bound (exclusive), in every partition.
+    #[arg(long)]
+    after_sequence: Option<u64>,
+    /// Sequence upper bound (inclusive), in every partition.
+    #[arg(long)]
+    until_sequence: Option<u64>,
+    /// Result order.
+    #[arg(long, value_enum, default_value_t = Order::Sequence)]
+    order: Order,
+    /// Descending order.
+    #[arg(long)]
+    desc: bool,
+    /// The most events per page.
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+    /// Continue after this cursor (printed by the previous page).
+    #[arg(long)]
+    cursor: Option<String>,
+    /// Shows how each run of sequences was read (index or scan).
+    #[arg(long)]
+    explain: bool,
+}
+
+/// The `--order` of a query.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Order {
+    /// By sequence, then partition.
+    Sequence,
+    /// By timestamp.
+    Timestamp,
+    /// By partition, then sequence.
+    Partition,
+}
+
+/// Arguments of `rheo tail`.
+#[derive(Debug, Args)]
+pub struct TailArgs {
+    /// The stream.
+    stream: String,
+    /// Follows only this partition.
+    #[arg(long)]
+    partition: Option<u32>,
+    /// Starts at the end: only events appended from now on.
+    #[arg(long)]
+    from_end: bool,
+    /// Stops after this many events.
+    #[arg(long)]
+    count: Option<u64>,
+}
+
+/// Runs `rheo append`.
+pub async fn append(ctx: &Ctx, a: AppendArgs) -> CliResult {
+    let mut payloads = Vec::new();
+    if a.payloads.is_empty() {
+        for (n, text) in std::io::stdin().lock().lines().enumerate() {
+            let text = text.map_err(|e| CliError::new(format!("reading stdin: {e}")))?;
+            if text.trim().is_empty() {
+                continue;
+            }
+            payloads.push(payload(&text, &format!("stdin line {}", n + 1), a.event_type.as_deref())?);
+        }
+    } else {
+        for (n, text) in a.payloads.iter().enumerate() {
+            payloads.push(payload(text, &format!("argument {}", n + 1), a.event_type.as_deref())?);
+        }
+    }
+    if payloads.is_empty() {
+        return Err(CliError::new("nothing to append: give JSON payloads as arguments or JSON lines on stdin"));
+    }
+    let rheo = ctx.open().await?;
+    let mut opts = AppendOptions::new();
+    if let Some(k) = &a.key {
+        opts = opts.key(k.clone());
+    }
+    if let Some(p) = a.partition {
+        opts = opts.partition(p);
+    }
+    let mut appended: Vec<Event> = Vec::with_capacity(payloads.len());
+    for chunk in payloads.chunks(APPEND_BATCH_MAX) {
+        let items = chunk.iter().map(|p| (p.clone(), opts.clone()));
+        appended.extend(rheo.append_batch_with(&a.stream, items).await?);
+    }
+    if ctx.json {
+        print_json(&appended)?;
+    } else {
+        event_table(&appended).print("")?;
+        line(format!("appended {} event(s) to {}", appended.len(), a.stream))?;
+    }
+    Ok(true)
+}
+
+/// One payload: a JSON object (or any JSON value), with `type` set when asked.
+fn payload(text: &str, what: &str, event_type: Option<&str>) -> Result<Value, CliError> {
+    let mut v: Value =
+        serde_json::from_str(text).map_err(|e| CliError::new(format!("{what} is not valid JSON: {e}")))?;
+    if let Some(t) = event_type {
+        let Value::Object(map) = &mut v else {
+            return Err(CliError::new(format!("{what}: --type needs a JSON object payload")));
+        };
+        map.insert("type".into(), Value::String(t.to_owned()));
+    }
+    Ok(v)
+}
+
+/// Runs `rheo read`.
+pub async fn read(ctx: &Ctx, a: ReadArgs) -> CliResult {
+    let rheo = ctx.open().await?;
+    let events = rheo.read(&a.stream, a.partition, a.after, a.limit).await?;
+    print_events(ctx, &events, "no events")?;
+    Ok(true)
+}
+
+/// Prints events as JSON lines or a table.
+fn print_events(ctx: &Ctx, events: &[Event], empty: &str) -> Result<(), CliError> {
+    if ctx.json {
+        for e in events {
+            print_json_line(e)?;
+        }
+        Ok(())
+    } else {
+        event_table(events).print(empty)
+    }
+}
+
+fn event_table(events: &[Event]) -> Table {
+    let mut t = Table::new(&["PARTITION", "SEQ", "TIMESTAMP", "KEY", "TYPE", "PAYLOAD"]);
+    for e in events {
+        t.row(vec![
+            e.partition.to_string(),
+            e.sequence.to_string(),
+            e.timestamp.to_string(),
+            e.key.clone().unwrap_or_else(|| "-".into()),
+            e.event_type.clone().unwrap_or_else(|| "-".into()),
+            short_json(&e.payload, 80),
+        ]);
+    }
+    t
+}
+
+/// Builds the query of `rheo query` (and of `group replay --where`).
+pub fn build_query(stream: &str, conditions: &[String]) -> Result<Query, CliError> {
+    let mut q = Query::new(stream);
+    for c in conditions {
+        let (path, op) = parse::condition(c)?;
+        q = q.filter(path, op);
+    }
+    Ok(q)
+}
+
+/// Runs `rheo query`.
+pub async fn query(ctx: &Ctx, a: QueryArgs) -> CliResult {
+    let mut q = build_query(&a.stream, &a.conditions)?;
+    if let Some(t) = &a.from {
+        q = q.from(parse::time(t)?);
+    }
+    if let Some(t) = &a.to {
+        q = q.to(parse::time(t)?);
+    }
+    if let Some(n) = a.after_sequence {
+        q = q.after_sequence(n);
+    }
+    if let Some(n) = a.until_sequence {
+        q = q.until_sequence(n);
+    }
+    q = q.order_by(match a.order {
+        Order::Sequence => OrderBy::Sequence,
+        Order::Timestamp => OrderBy::Timestamp,
+        Order::Partition => OrderBy::Partition,
+    });
+    if a.desc {
+        q = q.descending();
+    }
+    q = q.limit(a.limit);
+    if let Some(c) = &a.cursor {
+        q = q.cursor(c.parse()?);
+    }
+    let rheo = ctx.open().await?;
+    let page = rheo.query_page(&q).await?;
+    let cursor = page.next_cursor.map(|c| c.to_string());
+    if ctx.json {
+        let mut doc = json!({"events": page.events, "next_cursor": cursor});
+        if a.explain {
+            doc["explain"] =
+                json!(page.explain.iter().map(|e| json!({"text": e.to_string(), "run": e})).collect::<Vec<_>>());
+        }
+        print_json(&doc)?;
+        return Ok(true);
+    }
+    event_table(&page.events).print("no matching events")?;
+    if let Some(c) = cursor {
+        line(format!("more: --cursor {c}"))?;
+    }
+    if a.explain {
+        line("explain:")?;
+        if page.explain.is_empty() {
+            line("  (this backend does not explain its plans)")?;
+        }
+        for e in &page.explain {
+            line(format!("  {e}"))?;
+        }
+    }
+    Ok(true)
+}
+
+/// The longest a tail waits for a wakeup before polling again.
+const TAIL_POLL: Duration = Duration::from_millis(500);
+/// The most events a tail reads from one partition per round.
+const TAIL_BATCH: usize = 500;
+
+/// Runs `rheo tail`: polls every followed partition, waiting on
+/// `wait_for_events` between rounds that found nothing; stops at `--count`
+/// or on Ctrl-C.
+pub async fn tail(ctx: &Ctx, a: TailArgs) -> CliResult {
+    let rheo = ctx.open().await?;
+    let info = rheo
+        .list_streams()
+        .await?
+        .into_iter()
+        .find(|s| s.name == a.stream)
+        .ok_or_else(|| CliError::new(format!("stream {:?} does not exist", a.stream)))?;
+    let partitions: Vec<u32> = match a.partition {
+        Some(p) if p >= info.partition_count => {
+            return Err(CliError::new(format!(
+                "--partition {p}: stream {:?} has {} partition(s)",
+                a.stream, info.partition_count
+            )));
+        }
+        Some(p) => vec![p],
+        None => (0..info.partition_count).collect(),
+    };
+    let mut after: Vec<u64> = partitions
+        .iter()
+        .map(|&p| if a.from_end { info.high_watermarks.get(p as usize).copied().unwrap_or(0) } else { 0 })
+        .collect();
+    let follow = follow(ctx, &rheo, &a, &partitions, &mut after);
+    tokio::select! {
+        r = follow => r,
+        _ = tokio::signal::ctrl_c() => Ok(true),
+    }
+}
+
+async fn follow(ctx: &Ctx, rheo: &Rheo, a: &TailArgs, partitions: &[u32], after: &mut [u64]) -> CliResult {
+    let mut printed = 0u64;
+    if !ctx.json {
+        line(format!("following {} (Ctrl-C to stop)", a.stream))?;
+    }
+    loop {
+        let mut found = false;
+        for (i, &p) in partitions.iter().enumerate() {
+            let mut events = rheo.read(&a.stream, p, after[i], TAIL_BATCH).await?;
+            if let Some(limit) = a.count {
+                events.truncate(usize::try_from(limit - printed).unwrap_or(usize::MAX));
+            }
+            if let Some(last) = events.last() {
+                after[i] = last.sequence;
+                found = true;
+            }
+            for e in &events {
+                if ctx.json {
+                    print_json_line(e)?;
+                } else {
+                    line(format!(
+                        "{}/{} {} {} {}",
+                        e.partition,
+                        e.sequence,
+                        e.timestamp,
+                        e.event_type.as_deref().unwrap_or("-"),
+                        e.payload
+                    ))?;
+                }
+            }
+            printed += events.len() as u64;
+            if a.count.is_some_and(|c| printed >= c) {
+                return Ok(true);
+            }
+        }
+        if !found {
+            rheo.wait_for_events(&a.stream, TAIL_POLL).await?;
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! `rheo group ...`, `rheo dlq list`, `rheo fetch` and `rheo ack`.
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use rheo::{
+    DeadLetterOptions, FetchOptions, GroupOptions, GroupSummary, Lag, LeaseRef, ReplayOptions, ResetOptions,
+    StartPosition,
+};
+use serde_json::{Value, json};
+
+use super::output::{Table, line, print_json, short_json};
+use super::{CliError, CliResult, Ctx, events, parse};
+
+/// `rheo group ...`
+#[derive(Debug, Subcommand)]
+pub enum GroupCommand {
+    /// Creates a consumer group.
+    Create(CreateArgs),
+    /// Lists the groups of a stream.
+    List {
+        /// The stream.
+        stream: String,
+    },
+    /// Shows a group's settings, lag, in-flight, retrying and dead-lettered counts.
+    Info(GroupRef),
+    /// Shows a group's lag per partition.
+    Lag(GroupRef),
+    /// Moves a group's position (needs --confirm): pending deliveries are dropped.
+    Reset(ResetArgs),
+    /// Reopens already settled deliveries for redelivery.
+    Replay(ReplayArgs),
+}
+
+/// A stream and one of its groups.
+#[derive(Debug, Args)]
+pub struct GroupRef {
+    /// The stream.
+    stream: String,
+    /// The group.
+    group: String,
+}
+
+/// Arguments of `rheo group create`.
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    #[command(flatten)]
+    at: GroupRef,
+    /// Claims before a delivery is dead-lettered.
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    /// Starts after this sequence in every partition.
+    #[arg(long, conflicts_with_all = ["start_at", "latest"])]
+    start_after: Option<u64>,
+    /// Starts at the first event at or after this time (RFC 3339 or ms).
+    #[arg(long, conflicts_with = "latest")]
+    start_at: Option<String>,
+    /// Starts with the events appended from now on.
+    #[arg(long)]
+    latest: bool,
+}
+
+/// Arguments of `rheo group reset`.
+#[derive(Debug, Args)]
+pub struct ResetArgs {
+    #[command(flatten)]
+    at: GroupRef,
+    /// Confirms the reset (it drops the group's pending deliveries).
+    #[arg(long)]
+    confirm: bool,
+    /// Restarts after this sequence in every partition (default: the beginning).
+    #[arg(long, conflicts_with_all = ["start_at", "latest"])]
+    start_after: Option<u64>,
+    /// Restarts at the first event at or after this time (RFC 3339 or ms).
+    #[arg(long, conflicts_with = "latest")]
+    start_at: Option<String>,
+    /// Restarts at the end: only new events.
+    #[arg(long)]
+    latest: bool,
+}
+
+/// Arguments of `rheo group replay`: exactly one of the three modes.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("mode").required(true).args(["from_sequence", "from", "conditions"])))]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    at: GroupRef,
+    /// Replays the deliveries with sequence above N.
+    #[arg(long, value_name = "N")]
+    from_sequence: Option<u64>,
+    /// Replays from the first event at or after this time (RFC 3339 or ms).
+    #[arg(long, value_name = "TIME")]
+    from: Option<String>,
+    /// Replays exactly the events matching these conditions (as `query --where`).
+    #[arg(long = "where", value_name = "CONDITION")]
+    conditions: Vec<String>,
+}
+
+/// `rheo dlq ...`
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Lists a group's dead letters.
+    List(DlqListArgs),
+}
+
+/// Arguments of `rheo dlq list`.
+#[derive(Debug, Args)]
+pub struct DlqListArgs {
+    #[command(flatten)]
+    at: GroupRef,
+    /// Lists those after the dead letter of this event id.
+    #[arg(long, value_name = "EVENT_ID")]
+    after: Option<String>,
+    /// The most to list.
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+}
+
+/// Arguments of `rheo fetch`.
+#[derive(Debug, Args)]
+pub struct FetchArgs {
+    #[command(flatten)]
+    at: GroupRef,
+    /// The most deliveries to claim.
+    #[arg(long, default_value_t = 10)]
+    limit: usize,
+    /// The lease duration in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    lease: u64,
+}
+
+/// Arguments of `rheo ack`.
+#[derive(Debug, Args)]
+pub struct AckArgs {
+    /// The stream (every reference must name it).
+    stream: String,
+    /// The group (every reference must name it).
+    group: String,
+    /// Lease references as printed by `rheo fetch` (`lr1:...`).
+    #[arg(required = true, value_name = "LEASE_REF")]
+    leases: Vec<String>,
+}
+
+fn start(start_after: Option<u64>, start_at: Option<&str>, latest: bool) -> Result<StartPosition, CliError> {
+    Ok(match (start_after, start_at, latest) {
+        (Some(n), _, _) => StartPosition::After(n),
+        (_, Some(t), _) => StartPosition::At(parse::time(t)?),
+        (_, _, true) => StartPosition::Latest,
+        _ => StartPosition::Beginning,
+    })
+}
+
+/// Runs `rheo group ...`.
+pub async fn run_group(ctx: &Ctx, command: GroupCommand) -> CliResult {
+    match command {
+        GroupCommand::Create(a) => {
+            let mut opts = GroupOptions::new().start(start(a.start_after, a.start_at.as_deref(), a.latest)?);
+            if let Some(n) = a.max_attempts {
+                opts = opts.max_attempts(n);
+            }
+            let rheo = ctx.open().await?;
+            let g = rheo.create_group(&a.at.stream, &a.at.group, opts).await?;
+            if ctx.json {
+                print_json(&g)?;
+            } else {
+                line(format!("created group {} on {} (max {} attempts)", g.name, a.at.stream, g.max_attempts))?;
+            }
+        }
+        GroupCommand::List { stream } => {
+            let groups = ctx.open().await?.list_groups(&stream).await?;
+            if ctx.json {
+                print_json(&groups)?;
+            } else {
+                group_table(&groups).print("no groups")?;
+            }
+        }
+        GroupCommand::Info(g) => {
+            let info = ctx.open().await?.group_info(&g.stream, &g.group).await?;
+            if ctx.json {
+                print_json(&info)?;
+            } else {
+                let s = &info.summary;
+                line(format!("group        {} on {}", s.name, g.stream))?;
+                line(format!("max attempts {}", s.max_attempts))?;
+                line(format!("created      {}", s.created_at))?;
+                line(format!("lag          {}", info.lag.total))?;
+                line(format!("in flight    {}", info.inflight))?;
+                line(format!("retrying     {}", info.retry_waiting))?;
+                line(format!("dead letters {}", info.dead_letters))?;
+            }
+        }
+        GroupCommand::Lag(g) => {
+            let lag = ctx.open().await?.lag(&g.stream, &g.group).await?;
+            if ctx.json {
+                print_json(&lag)?;
+            } else {
+                lag_table(&lag).print("no partitions")?;
+                line(format!("total lag {}", lag.total))?;
+            }
+        }
+        GroupCommand::Reset(a) => {
+            if !a.confirm {
+                return Err(CliError::new(format!(
+                    "resetting group {:?} drops its pending deliveries: add --confirm",
+                    a.at.group
+                )));
+            }
+            let opts = ResetOptions::confirmed().start(start(a.start_after, a.start_at.as_deref(), a.latest)?);
+            ctx.open().await?.reset_group(&a.at.stream, &a.at.group, opts).await?;
+            if ctx.json {
+                print_json(&json!({"stream": a.at.stream, "group": a.at.group, "reset": true}))?;
+            } else {
+                line(format!("reset group {} on {}", a.at.group, a.at.stream))?;
+            }
+        }
+        GroupCommand::Replay(a) => {
+            let opts = if let Some(n) = a.from_sequence {
+                ReplayOptions::from_sequence(n)
+            } else if let Some(t) = &a.from {
+                ReplayOptions::from_time(parse::time(t)?)
+            } else {
+                ReplayOptions::query(events::build_query(&a.at.stream, &a.conditions)?)
+            };
+            let n = ctx.open().await?.replay(&a.at.stream, &a.at.group, opts).await?;
+            if ctx.json {
+                print_json(&json!({"stream": a.at.stream, "group": a.at.group, "replayed": n}))?;
+            } else {
+                line(format!("reopened {n} deliveries of group {} on {}", a.at.group, a.at.stream))?;
+            }
+        }
+    }
+    Ok(true)
+}
+
+fn group_table(groups: &[GroupSummary]) -> Table {
+    let mut t = Table::new(&["NAME", "MAX_ATTEMPTS", "PARTITIONS", "CREATED"]);
+    for g in groups {
+        let parts = g
+            .partitions
+            .as_ref()
+            .map_or_else(|| "all".to_owned(), |p| p.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
+        t.row(vec![g.name.clone(), g.max_attempts.to_string(), parts, g.created_at.to_string()]);
+    }
+    t
+}
+
+fn lag_table(lag: &Lag) -> Table {
+    let mut t = Table::new(&["PARTITION", "HIGH_WATERMARK", "FRONTIER", "LAG"]);
+    for p in &lag.partitions {
+        t.row(vec![p.partition.to_string(), p.high_watermark.to_string(), p.frontier.to_string(), p.lag.to_string()]);
+    }
+    t
+}
+
+/// Runs `rheo dlq list`.
+pub async fn run_dlq(ctx: &Ctx, command: DlqCommand) -> CliResult {
+    let DlqCommand::List(a) = command;
+    let mut opts = DeadLetterOptions::new().limit(a.limit);
+    if let Some(id) = a.after {
+        opts = opts.after(id);
+    }
+    let dead = ctx.open().await?.dead_letters(&a.at.stream, &a.at.group, opts).await?;
+    if ctx.json {
+        print_json(&dead)?;
+        return Ok(true);
+    }
+    let mut t = Table::new(&["PARTITION", "SEQ", "EVENT_ID", "ATTEMPTS", "AT", "REASON", "PAYLOAD"]);
+    for d in &dead {
+        t.row(vec![
+            d.event.partition.to_string(),
+            d.event.sequence.to_string(),
+            d.event.id.clone(),
+            d.attempts.to_string(),
+            d.dead_lettered_at.to_string(),
+            d.reason.clone(),
+            short_json(&d.event.payload, 60),
+        ]);
+    }
+    t.print("no dead letters")?;
+    Ok(true)
+}
+
+/// Runs `rheo fetch`: each lease with its reference (`ref`), which `rheo
+/// ack` takes.
+pub async fn fetch(ctx: &Ctx, a: FetchArgs) -> CliResult {
+    let opts = FetchOptions::new().limit(a.limit).lease(Duration::from_secs(a.lease));
+    let leases = ctx.open().await?.fetch(&a.at.stream, &a.at.group, opts).await?;
+    if ctx.json {
+        let mut docs = Vec::with_capacity(leases.len());
+        for l in &leases {
+            let mut v = serde_json::to_value(l).map_err(|e| CliError::new(format!("encoding a lease: {e}")))?;
+            if let Value::Object(m) = &mut v {
+                m.insert("ref".into(), Value::String(l.to_ref().to_string()));
+            }
+            docs.push(v);
+        }
+        print_json(&docs)?;
+        return Ok(true);
+    }
+    let mut t = Table::new(&["PARTITION", "SEQ", "ATTEMPT", "EXPIRES", "PAYLOAD", "REF"]);
+    for l in &leases {
+        t.row(vec![
+            l.partition().to_string(),
+            l.sequence().to_string(),
+            l.attempt.to_string(),
+            l.expires_at.to_string(),
+            short_json(&l.event.payload, 40),
+            l.to_ref().to_string(),
+        ]);
+    }
+    t.print("nothing to deliver")?;
+    Ok(true)
+}
+
+/// Runs `rheo ack`: every reference is tried; exit 1 when any failed.
+pub async fn ack(ctx: &Ctx, a: AckArgs) -> CliResult {
+    let mut refs = Vec::with_capacity(a.leases.len());
+    for text in &a.leases {
+        let r: LeaseRef = text.parse()?;
+        if r.stream != a.stream || r.group != a.group {
+            return Err(CliError::new(format!(
+                "lease {text:?} belongs to group {:?} of stream {:?}, not {:?} of {:?}",
+                r.group, r.stream, a.group, a.stream
+            )));
+        }
+        refs.push(r);
+    }
+    let results = ctx.open().await?.ack_many(refs.iter()).await?;
+    let mut all_ok = true;
+    let mut docs = Vec::with_capacity(results.len());
+    for (text, r) in a.leases.iter().zip(&results) {
+        all_ok &= r.is_ok();
+        let error = r.as_ref().err().map(ToString::to_string);
+        if !ctx.json {
+            match &error {
+                None => line(format!("acked {text}"))?,
+                Some(e) => eprintln!("error: ack {text}: {e}"),
+            }
+        }
+        docs.push(json!({"ref": text, "ok": r.is_ok(), "error": error}));
+    }
+    if ctx.json {
+        print_json(&docs)?;
+    }
+    Ok(all_ok)
+}

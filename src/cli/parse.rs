@@ -1,0 +1,166 @@
+//! Parsing of command-line values: `--where` conditions, times, JSON values.
+
+use rheo::{Op, Timestamp};
+use serde_json::Value;
+
+use super::CliError;
+
+/// A value from the command line: JSON when it parses as JSON (`1`, `true`,
+/// `"1"`, `{"a":1}`), else the text as a string.
+pub fn value(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+}
+
+/// Parses one `--where`: `path=value`, `path>value`, `path>=value`,
+/// `path<value`, `path<=value`, `path in a,b,c`, `path exists`,
+/// `path missing`.
+pub fn condition(text: &str) -> Result<(String, Op), CliError> {
+    let bad = |why: &str| CliError::new(format!("--where {text:?}: {why}"));
+    let t = text.trim();
+    if let Some(path) = t.strip_suffix(" exists") {
+        return Ok((checked_path(path, text)?, Op::Exists(true)));
+    }
+    if let Some(path) = t.strip_suffix(" missing") {
+        return Ok((checked_path(path, text)?, Op::Exists(false)));
+    }
+    if let Some((path, list)) = t.split_once(" in ") {
+        let values: Vec<Value> = list.split(',').map(|v| value(v.trim())).collect();
+        return Ok((checked_path(path, text)?, Op::In(values)));
+    }
+    let at = t.find(['=', '<', '>']).ok_or_else(|| {
+        bad("expected path=value, path>value, path>=value, path<value, path<=value, 'path in a,b', 'path exists' or 'path missing'")
+    })?;
+    let (path, rest) = t.split_at(at);
+    let (op, v): (fn(Value) -> Op, &str) = if let Some(v) = rest.strip_prefix(">=") {
+        (Op::Gte, v)
+    } else if let Some(v) = rest.strip_prefix("<=") {
+        (Op::Lte, v)
+    } else if let Some(v) = rest.strip_prefix('>') {
+        (Op::Gt, v)
+    } else if let Some(v) = rest.strip_prefix('<') {
+        (Op::Lt, v)
+    } else if let Some(v) = rest.strip_prefix("==") {
+        (Op::Eq, v)
+    } else if let Some(v) = rest.strip_prefix('=') {
+        (Op::Eq, v)
+    } else {
+        return Err(bad("unknown comparison"));
+    };
+    Ok((checked_path(path, text)?, op(value(v.trim()))))
+}
+
+fn checked_path(path: &str, text: &str) -> Result<String, CliError> {
+    let path = path.trim();
+    if path.is_empty() || path.contains(char::is_whitespace) {
+        return Err(CliError::new(format!("--where {text:?}: the field path is empty or has spaces")));
+    }
+    Ok(path.to_owned())
+}
+
+/// A time: RFC 3339 (`2026-11-29T18:14:25Z`, `2026-11-29T18:14:25.5+01:00`,
+/// `2026-11-29`) or milliseconds since the Unix epoch.
+pub fn time(text: &str) -> Result<Timestamp, CliError> {
+    if let Ok(ms) = text.parse::<i64>() {
+        return Ok(Timestamp::from_millis(ms));
+    }
+    rfc3339(text).ok_or_else(|| {
+        CliError::new(format!("{text:?} is not a time (RFC 3339 like 2026-11-29T18:14:25Z, or milliseconds)"))
+    })
+}
+
+fn rfc3339(s: &str) -> Option<Timestamp> {
+    let num = |a: usize, b: usize| -> Option<i64> {
+        let part = s.get(a..b)?;
+        part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse().ok())?
+    };
+    let (year, month, day) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
+    if s.get(4..5)? != "-" || s.get(7..8)? != "-" || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+        return None;
+    }
+    let days = days_from_civil(year, month, day);
+    if s.len() == 10 {
+        return Some(Timestamp::from_millis(days * 86_400_000));
+    }
+    if !matches!(s.get(10..11)?, "T" | "t" | " ") || s.get(13..14)? != ":" || s.get(16..17)? != ":" {
+        return None;
+    }
+    let (h, mi, sec) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
+    if h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut rest = s.get(19..)?;
+    let mut ms = 0i64;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let padded = format!("{:0<3}", &frac[..digits.min(3)]);
+        ms = padded.parse().ok()?;
+        rest = &frac[digits..];
+    }
+    let offset_min = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let sign = match rest.get(..1)? {
+                "+" => 1,
+                "-" => -1,
+                _ => return None,
+            };
+            if rest.len() != 6 || rest.get(3..4)? != ":" {
+                return None;
+            }
+            let oh: i64 = rest.get(1..3)?.parse().ok()?;
+            let om: i64 = rest.get(4..6)?.parse().ok()?;
+            sign * (oh * 60 + om)
+        }
+    };
+    let secs = days * 86_400 + h * 3600 + mi * 60 + sec - offset_min * 60;
+    Some(Timestamp::from_millis(secs * 1000 + ms))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
+/// `days_from_civil`).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn where_values_are_json_when_they_parse() {
+        assert_eq!(condition("n=1").ok(), Some(("n".into(), Op::Eq(json!(1)))));
+        assert_eq!(condition("s=\"1\"").ok(), Some(("s".into(), Op::Eq(json!("1")))));
+        assert_eq!(condition("s=abc").ok(), Some(("s".into(), Op::Eq(json!("abc")))));
+        assert_eq!(condition("a.b>=2.5").ok(), Some(("a.b".into(), Op::Gte(json!(2.5)))));
+        assert_eq!(condition("x<3").ok(), Some(("x".into(), Op::Lt(json!(3)))));
+        assert_eq!(condition("t in a,2").ok(), Some(("t".into(), Op::In(vec![json!("a"), json!(2)]))));
+        assert_eq!(condition("t exists").ok(), Some(("t".into(), Op::Exists(true))));
+        assert_eq!(condition("t missing").ok(), Some(("t".into(), Op::Exists(false))));
+        assert!(condition("nothing here").is_err());
+        assert!(condition("=1").is_err());
+    }
+
+    #[test]
+    fn times_parse_as_rfc3339_or_millis() {
+        assert_eq!(time("1000").ok(), Some(Timestamp::from_millis(1000)));
+        assert_eq!(time("1970-01-01T00:00:01Z").ok(), Some(Timestamp::from_millis(1000)));
+        assert_eq!(time("1970-01-01T01:00:01.5+01:00").ok(), Some(Timestamp::from_millis(1500)));
+        assert_eq!(
+            time("2026-11-29T18:14:25.123Z").map(|t| t.to_string()).ok(),
+            Some("2026-11-29T18:14:25.123Z".into())
+        );
+        assert_eq!(time("1970-01-02").ok(), Some(Timestamp::from_millis(86_400_000)));
+        assert!(time("yesterday").is_err());
+        assert!(time("2026-13-01T00:00:00Z").is_err());
+    }
+}
