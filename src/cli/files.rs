@@ -142,8 +142,7 @@ fn segment(b: &[u8], r: &mut Report, limit: usize) {
         "created_ms": h.created_ms, "created": rheo::Timestamp::from_millis(h.created_ms).to_string()});
     let mut off = HEADER_LEN;
     let mut expected = h.base_seq;
-    loop {
-        let Some(rest) = b.get(off..).filter(|r| !r.is_empty()) else { break };
+    while let Some(rest) = b.get(off..).filter(|r| !r.is_empty()) {
         match decode_record(rest) {
             Decoded::Record { header, doc, size } => {
                 if header.seq != expected {

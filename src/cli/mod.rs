@@ -137,9 +137,16 @@ pub fn main() -> ExitCode {
                 let _ = e.print();
                 return ExitCode::from(2);
             }
+            // One line: clap's message (which may continue on the next
+            // lines) without its usage block.
             let rendered = e.render().to_string();
-            let first = rendered.lines().find(|l| !l.trim().is_empty()).unwrap_or("error: bad arguments");
-            eprintln!("{first} (see --help)");
+            let message: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            eprintln!("{} (see --help)", message.join(" "));
             return ExitCode::from(2);
         }
     };

@@ -1,0 +1,444 @@
+//! The `rheo` binary, run against a native data directory in a temp dir:
+//! every command, the shape of its `--json` output, bad input (one stderr
+//! line, non-zero exit), and `verify` finding injected corruption.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+/// A data directory and the binary pointed at it.
+struct Cli {
+    dir: tempfile::TempDir,
+    /// Extra URL options (`?segment_bytes=4096`).
+    options: String,
+}
+
+impl Cli {
+    fn new() -> Self {
+        Cli { dir: tempfile::tempdir().expect("temp dir"), options: String::new() }
+    }
+
+    fn with_options(options: &str) -> Self {
+        Cli { options: options.to_owned(), ..Cli::new() }
+    }
+
+    fn data(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rheo"));
+        c.arg("--backend").arg(format!("native:{}{}", self.data().display(), self.options)).args(args);
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args).stdin(Stdio::null()).output().expect("run rheo")
+    }
+
+    fn run_stdin(&self, args: &[&str], input: &str) -> Output {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn rheo");
+        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
+        child.wait_with_output().expect("wait rheo")
+    }
+
+    /// Runs and expects success; returns stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(out.status.success(), "rheo {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("utf-8 stdout")
+    }
+
+    /// Runs with `--json`, expects success, parses the one document.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let text = self.ok(&all);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("rheo {args:?}: not one JSON document ({e}): {text}"))
+    }
+
+    /// Runs with `--json`, expects success, parses JSON lines.
+    fn json_lines(&self, args: &[&str]) -> Vec<Value> {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        self.ok(&all)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
+            .collect()
+    }
+
+    /// Runs and expects failure with exactly one `error: ...` line on
+    /// stderr; returns that line.
+    fn fails(&self, args: &[&str]) -> String {
+        fails_with(self.run(args), args)
+    }
+}
+
+fn fails_with(out: Output, args: &[&str]) -> String {
+    assert!(!out.status.success(), "rheo {args:?} should fail; stdout: {}", String::from_utf8_lossy(&out.stdout));
+    let err = String::from_utf8(out.stderr).expect("utf-8 stderr");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "rheo {args:?}: expected one stderr line, got {err:?}");
+    assert!(lines[0].starts_with("error: "), "rheo {args:?}: {err:?}");
+    lines[0].to_owned()
+}
+
+fn payloads(events: &[Value]) -> Vec<Value> {
+    events.iter().map(|e| e["payload"].clone()).collect()
+}
+
+#[test]
+fn stream_create_and_list() {
+    let cli = Cli::new();
+    let s = cli.json(&["stream", "create", "orders", "--partitions", "3", "--index", "customer"]);
+    assert_eq!(s["name"], "orders");
+    assert_eq!(s["partition_count"], 3);
+    assert!(s["indexes"].as_array().unwrap().iter().any(|i| i.as_str().unwrap().contains("customer")), "{s}");
+    let list = cli.json(&["stream", "list"]);
+    let list = list.as_array().expect("an array");
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["name"], "orders");
+    assert_eq!(list[0]["high_watermarks"], serde_json::json!([0, 0, 0]));
+    let table = cli.ok(&["stream", "list"]);
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(table.lines().nth(1).unwrap().starts_with("orders "), "{table}");
+    assert!(cli.fails(&["stream", "create", "orders"]).contains("orders"));
+}
+
+#[test]
+fn append_from_arguments_and_stdin_then_read() {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s"]);
+    let appended = cli.json(&["append", "s", r#"{"n":1}"#, r#"{"n":2}"#, "--key", "k", "--type", "t"]);
+    let appended = appended.as_array().expect("an array of events");
+    assert_eq!(appended.len(), 2);
+    assert_eq!(appended[0]["key"], "k");
+    assert_eq!(appended[0]["type"], "t");
+    assert_eq!(appended[1]["sequence"], 2);
+    assert_eq!(appended[1]["payload"], serde_json::json!({"n": 2, "type": "t"}));
+
+    let out = cli.run_stdin(&["--json", "append", "s"], "{\"n\":3}\n\n{\"n\":4}\n");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v.as_array().unwrap().len(), 2);
+
+    let events = cli.json_lines(&["read", "s", "--partition", "0"]);
+    assert_eq!(events.iter().map(|e| e["sequence"].as_u64().unwrap()).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+    assert_eq!(events[3]["payload"], serde_json::json!({"n": 4}));
+    let after = cli.json_lines(&["read", "s", "--after", "2", "--limit", "1"]);
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0]["sequence"], 3);
+    assert!(cli.ok(&["read", "s"]).contains("PAYLOAD"));
+}
+
+#[test]
+fn query_where_values_are_typed() {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s", "--partitions", "2"]);
+    cli.ok(&["append", "s", r#"{"n":1}"#, r#"{"n":"1"}"#, r#"{"n":2,"s":"1"}"#, r#"{"s":1}"#]);
+    let q = |args: &[&str]| {
+        let mut all = vec!["query", "s"];
+        all.extend_from_slice(args);
+        let page = cli.json(&all);
+        assert!(page.get("next_cursor").is_some(), "{page}");
+        payloads(page["events"].as_array().expect("events"))
+    };
+    assert_eq!(q(&["--where", "n=1"]), vec![serde_json::json!({"n": 1})]);
+    assert_eq!(q(&["--where", "n=\"1\""]), vec![serde_json::json!({"n": "1"})]);
+    assert_eq!(q(&["--where", "s=\"1\""]), vec![serde_json::json!({"n": 2, "s": "1"})]);
+    assert_eq!(q(&["--where", "s=1"]), vec![serde_json::json!({"s": 1})]);
+    assert_eq!(q(&["--where", "n>=1"]).len(), 2);
+    assert_eq!(q(&["--where", "n>1"]), vec![serde_json::json!({"n": 2, "s": "1"})]);
+    assert_eq!(q(&["--where", "n<2", "--where", "n<=1"]), vec![serde_json::json!({"n": 1})]);
+    assert_eq!(q(&["--where", "n in 1,2"]).len(), 2);
+    assert_eq!(q(&["--where", "s exists"]).len(), 2);
+    assert_eq!(q(&["--where", "s missing"]).len(), 2);
+    assert_eq!(q(&["--from", "2999-01-01T00:00:00Z"]).len(), 0);
+    assert_eq!(q(&["--to", "0"]).len(), 0);
+    assert_eq!(q(&["--after-sequence", "1", "--until-sequence", "3"]).len(), 2);
+    assert_eq!(q(&["--order", "timestamp", "--desc"]).len(), 4);
+
+    // Pages follow each other by cursor.
+    let first = cli.json(&["query", "s", "--limit", "3", "--order", "partition"]);
+    assert_eq!(first["events"].as_array().unwrap().len(), 3);
+    let cursor = first["next_cursor"].as_str().expect("a cursor string").to_owned();
+    let second = cli.json(&["query", "s", "--limit", "3", "--order", "partition", "--cursor", &cursor]);
+    assert_eq!(second["events"].as_array().unwrap().len(), 1);
+    assert!(second["next_cursor"].is_null());
+
+    let explained = cli.json(&["query", "s", "--where", "n=1", "--explain"]);
+    let explain = explained["explain"].as_array().expect("explain");
+    assert!(!explain.is_empty());
+    assert!(explain[0]["text"].as_str().unwrap().starts_with("partition "), "{explained}");
+    assert!(cli.ok(&["query", "s", "--explain"]).contains("explain:"));
+}
+
+#[test]
+fn index_create_and_status() {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s"]);
+    cli.ok(&["append", "s", r#"{"customer":"ada"}"#]);
+    let built = cli.json(&["index", "create", "s", "customer"]);
+    assert_eq!(built["field"], "payload.customer");
+    assert_eq!(built["segments_ready"], built["segments_total"]);
+    let status = cli.json(&["index", "status", "s"]);
+    let mine = status.as_array().unwrap().iter().find(|s| s["field"] == "payload.customer").expect("listed");
+    assert!(mine.get("segments_failed").is_some());
+    assert!(cli.ok(&["index", "status", "s"]).contains("payload.customer"));
+}
+
+#[test]
+fn groups_fetch_ack_reset_replay_and_dead_letters() {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s", "--partitions", "2"]);
+    cli.ok(&["append", "s", r#"{"n":1}"#, r#"{"n":2}"#, r#"{"n":3}"#, "--partition", "1"]);
+    let g = cli.json(&["group", "create", "s", "g", "--max-attempts", "5"]);
+    assert_eq!(g["name"], "g");
+    assert_eq!(g["max_attempts"], 5);
+    let list = cli.json(&["group", "list", "s"]);
+    assert_eq!(list[0]["name"], "g");
+    let lag = cli.json(&["group", "lag", "s", "g"]);
+    assert_eq!(lag["total"], 3);
+    assert_eq!(lag["partitions"][1]["lag"], 3);
+    assert_eq!(lag["partitions"][1]["high_watermark"], 3);
+
+    let leases = cli.json(&["fetch", "s", "g", "--limit", "2", "--lease", "60"]);
+    let leases = leases.as_array().unwrap();
+    assert_eq!(leases.len(), 2);
+    assert_eq!(leases[0]["event"]["sequence"], 1);
+    assert_eq!(leases[0]["attempt"], 1);
+    let refs: Vec<String> = leases.iter().map(|l| l["ref"].as_str().expect("ref").to_owned()).collect();
+    assert!(refs[0].starts_with("lr1:s:g:1:1:"), "{}", refs[0]);
+    let info = cli.json(&["group", "info", "s", "g"]);
+    assert_eq!(info["inflight"], 2);
+    assert_eq!(info["summary"]["name"], "g");
+    assert_eq!(info["dead_letters"], 0);
+
+    let acked = cli.json(&["ack", "s", "g", &refs[0], &refs[1]]);
+    assert_eq!(acked[0]["ok"], true);
+    assert_eq!(acked[1]["ok"], true);
+    assert_eq!(cli.json(&["group", "lag", "s", "g"])["total"], 1);
+    // A second ack of the same lease is stale: reported, exit non-zero.
+    let again = cli.run(&["--json", "ack", "s", "g", &refs[0]]);
+    assert!(!again.status.success());
+    let again: Value = serde_json::from_slice(&again.stdout).expect("json");
+    assert_eq!(again[0]["ok"], false);
+    assert!(again[0]["error"].as_str().unwrap().contains("stale"), "{again}");
+
+    let replay = cli.json(&["group", "replay", "s", "g", "--from-sequence", "0"]);
+    assert_eq!(replay["replayed"], 2);
+    let replay = cli.json(&["group", "replay", "s", "g", "--where", "n=1"]);
+    assert_eq!(replay["replayed"], 0, "already reopened");
+    assert!(cli.fails(&["group", "reset", "s", "g"]).contains("--confirm"));
+    assert_eq!(cli.json(&["group", "reset", "s", "g", "--confirm", "--start-after", "3"])["reset"], true);
+    assert_eq!(cli.json(&["group", "lag", "s", "g"])["total"], 0);
+
+    // An expired lease with max_attempts 1 is dead-lettered on the next fetch.
+    cli.ok(&["group", "create", "s", "once", "--max-attempts", "1"]);
+    cli.ok(&["fetch", "s", "once", "--limit", "1", "--lease", "1"]);
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    cli.ok(&["fetch", "s", "once", "--limit", "1"]);
+    let dead = cli.json(&["dlq", "list", "s", "once"]);
+    let dead = dead.as_array().unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0]["event"]["sequence"], 1);
+    assert_eq!(dead[0]["attempts"], 1);
+    assert!(dead[0]["reason"].as_str().unwrap().starts_with("max_attempts"));
+    let id = dead[0]["event"]["id"].as_str().unwrap();
+    assert_eq!(cli.json(&["dlq", "list", "s", "once", "--after", id]), serde_json::json!([]));
+    assert!(cli.ok(&["dlq", "list", "s", "once"]).contains("REASON"));
+}
+
+#[test]
+fn tail_prints_events_until_count() {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s", "--partitions", "2"]);
+    cli.ok(&["append", "s", r#"{"n":1}"#, r#"{"n":2}"#, "--partition", "0"]);
+    cli.ok(&["append", "s", r#"{"n":3}"#, "--partition", "1"]);
+    let lines = cli.json_lines(&["tail", "s", "--count", "3"]);
+    assert_eq!(lines.len(), 3);
+    let mut ns: Vec<i64> = lines.iter().map(|e| e["payload"]["n"].as_i64().unwrap()).collect();
+    ns.sort();
+    assert_eq!(ns, vec![1, 2, 3]);
+    let one = cli.json_lines(&["tail", "s", "--partition", "1", "--count", "1"]);
+    assert_eq!(one[0]["partition"], 1);
+    assert!(cli.fails(&["tail", "s", "--partition", "7"]).contains("--partition 7"));
+}
+
+fn files_named(dir: &Path, pred: &dyn Fn(&str) -> bool, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            files_named(&p, pred, out);
+        } else if pred(p.file_name().unwrap().to_str().unwrap()) {
+            out.push(p);
+        }
+    }
+}
+
+fn find(dir: &Path, pred: &dyn Fn(&str) -> bool) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    files_named(dir, pred, &mut out);
+    out
+}
+
+fn flip(path: &Path, offset: u64) {
+    let mut b = std::fs::read(path).unwrap();
+    b[usize::try_from(offset).unwrap()] ^= 0x40;
+    std::fs::write(path, b).unwrap();
+}
+
+/// A data directory with sealed segments (4 KiB each) and a group's WAL.
+fn populated() -> Cli {
+    let cli = Cli::with_options("?segment_bytes=4096");
+    cli.ok(&["stream", "create", "s"]);
+    // A batch goes to one segment whatever its size: separate appends roll.
+    for batch in 0..6 {
+        let events: Vec<String> =
+            (0..10).map(|n| format!(r#"{{"n":{},"pad":"{}"}}"#, batch * 10 + n, "x".repeat(40))).collect();
+        let mut args = vec!["append", "s"];
+        args.extend(events.iter().map(String::as_str));
+        cli.ok(&args);
+    }
+    cli.ok(&["group", "create", "s", "g"]);
+    let leases = cli.json(&["fetch", "s", "g", "--limit", "3"]);
+    cli.ok(&["ack", "s", "g", leases[0]["ref"].as_str().unwrap()]);
+    cli
+}
+
+#[test]
+fn inspect_dumps_segments_indexes_and_wal() {
+    let cli = populated();
+    let segments = find(cli.data(), &|n| n.ends_with(".log") && !n.starts_with("wal-"));
+    assert!(segments.len() >= 2, "expected sealed segments: {segments:?}");
+    let sealed = cli.json(&["inspect", segments[0].to_str().unwrap()]);
+    assert_eq!(sealed["kind"], "segment");
+    assert_eq!(sealed["header"]["base_seq"], 1);
+    assert_eq!(sealed["records"][0]["seq"], 1);
+    assert_eq!(sealed["records"][0]["offset"], 64);
+    assert_eq!(sealed["records"][0]["payload"]["n"], 0);
+    assert_eq!(sealed["trailer"]["count"], sealed["record_count"]);
+    assert_eq!(sealed["problems"], serde_json::json!([]));
+
+    let wal = find(cli.data(), &|n| n.starts_with("wal-"));
+    let wal = cli.json(&["inspect", wal[0].to_str().unwrap()]);
+    assert_eq!(wal["kind"], "delivery_wal");
+    assert_eq!(wal["records"][0]["offset"], 32);
+    assert_eq!(wal["records"][0]["kind"], "create");
+    assert_eq!(wal["records"][0]["group"], "g");
+    assert!(wal["records"].as_array().unwrap().iter().any(|r| r["kind"] == "ops"));
+
+    let idx = find(cli.data(), &|n| n.ends_with(".idx"));
+    let idx = cli.json(&["inspect", idx[0].to_str().unwrap()]);
+    assert_eq!(idx["kind"], "sparse_index");
+    assert_eq!(idx["records"][0]["record_offset"], 64);
+
+    // The background builder writes a sealed segment's .six; `index create`
+    // waits for every segment, and each run gives the builder another turn.
+    cli.ok(&["index", "create", "s", "n"]);
+    let mut six = find(cli.data(), &|n| n.ends_with(".six"));
+    for _ in 0..50 {
+        if !six.is_empty() {
+            break;
+        }
+        cli.ok(&["index", "status", "s"]);
+        six = find(cli.data(), &|n| n.ends_with(".six"));
+    }
+    let six = cli.json(&["inspect", six[0].to_str().unwrap()]);
+    assert_eq!(six["kind"], "secondary_index");
+    assert_eq!(six["header"]["base_seq"], 1);
+    assert!(six["records"].as_array().unwrap().iter().any(|t| t["field"] == "id"), "{six}");
+    assert!(six["records"].as_array().unwrap().iter().any(|t| t["field"] == "payload.n"), "{six}");
+
+    let text = cli.ok(&["inspect", segments[0].to_str().unwrap(), "--limit", "1"]);
+    assert!(text.contains("more (use --limit)"), "{text}");
+    assert!(cli.fails(&["inspect", "/nonexistent/00000000000000000001.log"]).contains("cannot read"));
+    assert!(cli.fails(&["inspect", "Cargo.toml"]).contains("not a data file"));
+}
+
+#[test]
+fn verify_passes_then_reports_each_corruption_with_file_and_offset() {
+    let cli = populated();
+    let dir = cli.data().to_str().unwrap().to_owned();
+    let healthy = cli.json(&["verify", &dir]);
+    assert_eq!(healthy["ok"], true, "{healthy}");
+    assert_eq!(healthy["problems"], serde_json::json!([]));
+    assert!(healthy["records"].as_u64().unwrap() >= 60);
+    // Without DIR, verify reads the --backend directory.
+    assert!(cli.ok(&["verify"]).contains(": ok"));
+
+    let segments = find(cli.data(), &|n| n.ends_with(".log") && !n.starts_with("wal-"));
+    let sealed = &segments[0];
+    let active = segments.last().unwrap();
+    // The second record of the sealed segment: its offset from inspect.
+    let second = cli.json(&["inspect", sealed.to_str().unwrap()])["records"][1]["offset"].as_u64().unwrap();
+    flip(sealed, second + 20);
+    let out = cli.run(&["verify", &dir]);
+    assert!(!out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let expected = format!("{} {second} record checksum mismatch", sealed.display());
+    assert!(text.lines().any(|l| l == expected), "expected {expected:?} in:\n{text}");
+
+    flip(active, 64 + 30);
+    let wal = find(cli.data(), &|n| n.starts_with("wal-")).remove(0);
+    flip(&wal, 32 + 8 + 2);
+    let report = cli.run(&["--json", "verify", &dir]);
+    assert!(!report.status.success());
+    let report: Value = serde_json::from_slice(&report.stdout).unwrap();
+    assert_eq!(report["ok"], false);
+    let problems = report["problems"].as_array().unwrap();
+    let has = |file: &Path, offset: u64| {
+        problems.iter().any(|p| p["file"] == file.to_str().unwrap() && p["offset"] == offset && p["reason"].is_string())
+    };
+    assert!(has(sealed, second), "{report}");
+    assert!(has(active, 64), "{report}");
+    assert!(has(&wal, 32), "{report}");
+    assert_eq!(problems.len(), 3, "{report}");
+
+    assert!(cli.fails(&["verify", "/nonexistent-dir"]).contains("not a directory"));
+}
+
+#[test]
+fn bad_input_is_one_error_line_and_a_non_zero_exit() {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s"]);
+    assert!(cli.fails(&["no-such-command"]).contains("no-such-command"));
+    assert!(cli.fails(&["append", "s", "{not json"]).contains("argument 1 is not valid JSON"));
+    assert!(cli.fails(&["append", "s", "[1]", "--type", "t"]).contains("--type"));
+    assert!(cli.fails(&["append", "missing", "{}"]).contains("missing"));
+    assert!(cli.fails(&["read", "missing"]).contains("missing"));
+    assert!(cli.fails(&["query", "s", "--where", "just words"]).contains("--where"));
+    assert!(cli.fails(&["query", "s", "--from", "yesterday"]).contains("yesterday"));
+    assert!(cli.fails(&["query", "s", "--cursor", "nope"]).contains("cursor"));
+    assert!(cli.fails(&["query", "s", "--order", "sideways"]).contains("sideways"));
+    assert!(cli.fails(&["ack", "s", "g", "garbage"]).contains("lease"));
+    assert!(cli.fails(&["group", "replay", "s", "g"]).contains("required"));
+    assert!(cli.fails(&["group", "info", "s", "nobody"]).contains("nobody"));
+    assert!(cli.fails(&["read", "s", "--limit", "lots"]).contains("lots"));
+    let out = cli.run_stdin(&["append", "s"], "");
+    assert!(fails_with(out, &["append", "s"]).contains("nothing to append"));
+}
+
+#[test]
+fn bench_and_demo_run() {
+    let cli = Cli::new();
+    let bench = cli.json(&["bench", "--events", "300"]);
+    assert_eq!(bench["events"], 300);
+    assert!(bench["append_events_per_sec"].as_f64().unwrap() > 0.0);
+    assert!(bench["fetch_ack_events_per_sec"].as_f64().unwrap() > 0.0);
+    assert!(cli.ok(&["bench", "--events", "100"]).contains("events/s"));
+    let demo = cli.json(&["demo"]);
+    assert!(demo["lines"].as_array().unwrap().len() > 10);
+    assert!(demo["lines"][0].as_str().unwrap().starts_with("Rheo demo"));
+}
