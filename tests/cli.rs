@@ -139,6 +139,13 @@ fn append_from_arguments_and_stdin_then_read() {
     assert_eq!(after.len(), 1);
     assert_eq!(after[0]["sequence"], 3);
     assert!(cli.ok(&["read", "s"]).contains("PAYLOAD"));
+
+    // Stdin is appended in batches; a long run prints only its count.
+    let many: String = (0..1200).map(|n| format!("{{\"m\":{n}}}\n")).collect();
+    let out = cli.run_stdin(&["append", "s"], &many);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "appended 1200 event(s) to s\n");
+    assert_eq!(cli.json(&["stream", "list"])[0]["high_watermarks"], serde_json::json!([1204]));
 }
 
 #[test]
@@ -428,6 +435,19 @@ fn bad_input_is_one_error_line_and_a_non_zero_exit() {
     assert!(cli.fails(&["read", "s", "--limit", "lots"]).contains("lots"));
     let out = cli.run_stdin(&["append", "s"], "");
     assert!(fails_with(out, &["append", "s"]).contains("nothing to append"));
+    let out = cli.run_stdin(&["append", "s"], "{\"ok\":1}\nnot json\n");
+    let line = fails_with(out, &["append", "s"]);
+    assert!(
+        line.contains("stdin line 2 is not valid JSON") && line.contains("stopped with 0 event(s) appended"),
+        "{line}"
+    );
+    // Arguments are all checked first: nothing was appended by the bad run.
+    assert!(cli.fails(&["append", "s", "{}", "oops"]).contains("argument 2"));
+    // Stdin goes in batches: line 1 was still in the batch the bad line stopped.
+    assert_eq!(cli.json(&["stream", "list"])[0]["high_watermarks"], serde_json::json!([0]));
+    // verify needs a directory: a memory backend has none.
+    let out = Command::new(env!("CARGO_BIN_EXE_rheo")).args(["--backend", "memory:", "verify"]).output().unwrap();
+    assert!(fails_with(out, &["verify"]).contains("native"));
 }
 
 #[test]
@@ -438,6 +458,13 @@ fn bench_and_demo_run() {
     assert!(bench["append_events_per_sec"].as_f64().unwrap() > 0.0);
     assert!(bench["fetch_ack_events_per_sec"].as_f64().unwrap() > 0.0);
     assert!(cli.ok(&["bench", "--events", "100"]).contains("events/s"));
+    let memory = Command::new(env!("CARGO_BIN_EXE_rheo"))
+        .args(["--backend", "memory:", "--json", "bench", "--events", "200"])
+        .output()
+        .unwrap();
+    assert!(memory.status.success(), "{}", String::from_utf8_lossy(&memory.stderr));
+    let memory: Value = serde_json::from_slice(&memory.stdout).unwrap();
+    assert_eq!(memory["backend"], "memory:");
     let demo = cli.json(&["demo"]);
     assert!(demo["lines"].as_array().unwrap().len() > 10);
     assert!(demo["lines"][0].as_str().unwrap().starts_with("Rheo demo"));

@@ -114,26 +114,13 @@ pub struct TailArgs {
     count: Option<u64>,
 }
 
-/// Runs `rheo append`.
+/// The most appended events `append` lists in its table (beyond, a count).
+const APPEND_TABLE_MAX: usize = 50;
+
+/// Runs `rheo append`. Arguments are all checked before anything is
+/// appended; stdin is appended in batches as it is read, so a bad line stops
+/// the run after the batches before it (the error says how many).
 pub async fn append(ctx: &Ctx, a: AppendArgs) -> CliResult {
-    let mut payloads = Vec::new();
-    if a.payloads.is_empty() {
-        for (n, text) in std::io::stdin().lock().lines().enumerate() {
-            let text = text.map_err(|e| CliError::new(format!("reading stdin: {e}")))?;
-            if text.trim().is_empty() {
-                continue;
-            }
-            payloads.push(payload(&text, &format!("stdin line {}", n + 1), a.event_type.as_deref())?);
-        }
-    } else {
-        for (n, text) in a.payloads.iter().enumerate() {
-            payloads.push(payload(text, &format!("argument {}", n + 1), a.event_type.as_deref())?);
-        }
-    }
-    if payloads.is_empty() {
-        return Err(CliError::new("nothing to append: give JSON payloads as arguments or JSON lines on stdin"));
-    }
-    let rheo = ctx.open().await?;
     let mut opts = AppendOptions::new();
     if let Some(k) = &a.key {
         opts = opts.key(k.clone());
@@ -141,18 +128,62 @@ pub async fn append(ctx: &Ctx, a: AppendArgs) -> CliResult {
     if let Some(p) = a.partition {
         opts = opts.partition(p);
     }
-    let mut appended: Vec<Event> = Vec::with_capacity(payloads.len());
-    for chunk in payloads.chunks(APPEND_BATCH_MAX) {
-        let items = chunk.iter().map(|p| (p.clone(), opts.clone()));
-        appended.extend(rheo.append_batch_with(&a.stream, items).await?);
+    let mut appended: Vec<Event> = Vec::new();
+    if a.payloads.is_empty() {
+        let rheo = ctx.open().await?;
+        let mut batch = Vec::new();
+        for (n, text) in std::io::stdin().lock().lines().enumerate() {
+            let text = text.map_err(|e| CliError::new(format!("reading stdin: {e}")))?;
+            if text.trim().is_empty() {
+                continue;
+            }
+            let v = payload(&text, &format!("stdin line {}", n + 1), a.event_type.as_deref())
+                .map_err(|e| CliError::new(format!("{e} (stopped with {} event(s) appended)", appended.len())))?;
+            batch.push(v);
+            if batch.len() == APPEND_BATCH_MAX {
+                flush(&rheo, &a.stream, &opts, &mut batch, &mut appended).await?;
+            }
+        }
+        flush(&rheo, &a.stream, &opts, &mut batch, &mut appended).await?;
+        if appended.is_empty() {
+            return Err(CliError::new("nothing to append: give JSON payloads as arguments or JSON lines on stdin"));
+        }
+    } else {
+        let mut payloads = Vec::with_capacity(a.payloads.len());
+        for (n, text) in a.payloads.iter().enumerate() {
+            payloads.push(payload(text, &format!("argument {}", n + 1), a.event_type.as_deref())?);
+        }
+        let rheo = ctx.open().await?;
+        for chunk in payloads.chunks_mut(APPEND_BATCH_MAX) {
+            let mut batch = chunk.to_vec();
+            flush(&rheo, &a.stream, &opts, &mut batch, &mut appended).await?;
+        }
     }
     if ctx.json {
         print_json(&appended)?;
     } else {
-        event_table(&appended).print("")?;
+        if appended.len() <= APPEND_TABLE_MAX {
+            event_table(&appended).print("")?;
+        }
         line(format!("appended {} event(s) to {}", appended.len(), a.stream))?;
     }
     Ok(true)
+}
+
+/// Appends `batch` (emptying it) and adds the events to `appended`.
+async fn flush(
+    rheo: &Rheo,
+    stream: &str,
+    opts: &AppendOptions,
+    batch: &mut Vec<Value>,
+    appended: &mut Vec<Event>,
+) -> Result<(), CliError> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let items = batch.drain(..).map(|p| (p, opts.clone()));
+    appended.extend(rheo.append_batch_with(stream, items).await?);
+    Ok(())
 }
 
 /// One payload: a JSON object (or any JSON value), with `type` set when asked.
