@@ -469,3 +469,39 @@ fn bench_and_demo_run() {
     assert!(demo["lines"].as_array().unwrap().len() > 10);
     assert!(demo["lines"][0].as_str().unwrap().starts_with("Rheo demo"));
 }
+
+#[test]
+fn checkpoint_is_inspected_and_its_corruption_found() {
+    let cli = Cli::with_options("?checkpoint_bytes=4096");
+    cli.ok(&["stream", "create", "s"]);
+    let events: Vec<String> = (0..200).map(|n| format!(r#"{{"n":{n}}}"#)).collect();
+    let mut args = vec!["append", "s"];
+    args.extend(events.iter().map(String::as_str));
+    cli.ok(&args);
+    cli.ok(&["group", "create", "s", "g"]);
+    // Enough WAL traffic to pass 4 KiB and start a new generation.
+    for _ in 0..4 {
+        let leases = cli.json(&["fetch", "s", "g", "--limit", "50"]);
+        let refs: Vec<String> = leases.as_array().unwrap().iter().map(|l| l["ref"].as_str().unwrap().into()).collect();
+        let mut ack = vec!["ack", "s", "g"];
+        ack.extend(refs.iter().map(String::as_str));
+        cli.ok(&ack);
+    }
+    let ckpt = find(cli.data(), &|n| n.ends_with(".ckpt"));
+    assert_eq!(ckpt.len(), 1, "expected one checkpoint");
+    let ckpt = &ckpt[0];
+    let dump = cli.json(&["inspect", ckpt.to_str().unwrap()]);
+    assert_eq!(dump["kind"], "checkpoint");
+    assert_eq!(dump["header"]["groups"], 1);
+    assert!(dump["header"]["generation"].as_u64().unwrap() >= 2);
+    assert!(dump["trailer"]["groups"].is_array());
+    let dir = cli.data().to_str().unwrap().to_owned();
+    assert_eq!(cli.json(&["verify", &dir])["ok"], true);
+
+    flip(ckpt, 48 + 10);
+    let out = cli.run(&["verify", &dir]);
+    assert!(!out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let expected = format!("{} 48 checkpoint body checksum mismatch", ckpt.display());
+    assert!(text.lines().any(|l| l == expected), "expected {expected:?} in:\n{text}");
+}
