@@ -10,7 +10,8 @@ use rheo::engine::index::file as six;
 use rheo::engine::log::{manifest, txn};
 use rheo::engine::segment::file::{Footer, IndexEntry, SegmentHeader};
 use rheo::engine::segment::format::{
-    ENTRY_LEN, FOOTER_LEN, FORMAT_VERSION, HEADER_LEN, IDX_BASE_SEQ, IDX_CRC, IDX_HEADER_LEN, IDX_VERSION, INDEX_MAGIC,
+    ENTRY_LEN, FOOTER_LEN, FORMAT_VERSION, HDR_BASE_SEQ, HEADER_LEN, IDX_BASE_SEQ, IDX_CRC, IDX_HEADER_LEN,
+    IDX_VERSION, INDEX_MAGIC,
 };
 use rheo::engine::segment::record::{Decoded, decode_doc, decode_record};
 use serde::Serialize;
@@ -117,7 +118,7 @@ fn read_file(path: &Path) -> Result<Vec<u8>, CliError> {
 fn check(kind: Kind, b: &[u8], name: &str, limit: usize) -> Report {
     let mut r = Report::default();
     match kind {
-        Kind::Segment => segment(b, &mut r, limit),
+        Kind::Segment => segment(b, name, &mut r, limit),
         Kind::SparseIndex => sparse_index(b, name, &mut r, limit),
         Kind::SecondaryIndex => secondary_index(b, &mut r, limit),
         Kind::DeliveryWal => delivery_wal(b, &mut r, limit),
@@ -133,13 +134,16 @@ fn non_zero_after(b: &[u8], from: usize) -> Option<u64> {
     b.get(from..)?.iter().position(|&x| x != 0).map(|i| (from + i) as u64)
 }
 
-fn segment(b: &[u8], r: &mut Report, limit: usize) {
+fn segment(b: &[u8], name: &str, r: &mut Report, limit: usize) {
     let h = match SegmentHeader::decode(b) {
         Ok(h) => h,
         Err(e) => return r.problem(0, e.to_string()),
     };
     r.header = json!({"partition": h.partition, "stream_id": h.stream_id, "base_seq": h.base_seq,
         "created_ms": h.created_ms, "created": rheo::Timestamp::from_millis(h.created_ms).to_string()});
+    if name.split('.').next().and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n != h.base_seq) {
+        r.problem(HDR_BASE_SEQ as u64, format!("base sequence {} differs from the file name", h.base_seq));
+    }
     let mut off = HEADER_LEN;
     let mut expected = h.base_seq;
     while let Some(rest) = b.get(off..).filter(|r| !r.is_empty()) {
