@@ -449,6 +449,16 @@ impl Rheo {
         let first = leases.first();
         let (stream, group) = (first.map_or("", |l| l.stream.as_str()), first.map_or("", |l| l.group.as_str()));
         let results = observed("ack_many", stream, group, self.inner.backend.ack_many(&leases)).await?;
+        if results.len() != leases.len() {
+            return Err(Error::failed(
+                "ack_many",
+                format!(
+                    "the backend returned {} results for {} leases (stream {stream:?}, group {group:?})",
+                    results.len(),
+                    leases.len()
+                ),
+            ));
+        }
         for (lease, r) in leases.iter().zip(&results) {
             if r.is_ok() {
                 observe::settled(observe::ACKED, &lease.stream, &lease.group, 1);

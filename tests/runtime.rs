@@ -545,6 +545,55 @@ async fn lease_stream_renews_held_leases(f: Fixture) {
     lease.ack().await.expect("ack after renewals");
 }
 
+/// Leases fetched ahead and not yet yielded are renewed too: taken late,
+/// they are still ours.
+async fn lease_stream_renews_leases_it_has_not_yielded_yet(f: Fixture) {
+    setup(&f, 3, GroupOptions::new()).await;
+    let opts = LeaseStreamOptions::new().max_demand(3).lease(Duration::from_secs(1));
+    let mut leases = f.rheo.lease_stream(S, G, opts).expect("lease stream");
+    let first = leases.next().await.expect("item").expect("lease");
+    assert_eq!(leases.outstanding(), 3, "all three fetched at once");
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        f.clock.advance(Duration::from_millis(600));
+    }
+    let stolen = f.rheo.fetch(S, G, FetchOptions::new().limit(10).consumer("intruder")).await.expect("fetch");
+    assert!(stolen.is_empty(), "a buffered lease expired: {stolen:?}");
+    first.ack().await.expect("ack");
+    for _ in 0..2 {
+        leases.next().await.expect("item").expect("lease").ack().await.expect("ack after renewals");
+    }
+}
+
+/// A shutdown lets go of leases fetched ahead whose handler never started
+/// (they do not wait out their lease), and runs no handler after it.
+async fn shutdown_releases_leases_fetched_ahead(f: Fixture) {
+    setup(&f, 6, GroupOptions::new()).await;
+    let started = Arc::new(AtomicUsize::new(0));
+    let s = started.clone();
+    let handle = Group::builder(&f.rheo, S, G)
+        .concurrency(1)
+        .max_demand(6)
+        .spawn(handler_fn(move |_lease| {
+            let s = s.clone();
+            async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Outcome::Ack
+            }
+        }))
+        .await
+        .expect("spawn");
+    until("a handler", || started.load(Ordering::SeqCst) == 1).await;
+    let summary = handle.shutdown().await.expect("shutdown");
+    assert_eq!(started.load(Ordering::SeqCst), 1, "no handler starts after the shutdown");
+    assert_eq!((summary.acked, summary.left_to_expiry), (1, 5), "{summary:?}");
+    // Released at once: another consumer can take them without waiting 30 s.
+    f.clock.advance(Duration::from_millis(10));
+    let others = f.rheo.fetch(S, G, FetchOptions::new().limit(10).consumer("next")).await.expect("fetch");
+    assert_eq!(others.len(), 5);
+}
+
 async fn spawn_checks_the_group_exists(f: Fixture) {
     f.rheo.create_stream(S, StreamOptions::new()).await.expect("stream");
     let err = Group::builder(&f.rheo, S, "nobody")
@@ -642,6 +691,11 @@ macro_rules! cases {
             case!(lease_stream_renews_held_leases);
             case!(lease_stream_retries_transient_errors_and_yields_definite_ones);
             case!(spawn_checks_the_group_exists);
+            case!(lease_stream_renews_leases_it_has_not_yielded_yet);
+            #[tokio::test]
+            async fn shutdown_releases_leases_fetched_ahead() {
+                super::shutdown_releases_leases_fetched_ahead($factory().await).await;
+            }
             case!(a_failing_setup_stops_the_spawn);
         }
     };

@@ -212,7 +212,11 @@ impl Backend for MemoryBackend {
             let mut state = slot.state.lock();
             self.append_locked(&mut state.log, events)?
         };
+        // Wake every waiter, and leave a permit for the next one: a consumer
+        // whose fetch came back empty just before this append returns at once
+        // from its wait instead of sleeping until its poll.
         slot.appended.notify_waiters();
+        slot.appended.notify_one();
         Ok(out)
     }
 

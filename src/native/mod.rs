@@ -231,7 +231,11 @@ impl Backend for NativeBackend {
         ticket.resolved().await?;
         // Visible now (published before the ticket resolves): wake waiters.
         if let Ok(log) = self.engine.stream(stream) {
+            // Wake every waiter, and leave a permit for the next one: a consumer
+            // whose fetch came back empty just before this append returns at once
+            // from its wait instead of sleeping until its poll.
             log.appended.notify_waiters();
+            log.appended.notify_one();
         }
         Ok(out)
     }

@@ -2,7 +2,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -77,7 +77,8 @@ pub struct GroupBuilder {
 }
 
 impl GroupBuilder {
-    /// Handlers running at once (default 1, at most [`MAX_LIMIT`]).
+    /// Handlers running at once (default 1, at most [`MAX_LIMIT`]); never
+    /// more than `max_demand`, which bounds the leases held (raise both).
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n;
         self
@@ -130,6 +131,27 @@ impl GroupBuilder {
             validate_name(ObjectKind::Consumer, id)?;
         }
         check_bounds(&self.stream, &self.group, self.max_demand, self.lease)?;
+        let (stream, group) = (&self.stream, &self.group);
+        if self.lease < 2 * super::MIN_RENEW_INTERVAL {
+            return Err(Error::invalid(
+                "lease",
+                format!(
+                    "{:?} for {stream:?}/{group:?}: renewals are at least {:?} apart, so a lease must be at least twice that",
+                    self.lease,
+                    super::MIN_RENEW_INTERVAL
+                ),
+            ));
+        }
+        let day = crate::model::names::MAX_LEASE;
+        for (name, d) in [
+            ("poll", Some(self.poll)),
+            ("drain_timeout", Some(self.drain_timeout)),
+            ("retry_backoff", self.retry_backoff),
+        ] {
+            if d.is_some_and(|d| d > day) {
+                return Err(Error::invalid(name, format!("{d:?} for {stream:?}/{group:?} is above 24h")));
+            }
+        }
         if self.concurrency == 0 || self.concurrency > MAX_LIMIT {
             return Err(Error::invalid(
                 "concurrency",
@@ -147,7 +169,12 @@ impl GroupBuilder {
     /// runtime with the time driver).
     pub async fn spawn<H: Handler>(self, handler: H) -> Result<GroupHandle> {
         self.check()?;
-        self.rheo.lag(&self.stream, &self.group).await?;
+        // The group (and the partitions asked for) must exist: a definite
+        // error now, not warnings from every fetch later.
+        match &self.partitions {
+            Some(p) => self.rheo.lag_of(&self.stream, &self.group, p).await?,
+            None => self.rheo.lag(&self.stream, &self.group).await?,
+        };
         handler.setup().await?;
         let stats = Arc::new(Stats::default());
         let (settle_tx, settle_rx) = mpsc::channel(SETTLE_BATCH_MAX * 4);
@@ -155,10 +182,13 @@ impl GroupBuilder {
         let (stop_tx, stop_rx) = watch::channel(false);
         // Demand bounds the leases held (fetched ahead); `running` bounds
         // the handlers running at once.
+        // Leases held never exceed `max_demand`, so neither do handlers
+        // running (a `concurrency` above it acts as `max_demand`).
         let slots = self.max_demand;
         let running = Arc::new(Semaphore::new(self.concurrency));
         let ctx = Arc::new(Ctx {
             running,
+            stop: stop_rx.clone(),
             fetch: FetchOptions {
                 limit: slots,
                 consumer_id: self.consumer_id.clone(),
@@ -244,6 +274,8 @@ impl GroupHandle {
 struct Ctx {
     /// Permits to run a handler (`concurrency` of them).
     running: Arc<Semaphore>,
+    /// Set when a shutdown is asked.
+    stop: watch::Receiver<bool>,
     config: GroupBuilder,
     fetch: FetchOptions,
     handler: Arc<dyn Handler>,
@@ -294,7 +326,13 @@ async fn fetch_loop(
         }
         let mut opts = ctx.fetch.clone();
         opts.limit = permits.len();
-        let pause = match ctx.config.rheo.fetch(&cfg.stream, &cfg.group, opts).await {
+        let fetched = tokio::select! {
+            biased;
+            // A fetch in flight is abandoned: what it leased expires.
+            _ = stopped(stop) => return,
+            r = ctx.config.rheo.fetch(&cfg.stream, &cfg.group, opts) => r,
+        };
+        let pause = match fetched {
             Ok(leases) if leases.is_empty() => {
                 backoff.reset();
                 drop(permits);
@@ -340,6 +378,9 @@ enum Pause {
     Backoff(Duration),
 }
 
+/// How long queued settles may still run once the drain timeout is spent.
+const SETTLE_GRACE: Duration = Duration::from_secs(1);
+
 async fn drain(ctx: Arc<Ctx>, mut tasks: JoinSet<()>, mut settler: tokio::task::JoinHandle<()>) -> RunSummary {
     let deadline = Instant::now() + ctx.config.drain_timeout;
     let stats = ctx.stats.clone();
@@ -353,21 +394,35 @@ async fn drain(ctx: Arc<Ctx>, mut tasks: JoinSet<()>, mut settler: tokio::task::
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
     }
-    if tokio::time::timeout_at(deadline, &mut settler).await.is_err() {
-        tracing::warn!("drain timeout: pending settles abandoned; their leases are left to expire");
+    // Settles already queued get a moment even when the handlers used up
+    // the drain timeout: they are finished work.
+    let settle_deadline = deadline.max(Instant::now() + SETTLE_GRACE);
+    if tokio::time::timeout_at(settle_deadline, &mut settler).await.is_err() {
+        let abandoned = stats.queued.load(Ordering::Acquire);
+        tracing::warn!("drain timeout: {abandoned} pending settles abandoned; their leases are left to expire");
+        Stats::add(&stats.left_to_expiry, abandoned);
         settler.abort();
     }
     RunSummary::of(&stats)
 }
 
-/// Runs the handler on one lease, renewing it meanwhile, then queues the settle.
+/// Runs the handler on one lease, renewing it meanwhile, then queues the
+/// settle (which keeps the demand slot until it is done). A lease fetched
+/// ahead that has not started when a shutdown comes, or that is lost while
+/// it waits, is not handled: it is released (a 1 ms renew) or dropped.
 async fn run_handler(ctx: Arc<Ctx>, lease: Lease, permit: OwnedSemaphorePermit) {
     let lref = lease.to_ref();
     let cfg = &ctx.config;
-    // The lease is held (and renewed below) while it waits for a handler slot.
+    let started = AtomicBool::new(false);
+    let mut stop = ctx.stop.clone();
     let handling = AssertUnwindSafe(async {
-        let _running = ctx.running.acquire().await;
-        ctx.handler.handle(&lease).await
+        let _running = tokio::select! {
+            biased;
+            p = ctx.running.acquire() => p.ok(),
+            _ = stopped(&mut stop) => return None,
+        };
+        started.store(true, Ordering::Release);
+        Some(ctx.handler.handle(&lease).await)
     })
     .catch_unwind();
     tokio::pin!(handling);
@@ -383,6 +438,9 @@ async fn run_handler(ctx: Arc<Ctx>, lease: Lease, permit: OwnedSemaphorePermit) 
                 () = &mut renewing, if held => {
                     held = false;
                     Stats::add(&ctx.stats.lost, 1);
+                    if !started.load(Ordering::Acquire) {
+                        return; // another consumer has it: do not run the handler
+                    }
                 }
             }
         };
@@ -392,21 +450,34 @@ async fn run_handler(ctx: Arc<Ctx>, lease: Lease, permit: OwnedSemaphorePermit) 
         return;
     }
     let kind = match result {
-        Ok(Outcome::Ack) => SettleKind::Ack,
-        Ok(Outcome::Retry(reason)) => SettleKind::Retry(reason, cfg.retry_backoff),
-        Ok(Outcome::RetryAfter(reason, d)) => SettleKind::Retry(reason, Some(d)),
-        Ok(Outcome::Reject(reason)) => SettleKind::Reject(reason),
+        Ok(None) => {
+            // Shut down before its handler started: let it go at once.
+            Stats::add(&ctx.stats.left_to_expiry, 1);
+            if let Err(e) = cfg.rheo.renew(&lref, RELEASE).await {
+                tracing::debug!(stream = %cfg.stream, group = %cfg.group, sequence = lref.sequence, "release on shutdown: {e}");
+            }
+            return;
+        }
+        Ok(Some(Outcome::Ack)) => SettleKind::Ack,
+        Ok(Some(Outcome::Retry(reason))) => SettleKind::Retry(reason, cfg.retry_backoff),
+        Ok(Some(Outcome::RetryAfter(reason, d))) => {
+            SettleKind::Retry(reason, Some(d.min(crate::model::names::MAX_LEASE)))
+        }
+        Ok(Some(Outcome::Reject(reason))) => SettleKind::Reject(reason),
         Err(panic) => {
             Stats::add(&ctx.stats.panicked, 1);
             SettleKind::Retry(format!("handler_panic: {}", panic_message(&*panic)), cfg.retry_backoff)
         }
     };
-    // The slot is free once the settle is queued (the queue is bounded).
-    if ctx.settle_tx.send(SettleOp { lease: lref, kind }).await.is_err() {
+    Stats::add(&ctx.stats.queued, 1);
+    if ctx.settle_tx.send(SettleOp { lease: lref, kind, slot: Some(permit) }).await.is_err() {
+        ctx.stats.queued.fetch_sub(1, Ordering::AcqRel);
         Stats::add(&ctx.stats.left_to_expiry, 1);
     }
-    drop(permit);
 }
+
+/// The lease a shutdown gives an unstarted delivery: it expires at once.
+const RELEASE: Duration = Duration::from_millis(1);
 
 /// Renews the lease every `lease / 2` until a renew says it is no longer
 /// held; transient failures are retried at the next tick.
@@ -423,8 +494,14 @@ async fn renew_until_lost(cfg: &GroupBuilder, lease: &crate::model::lease::Lease
                     "renew: lease lost; the handler's outcome will be dropped: {e}");
                 return;
             }
-            Err(e) => tracing::warn!(stream = %cfg.stream, group = %cfg.group, sequence = lease.sequence,
-                "renew failed, retrying at the next tick: {e}"),
+            Err(e) => {
+                // Retry well before the lease runs out, not a whole tick later.
+                let soon = (cfg.lease / 8).max(Duration::from_millis(10));
+                tracing::warn!(stream = %cfg.stream, group = %cfg.group, sequence = lease.sequence,
+                    "renew failed, retrying in {soon:?}: {e}");
+                tokio::time::sleep(soon).await;
+                ticks.reset_immediately();
+            }
         }
     }
 }

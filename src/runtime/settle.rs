@@ -17,6 +17,9 @@ use crate::model::lease::{LeaseRef, RetryOutcome};
 pub(crate) struct SettleOp {
     pub(crate) lease: LeaseRef,
     pub(crate) kind: SettleKind,
+    /// The consumer's demand slot: released once the settle is done, so a
+    /// queued settle still counts against `max_demand`.
+    pub(crate) slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// What to do with the lease.
@@ -39,6 +42,8 @@ pub(crate) struct Stats {
     pub(crate) left_to_expiry: AtomicU64,
     pub(crate) fetch_errors: AtomicU64,
     pub(crate) ack_batches: AtomicU64,
+    /// Settles queued and not yet done (not a reported count).
+    pub(crate) queued: AtomicU64,
 }
 
 impl Stats {
@@ -77,7 +82,9 @@ pub(crate) async fn run_settler(rheo: Rheo, mut rx: mpsc::Receiver<SettleOp>, st
             return;
         }
         let mut acks = Vec::new();
+        let mut slots = Vec::new();
         for op in buf.drain(..) {
+            slots.push(op.slot);
             match op.kind {
                 SettleKind::Ack => acks.push(op.lease),
                 SettleKind::Retry(reason, delay) => settle_retry(&rheo, &stats, &op.lease, &reason, delay).await,
@@ -87,6 +94,10 @@ pub(crate) async fn run_settler(rheo: Rheo, mut rx: mpsc::Receiver<SettleOp>, st
         if !acks.is_empty() {
             settle_acks(&rheo, &stats, acks).await;
         }
+        // Settled: the slots are free for new fetches.
+        let n = slots.len() as u64;
+        drop(slots);
+        stats.queued.fetch_sub(n, std::sync::atomic::Ordering::AcqRel);
     }
 }
 

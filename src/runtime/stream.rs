@@ -132,7 +132,8 @@ pub struct LeaseStream {
     fetch: FetchOptions,
     max_demand: usize,
     poll: Duration,
-    buffer: VecDeque<Lease>,
+    /// Fetched, not yet yielded: held (and renewed) under their ids.
+    buffer: VecDeque<(u64, Lease)>,
     state: State,
     backoff: ErrorBackoff,
 }
@@ -227,9 +228,17 @@ impl LeaseStream {
         );
     }
 
-    fn wrap(&self, lease: Lease) -> StreamLease {
-        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        self.shared.held.lock().insert(id, lease.to_ref());
+    /// Holds fetched leases (renewed from now on) until they are yielded.
+    fn hold(&mut self, leases: Vec<Lease>) {
+        let mut held = self.shared.held.lock();
+        for lease in leases {
+            let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+            held.insert(id, lease.to_ref());
+            self.buffer.push_back((id, lease));
+        }
+    }
+
+    fn wrap(&self, id: u64, lease: Lease) -> StreamLease {
         StreamLease { lease, slot: Slot { shared: self.shared.clone(), id } }
     }
 }
@@ -240,8 +249,8 @@ impl Stream for LeaseStream {
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
         loop {
-            if let Some(lease) = this.buffer.pop_front() {
-                return Poll::Ready(Some(Ok(this.wrap(lease))));
+            if let Some((id, lease)) = this.buffer.pop_front() {
+                return Poll::Ready(Some(Ok(this.wrap(id, lease))));
             }
             match &mut this.state {
                 State::Fetching(fut) => {
@@ -257,7 +266,7 @@ impl Stream for LeaseStream {
                         Ok(leases) => {
                             this.backoff.reset();
                             this.shared.outstanding.fetch_add(leases.len(), Ordering::AcqRel);
-                            this.buffer.extend(leases);
+                            this.hold(leases);
                             this.state = State::Idle;
                         }
                         Err(e) => {
@@ -292,6 +301,17 @@ impl Stream for LeaseStream {
     }
 }
 
+impl Drop for LeaseStream {
+    /// Leases fetched but never yielded stop being renewed: they are left
+    /// to expire (claimable again after their lease).
+    fn drop(&mut self) {
+        let mut held = self.shared.held.lock();
+        for (id, _) in self.buffer.drain(..) {
+            held.remove(&id);
+        }
+    }
+}
+
 /// Renews every held lease each `every` while the stream or a lease lives.
 async fn renew_loop(shared: Weak<Shared>, every: Duration) {
     loop {
@@ -306,7 +326,9 @@ async fn renew_loop(shared: Weak<Shared>, every: Duration) {
                     // Lost: stop renewing; its settle will say StaleLease.
                     this.held.lock().remove(&id);
                 } else {
-                    tracing::warn!("lease renewal failed, retrying at the next tick: {e}");
+                    tracing::warn!(
+                        "lease renewal failed (stream and group in the error), retrying at the next tick: {e}"
+                    );
                 }
             }
         }
