@@ -92,3 +92,36 @@ fn the_facade_counts_appends_leases_settles_and_sets_lag() {
     }
     assert!(!got.contains_key(&format!("{}{{{sg}}}", observe::RETRIED)), "{got:?}");
 }
+
+#[test]
+fn an_idle_group_consumer_refreshes_its_gauges() {
+    let rec = Captured::default();
+    let key = format!("{}{{group=g,stream=s}}", observe::INFLIGHT);
+    let lag_key = format!("{}{{group=g,partition=0,stream=s}}", observe::LAG);
+    metrics::with_local_recorder(&rec, || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async {
+            let rheo = Rheo::open("memory:").await.expect("open");
+            rheo.create_stream("s", StreamOptions::new()).await.expect("stream");
+            rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+            rheo.append_batch("s", (0..3).map(|i| json!({"i": i}))).await.expect("append");
+            let handle = rheo::Group::builder(&rheo, "s", "g")
+                .spawn(rheo::handler_fn(|_lease| async { rheo::Outcome::Ack }))
+                .await
+                .expect("spawn");
+            // Nothing here reads group_info: only the consumer can set it.
+            for _ in 0..800 {
+                if rec.0.lock().expect("lock").get(&key) == Some(&0.0)
+                    && rec.0.lock().expect("lock").get(&lag_key) == Some(&0.0)
+                {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            handle.shutdown().await.expect("shutdown");
+        });
+    });
+    let got = rec.0.lock().expect("lock").clone();
+    assert_eq!(got.get(&key), Some(&0.0), "{got:?}");
+    assert_eq!(got.get(&lag_key), Some(&0.0), "the lag once everything is acked: {got:?}");
+}

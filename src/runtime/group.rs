@@ -310,6 +310,8 @@ async fn fetch_loop(
 ) {
     let cfg = &ctx.config;
     let mut backoff = ErrorBackoff::new();
+    // When the group's lag and in-flight gauges were last refreshed.
+    let mut gauges_at: Option<Instant> = None;
     loop {
         while tasks.try_join_next().is_some() {}
         let first = tokio::select! {
@@ -359,6 +361,14 @@ async fn fetch_loop(
                 Pause::Backoff(d) => tokio::time::sleep(d).await,
                 Pause::Idle => {
                     let started = Instant::now();
+                    // Idle: a good moment to refresh the lag and in-flight
+                    // gauges (`group_info` sets them), at most once a second.
+                    if gauges_at.is_none_or(|t| started.duration_since(t) >= GAUGE_REFRESH) {
+                        gauges_at = Some(started);
+                        if let Err(e) = cfg.rheo.group_info(&cfg.stream, &cfg.group).await {
+                            tracing::debug!(stream = %cfg.stream, group = %cfg.group, "refreshing the gauges: {e}");
+                        }
+                    }
                     if cfg.rheo.wait_for_events(&cfg.stream, cfg.poll).await.is_err() {
                         tokio::time::sleep_until(started + cfg.poll).await;
                     }
@@ -377,6 +387,9 @@ enum Pause {
     Idle,
     Backoff(Duration),
 }
+
+/// How often an idle consumer refreshes its group's lag and in-flight gauges.
+const GAUGE_REFRESH: Duration = Duration::from_secs(1);
 
 /// How long queued settles may still run once the drain timeout is spent.
 const SETTLE_GRACE: Duration = Duration::from_secs(1);
