@@ -239,8 +239,10 @@ async fn max_demand_is_never_exceeded(f: Fixture) {
     in_flight_bound(f, 8, 3, 3).await;
 }
 
-async fn renewal_keeps_a_lease_past_its_first_expiry(f: Fixture) {
-    setup(&f, 1, GroupOptions::new()).await;
+/// One event, and a consumer (1 s leases) whose handler has started on it
+/// and waits for `release`.
+async fn one_blocked_handler(f: &Fixture) -> (rheo::GroupHandle, Arc<tokio::sync::Notify>) {
+    setup(f, 1, GroupOptions::new()).await;
     let release = Arc::new(tokio::sync::Notify::new());
     let gauge = Arc::new(Gauge::default());
     let (r, g) = (release.clone(), gauge.clone());
@@ -257,6 +259,11 @@ async fn renewal_keeps_a_lease_past_its_first_expiry(f: Fixture) {
         .await
         .expect("spawn");
     until("the handler to start", || gauge.started.load(Ordering::SeqCst) == 1).await;
+    (handle, release)
+}
+
+async fn renewal_keeps_a_lease_past_its_first_expiry(f: Fixture) {
+    let (handle, release) = one_blocked_handler(&f).await;
     // 2.4 s of backend time pass while the handler runs; renewals every 500 ms
     // of Tokio time keep the 1 s lease alive.
     for _ in 0..4 {
@@ -320,23 +327,7 @@ async fn drain_timeout_leaves_stuck_handlers_to_expiry(f: Fixture) {
 }
 
 async fn a_lease_lost_to_another_consumer_is_dropped(f: Fixture) {
-    setup(&f, 1, GroupOptions::new()).await;
-    let release = Arc::new(tokio::sync::Notify::new());
-    let gauge = Arc::new(Gauge::default());
-    let (r, g) = (release.clone(), gauge.clone());
-    let handle = Group::builder(&f.rheo, S, G)
-        .lease(Duration::from_secs(1))
-        .spawn(handler_fn(move |_lease| {
-            let (r, g) = (r.clone(), g.clone());
-            async move {
-                g.enter();
-                r.notified().await;
-                Outcome::Ack
-            }
-        }))
-        .await
-        .expect("spawn");
-    until("the handler to start", || gauge.started.load(Ordering::SeqCst) == 1).await;
+    let (handle, release) = one_blocked_handler(&f).await;
     // The lease expires before the first renewal and another consumer takes it.
     f.clock.advance(Duration::from_secs(2));
     let stolen = f.rheo.fetch(S, G, FetchOptions::new().consumer("intruder")).await.expect("fetch");

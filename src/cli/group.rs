@@ -49,15 +49,33 @@ pub struct CreateArgs {
     /// Claims before a delivery is dead-lettered.
     #[arg(long)]
     max_attempts: Option<u32>,
-    /// Starts after this sequence in every partition.
+    #[command(flatten)]
+    start: StartArgs,
+}
+
+/// Where a group starts (`create`) or restarts (`reset`); default: the beginning.
+#[derive(Debug, Args)]
+pub struct StartArgs {
+    /// (Re)starts after this sequence in every partition.
     #[arg(long, conflicts_with_all = ["start_at", "latest"])]
     start_after: Option<u64>,
-    /// Starts at the first event at or after this time (RFC 3339 or ms).
+    /// (Re)starts at the first event at or after this time (RFC 3339 or ms).
     #[arg(long, conflicts_with = "latest")]
     start_at: Option<String>,
-    /// Starts with the events appended from now on.
+    /// (Re)starts at the end: only events appended from now on.
     #[arg(long)]
     latest: bool,
+}
+
+impl StartArgs {
+    fn position(&self) -> Result<StartPosition, CliError> {
+        Ok(match (self.start_after, self.start_at.as_deref(), self.latest) {
+            (Some(n), _, _) => StartPosition::After(n),
+            (_, Some(t), _) => StartPosition::At(parse::time(t)?),
+            (_, _, true) => StartPosition::Latest,
+            _ => StartPosition::Beginning,
+        })
+    }
 }
 
 /// Arguments of `rheo group reset`.
@@ -68,15 +86,8 @@ pub struct ResetArgs {
     /// Confirms the reset (it drops the group's pending deliveries).
     #[arg(long)]
     confirm: bool,
-    /// Restarts after this sequence in every partition (default: the beginning).
-    #[arg(long, conflicts_with_all = ["start_at", "latest"])]
-    start_after: Option<u64>,
-    /// Restarts at the first event at or after this time (RFC 3339 or ms).
-    #[arg(long, conflicts_with = "latest")]
-    start_at: Option<String>,
-    /// Restarts at the end: only new events.
-    #[arg(long)]
-    latest: bool,
+    #[command(flatten)]
+    start: StartArgs,
 }
 
 /// Arguments of `rheo group replay`: exactly one of the three modes.
@@ -141,20 +152,11 @@ pub struct AckArgs {
     leases: Vec<String>,
 }
 
-fn start(start_after: Option<u64>, start_at: Option<&str>, latest: bool) -> Result<StartPosition, CliError> {
-    Ok(match (start_after, start_at, latest) {
-        (Some(n), _, _) => StartPosition::After(n),
-        (_, Some(t), _) => StartPosition::At(parse::time(t)?),
-        (_, _, true) => StartPosition::Latest,
-        _ => StartPosition::Beginning,
-    })
-}
-
 /// Runs `rheo group ...`.
 pub async fn run_group(ctx: &Ctx, command: GroupCommand) -> CliResult {
     match command {
         GroupCommand::Create(a) => {
-            let mut opts = GroupOptions::new().start(start(a.start_after, a.start_at.as_deref(), a.latest)?);
+            let mut opts = GroupOptions::new().start(a.start.position()?);
             if let Some(n) = a.max_attempts {
                 opts = opts.max_attempts(n);
             }
@@ -205,7 +207,7 @@ pub async fn run_group(ctx: &Ctx, command: GroupCommand) -> CliResult {
                     a.at.group
                 )));
             }
-            let opts = ResetOptions::confirmed().start(start(a.start_after, a.start_at.as_deref(), a.latest)?);
+            let opts = ResetOptions::confirmed().start(a.start.position()?);
             ctx.open().await?.reset_group(&a.at.stream, &a.at.group, opts).await?;
             if ctx.json {
                 print_json(&json!({"stream": a.at.stream, "group": a.at.group, "reset": true}))?;
