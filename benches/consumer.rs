@@ -25,7 +25,7 @@ use async_trait::async_trait;
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use rheo::{
     AppendOptions, Backend, Capabilities, DeadLetter, DeadLetterOptions, Durability, EngineOptions, Error, Event,
-    FetchOptions, Group, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, Lease, LeaseRef, MemoryBackend,
+    FetchOptions, Group, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, LeaseRef, MemoryBackend,
     NativeBackend, NewEvent, Outcome, Page, Query, ReplayOptions, ResetOptions, Result, RetryOutcome, Rheo, StreamInfo,
     StreamOptions, SystemClock, Timestamp, handler_fn,
 };
@@ -164,7 +164,7 @@ impl Backend for Polling {
     async fn query(&self, query: &Query) -> Result<Page> {
         self.0.query(query).await
     }
-    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<Vec<Lease>> {
+    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<rheo::FetchReport> {
         self.0.fetch(stream, group, opts).await
     }
     async fn renew(&self, lease: &LeaseRef, lease_duration: Duration) -> Result<Timestamp> {

@@ -65,7 +65,10 @@ async fn main() -> rheo::Result<()> {
     println!("caught up in {:?}: {summary:?}", started.elapsed());
 
     for dl in rheo.dead_letters("orders", "shipping", DeadLetterOptions::default()).await? {
-        println!("dead letter: order {} ({})", dl.event.payload["order"], dl.reason);
+        match &dl.event {
+            Some(event) => println!("dead letter: order {} ({})", event.payload["order"], dl.reason),
+            None => println!("dead letter: partition {} #{} can't be read ({})", dl.partition, dl.sequence, dl.reason),
+        }
     }
     Ok(())
 }

@@ -27,7 +27,7 @@ use crate::model::group::{
     DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag,
     ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
 };
-use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
+use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
 use crate::model::time::Timestamp;
 
@@ -75,7 +75,13 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     /// with its backoff passed. Each claim has a fresh `lease_id` and
     /// increments `attempt`. `StreamNotFound`, `GroupNotFound`,
     /// `InvalidPartition`.
-    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<Vec<Lease>>;
+    ///
+    /// A fetch reads its events before it claims anything: when a read
+    /// fails the fetch fails with nothing changed (no claim, no attempt
+    /// counted). A position whose stored record fails a check is not
+    /// claimed but reported in [`FetchReport::damaged`], and the fetch goes
+    /// on with the other positions and partitions.
+    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport>;
 
     /// Extends a lease to now + `lease`; returns the new expiry. `StaleLease`.
     async fn renew(&self, lease: &LeaseRef, lease_duration: Duration) -> Result<Timestamp>;
@@ -104,6 +110,19 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
 
     /// Dead-letters a delivery for this group. `StaleLease`.
     async fn reject(&self, lease: &LeaseRef, reason: &str) -> Result<()>;
+
+    /// Dead-letters one position of a group without reading its event (an
+    /// operator's way past a damaged record), whatever its state; a lease
+    /// holding it becomes stale. The dead letter's reason is
+    /// `skipped: <reason>`. Returns true when it dead-lettered the
+    /// position, false when it already was a dead letter.
+    /// `StreamNotFound`, `GroupNotFound`, `InvalidPartition`;
+    /// `InvalidArgument` for a partition the group does not consume, a
+    /// sequence outside `1..=high watermark`, or a position already
+    /// acknowledged (or before the group's start).
+    async fn skip(&self, _stream: &str, _group: &str, _partition: u32, _sequence: u64, _reason: &str) -> Result<bool> {
+        Err(self.unsupported("skip"))
+    }
 
     /// Reopens deliveries (see [`ReplayOptions`]); returns how many events
     /// were reopened. `InvalidReplayOpts`, `NoEventsInRange`.

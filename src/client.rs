@@ -12,12 +12,13 @@ use crate::engine::EngineOptions;
 use crate::error::{Error, ObjectKind, Result};
 use crate::memory::MemoryBackend;
 use crate::model::capabilities::Capabilities;
+use crate::model::damage::Damage;
 use crate::model::event::{AppendOptions, Event, NewEvent};
 use crate::model::group::{
     DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag,
     ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
 };
-use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
+use crate::model::lease::{FetchReport, Lease, LeaseRef, RetryOutcome};
 use crate::model::names::{
     DEFAULT_MAX_EVENT_BYTES, MAX_BATCH_EVENTS, MAX_NAME_BYTES, MAX_REASON_BYTES, validate_lease, validate_limit,
     validate_name,
@@ -58,7 +59,14 @@ struct Inner {
     backend: Arc<dyn Backend>,
     consumer_id: String,
     max_event_bytes: usize,
+    /// Damaged positions already logged by this handle's fetches:
+    /// (stream, group, partition, sequence), at most [`DAMAGE_WARNED_MAX`].
+    damage_seen: parking_lot::Mutex<std::collections::HashSet<(String, String, u32, u64)>>,
 }
+
+/// Damaged positions a handle remembers having logged (then it forgets
+/// them all and logs again).
+const DAMAGE_WARNED_MAX: usize = 4096;
 
 /// Configures a [`Rheo`] before opening it.
 #[derive(Debug, Clone)]
@@ -143,7 +151,14 @@ impl RheoBuilder {
         if self.max_event_bytes == 0 {
             return Err(Error::invalid("max_event_bytes", "must be above zero"));
         }
-        Ok(Rheo { inner: Arc::new(Inner { backend, consumer_id, max_event_bytes: self.max_event_bytes }) })
+        Ok(Rheo {
+            inner: Arc::new(Inner {
+                backend,
+                consumer_id,
+                max_event_bytes: self.max_event_bytes,
+                damage_seen: Default::default(),
+            }),
+        })
     }
 }
 
@@ -400,8 +415,22 @@ impl Rheo {
         .boxed()
     }
 
-    /// Claims deliveries for a group.
+    /// Claims deliveries for a group. A position whose stored record can't
+    /// be read is not claimed: it is logged (`warn`, once per position per
+    /// handle, with the file and offset), counted in
+    /// [`observe::DAMAGED`](crate::observe::DAMAGED), and skipped; see
+    /// [`Rheo::fetch_report`] to receive such positions.
     pub async fn fetch(&self, stream: &str, group: &str, opts: FetchOptions) -> Result<Vec<Lease>> {
+        Ok(self.fetch_report(stream, group, opts).await?.leases)
+    }
+
+    /// Claims deliveries for a group, and reports the positions that were
+    /// due but whose stored records can't be read (damage): those are not
+    /// claimed (no attempt counted), block only themselves, and stay due
+    /// until an operator skips them ([`Rheo::skip`]) or restores the file.
+    /// A fetch whose reads fail otherwise (an I/O error) fails with nothing
+    /// claimed.
+    pub async fn fetch_report(&self, stream: &str, group: &str, opts: FetchOptions) -> Result<FetchReport> {
         check_group(stream, group)?;
         validate_limit("limit", opts.limit)?;
         validate_lease("lease", opts.lease)?;
@@ -410,9 +439,66 @@ impl Rheo {
             Some(id) => validate_name(ObjectKind::Consumer, id)?,
             None => opts.consumer_id = Some(self.inner.consumer_id.clone()),
         }
-        let leases = observed("fetch", stream, group, self.inner.backend.fetch(stream, group, &opts)).await?;
-        observe::leased(stream, group, &leases);
-        Ok(leases)
+        let report = observed("fetch", stream, group, self.inner.backend.fetch(stream, group, &opts)).await?;
+        observe::leased(stream, group, &report.leases);
+        if !report.damaged.is_empty() {
+            observe::damaged(group, &report.damaged);
+            self.warn_damage(group, &report.damaged);
+        }
+        Ok(report)
+    }
+
+    /// Logs damaged positions a fetch met, each once per handle (a
+    /// consumer polling past the same damage would otherwise repeat it).
+    fn warn_damage(&self, group: &str, damaged: &[Damage]) {
+        let mut seen = self.inner.damage_seen.lock();
+        for d in damaged {
+            if seen.len() >= DAMAGE_WARNED_MAX {
+                seen.clear();
+            }
+            if seen.insert((d.stream.clone(), group.to_owned(), d.partition, d.sequence)) {
+                tracing::warn!(
+                    stream = %d.stream, group, partition = d.partition, sequence = d.sequence,
+                    file = %d.file.display(), offset = d.offset, reason = %d.reason,
+                    "a due event can't be read: its position is not delivered (the rest of the group goes on); skip it or restore the file (docs/guides/operations.md)"
+                );
+            }
+        }
+    }
+
+    /// Dead-letters one position of a group without reading its event: the
+    /// operator's way past a damaged record (see the runbook in
+    /// `docs/guides/operations.md`). Works whatever the position's state;
+    /// a lease holding it becomes stale. The dead letter's reason is
+    /// `skipped: <reason>`, and [`Rheo::dead_letters`] lists it with the
+    /// damage. Returns true when it dead-lettered the position, false when
+    /// it already was a dead letter. An acknowledged position, a sequence
+    /// outside the partition, or a partition the group does not consume is
+    /// refused with `InvalidArgument`, changing nothing.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt").block_on(async {
+    /// use rheo::{AppendOptions, GroupOptions, Rheo, StreamOptions};
+    /// let rheo = Rheo::open("memory:").await?;
+    /// rheo.create_stream("orders", StreamOptions::new()).await?;
+    /// rheo.create_group("orders", "billing", GroupOptions::new()).await?;
+    /// rheo.append("orders", &serde_json::json!({"n": 1}), AppendOptions::new()).await?;
+    /// assert!(rheo.skip("orders", "billing", 0, 1, "record damaged, restored elsewhere").await?);
+    /// let dead = rheo.dead_letters("orders", "billing", Default::default()).await?;
+    /// assert_eq!(dead[0].reason, "skipped: record damaged, restored elsewhere");
+    /// assert_eq!(rheo.lag("orders", "billing").await?.total, 0);
+    /// # Ok::<(), rheo::Error>(()) }).expect("example");
+    /// ```
+    pub async fn skip(&self, stream: &str, group: &str, partition: u32, sequence: u64, reason: &str) -> Result<bool> {
+        check_group(stream, group)?;
+        check_reason(reason)?;
+        let skipped =
+            observed("skip", stream, group, self.inner.backend.skip(stream, group, partition, sequence, reason))
+                .await?;
+        if skipped {
+            observe::settled(observe::DEAD_LETTERED, stream, group, 1);
+        }
+        Ok(skipped)
     }
 
     /// Extends a lease; returns the new expiry.

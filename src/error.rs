@@ -247,6 +247,17 @@ pub enum Error {
         /// The version this build reads.
         supported: u16,
     },
+    /// The disk (or quota) holding a file is full. Returned where nothing
+    /// was changed: the call can be retried once space is freed, and
+    /// everything acknowledged before it is kept. (A full disk met after a
+    /// change, which only a failed `fsync` can report, poisons instead.)
+    #[error("no space left for {}: {reason}; nothing was changed: free space and retry", file.display())]
+    NoSpace {
+        /// The file being written.
+        file: PathBuf,
+        /// What the write was and what the system said.
+        reason: String,
+    },
     /// The data directory is open in another process (or handle).
     #[error("data directory {} is in use by another process (its LOCK file is held)", path.display())]
     Locked {
@@ -269,6 +280,11 @@ impl Error {
     /// by the caller (the backend was unavailable or the outcome unknown).
     pub fn is_transient(&self) -> bool {
         matches!(self, Error::BackendUnavailable { .. } | Error::Ambiguous { .. })
+    }
+
+    /// True when the error says the disk is full (see [`Error::NoSpace`]).
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, Error::NoSpace { .. })
     }
 
     /// True when the error says a lease no longer holds its delivery.

@@ -48,17 +48,20 @@ pub use engine::{Durability, EngineOptions, RecoveryMode};
 pub use error::{Error, ObjectKind, Result};
 pub use memory::MemoryBackend;
 pub use model::capabilities::Capabilities;
+pub use model::damage::Damage;
 pub use model::event::{AppendOptions, Event, LINEAGE_FIELDS, Lineage, Metadata, NewEvent};
 pub use model::group::{
     Backoff, DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag,
     MAX_INDEXES, PartitionLag, ReplayOptions, ResetOptions, StartPosition, StreamInfo, StreamOptions,
 };
-pub use model::lease::{Lease, LeaseRef, RetryOutcome};
+pub use model::lease::{FetchReport, Lease, LeaseRef, RetryOutcome};
 pub use model::names::{
     DEFAULT_MAX_EVENT_BYTES, MAX_ATTEMPTS, MAX_BATCH_EVENTS, MAX_LEASE, MAX_LIMIT, MAX_NAME_BYTES, MAX_PARTITIONS,
     MAX_QUERY_TERMS, MAX_REASON_BYTES, validate_name,
 };
-pub use model::query::{Access, Cursor, Explain, Filter, Op, OrderBy, Page, Query, canonical_path, compare_values};
+pub use model::query::{
+    Access, Cursor, Explain, Filter, Op, OrderBy, Page, Query, canonical_path, compare_values, is_valid_path,
+};
 pub use model::routing::{partition_for_key, phash2, phash2_range};
 pub use model::time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use native::NativeBackend;

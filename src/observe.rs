@@ -17,6 +17,11 @@ pub const ACKED: &str = "rheo_deliveries_acked_total";
 pub const RETRIED: &str = "rheo_deliveries_retried_total";
 /// Deliveries dead-lettered, by `reject` or out of attempts (counter; `stream`, `group`).
 pub const DEAD_LETTERED: &str = "rheo_deliveries_dead_lettered_total";
+/// Due positions a fetch could not deliver because their stored records
+/// can't be read (counter; `stream`, `group`): counted at every fetch that
+/// meets them, so a steady rate means a consumer is stuck on damage that an
+/// operator must skip or restore.
+pub const DAMAGED: &str = "rheo_damaged_reads_total";
 /// Lag of a partition as last read by `lag`/`group_info` (gauge; `stream`, `group`, `partition`).
 pub const LAG: &str = "rheo_group_lag";
 /// Unsettled leased deliveries as last read by `group_info` (gauge; `stream`, `group`).
@@ -38,6 +43,12 @@ pub(crate) fn leased(stream: &str, group: &str, leases: &[Lease]) {
     let again = leases.iter().filter(|l| l.attempt > 1).count() as u64;
     if again > 0 {
         metrics::counter!(REDELIVERED, &sg(stream, group)).increment(again);
+    }
+}
+
+pub(crate) fn damaged(group: &str, damaged: &[crate::model::damage::Damage]) {
+    if let Some(d) = damaged.first() {
+        metrics::counter!(DAMAGED, &sg(&d.stream, group)).increment(damaged.len() as u64);
     }
 }
 

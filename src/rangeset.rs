@@ -20,6 +20,11 @@ impl RangeSet {
         self.ranges.range(..=x).next_back().is_some_and(|(_, &end)| end >= x)
     }
 
+    /// The end of the range holding `x`, when `x` is a member.
+    pub(crate) fn end_of(&self, x: u64) -> Option<u64> {
+        self.ranges.range(..=x).next_back().map(|(_, &end)| end).filter(|&end| end >= x)
+    }
+
     /// Adds every member of `start..=end`.
     pub(crate) fn insert_range(&mut self, start: u64, end: u64) {
         if start > end {

@@ -590,7 +590,7 @@ async fn check_group(rheo: &Rheo, name: &str, g: &GroupLedger, log: &BTreeMap<Ke
         .dead_letters(STREAM, name, DeadLetterOptions::new().limit(10_000))
         .await
         .map_err(|e| format!("dead letters of {name}: {e}"))?;
-    let dead: BTreeSet<Key> = dead.iter().map(|d| (d.event.partition, d.event.sequence)).collect();
+    let dead: BTreeSet<Key> = dead.iter().map(|d| (d.partition, d.sequence)).collect();
     for (key, (_, _, rejected)) in &g.settled {
         if *rejected != dead.contains(key) {
             let how = if *rejected { "rejected (Ok) but is not" } else { "acked (Ok) but is" };
@@ -659,8 +659,11 @@ async fn drain(url: &str, ledger: &Ledger) -> Result<usize, String> {
         }
         let dead =
             rheo.dead_letters(STREAM, name, DeadLetterOptions::new().limit(10_000)).await.map_err(|e| e.to_string())?;
-        if let Some(d) = dead.iter().find(|d| drained.contains(&(d.event.partition, d.event.sequence))) {
-            return Err(format!("{name}: {} was acked by the drain but is a dead letter", d.event.id));
+        if let Some(d) = dead.iter().find(|d| drained.contains(&(d.partition, d.sequence))) {
+            return Err(format!(
+                "{name}: {} was acked by the drain but is a dead letter",
+                d.event.as_ref().map_or("-", |e| e.id.as_str())
+            ));
         }
     }
     Ok(total)

@@ -357,6 +357,7 @@ fn build_vectors() -> BTreeMap<&'static str, Vec<u8>> {
     build_txn(&mut files);
     build_delivery_wal(&mut files);
     build_delivery_wal_torn(&mut files);
+    build_delivery_wal_v2(&mut files);
     build_delivery_wal_corrupt(&mut files);
     build_checkpoint(&mut files);
     build_checkpoint_corrupt(&mut files);
@@ -1348,6 +1349,7 @@ fn code_constants() -> BTreeMap<&'static str, Stated> {
     // The delivery table (format/delivery-wal.md, format/checkpoint.md).
     m.insert("WAL_MAGIC", Stated::Bytes(&wal::WAL_MAGIC));
     m.insert("WAL_VERSION", Stated::Int(u64::from(wal::WAL_VERSION)));
+    m.insert("WAL_MIN_VERSION", Stated::Int(u64::from(wal::WAL_MIN_VERSION)));
     m.insert("KIND_CREATE", Stated::Int(u64::from(wal::KIND_CREATE)));
     m.insert("KIND_OPS", Stated::Int(u64::from(wal::KIND_OPS)));
     m.insert("WAL_MAX_BODY", Stated::Int(u64::from(wal::WAL_MAX_BODY)));
@@ -1522,7 +1524,7 @@ fn the_stated_sizes_hold() {
     assert_eq!(format::MAX_BODY_LEN, 16 << 20);
     assert_eq!(INDEX_INTERVAL_BYTES, 4096);
     assert_eq!(manifest::MAX_MANIFEST_BODY, 64 << 20);
-    assert_eq!((wal::WAL_VERSION, checkpoint::CKPT_VERSION), (1, 1));
+    assert_eq!((wal::WAL_MIN_VERSION, wal::WAL_VERSION, checkpoint::CKPT_VERSION), (1, 2, 1));
     assert_eq!((wal::WAL_MAGIC, checkpoint::CKPT_MAGIC), (*b"RHEOWAL\0", *b"RHEOCKP\0"));
     assert_eq!(
         (wal::WAL_HEADER_LEN, wal::WAL_FRAME_LEN, wal::WAL_BODY_NAME, checkpoint::CKPT_HEADER_LEN),
@@ -1832,6 +1834,7 @@ fn ty_op() -> Ty {
         ("ReopenAfter", Variant::Struct(vec![("p", Ty::U32), ("after", Ty::U64)])),
         ("ReopenOne", Variant::Struct(vec![("p", Ty::U32), ("seqs", list(Ty::U64))])),
         ("Reset", Variant::Struct(vec![("p", Ty::U32), ("frontier", Ty::U64)])),
+        ("Pass", Variant::Struct(vec![("p", Ty::U32), ("seqs", list(Ty::U64))])),
     ])
 }
 
@@ -2059,6 +2062,27 @@ fn shipping_claimed() -> Value {
     })
 }
 
+/// The records of the version 2 vector: `shipping` created, two claims, a
+/// pass, an ack.
+fn shipping_records_v2() -> Vec<Value> {
+    let mut records = shipping_records();
+    records[2] = json!({"lsn": 3, "group": "shipping", "ops": [{"Pass": {"p": 0, "seqs": [3]}}]});
+    records.push(json!({"lsn": 4, "group": "shipping", "ops": [{"Ack": {"p": 0, "seqs": [1]}}]}));
+    records
+}
+
+/// `shipping` after the version 2 vector: 1 acked, 2 leased, 3 passed over
+/// (claimable, no attempt counted).
+fn shipping_passed() -> Value {
+    let mut state = shipping_claimed();
+    let part = &mut state["parts"][0];
+    part["frontier"] = json!(1);
+    part["cursor"] = json!(3);
+    let leased_2 = part["deliveries"][1].clone();
+    part["deliveries"] = json!([leased_2, {"seq": 3, "attempt": 0, "holding": "Available"}]);
+    state
+}
+
 /// The records of the torn and corrupt vectors: `shipping` created, two
 /// claims, an ack.
 fn shipping_records() -> Vec<Value> {
@@ -2070,10 +2094,15 @@ fn shipping_records() -> Vec<Value> {
     ]
 }
 
-/// A delivery WAL header, byte by byte (`format/delivery-wal.md#header`).
+/// A delivery WAL header of the current version.
 fn spec_wal_header(generation: u64) -> Vec<u8> {
+    spec_wal_header_v(generation, 2)
+}
+
+/// A delivery WAL header, byte by byte (`format/delivery-wal.md#header`).
+fn spec_wal_header_v(generation: u64, version: u16) -> Vec<u8> {
     let mut b = b"RHEOWAL\0".to_vec();
-    b.extend_from_slice(&1u16.to_le_bytes()); // version
+    b.extend_from_slice(&version.to_le_bytes()); // version
     b.extend_from_slice(&[0; 6]); // reserved u16, reserved u32
     b.extend_from_slice(&generation.to_le_bytes());
     b.extend_from_slice(&[0; 4]); // reserved u32
@@ -2106,9 +2135,15 @@ fn spec_wal_record(r: &Value) -> Vec<u8> {
     out
 }
 
-/// A WAL file: the header, then `records`; and each record's offset.
+/// A WAL file of the current version: the header, then `records`; and
+/// each record's offset.
 fn spec_wal(generation: u64, records: &[Value]) -> (Vec<u8>, Vec<usize>) {
-    let mut b = spec_wal_header(generation);
+    spec_wal_v(generation, 2, records)
+}
+
+/// A WAL file of `version`.
+fn spec_wal_v(generation: u64, version: u16, records: &[Value]) -> (Vec<u8>, Vec<usize>) {
+    let mut b = spec_wal_header_v(generation, version);
     let mut offsets = Vec::new();
     for r in records {
         offsets.push(b.len());
@@ -2136,7 +2171,7 @@ fn spec_checkpoint(generation: u64, lsn: u64, groups: &Value) -> Vec<u8> {
 fn wal_header_json(file: &[u8], generation: u64) -> Value {
     json!({
         "magic_hex": hex(b"RHEOWAL\0"),
-        "version": 1,
+        "version": le_u16(file, 8),
         "generation": generation,
         "crc": le_u32(file, 28),
         "hex": hex(&file[..32]),
@@ -2176,9 +2211,9 @@ fn build_delivery_wal(files: &mut BTreeMap<&'static str, Vec<u8>>) {
         json!({"lsn": 2, "group": "billing", "ops": billing_ops()}),
         json!({"lsn": 3, "group": "audit", "create": audit_created()}),
     ];
-    let (bytes, offsets) = spec_wal(1, &records);
+    let (bytes, offsets) = spec_wal_v(1, 1, &records);
     let expected = json!({
-        "description": "Delivery WAL generation 1: group billing created (kind 1), one transitions record of billing holding every Op variant (kind 2), group audit created (kind 1). The file ends after the last record.",
+        "description": "Delivery WAL version 1, generation 1: group billing created (kind 1), one transitions record of billing holding every Op variant (kind 2), group audit created (kind 1). The file ends after the last record.",
         "path": wal_path(1),
         "length": bytes.len(),
         "header": wal_header_json(&bytes, 1),
@@ -2195,11 +2230,34 @@ fn build_delivery_wal(files: &mut BTreeMap<&'static str, Vec<u8>>) {
     files.insert("delivery-wal.json", pretty(&expected));
 }
 
+/// `delivery-wal-v2.log`: version 2, `shipping` created, a claim of 1 and
+/// 2, a pass over 3 (a fetch that could not read it), an ack of 1.
+fn build_delivery_wal_v2(files: &mut BTreeMap<&'static str, Vec<u8>>) {
+    let records = shipping_records_v2();
+    let (bytes, offsets) = spec_wal(1, &records);
+    let expected = json!({
+        "description": "Delivery WAL version 2, generation 1: group shipping created, a claim of sequences 1 and 2, a Pass of sequence 3 (a fetch passed over it: its record could not be read), an ack of 1. The file ends after the last record.",
+        "path": wal_path(1),
+        "length": bytes.len(),
+        "header": wal_header_json(&bytes, 1),
+        "records": records.iter().zip(&offsets).map(|(r, &o)| wal_record_json(r, o, &bytes)).collect::<Vec<_>>(),
+        "scan_end": {"offset": bytes.len(), "kind": "eof"},
+        "inspect": {"generation": 1, "records": 4, "last_lsn": 4, "end": "clean"},
+        "open": {
+            "recovery": recovery_json(None, 4, 0, 0),
+            "length_after": bytes.len(),
+            "state_after": [shipping_passed()],
+        },
+    });
+    files.insert("delivery-wal-v2.log", bytes);
+    files.insert("delivery-wal-v2.json", pretty(&expected));
+}
+
 /// `delivery-wal-torn.log`: `shipping`'s records 1 and 2, the first half of
 /// record 3, zeros to 4096 bytes.
 fn build_delivery_wal_torn(files: &mut BTreeMap<&'static str, Vec<u8>>) {
     let records = shipping_records();
-    let (full, offsets) = spec_wal(1, &records);
+    let (full, offsets) = spec_wal_v(1, 1, &records);
     let cut = offsets[2];
     let mut bytes = full[..cut + (full.len() - cut) / 2].to_vec();
     bytes.resize(WAL_PREALLOCATED_LEN, 0);
@@ -2227,7 +2285,7 @@ fn build_delivery_wal_torn(files: &mut BTreeMap<&'static str, Vec<u8>>) {
 /// 2's payload flipped.
 fn build_delivery_wal_corrupt(files: &mut BTreeMap<&'static str, Vec<u8>>) {
     let records = shipping_records();
-    let (mut bytes, offsets) = spec_wal(1, &records);
+    let (mut bytes, offsets) = spec_wal_v(1, 1, &records);
     let flipped = offsets[1] + 8 + 11 + "shipping".len() + 4;
     bytes[flipped] ^= 0x01;
     let reason = "record checksum mismatch";
@@ -2305,7 +2363,7 @@ fn build_checkpoint_corrupt(files: &mut BTreeMap<&'static str, Vec<u8>>) {
 }
 
 /// The delivery vectors, by stem.
-const WAL_VECTORS: [&str; 3] = ["delivery-wal", "delivery-wal-torn", "delivery-wal-corrupt"];
+const WAL_VECTORS: [&str; 4] = ["delivery-wal", "delivery-wal-torn", "delivery-wal-corrupt", "delivery-wal-v2"];
 
 // ------------------------------------------------- decoding (delivery)
 
@@ -2372,14 +2430,17 @@ fn check_wal_vector(stem: &str) {
     assert_eq!(hex(&file[..8]), js(h, "magic_hex"), "{name}: magic");
     assert_eq!(file[..8], wal::WAL_MAGIC, "{name}: WAL_MAGIC");
     assert_eq!(u64::from(le_u16(&file, 8)), ju(h, "version"), "{name}: version");
-    assert_eq!(u64::from(wal::WAL_VERSION), ju(h, "version"), "{name}: WAL_VERSION");
+    let version = le_u16(&file, 8);
+    assert!((wal::WAL_MIN_VERSION..=wal::WAL_VERSION).contains(&version), "{name}: a version this build reads");
     assert_eq!((le_u16(&file, 10), le_u32(&file, 12), le_u32(&file, 24)), (0, 0, 0), "{name}: reserved");
     assert_eq!(le_u64(&file, wal::WAL_HDR_GEN), generation, "{name}: generation");
     assert_eq!(u64::from(le_u32(&file, wal::WAL_HDR_CRC)), ju(h, "crc"), "{name}: header crc");
     assert_eq!(u64::from(crc32fast::hash(&file[..28])), ju(h, "crc"), "{name}: crc is CRC32 of 0..28");
     assert_eq!(hex(&file[..wal::WAL_HEADER_LEN]), js(h, "hex"), "{name}: header bytes");
     assert_eq!(wal::check_header(&file), Ok(generation), "{name}: wal::check_header");
-    assert_eq!(wal::header(generation)[..], file[..32], "{name}: wal::header writes these bytes");
+    if version == wal::WAL_VERSION {
+        assert_eq!(wal::header(generation)[..], file[..32], "{name}: wal::header writes these bytes");
+    }
     // Record by record, with the spec's decoder.
     let (records, stop) = spec_scan_wal(&file);
     assert_eq!(stop, e["scan_end"], "{name}: where the records end");
@@ -2391,7 +2452,7 @@ fn check_wal_vector(stem: &str) {
     for r in e["records"].as_array().expect("records") {
         let at = to_usize(ju(r, "offset"));
         let size = to_usize(ju(r, "size"));
-        let mut alone = spec_wal_header(generation);
+        let mut alone = spec_wal_header_v(generation, version);
         alone.extend_from_slice(&file[at..at + size]);
         let (mut found, _) = spec_scan_wal(&alone);
         assert_eq!(found.len(), 1, "{name}: record at {at}");
@@ -2670,7 +2731,7 @@ fn the_replayed_groups_behave_as_the_vector_says() {
             let dead = b.dead_letters(STREAM, "billing", &DeadLetterOptions::default()).await.expect("dead letters");
             let dead: Vec<_> = dead
                 .iter()
-                .map(|d| (d.event.sequence, d.reason.as_str(), d.attempts, d.dead_lettered_at.as_millis()))
+                .map(|d| (d.sequence, d.reason.as_str(), d.attempts, d.dead_lettered_at.as_millis()))
                 .collect();
             assert_eq!(dead, [(6, "bad payload", 1, N2)], "{name}");
             // The lease id is the UUID whose bytes the bin holds.
@@ -2678,13 +2739,13 @@ fn the_replayed_groups_behave_as_the_vector_says() {
             assert!(b.ack(&lease_ref("billing", 4, &lease_id(4))).await.is_err(), "{name}: 4 waits for a retry");
             // 2 was reopened, 7 is above the cursor; 3 and 6 are settled, 4 waits until R.
             let fetch = FetchOptions::new().limit(10).consumer("c");
-            let got = b.fetch(STREAM, "billing", &fetch).await.expect("fetch");
+            let got = b.fetch(STREAM, "billing", &fetch).await.expect("fetch").leases;
             assert_eq!(got.iter().map(|l| (l.sequence(), l.attempt)).collect::<Vec<_>>(), [(2, 1), (7, 1)], "{name}");
             clock.set(Timestamp::from_millis(R));
-            let got = b.fetch(STREAM, "billing", &fetch).await.expect("fetch");
+            let got = b.fetch(STREAM, "billing", &fetch).await.expect("fetch").leases;
             assert_eq!(got.iter().map(|l| (l.sequence(), l.attempt)).collect::<Vec<_>>(), [(4, 2)], "{name}");
             // audit starts after 3.
-            let got = b.fetch(STREAM, "audit", &fetch).await.expect("fetch");
+            let got = b.fetch(STREAM, "audit", &fetch).await.expect("fetch").leases;
             assert_eq!(got.iter().map(Lease::sequence).collect::<Vec<_>>(), [4, 5, 6, 7], "{name}");
         });
     }
@@ -2733,7 +2794,7 @@ fn engine_writes_the_specified_records() {
         });
         expected.push(json!({"group": "live", "create": created}));
         let fetch = |n: usize, c: &str| FetchOptions::new().limit(n).consumer(c).lease(Duration::from_secs(30));
-        let l = b.fetch(STREAM, "live", &fetch(3, "c1")).await.expect("fetch");
+        let l = b.fetch(STREAM, "live", &fetch(3, "c1")).await.expect("fetch").leases;
         expected.push(json!({"group": "live", "ops": claim("c1", &l)}));
         b.renew(&l[0].to_ref(), Duration::from_secs(10)).await.expect("renew");
         expected.push(json!({"group": "live", "ops": [{"Renew": {"p": 0, "seq": 1, "expires_at": t + 10_000}}]}));
@@ -2750,17 +2811,17 @@ fn engine_writes_the_specified_records() {
         expected.push(json!({"group": "live", "ops": [{"ReopenOne": {"p": 0, "seqs": [1]}}]}));
         b.replay(STREAM, "live", &ReplayOptions::from_sequence(0)).await.expect("replay");
         expected.push(json!({"group": "live", "ops": [{"ReopenAfter": {"p": 0, "after": 0}}]}));
-        let l = b.fetch(STREAM, "live", &fetch(10, "c2")).await.expect("fetch");
+        let l = b.fetch(STREAM, "live", &fetch(10, "c2")).await.expect("fetch").leases;
         assert_eq!(l.iter().map(Lease::sequence).collect::<Vec<_>>(), [1, 3, 4, 5, 6, 7], "2 waits for its retry");
         expected.push(json!({"group": "live", "ops": claim("c2", &l)}));
         // Everything in flight: a fetch moves the cursor over it and claims nothing.
         b.replay(STREAM, "live", &ReplayOptions::from_sequence(0)).await.expect("replay");
         expected.push(json!({"group": "live", "ops": [{"ReopenAfter": {"p": 0, "after": 0}}]}));
-        assert!(b.fetch(STREAM, "live", &fetch(10, "c2")).await.expect("fetch").is_empty());
+        assert!(b.fetch(STREAM, "live", &fetch(10, "c2")).await.expect("fetch").leases.is_empty());
         expected.push(json!({"group": "live", "ops": [{"Cursor": {"p": 0, "cursor": 7}}]}));
         b.reset_group(STREAM, "live", &ResetOptions::confirmed().start_after(2)).await.expect("reset");
         expected.push(json!({"group": "live", "ops": [{"Reset": {"p": 0, "frontier": 2}}]}));
-        let l = b.fetch(STREAM, "live", &fetch(2, "c3")).await.expect("fetch");
+        let l = b.fetch(STREAM, "live", &fetch(2, "c3")).await.expect("fetch").leases;
         expected.push(json!({"group": "live", "ops": claim("c3", &l)}));
         let refs: Vec<LeaseRef> = l.iter().map(Lease::to_ref).collect();
         assert!(b.ack_many(&refs).await.expect("ack_many").iter().all(Result::is_ok));
@@ -2794,7 +2855,7 @@ fn records_after_power_loss(durability: Durability, calls: usize) -> u64 {
     let b = NativeBackend::with_engine(engine, Arc::new(clock));
     block_on(async {
         b.create_group(STREAM, "g", &GroupOptions::new()).await.expect("create");
-        let l = b.fetch(STREAM, "g", &FetchOptions::new().limit(2)).await.expect("fetch");
+        let l = b.fetch(STREAM, "g", &FetchOptions::new().limit(2)).await.expect("fetch").leases;
         if calls >= 3 {
             b.renew(&l[0].to_ref(), Duration::from_secs(60)).await.expect("renew");
         }
@@ -2956,11 +3017,11 @@ fn wal_headers_and_records_are_checked() {
     let ack = |lsn: u64, group: &str| json!({"lsn": lsn, "group": group, "ops": [{"Ack": {"p": 0, "seqs": [1]}}]});
     // Another version, well-formed or not, is a typed error (checked before
     // the checksum), in every mode.
-    for (name, bytes) in [("another version", with_version(2, true)), ("before the checksum", with_version(2, false))] {
+    for (name, bytes) in [("another version", with_version(3, true)), ("before the checksum", with_version(3, false))] {
         for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::TruncateAtFirstDamage] {
             let mem = delivery_dir(&[(wal_path(1), bytes.clone())]);
             match open(&mem, mode) {
-                Err(Error::UnsupportedVersion { file, found: 2, supported: 1 }) if file.ends_with(wal_path(1)) => {}
+                Err(Error::UnsupportedVersion { file, found: 3, supported: 2 }) if file.ends_with(wal_path(1)) => {}
                 other => panic!("{name} {mode:?}: expected UnsupportedVersion, got {:?}", other.err()),
             }
         }

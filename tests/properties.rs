@@ -468,7 +468,7 @@ async fn frontier_never_passes_a_hole(factory: Factory, ops: Vec<FrontierOp>) ->
             format!("{ctx}: dead_letters"),
         )?
         .iter()
-        .map(|d| d.event.sequence)
+        .map(|d| d.sequence)
         .collect();
         prop_assert!(dead.is_superset(&dead_before), "{ctx}: dead letters vanished: {dead_before:?} -> {dead:?}");
         prop_assert!(acked.is_disjoint(&dead), "{ctx}: acked {acked:?} and dead {dead:?} overlap");
@@ -1054,7 +1054,16 @@ async fn group_view(rheo: &Rheo, group: &str, ctx: &str) -> Result<GroupView, Te
         total: lag.total,
         dead: dead
             .into_iter()
-            .map(|d| (d.event.id, d.event.partition, d.event.sequence, d.reason, d.attempts, d.dead_lettered_at))
+            .map(|d| {
+                (
+                    d.event.map_or_else(String::new, |e| e.id),
+                    d.partition,
+                    d.sequence,
+                    d.reason,
+                    d.attempts,
+                    d.dead_lettered_at,
+                )
+            })
             .collect(),
         inflight: info.inflight,
         retry_waiting: info.retry_waiting,
@@ -1434,8 +1443,8 @@ async fn compare_with_model(fx: &Fixture, model: &Model, ctx: &str) -> CaseResul
         .iter()
         .zip(model.dead.iter().map(Some).chain(std::iter::repeat(None)))
         .map(|(d, m)| ModelDead {
-            partition: d.event.partition,
-            sequence: d.event.sequence,
+            partition: d.partition,
+            sequence: d.sequence,
             reason: match m {
                 Some(ModelDead { reason: Reason::ExpiredLastAttempt, .. }) if d.reason.starts_with("max_attempts:") => {
                     Reason::ExpiredLastAttempt

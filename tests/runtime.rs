@@ -81,7 +81,7 @@ impl Backend for Spy {
     async fn query(&self, query: &rheo::Query) -> Result<rheo::Page> {
         self.inner.query(query).await
     }
-    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<Vec<Lease>> {
+    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<rheo::FetchReport> {
         let call = {
             let mut times = self.fetch_times.lock();
             times.push(Instant::now());
@@ -464,7 +464,7 @@ async fn lease_stream_bounds_outstanding_and_settles_through_the_item(f: Fixture
     assert_eq!(leases.outstanding(), 0);
     let dl = f.rheo.dead_letters(S, G, DeadLetterOptions::default()).await.expect("dead letters");
     assert_eq!(dl.len(), 1);
-    assert_eq!((dl[0].event.partition, dl[0].event.sequence), rejected_seq);
+    assert_eq!((dl[0].partition, dl[0].sequence), rejected_seq);
 }
 
 async fn lease_stream_composes_with_buffer_unordered_and_ready_chunks(f: Fixture) {

@@ -337,7 +337,7 @@ async fn run(data: &[u8]) -> arbitrary::Result<()> {
                     }
                     None => (0..PARTS).collect(),
                 };
-                let got = b.fetch(STREAM, GROUP, &fetch).await.expect("fetch");
+                let got = b.fetch(STREAM, GROUP, &fetch).await.expect("fetch").leases;
                 for l in &got {
                     let h = &m.live[l.partition() as usize][(l.sequence() - 1) as usize];
                     assert!(

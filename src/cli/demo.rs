@@ -91,10 +91,11 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
     writeln!(out, "   billed the other 19 orders.")?;
     print_lag(&rheo, stream, "billing", out).await?;
     for dl in rheo.dead_letters(stream, "billing", DeadLetterOptions::new()).await? {
+        let order = dl.event.as_ref().map_or(serde_json::Value::Null, |e| e.payload["order"].clone());
         writeln!(
             out,
-            "   dead letter: order {} (partition {} #{}) after {} attempts: {}",
-            dl.event.payload["order"], dl.event.partition, dl.event.sequence, dl.attempts, dl.reason
+            "   dead letter: order {order} (partition {} #{}) after {} attempts: {}",
+            dl.partition, dl.sequence, dl.attempts, dl.reason
         )?;
     }
 

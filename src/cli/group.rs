@@ -30,6 +30,25 @@ pub enum GroupCommand {
     Reset(ResetArgs),
     /// Reopens already settled deliveries for redelivery.
     Replay(ReplayArgs),
+    /// Dead-letters one position without reading its event: the way past a
+    /// damaged record (see `rheo verify` and the operations guide).
+    Skip(SkipArgs),
+}
+
+/// Arguments of `rheo group skip`.
+#[derive(Debug, Args)]
+pub struct SkipArgs {
+    #[command(flatten)]
+    at: GroupRef,
+    /// The partition of the position.
+    #[arg(long)]
+    partition: u32,
+    /// The sequence of the position.
+    #[arg(long)]
+    sequence: u64,
+    /// Why it is skipped (kept in the dead letter as `skipped: <reason>`).
+    #[arg(long)]
+    reason: String,
 }
 
 /// A stream and one of its groups.
@@ -120,8 +139,12 @@ pub struct DlqListArgs {
     #[command(flatten)]
     at: GroupRef,
     /// Lists those after the dead letter of this event id.
-    #[arg(long, value_name = "EVENT_ID")]
+    #[arg(long, value_name = "EVENT_ID", conflicts_with = "after_position")]
     after: Option<String>,
+    /// Lists those after the dead letter at this position (pages past
+    /// damaged entries, which have no event id).
+    #[arg(long, value_name = "PARTITION:SEQ")]
+    after_position: Option<String>,
     /// The most to list.
     #[arg(long, default_value_t = 100)]
     limit: usize,
@@ -230,6 +253,26 @@ pub async fn run_group(ctx: &Ctx, command: GroupCommand) -> CliResult {
                 line(format!("reopened {n} deliveries of group {} on {}", a.at.group, a.at.stream))?;
             }
         }
+        GroupCommand::Skip(a) => {
+            let rheo = ctx.open().await?;
+            let skipped = rheo.skip(&a.at.stream, &a.at.group, a.partition, a.sequence, &a.reason).await?;
+            if ctx.json {
+                print_json(&json!({
+                    "stream": a.at.stream, "group": a.at.group, "partition": a.partition,
+                    "sequence": a.sequence, "skipped": skipped,
+                }))?;
+            } else if skipped {
+                line(format!(
+                    "dead-lettered partition {} sequence {} of group {} on {} (skipped: {})",
+                    a.partition, a.sequence, a.at.group, a.at.stream, a.reason
+                ))?;
+            } else {
+                line(format!(
+                    "partition {} sequence {} already is a dead letter of group {} on {}",
+                    a.partition, a.sequence, a.at.group, a.at.stream
+                ))?;
+            }
+        }
     }
     Ok(true)
 }
@@ -261,6 +304,11 @@ pub async fn run_dlq(ctx: &Ctx, command: DlqCommand) -> CliResult {
     if let Some(id) = a.after {
         opts = opts.after(id);
     }
+    if let Some(at) = &a.after_position {
+        let bad = || CliError::new(format!("--after-position {at:?}: expected PARTITION:SEQ, e.g. 0:42"));
+        let (p, seq) = at.split_once(':').ok_or_else(bad)?;
+        opts = opts.after_position(p.parse().map_err(|_| bad())?, seq.parse().map_err(|_| bad())?);
+    }
     let dead = ctx.open().await?.dead_letters(&a.at.stream, &a.at.group, opts).await?;
     if ctx.json {
         print_json(&dead)?;
@@ -268,14 +316,22 @@ pub async fn run_dlq(ctx: &Ctx, command: DlqCommand) -> CliResult {
     }
     let mut t = Table::new(&["PARTITION", "SEQ", "EVENT_ID", "ATTEMPTS", "AT", "REASON", "PAYLOAD"]);
     for d in &dead {
+        let (id, payload) = match (&d.event, &d.damage) {
+            (Some(e), _) => (e.id.clone(), short_json(&e.payload, 60)),
+            (None, Some(damage)) => (
+                "-".to_owned(),
+                format!("DAMAGED: {} at offset {} of {}", damage.reason, damage.offset, damage.file.display()),
+            ),
+            (None, None) => ("-".to_owned(), "-".to_owned()),
+        };
         t.row(vec![
-            d.event.partition.to_string(),
-            d.event.sequence.to_string(),
-            d.event.id.clone(),
+            d.partition.to_string(),
+            d.sequence.to_string(),
+            id,
             d.attempts.to_string(),
             d.dead_lettered_at.to_string(),
             d.reason.clone(),
-            short_json(&d.event.payload, 60),
+            payload,
         ]);
     }
     t.print("no dead letters")?;
@@ -286,7 +342,19 @@ pub async fn run_dlq(ctx: &Ctx, command: DlqCommand) -> CliResult {
 /// ack` takes.
 pub async fn fetch(ctx: &Ctx, a: FetchArgs) -> CliResult {
     let opts = FetchOptions::new().limit(a.limit).lease(Duration::from_secs(a.lease));
-    let leases = ctx.open().await?.fetch(&a.at.stream, &a.at.group, opts).await?;
+    let report = ctx.open().await?.fetch_report(&a.at.stream, &a.at.group, opts).await?;
+    // Damage goes to stderr, so that stdout stays the leases alone.
+    for d in &report.damaged {
+        if ctx.json {
+            eprintln!("{}", json!({"warning": "not delivered: its record can't be read", "damage": d}));
+        } else {
+            eprintln!(
+                "warning: {d}; not delivered (skip it with `rheo group skip {} {} --partition {} --sequence {} --reason ...`)",
+                a.at.stream, a.at.group, d.partition, d.sequence
+            );
+        }
+    }
+    let leases = report.leases;
     if ctx.json {
         let mut docs = Vec::with_capacity(leases.len());
         for l in &leases {

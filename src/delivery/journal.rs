@@ -47,6 +47,10 @@ pub(crate) enum Op {
     ReopenOne { p: u32, seqs: Vec<u64> },
     /// The partition restarted after `frontier`.
     Reset { p: u32, frontier: u64 },
+    /// Fresh positions a fetch passed over without claiming them (their
+    /// records could not be read): materialized as claimable, with no
+    /// attempt counted, and the cursor moved over them. (WAL version 2.)
+    Pass { p: u32, seqs: Vec<u64> },
 }
 
 /// A whole group, as a checkpoint and a group-creation record hold it.
@@ -124,6 +128,7 @@ impl GroupState {
             ) if *p == p2 && *consumer == c2 && *expires_at == e2 => leases.extend(l2),
             (Some(Op::Ack { p, seqs }), Op::Ack { p: p2, seqs: s2 }) if *p == p2 => seqs.extend(s2),
             (Some(Op::ReopenOne { p, seqs }), Op::ReopenOne { p: p2, seqs: s2 }) if *p == p2 => seqs.extend(s2),
+            (Some(Op::Pass { p, seqs }), Op::Pass { p: p2, seqs: s2 }) if *p == p2 => seqs.extend(s2),
             (_, op) => journal.push(op),
         }
     }
@@ -188,6 +193,13 @@ impl GroupState {
                 }
             }
             Op::Reset { p, frontier } => self.reset_part(*p, *frontier),
+            Op::Pass { p, seqs } => {
+                if let Some(part) = self.parts.get_mut(p) {
+                    for &seq in seqs {
+                        part.pass(seq);
+                    }
+                }
+            }
         }
     }
 

@@ -18,12 +18,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::model::damage::Damage;
 use crate::model::event::Event;
 use crate::model::group::{
     Backoff, DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, PartitionLag,
     ReplayMode, ReplayOptions, ResetOptions, StartPosition, check_partitions,
 };
-use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
+use crate::model::lease::{FetchReport, Lease, LeaseRef, RetryOutcome};
 use crate::model::query::Query;
 use crate::model::time::Timestamp;
 use journal::Op;
@@ -39,9 +40,19 @@ pub(crate) trait EventSource {
     fn high_watermark(&self, p: u32) -> u64;
     /// The event at a position (which exists: at most the high watermark).
     fn event(&self, p: u32, seq: u64) -> Result<Event>;
-    /// The events at ascending positions of one partition (which exist).
-    fn events(&self, p: u32, seqs: &[u64]) -> Result<Vec<Event>> {
-        seqs.iter().map(|&seq| self.event(p, seq)).collect()
+    /// The events at strictly ascending positions of one partition (which
+    /// exist), one outcome per position: `Err(Error::Corrupt)` for a
+    /// position whose stored record fails a check, which affects no other.
+    /// The outer error is a failure to read at all.
+    fn read_each(&self, p: u32, seqs: &[u64]) -> Result<Vec<Result<Event>>> {
+        seqs.iter()
+            .map(|&seq| self.event(p, seq))
+            .map(|r| match r {
+                Ok(e) => Ok(Ok(e)),
+                Err(e @ Error::Corrupt { .. }) => Ok(Err(e)),
+                Err(e) => Err(e),
+            })
+            .collect()
     }
     /// The first sequence of a partition with a timestamp at or after `t`.
     fn first_at_or_after(&self, p: u32, t: Timestamp) -> Result<Option<u64>>;
@@ -71,42 +82,44 @@ fn new_lease_id() -> u128 {
     (u128::from(prefix) << 64) | u128::from(low)
 }
 
-/// A claim made by a fetch: (sequence, lease id, attempt).
-type Claimed = (u64, u128, u32);
+/// Spent deliveries (leased on their last attempt, expired) one fetch
+/// dead-letters at most, beyond its limit; the rest wait for the next
+/// fetch. Bounds the WAL record of a fetch.
+pub(crate) const SPENT_PER_FETCH: usize = 64;
 
-/// What a fetch claimed, before its events are read.
-#[derive(Debug)]
-pub(crate) struct Claims {
-    group: String,
-    consumer_id: String,
-    expires_at: Timestamp,
-    count: usize,
-    /// (partition, claims) in delivery order.
-    parts: Vec<(u32, Vec<Claimed>)>,
+/// The spent deliveries a fetch of `limit` dead-letters at most.
+pub(crate) const fn spent_budget(limit: usize) -> usize {
+    limit + SPENT_PER_FETCH
 }
 
-impl Claims {
-    /// The leases, with their events. A failed read leaves the claims to
-    /// expire and be delivered again.
-    pub(crate) fn leases(self, src: &dyn EventSource) -> Result<Vec<Lease>> {
-        let mut leases = Vec::with_capacity(self.count);
-        for (p, here) in self.parts {
-            let seqs: Vec<u64> = here.iter().map(|&(seq, _, _)| seq).collect();
-            let events = src.events(p, &seqs)?;
-            for ((_, lease_id, attempt), event) in here.into_iter().zip(events) {
-                leases.push(Lease {
-                    lease_id: uuid::Uuid::from_u128(lease_id).to_string(),
-                    receipt: None,
-                    group: self.group.clone(),
-                    consumer_id: self.consumer_id.clone(),
-                    attempt,
-                    expires_at: self.expires_at,
-                    event,
-                });
-            }
-        }
-        Ok(leases)
+/// What a fetch read for one partition, before it changes anything.
+struct PartPlan {
+    p: u32,
+    /// (sequence, what to do) in claim order.
+    items: Vec<(u64, Planned)>,
+    /// The highest fresh position examined (see `PartState::plan`).
+    walked: u64,
+}
+
+enum Planned {
+    /// Out of attempts: dead-letter it.
+    Spent,
+    /// Read: claim it.
+    Claim(Event),
+    /// Its record can't be read: leave it, and report it.
+    Damaged(Damage),
+}
+
+/// The positions of every event matching `q`, per partition it names:
+/// what a replay by query reopens (the settled ones among them).
+pub(crate) fn query_matches(src: &dyn EventSource, q: &Query) -> Result<Vec<(u32, Vec<u64>)>> {
+    let mut matched = Vec::new();
+    for p in q.partitions(src.partition_count()) {
+        let mut seqs = Vec::new();
+        src.matching(p, q, &mut |seq| seqs.push(seq))?;
+        matched.push((p, seqs));
     }
+    Ok(matched)
 }
 
 /// One consumer group's state.
@@ -192,60 +205,133 @@ impl GroupState {
         part.dead_letter(seq, reason, now, order);
     }
 
-    /// Claims up to `opts.limit` deliveries in (partition, sequence) order.
-    pub(crate) fn fetch(&mut self, src: &dyn EventSource, opts: &FetchOptions, now: Timestamp) -> Result<Vec<Lease>> {
-        self.claim(src, opts, now)?.leases(src)
+    /// Claims up to `opts.limit` deliveries in (partition, sequence) order
+    /// and reads their events.
+    ///
+    /// Every read happens before anything changes: a read that fails (an
+    /// I/O error) fails the fetch with nothing claimed, no attempt counted
+    /// and nothing journaled. A position whose record fails a check is not
+    /// claimed: it is reported in [`FetchReport::damaged`] (at most `limit`
+    /// of them) and the fetch goes on with the next positions and
+    /// partitions, so damage blocks only the positions it covers. A fresh
+    /// position passed over that way is materialized (claimable, attempt
+    /// 0) so the cursor can move past it.
+    pub(crate) fn fetch(&mut self, src: &dyn EventSource, opts: &FetchOptions, now: Timestamp) -> Result<FetchReport> {
+        let scope = self.scope(src, opts.partitions.as_deref())?;
+        let max_attempts = self.summary.max_attempts;
+        let mut plans = Vec::new();
+        let (mut claims, mut damaged, mut spent_left) = (0, 0, spent_budget(opts.limit));
+        for p in scope {
+            if claims >= opts.limit || damaged >= opts.limit {
+                break;
+            }
+            let Some(part) = self.parts.get_mut(&p) else { continue };
+            // Timers are not journaled: firing them changes nothing durable.
+            part.fire_timers(now);
+            let part = &*part;
+            let hw = src.high_watermark(p);
+            let mut plan = PartPlan { p, items: Vec::new(), walked: 0 };
+            let mut after = 0;
+            while claims < opts.limit && damaged < opts.limit {
+                let mut listed = Vec::new();
+                let walked = part.plan(hw, after, opts.limit - claims, max_attempts, &mut spent_left, &mut listed);
+                plan.walked = plan.walked.max(walked);
+                let Some(&(last, _)) = listed.last() else { break };
+                after = last;
+                let reads: Vec<u64> = listed.iter().filter(|(_, spent)| !spent).map(|&(seq, _)| seq).collect();
+                let mut read = src.read_each(p, &reads)?.into_iter();
+                for (seq, spent) in listed {
+                    if spent {
+                        plan.items.push((seq, Planned::Spent));
+                        continue;
+                    }
+                    match read.next() {
+                        Some(Ok(event)) => {
+                            claims += 1;
+                            plan.items.push((seq, Planned::Claim(event)));
+                        }
+                        Some(Err(e)) => match Damage::from_error(src.stream(), p, seq, &e) {
+                            Some(d) if damaged < opts.limit => {
+                                damaged += 1;
+                                plan.items.push((seq, Planned::Damaged(d)));
+                            }
+                            Some(_) => break,
+                            None => return Err(e),
+                        },
+                        None => {
+                            return Err(Error::failed(
+                                "fetch",
+                                format!("a read of {} positions came back short", reads.len()),
+                            ));
+                        }
+                    }
+                }
+            }
+            plans.push(plan);
+        }
+        Ok(self.apply_fetch(plans, opts, now))
     }
 
-    /// The claims of a fetch, without reading their events (which a caller
-    /// may do after releasing its lock: published events never change).
-    pub(crate) fn claim(&mut self, src: &dyn EventSource, opts: &FetchOptions, now: Timestamp) -> Result<Claims> {
+    /// The changes of a fetch whose reads are done (nothing here fails).
+    fn apply_fetch(&mut self, plans: Vec<PartPlan>, opts: &FetchOptions, now: Timestamp) -> FetchReport {
         let expires_at = now.saturating_add(opts.lease);
         let consumer_id = opts.consumer_id.clone().unwrap_or_default();
         let consumer: Arc<str> = Arc::from(consumer_id.as_str());
-        let scope = self.scope(src, opts.partitions.as_deref())?;
-        let max_attempts = self.summary.max_attempts;
-        // (partition, claims) in order.
-        let mut claimed: Vec<(u32, Vec<Claimed>)> = Vec::new();
-        let mut count = 0;
-        for p in scope {
-            let hw = src.high_watermark(p);
-            let cursor_before = self.parts.get(&p).map_or(0, |part| part.cursor);
-            let mut here = Vec::new();
-            while count < opts.limit {
-                let Some(part) = self.parts.get_mut(&p) else { break };
-                part.fire_timers(now);
-                let Some(seq) = part.next_claimable(hw) else { break };
-                let spent = part.deliveries.get(&seq).is_some_and(|d| d.attempt >= max_attempts);
-                if spent {
-                    // A lease that expired on its last attempt: the consumer
-                    // died holding it (a poison pill); stop redelivering.
-                    self.dead_letter(p, seq, "max_attempts: lease expired".to_owned(), now);
-                    continue;
+        let mut report = FetchReport::default();
+        for PartPlan { p, items, walked } in plans {
+            let mut leased = Vec::new();
+            let mut passed = Vec::new();
+            for (seq, planned) in items {
+                match planned {
+                    Planned::Spent => {
+                        // A lease that expired on its last attempt: the consumer
+                        // died holding it (a poison pill); stop redelivering.
+                        self.dead_letter(p, seq, "max_attempts: lease expired".to_owned(), now);
+                    }
+                    Planned::Claim(event) => {
+                        let Some(part) = self.parts.get_mut(&p) else { continue };
+                        part.cursor = part.cursor.max(seq);
+                        let lease_id = new_lease_id();
+                        let attempt = part.lease(seq, lease_id, consumer.clone(), expires_at);
+                        leased.push((seq, lease_id));
+                        report.leases.push(Lease {
+                            lease_id: uuid::Uuid::from_u128(lease_id).to_string(),
+                            receipt: None,
+                            group: self.summary.name.clone(),
+                            consumer_id: consumer_id.clone(),
+                            attempt,
+                            expires_at,
+                            event,
+                        });
+                    }
+                    Planned::Damaged(d) => {
+                        let Some(part) = self.parts.get_mut(&p) else { continue };
+                        if seq > part.cursor {
+                            part.pass(seq);
+                            passed.push(seq);
+                        }
+                        report.damaged.push(d);
+                    }
                 }
-                let lease_id = new_lease_id();
-                let attempt = part.lease(seq, lease_id, consumer.clone(), expires_at);
-                here.push((seq, lease_id, attempt));
-                count += 1;
             }
             if self.journal.is_some() {
-                if !here.is_empty() {
-                    let leases = here.iter().map(|&(seq, id, _)| (seq, id)).collect();
-                    self.log(Op::Claim { p, consumer: consumer_id.clone(), expires_at, leases });
+                if !leased.is_empty() {
+                    self.log(Op::Claim { p, consumer: consumer_id.clone(), expires_at, leases: leased });
                 }
-                // Claims replay the cursor up to their largest sequence; a
-                // skip past it must be logged for replay to match.
-                let claimed_to = here.iter().map(|&(seq, _, _)| seq).max().unwrap_or(0);
-                let cursor = self.parts.get(&p).map_or(0, |part| part.cursor);
-                if cursor != cursor_before && cursor > claimed_to {
-                    self.log(Op::Cursor { p, cursor });
+                if !passed.is_empty() {
+                    self.log(Op::Pass { p, seqs: passed });
                 }
             }
-            if !here.is_empty() {
-                claimed.push((p, here));
+            // Settled positions examined past the last claim: move the cursor
+            // over them so the next fetch does not walk them again.
+            if let Some(part) = self.parts.get_mut(&p)
+                && walked > part.cursor
+            {
+                part.cursor = walked;
+                self.log(Op::Cursor { p, cursor: walked });
             }
         }
-        Ok(Claims { group: self.summary.name.clone(), consumer_id, expires_at, count, parts: claimed })
+        report
     }
 
     /// The delivery a lease names, when it still holds it; else `StaleLease`.
@@ -340,21 +426,12 @@ impl GroupState {
                 starts
             }
             ReplayMode::Query(q) => {
-                for p in q.partitions(src.partition_count()).into_iter().filter(|p| scope.contains(p)) {
-                    let Some(part) = self.parts.get_mut(&p) else { continue };
-                    let mut seqs = Vec::new();
-                    src.matching(p, q, &mut |seq| {
-                        let (done, dead) = part.reopen_one(seq);
-                        if done {
-                            seqs.push(seq);
-                        }
-                        dead_orders.extend(dead);
-                    })?;
-                    reopened += seqs.len() as u64;
-                    if !seqs.is_empty() && self.journal.is_some() {
-                        self.log(Op::ReopenOne { p, seqs });
-                    }
-                }
+                // Every match is read before anything changes: a query that
+                // fails (damage, an I/O error) reopens nothing.
+                let matched = query_matches(src, q)?;
+                let (n, dead) = self.reopen_matches(&scope, &matched);
+                reopened += n;
+                dead_orders.extend(dead);
                 Vec::new()
             }
         };
@@ -370,6 +447,52 @@ impl GroupState {
             self.dead_order.remove(&order);
         }
         Ok(reopened)
+    }
+
+    /// Reopens the settled ones of `matched` (from [`query_matches`]) in the
+    /// partitions of `opts`'s scope: one step of a replay by query that a
+    /// backend applies in several (each a bounded WAL record). Returns how
+    /// many were reopened.
+    pub(crate) fn replay_matches(
+        &mut self,
+        src: &dyn EventSource,
+        opts: &ReplayOptions,
+        matched: &[(u32, Vec<u64>)],
+    ) -> Result<u64> {
+        let scope = self.scope(src, opts.partitions.as_deref())?;
+        let (reopened, dead) = self.reopen_matches(&scope, matched);
+        for order in dead {
+            self.dead_order.remove(&order);
+        }
+        Ok(reopened)
+    }
+
+    /// Reopens the settled positions of `matched` within `scope`; returns
+    /// how many, and the dead-letter orders to drop.
+    fn reopen_matches(&mut self, scope: &[u32], matched: &[(u32, Vec<u64>)]) -> (u64, Vec<u64>) {
+        let mut reopened = 0;
+        let mut dead_orders = Vec::new();
+        for (p, seqs) in matched.iter().filter(|(p, _)| scope.contains(p)) {
+            let Some(part) = self.parts.get_mut(p) else { continue };
+            let mut done = Vec::new();
+            for &seq in seqs {
+                let (reopened_one, dead) = part.reopen_one(seq);
+                if reopened_one {
+                    done.push(seq);
+                }
+                dead_orders.extend(dead);
+            }
+            reopened += done.len() as u64;
+            if !done.is_empty() && self.journal.is_some() {
+                self.log(Op::ReopenOne { p: *p, seqs: done });
+            }
+        }
+        (reopened, dead_orders)
+    }
+
+    /// The partitions a group consumes within `requested`, checked.
+    pub(crate) fn partitions_in(&self, src: &dyn EventSource, requested: Option<&[u32]>) -> Result<Vec<u32>> {
+        self.scope(src, requested)
     }
 
     /// Clears the group's state in scope and restarts it at `opts.start`.
@@ -428,31 +551,90 @@ impl GroupState {
         }
     }
 
-    /// Dead letters, oldest first, after the one of `opts.after`.
+    /// Dead letters, oldest first, after the one of `opts.after_position`
+    /// (or `opts.after`). An entry whose event can't be read (damage) is
+    /// listed with the damage and no event; any other read failure fails
+    /// the listing.
     pub(crate) fn dead_letters(&self, src: &dyn EventSource, opts: &DeadLetterOptions) -> Result<Vec<DeadLetter>> {
-        let start = match &opts.after {
-            None => 0,
-            Some(id) => {
-                let not_found = || Error::CursorNotFound {
-                    scope: format!("dead letters of {:?}/{:?}", src.stream(), self.summary.name),
-                    cursor: id.clone(),
-                };
+        let scope = || format!("dead letters of {:?}/{:?}", src.stream(), self.summary.name);
+        let order_at = |p: u32, seq: u64| self.parts.get(&p).and_then(|part| part.dead.get(&seq)).map(|d| d.order);
+        let start = match (&opts.after_position, &opts.after) {
+            (Some((p, seq)), _) => order_at(*p, *seq)
+                .ok_or_else(|| Error::CursorNotFound { scope: scope(), cursor: format!("{p}:{seq}") })?
+                .saturating_add(1),
+            (None, Some(id)) => {
+                let not_found = || Error::CursorNotFound { scope: scope(), cursor: id.clone() };
                 let (p, seq) = src.position_of(id)?.ok_or_else(not_found)?;
-                let info = self.parts.get(&p).and_then(|part| part.dead.get(&seq)).ok_or_else(not_found)?;
-                info.order.saturating_add(1)
+                order_at(p, seq).ok_or_else(not_found)?.saturating_add(1)
             }
+            (None, None) => 0,
         };
         let mut out = Vec::new();
         for &(p, seq) in self.dead_order.range(start..).map(|(_, v)| v).take(opts.limit) {
             let Some(info) = self.parts.get(&p).and_then(|part| part.dead.get(&seq)) else { continue };
+            let read = src.read_each(p, &[seq])?.pop();
+            let (event, damage) = match read {
+                Some(Ok(event)) => (Some(event), None),
+                Some(Err(e)) => match Damage::from_error(src.stream(), p, seq, &e) {
+                    Some(d) => (None, Some(d)),
+                    None => return Err(e),
+                },
+                None => return Err(Error::failed("dead_letters", format!("no read of partition {p} sequence {seq}"))),
+            };
             out.push(DeadLetter {
-                event: src.event(p, seq)?,
+                partition: p,
+                sequence: seq,
+                event,
+                damage,
                 reason: info.reason.clone(),
                 attempts: info.attempts,
                 dead_lettered_at: info.at,
             });
         }
         Ok(out)
+    }
+
+    /// Dead-letters one position without reading its event (an operator's
+    /// way past damage), whatever its state: never claimed, claimable,
+    /// waiting out a backoff, or leased (whose holder's settles then fail
+    /// with `StaleLease`). The reason is recorded as `skipped: <reason>`.
+    /// Returns true when it dead-lettered the position, false when it
+    /// already was a dead letter. An acknowledged position (or one before
+    /// the group's start), one above the high watermark, or a partition the
+    /// group does not consume is refused, changing nothing.
+    pub(crate) fn skip(
+        &mut self,
+        src: &dyn EventSource,
+        p: u32,
+        seq: u64,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<bool> {
+        check_partitions(src.stream(), &[p], src.partition_count())?;
+        let group = &self.summary.name;
+        let Some(part) = self.parts.get(&p) else {
+            return Err(Error::invalid("partition", format!("group {group:?} does not consume partition {p}")));
+        };
+        let hw = src.high_watermark(p);
+        if seq == 0 || seq > hw {
+            return Err(Error::invalid(
+                "sequence",
+                format!("sequence {seq} is not in partition {p} of stream {:?} (it holds 1..={hw})", src.stream()),
+            ));
+        }
+        if part.dead.contains_key(&seq) {
+            return Ok(false);
+        }
+        if seq <= part.frontier || part.done.contains(seq) {
+            return Err(Error::invalid(
+                "sequence",
+                format!(
+                    "sequence {seq} of partition {p} is already settled for group {group:?} (acknowledged, or before its start): nothing to skip"
+                ),
+            ));
+        }
+        self.dead_letter(p, seq, format!("skipped: {reason}"), now);
+        Ok(true)
     }
 }
 

@@ -87,7 +87,9 @@ impl PartState {
     }
 
     /// The next claimable sequence (materializing it when it comes from
-    /// above the cursor), or None. Sequences come out ascending.
+    /// above the cursor), or None. Sequences come out ascending. (The
+    /// reference for [`PartState::plan`], which fetches use.)
+    #[cfg(test)]
     pub(crate) fn next_claimable(&mut self, high_watermark: u64) -> Option<u64> {
         loop {
             let ready = self.ready.first().copied();
@@ -114,6 +116,83 @@ impl PartState {
         }
     }
 
+    /// The claimable positions after `after`, in ascending order, without
+    /// changing anything (call [`PartState::fire_timers`] first): the ready
+    /// ones merged with the fresh ones above the cursor up to
+    /// `high_watermark` (skipping settled and materialized ones; a replay
+    /// can leave ready deliveries above the cursor). Pushes
+    /// `(sequence, spent)` to `out`, `spent` when a ready delivery has used
+    /// up `max_attempts`; stops once `want` positions that are not spent
+    /// are listed, or before a spent one when `spent_left` is 0
+    /// (decremented per spent one); nothing after the `want`-th is looked
+    /// at. Returns the highest fresh position
+    /// examined (0 when none was): every fresh position up to it is listed,
+    /// settled or materialized, so the cursor may move up to it.
+    pub(crate) fn plan(
+        &self,
+        high_watermark: u64,
+        after: u64,
+        want: usize,
+        max_attempts: u32,
+        spent_left: &mut usize,
+        out: &mut Vec<(u64, bool)>,
+    ) -> u64 {
+        let Some(from) = after.checked_add(1) else { return 0 };
+        let mut ready = self.ready.range(from..).copied().peekable();
+        let mut next_fresh = self.cursor.max(self.frontier).max(after).checked_add(1);
+        let (mut listed, mut walked) = (0, 0);
+        while listed < want {
+            // The next fresh position that is neither settled nor materialized.
+            let fresh = loop {
+                let Some(f) = next_fresh.filter(|&f| f <= high_watermark) else { break None };
+                if let Some(end) = self.done.end_of(f) {
+                    walked = end.min(high_watermark);
+                    next_fresh = end.checked_add(1);
+                } else if self.deliveries.contains_key(&f) {
+                    walked = f;
+                    next_fresh = f.checked_add(1);
+                } else {
+                    break Some(f);
+                }
+            };
+            match (ready.peek().copied(), fresh) {
+                (Some(r), f) if f.is_none_or(|f| r < f) => {
+                    let spent = self.deliveries.get(&r).is_some_and(|d| d.attempt >= max_attempts);
+                    if spent {
+                        if *spent_left == 0 {
+                            return walked;
+                        }
+                        *spent_left -= 1;
+                    } else {
+                        listed += 1;
+                    }
+                    out.push((r, spent));
+                    ready.next();
+                }
+                (_, Some(f)) => {
+                    // A ready delivery below it was taken by the arm above.
+                    listed += 1;
+                    out.push((f, false));
+                    walked = f;
+                    next_fresh = f.checked_add(1);
+                }
+                _ => return walked,
+            }
+        }
+        walked
+    }
+
+    /// Materializes a fresh position (above the cursor) that a fetch passed
+    /// over without claiming it (its record could not be read): it stays
+    /// claimable, with no attempt counted, and the cursor moves over it.
+    pub(crate) fn pass(&mut self, seq: u64) {
+        self.cursor = self.cursor.max(seq);
+        if seq > self.frontier && !self.done.contains(seq) && !self.deliveries.contains_key(&seq) {
+            self.deliveries.insert(seq, Delivery { attempt: 0, holding: Holding::Available });
+            self.ready.insert(seq);
+        }
+    }
+
     /// Stops tracking any timer or readiness of `seq`.
     fn unschedule(&mut self, seq: u64) {
         self.ready.remove(&seq);
@@ -130,7 +209,8 @@ impl PartState {
         }
     }
 
-    /// Claims `seq` (which `next_claimable` returned) under a new lease.
+    /// Claims `seq` (a claimable position, see [`PartState::plan`]) under a
+    /// new lease; the cursor must already be at or above it.
     pub(crate) fn lease(&mut self, seq: u64, lease_id: u128, consumer_id: Arc<str>, expires_at: Timestamp) -> u32 {
         self.unschedule(seq);
         self.timers.insert((expires_at, seq));

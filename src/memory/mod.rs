@@ -25,7 +25,7 @@ use crate::model::group::{
     DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, MAX_INDEXES,
     ReplayOptions, ResetOptions, StreamInfo, StreamOptions, check_partitions,
 };
-use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
+use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::query::{ALWAYS_INDEXED, Page, Query, canonical_path, check_index_field};
 use crate::model::routing::route;
 use crate::model::time::{Clock, SystemClock, Timestamp};
@@ -243,7 +243,7 @@ impl Backend for MemoryBackend {
         })
     }
 
-    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<Vec<Lease>> {
+    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
         let now = self.clock.now();
         self.with_group(stream, group, |g, log| g.fetch(log, opts, now))
     }
@@ -273,6 +273,11 @@ impl Backend for MemoryBackend {
     async fn reject(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
         let now = self.clock.now();
         self.with_group(&lease.stream, &lease.group, |g, _| g.reject(lease, reason, now))
+    }
+
+    async fn skip(&self, stream: &str, group: &str, partition: u32, sequence: u64, reason: &str) -> Result<bool> {
+        let now = self.clock.now();
+        self.with_group(stream, group, |g, log| g.skip(log, partition, sequence, reason, now))
     }
 
     async fn replay(&self, stream: &str, group: &str, opts: &ReplayOptions) -> Result<u64> {

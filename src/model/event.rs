@@ -60,8 +60,13 @@ impl Event {
         Lineage::from_metadata(&self.metadata)
     }
 
-    /// The value at a query path (see [`crate::Query`] for how paths resolve).
+    /// The value at a query path (see [`crate::Query`] for how paths
+    /// resolve). A path with an empty dotted segment names no value
+    /// ([`crate::is_valid_path`]).
     pub fn field(&self, path: &str) -> Option<Value> {
+        if !crate::model::query::is_valid_path(path) {
+            return None;
+        }
         match path {
             "id" => Some(Value::String(self.id.clone())),
             "stream" => Some(Value::String(self.stream.clone())),

@@ -495,9 +495,19 @@ pub struct GroupInfo {
 /// A dead-lettered delivery.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeadLetter {
-    /// The event (never deleted).
-    pub event: Event,
-    /// The reason given to `reject`, or `max_attempts: <reason>`.
+    /// The partition of the delivery.
+    pub partition: u32,
+    /// The sequence of the delivery.
+    pub sequence: u64,
+    /// The event (never deleted); None when its stored record can't be
+    /// read, with the reason in `damage`.
+    pub event: Option<Event>,
+    /// Why the event can't be read, when it can't (a damaged position,
+    /// typically one an operator skipped with [`crate::Rheo::skip`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub damage: Option<super::damage::Damage>,
+    /// The reason given to `reject`, `max_attempts: <reason>`, or
+    /// `skipped: <reason>` for a position skipped by an operator.
     pub reason: String,
     /// Claims made before it was dead-lettered.
     pub attempts: u32,
@@ -512,11 +522,16 @@ pub struct DeadLetterOptions {
     pub limit: usize,
     /// Return only those after the dead letter of this event id.
     pub after: Option<String>,
+    /// Return only those after the dead letter at this (partition,
+    /// sequence): a cursor that needs no event id, so it pages past damaged
+    /// entries too. Takes precedence over `after`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_position: Option<(u32, u64)>,
 }
 
 impl Default for DeadLetterOptions {
     fn default() -> Self {
-        DeadLetterOptions { limit: 100, after: None }
+        DeadLetterOptions { limit: 100, after: None, after_position: None }
     }
 }
 
@@ -533,6 +548,12 @@ impl DeadLetterOptions {
     /// Pages after the dead letter of this event id.
     pub fn after(mut self, event_id: impl Into<String>) -> Self {
         self.after = Some(event_id.into());
+        self
+    }
+    /// Pages after the dead letter at this position (which needs no event
+    /// id: it pages past damaged entries too).
+    pub fn after_position(mut self, partition: u32, sequence: u64) -> Self {
+        self.after_position = Some((partition, sequence));
         self
     }
 }

@@ -46,6 +46,22 @@ impl Lease {
     }
 }
 
+/// What a fetch claimed, and the positions it could not deliver.
+///
+/// A position whose stored record fails a check is not claimed (no attempt
+/// is counted, no lease made): it is reported in `damaged` and stays where
+/// it was, blocking only itself, until it is skipped
+/// ([`crate::Rheo::skip`]) or its file restored. Other positions and
+/// partitions keep flowing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FetchReport {
+    /// The deliveries claimed, in (partition, sequence) order.
+    pub leases: Vec<Lease>,
+    /// Positions that were due but could not be read, in (partition,
+    /// sequence) order; at most the fetch's limit of them.
+    pub damaged: Vec<super::damage::Damage>,
+}
+
 /// What a settle call needs to name a lease: everything but the event.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LeaseRef {

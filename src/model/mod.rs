@@ -1,6 +1,7 @@
 //! The data model shared by every backend.
 
 pub mod capabilities;
+pub mod damage;
 pub mod event;
 pub mod group;
 pub mod lease;

@@ -83,6 +83,22 @@ pub fn canonical_path(path: &str) -> Option<String> {
     }
 }
 
+/// True when a query path names a value: it is not empty and has no empty
+/// dotted segment (`payload.`, `.a`, `a..b` name nothing). This is the one
+/// rule for every reader of a path: queries refuse such paths,
+/// [`Event::field`](crate::Event::field) answers `None` for them, and the
+/// index builder never indexes them, so a payload key `""` is reachable by
+/// no path.
+///
+/// ```
+/// assert!(rheo::is_valid_path("order.total"));
+/// assert!(!rheo::is_valid_path("payload."));
+/// assert!(!rheo::is_valid_path("a..b"));
+/// ```
+pub fn is_valid_path(path: &str) -> bool {
+    !path.split('.').any(str::is_empty)
+}
+
 /// Checks a field a stream is asked to index and returns its canonical
 /// name: a query path of 1 to 256 bytes, no empty dotted segment, naming a
 /// value of the event (not `partition`, `sequence`, `timestamp`, `stream`).
@@ -91,7 +107,7 @@ pub(crate) fn check_index_field(stream: &str, field: &str) -> Result<String> {
     if field.is_empty() || field.len() > 256 || field.contains('\0') {
         return Err(bad("a field path is 1 to 256 bytes without NUL"));
     }
-    if field.split('.').any(str::is_empty) {
+    if !is_valid_path(field) {
         return Err(bad("a dotted path has no empty segment"));
     }
     canonical_path(field).ok_or_else(|| bad("the log itself orders and bounds this field"))
@@ -359,9 +375,16 @@ impl Query {
         self
     }
 
-    /// Checks the limit and that the cursor was made for this order.
+    /// Checks the limit, the filter paths (see [`is_valid_path`]) and that
+    /// the cursor was made for this order.
     pub fn validate(&self) -> Result<()> {
         validate_limit("limit", self.limit)?;
+        if let Some(f) = self.filters.iter().find(|f| !is_valid_path(&f.path)) {
+            return Err(Error::invalid(
+                "query",
+                format!("filter path {:?} has an empty dotted segment and names no value", f.path),
+            ));
+        }
         let terms: usize = self.filters.iter().map(|f| if let Op::In(v) = &f.op { v.len().max(1) } else { 1 }).sum();
         if terms > MAX_QUERY_TERMS {
             return Err(Error::invalid(

@@ -20,18 +20,19 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::Backend;
-use crate::delivery::{EventSource, GroupState};
+use crate::delivery::{EventSource, GroupState, query_matches, spent_budget};
 use crate::engine::delivery::LogSource;
+use crate::engine::delivery::room;
 use crate::engine::log::stream::{Routed, StreamLog};
 use crate::engine::{Durability, Engine, EngineOptions, RecoveryMode};
 use crate::error::{Error, Result};
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, NewEvent};
 use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag,
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, ReplayMode,
     ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
 };
-use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
+use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
 use crate::model::routing::route;
 use crate::model::time::{Clock, Timestamp};
@@ -118,14 +119,16 @@ impl NativeBackend {
     /// Runs `f` on a group's state under its stream's table lock, logging
     /// what it changed; waits (without blocking a thread) until that is as
     /// durable as the settings promise.
+    /// `room` bounds the WAL record the call makes (`engine::delivery::room`).
     async fn group_op<T>(
         &self,
         stream: &str,
         group: &str,
+        room: u64,
         f: impl FnOnce(&mut GroupState, &dyn EventSource) -> Result<T>,
     ) -> Result<T> {
         let (log, table) = self.engine.groups(stream)?;
-        let (out, ticket) = table.with_group(&self.engine.ctx(), &log, group, f)?;
+        let (out, ticket) = table.with_group(&self.engine.ctx(), &log, group, room, f)?;
         ticket.resolved().await?;
         Ok(out)
     }
@@ -136,12 +139,13 @@ impl NativeBackend {
         &self,
         stream: &str,
         group: &str,
+        room: u64,
         f: impl FnOnce(&mut GroupState, &dyn EventSource) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let (log, table) = self.engine.groups(stream)?;
         let engine = self.engine.clone();
         let group = group.to_owned();
-        let (out, ticket) = blocking(move || table.with_group(&engine.ctx(), &log, &group, f)).await?;
+        let (out, ticket) = blocking(move || table.with_group(&engine.ctx(), &log, &group, room, f)).await?;
         ticket.resolved().await?;
         Ok(out)
     }
@@ -174,6 +178,30 @@ impl NativeBackend {
         let out = events.into_iter().zip(assigned).map(|(e, (p, seq))| e.into_event(stream, p, seq, now)).collect();
         Ok((out, ticket))
     }
+}
+
+/// The most matches of a replay by query reopened in one step (one WAL
+/// record of at most about 9 MiB, well under the record limit).
+const REPLAY_STEP: usize = 1 << 20;
+
+/// Splits a replay's matches into steps of at most [`REPLAY_STEP`]
+/// positions, in order (at least one step, perhaps empty).
+fn replay_steps(matched: Vec<(u32, Vec<u64>)>) -> Vec<Vec<(u32, Vec<u64>)>> {
+    let mut steps = vec![Vec::new()];
+    let mut size = 0;
+    for (p, seqs) in matched {
+        for chunk in seqs.chunks(REPLAY_STEP) {
+            if size + chunk.len() > REPLAY_STEP {
+                steps.push(Vec::new());
+                size = 0;
+            }
+            size += chunk.len();
+            if let Some(step) = steps.last_mut() {
+                step.push((p, chunk.to_vec()));
+            }
+        }
+    }
+    steps
 }
 
 /// Runs blocking engine work off the async workers.
@@ -258,38 +286,30 @@ impl Backend for NativeBackend {
         blocking(move || crate::engine::index::planner::query_page(&log, &query)).await
     }
 
-    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<Vec<Lease>> {
+    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
         let now = self.clock.now();
-        let (log, table) = self.engine.groups(stream)?;
-        // Claims under the table's lock; the events are read after it. A
-        // small fetch reads on this task (tens of microseconds from the page
+        let partitions = self.engine.stream(stream)?.partition_count();
+        let room = room::fetch(opts.limit, partitions, spent_budget(opts.limit));
+        // The events are read under the table's lock, before anything is
+        // claimed, so that a read failure leaves nothing claimed. A small
+        // fetch reads on this task (tens of microseconds from the page
         // cache: less than a hop to the blocking pool and back); a large one
         // on the blocking pool.
-        let (leases, ticket) = if opts.limit <= INLINE_FETCH {
-            let (claims, ticket) =
-                table.with_group(&self.engine.ctx(), &log, group, |g, src| g.claim(src, opts, now))?;
-            (claims.leases(&LogSource(&log))?, ticket)
+        if opts.limit <= INLINE_FETCH {
+            self.group_op(stream, group, room, |g, src| g.fetch(src, opts, now)).await
         } else {
-            let engine = self.engine.clone();
-            let (group, opts) = (group.to_owned(), opts.clone());
-            blocking(move || {
-                let (claims, ticket) =
-                    table.with_group(&engine.ctx(), &log, &group, |g, src| g.claim(src, &opts, now))?;
-                Ok((claims.leases(&LogSource(&log))?, ticket))
-            })
-            .await?
-        };
-        ticket.resolved().await?;
-        Ok(leases)
+            let opts = opts.clone();
+            self.group_op_blocking(stream, group, room, move |g, src| g.fetch(src, &opts, now)).await
+        }
     }
 
     async fn renew(&self, lease: &LeaseRef, d: Duration) -> Result<Timestamp> {
         let now = self.clock.now();
-        self.group_op(&lease.stream, &lease.group, |g, _| g.renew(lease, d, now)).await
+        self.group_op(&lease.stream, &lease.group, room::settle(), |g, _| g.renew(lease, d, now)).await
     }
 
     async fn ack(&self, lease: &LeaseRef) -> Result<()> {
-        self.group_op(&lease.stream, &lease.group, |g, _| g.ack(lease)).await
+        self.group_op(&lease.stream, &lease.group, room::settle(), |g, _| g.ack(lease)).await
     }
 
     async fn ack_many(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
@@ -304,7 +324,9 @@ impl Backend for NativeBackend {
         }
         for (stream, group, idx) in runs {
             let results = self
-                .group_op(stream, group, |g, _| Ok(idx.iter().map(|&i| g.ack(&leases[i])).collect::<Vec<_>>()))
+                .group_op(stream, group, room::acks(idx.len()), |g, _| {
+                    Ok(idx.iter().map(|&i| g.ack(&leases[i])).collect::<Vec<_>>())
+                })
                 .await;
             match results {
                 Ok(rs) => idx.iter().zip(rs).for_each(|(&i, r)| out[i] = Some(r)),
@@ -316,29 +338,67 @@ impl Backend for NativeBackend {
 
     async fn retry(&self, lease: &LeaseRef, reason: &str, delay: Option<Duration>) -> Result<RetryOutcome> {
         let now = self.clock.now();
-        self.group_op(&lease.stream, &lease.group, |g, _| g.retry(lease, reason, delay, now)).await
+        self.group_op(&lease.stream, &lease.group, room::settle(), |g, _| g.retry(lease, reason, delay, now)).await
     }
 
     async fn reject(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
         let now = self.clock.now();
-        self.group_op(&lease.stream, &lease.group, |g, _| g.reject(lease, reason, now)).await
+        self.group_op(&lease.stream, &lease.group, room::settle(), |g, _| g.reject(lease, reason, now)).await
+    }
+
+    async fn skip(&self, stream: &str, group: &str, partition: u32, sequence: u64, reason: &str) -> Result<bool> {
+        let now = self.clock.now();
+        self.group_op(stream, group, room::settle(), |g, src| g.skip(src, partition, sequence, reason, now)).await
     }
 
     async fn replay(&self, stream: &str, group: &str, opts: &ReplayOptions) -> Result<u64> {
-        opts.mode(stream, group)?;
-        let opts = opts.clone();
-        // Replaying by time or query reads the log.
-        self.group_op_blocking(stream, group, move |g, src| g.replay(src, &opts)).await
+        let partitions = self.engine.stream(stream)?.partition_count();
+        let ReplayMode::Query(q) = opts.mode(stream, group)? else {
+            let opts = opts.clone();
+            // Replaying by time reads the log.
+            let room = room::reopen(partitions, 0);
+            return self.group_op_blocking(stream, group, room, move |g, src| g.replay(src, &opts)).await;
+        };
+        // The group and the partitions first, so that a wrong name does not
+        // wait for the query.
+        self.group_op(stream, group, room::NONE, |g, src| g.partitions_in(src, opts.partitions.as_deref())).await?;
+        // The matches are read without the table's lock (published events
+        // never change), then reopened in steps of at most
+        // `REPLAY_STEP` events, each one WAL record.
+        let (log, q) = (self.engine.stream(stream)?, q.clone());
+        let matched = blocking(move || query_matches(&LogSource(&log), &q)).await?;
+        let total: usize = matched.iter().map(|(_, seqs)| seqs.len()).sum();
+        let mut reopened = 0;
+        let mut looked_at = 0;
+        for (i, step) in replay_steps(matched).into_iter().enumerate() {
+            let n: usize = step.iter().map(|(_, seqs)| seqs.len()).sum();
+            let room = room::reopen(partitions, n);
+            match self.group_op(stream, group, room, |g, src| g.replay_matches(src, opts, &step)).await {
+                Ok(k) => reopened += k,
+                Err(e) if i == 0 => return Err(e),
+                Err(e) => {
+                    return Err(Error::failed(
+                        "replay",
+                        format!(
+                            "a replay by query of {stream:?}/{group:?} reopened {reopened} events (of the first {looked_at} of {total} matches, each step durable) before a step failed: {e}"
+                        ),
+                    ));
+                }
+            }
+            looked_at += n;
+        }
+        Ok(reopened)
     }
 
     async fn reset_group(&self, stream: &str, group: &str, opts: &ResetOptions) -> Result<()> {
         opts.check_confirmed(stream, group)?;
+        let partitions = self.engine.stream(stream)?.partition_count();
         let opts = opts.clone();
-        self.group_op_blocking(stream, group, move |g, src| g.reset(src, &opts)).await
+        self.group_op_blocking(stream, group, room::reopen(partitions, 0), move |g, src| g.reset(src, &opts)).await
     }
 
     async fn lag(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
-        self.group_op(stream, group, |g, src| g.lag(src, partitions)).await
+        self.group_op(stream, group, room::NONE, |g, src| g.lag(src, partitions)).await
     }
 
     async fn list_groups(&self, stream: &str) -> Result<Vec<GroupSummary>> {
@@ -348,12 +408,12 @@ impl Backend for NativeBackend {
 
     async fn dead_letters(&self, stream: &str, group: &str, opts: &DeadLetterOptions) -> Result<Vec<DeadLetter>> {
         let opts = opts.clone();
-        self.group_op_blocking(stream, group, move |g, src| g.dead_letters(src, &opts)).await
+        self.group_op_blocking(stream, group, room::NONE, move |g, src| g.dead_letters(src, &opts)).await
     }
 
     async fn group_info(&self, stream: &str, group: &str) -> Result<GroupInfo> {
         let now = self.clock.now();
-        self.group_op(stream, group, |g, src| Ok(g.info(src, now))).await
+        self.group_op(stream, group, room::NONE, |g, src| Ok(g.info(src, now))).await
     }
 
     async fn create_index(&self, stream: &str, field: &str) -> Result<()> {

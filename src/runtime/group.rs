@@ -236,6 +236,10 @@ pub struct RunSummary {
     pub fetch_errors: u64,
     /// `ack_many` calls made.
     pub ack_batches: u64,
+    /// Due positions fetches could not deliver because their records can't
+    /// be read, counted at every fetch that met them (each is logged once;
+    /// the consumer goes on with the rest: see `Rheo::fetch_report`).
+    pub damaged: u64,
 }
 
 impl RunSummary {
@@ -251,6 +255,7 @@ impl RunSummary {
             left_to_expiry: get(&s.left_to_expiry),
             fetch_errors: get(&s.fetch_errors),
             ack_batches: get(&s.ack_batches),
+            damaged: get(&s.damaged),
         }
     }
 }
@@ -332,8 +337,14 @@ async fn fetch_loop(
             biased;
             // A fetch in flight is abandoned: what it leased expires.
             _ = stopped(stop) => return,
-            r = ctx.config.rheo.fetch(&cfg.stream, &cfg.group, opts) => r,
+            r = ctx.config.rheo.fetch_report(&cfg.stream, &cfg.group, opts) => r,
         };
+        // Damage is logged and counted by the facade; the consumer goes on
+        // with every position it could read, in every partition.
+        let fetched = fetched.map(|report| {
+            Stats::add(&ctx.stats.damaged, report.damaged.len() as u64);
+            report.leases
+        });
         let pause = match fetched {
             Ok(leases) if leases.is_empty() => {
                 backoff.reset();

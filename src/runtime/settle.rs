@@ -42,6 +42,7 @@ pub(crate) struct Stats {
     pub(crate) left_to_expiry: AtomicU64,
     pub(crate) fetch_errors: AtomicU64,
     pub(crate) ack_batches: AtomicU64,
+    pub(crate) damaged: AtomicU64,
     /// Settles queued and not yet done (not a reported count).
     pub(crate) queued: AtomicU64,
 }

@@ -38,7 +38,8 @@ pub async fn dead_letter_records_event_reason_attempts_and_time(f: Fixture) {
     f.clock.advance(secs(42));
     f.rheo.reject(&second, "schema mismatch: field total").await.expect("reject");
     let dead = f.rheo.dead_letters(S, G, DeadLetterOptions::new()).await.expect("dlq").remove(0);
-    assert_eq!(dead.event, event);
+    assert_eq!(dead.event.as_ref(), Some(&event));
+    assert_eq!((dead.partition, dead.sequence, dead.damage.as_ref()), (event.partition, event.sequence, None));
     assert_eq!(dead.reason, "schema mismatch: field total");
     assert_eq!(dead.attempts, 2);
     assert_eq!(dead.dead_lettered_at, at(42));
@@ -71,7 +72,7 @@ pub async fn dead_letters_are_oldest_first_and_limited(f: Fixture) {
         f.clock.advance(secs(1));
     }
     let all = f.rheo.dead_letters(S, G, DeadLetterOptions::new()).await.expect("dlq");
-    let order: Vec<(u32, u64)> = all.iter().map(|d| (d.event.partition, d.event.sequence)).collect();
+    let order: Vec<(u32, u64)> = all.iter().map(|d| (d.partition, d.sequence)).collect();
     assert_eq!(order, vec![(1, 1), (0, 1), (0, 3), (0, 2)], "in the order they were dead-lettered");
     assert!(all.windows(2).all(|w| w[0].dead_lettered_at <= w[1].dead_lettered_at));
     let two = f.rheo.dead_letters(S, G, DeadLetterOptions::new().limit(2)).await.expect("dlq");
@@ -95,8 +96,8 @@ pub async fn dead_letters_page_after_event_id(f: Fixture) {
         let page = f.rheo.dead_letters(S, G, opts).await.expect("page");
         assert!(page.len() <= 2);
         let Some(last) = page.last() else { break };
-        after = Some(last.event.id.clone());
-        paged.extend(page.iter().map(|d| d.event.sequence));
+        after = Some(last.event.as_ref().expect("an undamaged dead letter").id.clone());
+        paged.extend(page.iter().map(|d| d.sequence));
         assert!(paged.len() <= 5, "paging does not loop: {paged:?}");
     }
     assert_eq!(paged, vec![1, 2, 3, 4, 5]);

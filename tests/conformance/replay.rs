@@ -143,7 +143,7 @@ pub async fn replay_reopens_dead_letters(f: Fixture) {
     let reopened = f.rheo.replay(S, G, ReplayOptions::from_sequence(2)).await.expect("replay");
     assert_eq!(reopened, 1);
     let dead = f.rheo.dead_letters(S, G, DeadLetterOptions::new()).await.expect("dlq");
-    assert_eq!(dead.iter().map(|d| d.event.sequence).collect::<Vec<_>>(), vec![2]);
+    assert_eq!(dead.iter().map(|d| d.sequence).collect::<Vec<_>>(), vec![2]);
     let q = Query::new(S).eq("sequence", 2);
     assert_eq!(f.rheo.replay(S, G, ReplayOptions::query(q)).await.expect("replay by query"), 1);
     assert!(f.rheo.dead_letters(S, G, DeadLetterOptions::new()).await.expect("dlq").is_empty());

@@ -79,7 +79,7 @@ pub async fn reset_clears_dead_letters_in_scope(f: Fixture) {
     }
     f.rheo.reset_group(S, G, ResetOptions::confirmed().partitions([1])).await.expect("reset");
     let dead = f.rheo.dead_letters(S, G, DeadLetterOptions::new()).await.expect("dlq");
-    assert_eq!(dead.iter().map(|d| d.event.partition).collect::<Vec<_>>(), vec![0]);
+    assert_eq!(dead.iter().map(|d| d.partition).collect::<Vec<_>>(), vec![0]);
     assert_eq!(f.rheo.group_info(S, G).await.expect("info").dead_letters, 1);
     assert_eq!(positions(&fetch(&f, 10).await), vec![(1, 1)]);
 }

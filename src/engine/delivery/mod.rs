@@ -52,8 +52,57 @@ use crate::model::query::Query;
 use crate::model::time::Timestamp;
 use wal::{Body, End, HeaderError, WAL_FRAME_LEN, WAL_HEADER_LEN};
 
-/// Room kept zero-filled ahead of the WAL's end before a call changes state.
-const HEADROOM: u64 = 256 << 10;
+/// Room a group creation reserves beyond its snapshot's bound.
+const CREATE_ROOM: u64 = 1 << 10;
+/// The WAL is zero-filled ahead of its end in steps of at most this much
+/// (beyond the room a call needs).
+const MAX_RESERVE_STEP: u64 = 4 << 20;
+
+/// Upper bounds of the WAL record one group call makes, for the space
+/// `with_group` reserves before the call (generous MessagePack sizes: a
+/// record's fixed part and group name, then per transition).
+pub(crate) mod room {
+    use crate::model::names::{MAX_NAME_BYTES, MAX_REASON_BYTES};
+
+    /// LSN, kind, name length, the name, the list and its framing.
+    const BASE: u64 = 8 + 1 + 2 + MAX_NAME_BYTES as u64 + 64;
+    /// One transition of fixed-size fields (`Renew`, `Reschedule`, `Ack`
+    /// of one sequence, `Cursor`, `ReopenAfter`, `Reset`...).
+    const OP: u64 = 64;
+    /// One sequence in a list (`Ack`, `ReopenOne`, `Pass`).
+    const SEQ: u64 = 9;
+    /// One (sequence, lease id) of a claim.
+    const LEASE: u64 = 32;
+
+    /// A call that logs nothing (reads: lag, info, dead letters).
+    pub(crate) const NONE: u64 = 0;
+
+    /// One settle: renew, ack, retry (perhaps a dead letter with its
+    /// reason), reject, skip.
+    pub(crate) const fn settle() -> u64 {
+        BASE + OP + 16 + MAX_REASON_BYTES as u64
+    }
+
+    /// `n` acknowledgements (`ack_many`): at worst one `Ack` each.
+    pub(crate) const fn acks(n: usize) -> u64 {
+        BASE + (OP + SEQ) * n as u64
+    }
+
+    /// A fetch of `limit` over `partitions`: per partition a claim (with the
+    /// consumer id), a pass and a cursor; per position a lease or a pass;
+    /// the spent deliveries it dead-letters.
+    pub(crate) const fn fetch(limit: usize, partitions: u32, spent: usize) -> u64 {
+        BASE + partitions as u64 * (3 * OP + MAX_NAME_BYTES as u64)
+            + limit as u64 * (LEASE + SEQ)
+            + spent as u64 * (OP + 32)
+    }
+
+    /// A replay or reset over `partitions` (one transition each), reopening
+    /// `seqs` chosen sequences (a replay by query).
+    pub(crate) const fn reopen(partitions: u32, seqs: usize) -> u64 {
+        BASE + partitions as u64 * OP + seqs as u64 * SEQ
+    }
+}
 
 /// The shared pieces of the engine a table writes through.
 pub(crate) struct Ctx<'a> {
@@ -98,6 +147,9 @@ struct WalFile {
     file: Arc<dyn VfsFile>,
     path: String,
     generation: u64,
+    /// The version in its header: an older one takes no new record (they
+    /// go to a new generation of the current version, see `WalFile::reserve`).
+    version: u16,
     /// Where the next record goes.
     len: u64,
     /// Zero-filled up to here.
@@ -136,30 +188,53 @@ impl WalFile {
         file.sync_data().map_err(|e| sync_err(vfs, &path, e))?;
         vfs.sync_dir(dir).map_err(|e| sync_err(vfs, dir, e))?;
         let len = WAL_HEADER_LEN as u64;
-        Ok(WalFile { file, path, generation, len, prealloc_end: len })
+        Ok(WalFile { file, path, generation, version: wal::WAL_VERSION, len, prealloc_end: len })
     }
 
-    /// Zero-fills ahead so that `room` more bytes can be written without
-    /// growing the file (under `Sync` only: there a sync then flushes data,
-    /// not the file size, and a full disk shows up here, before any change).
-    fn reserve(&mut self, vfs: &dyn Vfs, opts: &EngineOptions, room: u64) -> Result<()> {
-        let chunk = opts.preallocate_bytes;
-        if chunk == 0 || !matches!(opts.durability, Durability::Sync) || self.len + room <= self.prealloc_end {
+    /// Makes sure `room` more bytes can be written without growing the
+    /// file: zero-fills ahead of the end (`room` and `step` more, `step`
+    /// being `preallocate_bytes` up to 4 MiB), under every durability and
+    /// even with preallocation off (then `room` alone), so that a full
+    /// disk fails the call here,
+    /// before it changes any state, rather than in the record's write
+    /// after it (which would poison). Before the first record written into
+    /// a file of an older format version, the records go on in a new
+    /// generation of the current version instead (the old one is synced
+    /// first, as a checkpoint does).
+    fn reserve(&mut self, vfs: &dyn Vfs, dir: &str, step: u64, room: u64) -> Result<()> {
+        if room > u64::from(wal::WAL_MAX_BODY) {
+            return Err(Error::invalid(
+                "delivery change",
+                format!("a change of up to {room} bytes is above the largest WAL record ({} bytes)", wal::WAL_MAX_BODY),
+            ));
+        }
+        if self.version != wal::WAL_VERSION {
+            self.file.sync_data().map_err(|e| sync_err(vfs, &self.path, e))?;
+            *self = WalFile::create(vfs, dir, self.generation + 1).map_err(|e| match e {
+                Error::Poisoned { .. } => e,
+                e => space_err(vfs, &self.path, e),
+            })?;
+        }
+        let need = self.len + room + WAL_FRAME_LEN as u64;
+        if need <= self.prealloc_end {
             return Ok(());
         }
-        let target = (self.len + room).max(self.prealloc_end) + chunk.min(4 << 20);
+        let target = need.max(self.prealloc_end) + step.min(MAX_RESERVE_STEP).max(room);
         let from = self.prealloc_end.max(self.len);
         let zeros = vec![0u8; usize::try_from(target - from).unwrap_or(0)];
         if let Err(e) = self.file.write_all_at(&zeros, from) {
             // Nothing changed yet: zeros past the end are not records.
-            return Err(Error::failed(
-                "delivery WAL",
-                format!("cannot reserve space in {}: {e}", vfs.describe(&self.path).display()),
-            ));
+            return Err(crate::engine::log::manifest::io_err(vfs, &self.path, "reserve space in", e));
         }
         self.prealloc_end = target;
         Ok(())
     }
+}
+
+/// A failure to create a WAL generation, which changed nothing.
+fn space_err(vfs: &dyn Vfs, path: &str, e: Error) -> Error {
+    tracing::debug!(file = %vfs.describe(path).display(), error = %e, "could not start a new WAL generation");
+    e
 }
 
 /// The native log as the group core's event source.
@@ -176,27 +251,11 @@ impl EventSource for LogSource<'_> {
         self.0.high_watermark(p)
     }
     fn event(&self, p: u32, seq: u64) -> Result<Event> {
-        let mut events = self.events(p, &[seq])?;
-        events.pop().ok_or_else(|| self.missing(p, seq))
+        self.read_each(p, &[seq])?.pop().ok_or_else(|| self.missing(p, seq))?
     }
-    fn events(&self, p: u32, seqs: &[u64]) -> Result<Vec<Event>> {
-        // One read per run of consecutive sequences.
-        let mut out = Vec::with_capacity(seqs.len());
-        let mut i = 0;
-        while i < seqs.len() {
-            let mut j = i + 1;
-            while j < seqs.len() && seqs[j] == seqs[j - 1] + 1 {
-                j += 1;
-            }
-            let first = seqs[i];
-            let records = self.0.read(p, first - 1, j - i)?;
-            if records.len() != j - i {
-                return Err(self.missing(p, first + records.len() as u64));
-            }
-            out.extend(records.into_iter().map(|r| r.into_event(&self.0.name, p)));
-            i = j;
-        }
-        Ok(out)
+    fn read_each(&self, p: u32, seqs: &[u64]) -> Result<Vec<Result<Event>>> {
+        let records = self.0.partition(p)?.read_each(seqs)?;
+        Ok(records.into_iter().map(|r| r.map(|r| r.into_event(&self.0.name, p))).collect())
     }
     fn first_at_or_after(&self, p: u32, t: Timestamp) -> Result<Option<u64>> {
         self.0.seek_time(p, t.as_millis())
@@ -386,7 +445,8 @@ impl DeliveryTable {
             if last {
                 let file = StickySync::wrap(v.open(&path, false).map_err(|e| io_err(v, &path, "open", e))?);
                 let prealloc_end = file.len().map_err(|e| io_err(v, &path, "stat", e))?;
-                current = Some(WalFile { file, path, generation: g, len: valid as u64, prealloc_end });
+                let version = wal::version_of(&bytes).unwrap_or(wal::WAL_VERSION);
+                current = Some(WalFile { file, path, generation: g, version, len: valid as u64, prealloc_end });
             }
         }
         let wal = match current {
@@ -450,9 +510,11 @@ impl DeliveryTable {
         }
         let g = GroupState::create(&LogSource(log), group, opts, now)?;
         let snap = g.snapshot();
-        t.wal.reserve(&*self.vfs, ctx.opts, HEADROOM)?;
+        // A new group's snapshot: a fixed part per partition.
+        let room = CREATE_ROOM + 64 * snap.parts.len() as u64;
+        t.wal.reserve(&*self.vfs, &self.dir, ctx.opts.preallocate_bytes, room).map_err(|e| ctx.poison.absorb(e))?;
         let summary = g.summary.clone();
-        let ticket = self.write(&mut t, ctx, group, &Body::Create(snap), true)?;
+        let ticket = self.write(&mut t, ctx, group, &Body::Create(snap), room, true)?;
         t.groups.insert(group.to_owned(), g.journaled());
         self.maybe_checkpoint(t, ctx);
         Ok((summary, ticket))
@@ -460,11 +522,18 @@ impl DeliveryTable {
 
     /// Runs `f` on a group's state and logs the transitions it made. The
     /// ticket resolves once they are as durable as the settings promise.
+    ///
+    /// `room` bounds the size of the WAL record `f` can make (see
+    /// [`Room`]): that much space is reserved before `f` runs, so that a
+    /// full disk fails the call before anything changes. `f` does every
+    /// read that can fail before its first change: when it fails it has
+    /// changed nothing, and nothing is logged.
     pub(crate) fn with_group<T>(
         &self,
         ctx: &Ctx<'_>,
         log: &StreamLog,
         group: &str,
+        room: u64,
         f: impl FnOnce(&mut GroupState, &dyn EventSource) -> Result<T>,
     ) -> Result<(T, Ticket)> {
         let mut t = self.inner.lock();
@@ -472,15 +541,16 @@ impl DeliveryTable {
         if !t.groups.contains_key(group) {
             return Err(Error::group_not_found(&log.name, group));
         }
-        t.wal.reserve(&*self.vfs, ctx.opts, HEADROOM)?;
+        t.wal.reserve(&*self.vfs, &self.dir, ctx.opts.preallocate_bytes, room).map_err(|e| ctx.poison.absorb(e))?;
         let Some(g) = t.groups.get_mut(group) else { return Err(Error::group_not_found(&log.name, group)) };
         let out = f(g, &LogSource(log));
         let ops = g.take_ops();
+        debug_assert!(out.is_ok() || ops.is_empty(), "a failed group call changed state: {ops:?}");
         let ticket = if ops.is_empty() {
             Ticket::ready()
         } else {
             let sync = needs_sync(&ops);
-            let ticket = self.write(&mut t, ctx, group, &Body::Ops(ops), sync)?;
+            let ticket = self.write(&mut t, ctx, group, &Body::Ops(ops), room, sync)?;
             self.maybe_checkpoint(t, ctx);
             ticket
         };
@@ -488,15 +558,21 @@ impl DeliveryTable {
     }
 
     /// Writes one record at the WAL's end. A failure here comes after the
-    /// state changed in memory, so it poisons.
-    fn write(&self, t: &mut Table, ctx: &Ctx<'_>, group: &str, body: &Body, sync: bool) -> Result<Ticket> {
+    /// state changed in memory, so it poisons. The record fits the `room`
+    /// reserved for it (a bound each caller computes; see [`Room`]).
+    fn write(&self, t: &mut Table, ctx: &Ctx<'_>, group: &str, body: &Body, room: u64, sync: bool) -> Result<Ticket> {
         let lsn = t.next_lsn;
         let mut buf = std::mem::take(&mut t.buf);
         buf.clear();
-        let written =
-            wal::encode(&mut buf, lsn, group, body).map_err(|reason| Error::failed("delivery WAL", reason)).and_then(
-                |()| t.wal.file.write_all_at(&buf, t.wal.len).map_err(|e| io_err(&*self.vfs, &t.wal.path, "write", e)),
-            );
+        let encoded = wal::encode(&mut buf, lsn, group, body).map_err(|reason| Error::failed("delivery WAL", reason));
+        debug_assert!(
+            encoded.is_err() || buf.len() as u64 <= room + WAL_FRAME_LEN as u64,
+            "a WAL record of {} bytes for a call that reserved {room}: {body:?}",
+            buf.len()
+        );
+        let written = encoded.and_then(|()| {
+            t.wal.file.write_all_at(&buf, t.wal.len).map_err(|e| io_err(&*self.vfs, &t.wal.path, "write", e))
+        });
         if let Err(e) = written {
             let reason = format!("delivery state of group {group:?} changed but its WAL record failed: {e}");
             ctx.poison.set(reason.clone());

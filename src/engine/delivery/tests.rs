@@ -112,7 +112,7 @@ async fn run(calls: Vec<Call>, checkpoint_bytes: u64) -> Result<(), TestCaseErro
                     .limit(limit)
                     .consumer(format!("c{consumer}"))
                     .lease(Duration::from_millis(lease_ms));
-                leases.extend(b.fetch("s", group, &opts).await.expect("fetch"));
+                leases.extend(b.fetch("s", group, &opts).await.expect("fetch").leases);
             }
             Call::Ack(i) => {
                 if let Some(l) = pick(&leases, i) {
@@ -203,10 +203,10 @@ fn an_ack_that_returned_survives_power_loss_and_claims_may_not() {
         b.create_group("s", "g", &GroupOptions::new()).await.expect("group");
         let events = (0..5).map(|_| NewEvent::prepare(json!({}), AppendOptions::new())).collect();
         b.append_batch("s", events).await.expect("append");
-        let leases = b.fetch("s", "g", &FetchOptions::new().limit(3)).await.expect("fetch");
+        let leases = b.fetch("s", "g", &FetchOptions::new().limit(3)).await.expect("fetch").leases;
         b.ack(&leases[0].to_ref()).await.expect("ack");
         // Claims of 4 and 5 are written but ride on the next sync: lost here.
-        let more = b.fetch("s", "g", &FetchOptions::new().limit(2)).await.expect("fetch");
+        let more = b.fetch("s", "g", &FetchOptions::new().limit(2)).await.expect("fetch").leases;
         assert_eq!(more.len(), 2);
         drop(b);
         mem.crash();
@@ -216,7 +216,7 @@ fn an_ack_that_returned_survives_power_loss_and_claims_may_not() {
         assert_eq!(info.inflight, 2, "the synced claims of 2 and 3 survive; 4 and 5 did not");
         assert!(b.ack(&leases[0].to_ref()).await.is_err(), "a settled lease stays settled");
         b.ack(&leases[1].to_ref()).await.expect("a lease claimed before the crash still settles");
-        let again = b.fetch("s", "g", &FetchOptions::new().limit(10)).await.expect("fetch");
+        let again = b.fetch("s", "g", &FetchOptions::new().limit(10)).await.expect("fetch").leases;
         let seqs: Vec<u64> = again.iter().map(|l| l.event.sequence).collect();
         assert_eq!(seqs, vec![4, 5], "the lost claims are delivered again");
         assert!(again.iter().all(|l| l.attempt == 1), "their attempt on disk was never counted");

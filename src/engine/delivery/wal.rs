@@ -14,8 +14,12 @@ use crate::engine::segment::format::{get_u16, get_u32, get_u64};
 
 /// Magic of a delivery WAL file.
 pub const WAL_MAGIC: [u8; 8] = *b"RHEOWAL\0";
-/// Version of the delivery WAL layout. Bump with the spec.
-pub const WAL_VERSION: u16 = 1;
+/// Version of the delivery WAL layout written. Bump with the spec.
+/// Version 2 added the `Pass` transition; version 1 files (which never
+/// hold one) are read as they are.
+pub const WAL_VERSION: u16 = 2;
+/// The oldest version this build reads.
+pub const WAL_MIN_VERSION: u16 = 1;
 /// Size of the header.
 pub const WAL_HEADER_LEN: usize = 32;
 /// Offset of the generation in the header.
@@ -81,20 +85,29 @@ impl std::fmt::Display for HeaderError {
         match self {
             HeaderError::Bad(why) => f.write_str(why),
             HeaderError::Version(v) => {
-                write!(f, "delivery WAL version {v} is not supported (this build reads {WAL_VERSION})")
+                write!(
+                    f,
+                    "delivery WAL version {v} is not supported (this build reads {WAL_MIN_VERSION} to {WAL_VERSION})"
+                )
             }
         }
     }
 }
 
+/// The version a header states (unchecked), when it has the magic.
+pub fn version_of(b: &[u8]) -> Option<u16> {
+    (b.len() >= WAL_HEADER_LEN && b[..8] == WAL_MAGIC).then(|| get_u16(b, 8))
+}
+
 /// Checks a header (magic, then version, then checksum, then reserved
-/// bytes); returns its generation.
+/// bytes); returns its generation. Versions `WAL_MIN_VERSION..=WAL_VERSION`
+/// are read.
 pub fn check_header(b: &[u8]) -> Result<u64, HeaderError> {
     if b.len() < WAL_HEADER_LEN || b[..8] != WAL_MAGIC {
         return Err(HeaderError::Bad("not a delivery WAL (bad magic or shorter than its header)".into()));
     }
     let version = get_u16(b, 8);
-    if version != WAL_VERSION {
+    if !(WAL_MIN_VERSION..=WAL_VERSION).contains(&version) {
         return Err(HeaderError::Version(version));
     }
     if crc32fast::hash(&b[..WAL_HDR_CRC]) != get_u32(b, WAL_HDR_CRC) {

@@ -22,11 +22,17 @@ pub enum FieldPath {
     Metadata(Vec<String>),
     /// A path into the payload.
     Payload(Vec<String>),
+    /// A path with an empty dotted segment: it names no value
+    /// ([`crate::is_valid_path`]), as in `Event::field`.
+    Nothing,
 }
 
 impl FieldPath {
     /// Splits a canonical field name (see [`super::term::canonical`]).
     pub fn parse(canonical: &str) -> FieldPath {
+        if !crate::model::query::is_valid_path(canonical) {
+            return FieldPath::Nothing;
+        }
         let split = |s: &str| s.split('.').map(str::to_owned).collect();
         match canonical {
             "id" => FieldPath::Id,
@@ -101,7 +107,7 @@ impl Extractor {
         let payload_is_map = matches!(probe.item(), Some(Item::Map(_)));
         for (i, field) in self.fields.iter().enumerate() {
             let v = match field {
-                FieldPath::Id | FieldPath::Key | FieldPath::Type => doc.get(field),
+                FieldPath::Id | FieldPath::Key | FieldPath::Type | FieldPath::Nothing => doc.get(field),
                 FieldPath::Payload(_) if !payload_is_map => doc.get(field),
                 FieldPath::Metadata(p) | FieldPath::Payload(p) => {
                     let at = if matches!(field, FieldPath::Metadata(_)) { &meta_at } else { &payload_at };
@@ -362,6 +368,7 @@ impl<'a> DocParts<'a> {
                 r.descend(path)?;
                 r.scalar()
             }
+            FieldPath::Nothing => None,
         }
     }
 }

@@ -139,10 +139,20 @@ pub(crate) fn sync_err(vfs: &dyn Vfs, path: &str, e: std::io::Error) -> Error {
     Error::Poisoned { scope: vfs.describe(path).display().to_string(), reason: format!("fsync failed: {e}") }
 }
 
-/// An I/O failure on `path` as a definite failure naming the file.
+/// An I/O failure on `path` as a definite failure naming the file: a full
+/// disk or quota is `Error::NoSpace`, anything else `Error::Failed`.
 pub(crate) fn io_err(vfs: &dyn Vfs, path: &str, what: &str, e: std::io::Error) -> Error {
     let file = vfs.describe(path);
+    if is_no_space(&e) {
+        return Error::NoSpace { file, reason: format!("{what}: {e}") };
+    }
     Error::failed("storage", format!("{what} {}: {e}", file.display()))
+}
+
+/// True for a full disk or quota (`ENOSPC`, `EDQUOT`).
+pub(crate) fn is_no_space(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(e.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded) || matches!(e.raw_os_error(), Some(28 | 122))
 }
 
 #[cfg(test)]

@@ -561,6 +561,9 @@ impl Partition {
 
     /// Scans one segment from `first` to `until` (both within the visible
     /// records); false when `f` asked to stop or `until` was reached.
+    /// Damage before `first` (met on the way from the index point to it) is
+    /// stepped over when the scan can resynchronise after it; damage at or
+    /// after `first` is `Error::Corrupt`.
     fn scan_segment(
         &self,
         seg: &Segment,
@@ -569,54 +572,218 @@ impl Partition {
         chunk: usize,
         f: &mut RawVisitor<'_>,
     ) -> Result<bool> {
-        let start = self.seek(seg, first)?;
-        let limit = match seg.footer() {
-            Some(f) => f.records_end,
-            None => seg.log.len().map_err(|e| io_err(&*self.vfs, &seg.log_path, "stat", e))?,
-        };
+        let (start, start_seq) = self.seek_point(seg, first)?;
+        let limit = self.records_limit(seg)?;
+        let seg_last = seg.footer().map_or(until, |ft| ft.last_seq.min(until));
         let mut scanner = Scanner::with_chunk(&*seg.log, start, limit, chunk);
-        let mut expected = None;
+        let mut expected = start_seq;
         loop {
             let step = scanner.next_step().map_err(|e| io_err(&*self.vfs, &seg.log_path, "read", e))?;
-            match step {
+            let (offset, reason) = match step {
                 Step::Record { header, doc, offset } => {
-                    if expected.is_some_and(|e| e != header.seq) {
-                        return Err(corrupt(
-                            &*self.vfs,
-                            &seg.log_path,
-                            offset,
-                            format!("sequence {} where {} was expected", header.seq, expected.unwrap_or(0)),
-                        ));
-                    }
-                    expected = Some(header.seq + 1);
-                    if header.seq > until {
-                        return Ok(false);
-                    }
-                    if header.seq < first {
+                    if header.seq != expected {
+                        (offset, format!("sequence {} where {expected} was expected", header.seq))
+                    } else {
+                        expected = header.seq + 1;
+                        if header.seq > until {
+                            return Ok(false);
+                        }
+                        if header.seq < first {
+                            continue;
+                        }
+                        if !f(offset, header, doc, seg)? {
+                            return Ok(false);
+                        }
+                        if header.seq == until {
+                            return Ok(false);
+                        }
                         continue;
                     }
-                    if !f(offset, header, doc, seg)? {
-                        return Ok(false);
-                    }
-                    if header.seq == until {
-                        return Ok(false);
+                }
+                Step::End { offset, .. } => {
+                    // A sealed segment ends where its footer says; records
+                    // missing before that end are damage.
+                    match seg.footer() {
+                        Some(ft) if expected <= ft.last_seq && expected <= until => (
+                            offset,
+                            format!("records end at sequence {}, the footer says {}", expected - 1, ft.last_seq),
+                        ),
+                        _ => return Ok(true),
                     }
                 }
-                Step::End { .. } => return Ok(true),
-                Step::Truncated { offset } | Step::Invalid { offset, .. } => {
-                    // Beyond the visible records a writer may be mid-write;
-                    // before them, or anywhere in a sealed segment, it is damage.
-                    if seg.footer().is_some() || expected.is_none_or(|e| e <= until) {
-                        let reason = match step {
-                            Step::Invalid { reason, .. } => reason,
-                            _ => "record runs past the end of the file",
-                        };
-                        return Err(corrupt(&*self.vfs, &seg.log_path, offset, reason));
-                    }
-                    return Ok(false);
+                Step::Truncated { offset } => (offset, "record runs past the end of the file".to_owned()),
+                Step::Invalid { offset, reason } => (offset, reason.to_owned()),
+            };
+            // Beyond the visible records a writer may be mid-write; before
+            // them, or anywhere in a sealed segment, it is damage.
+            if seg.footer().is_none() && expected > until {
+                return Ok(false);
+            }
+            if expected >= first {
+                return Err(corrupt(&*self.vfs, &seg.log_path, offset, reason));
+            }
+            match self.resync(seg, offset, expected, seg_last, limit)? {
+                Some((at, seq)) if seq <= first => {
+                    scanner = Scanner::with_chunk(&*seg.log, at, limit, chunk);
+                    expected = seq;
                 }
+                _ => return Err(corrupt(&*self.vfs, &seg.log_path, offset, reason)),
             }
         }
+    }
+
+    /// Reads the records of `seqs` (strictly ascending, each a visible
+    /// sequence): one outcome per sequence, in order. A record that fails a
+    /// check is `Err(Error::Corrupt)` naming its file and offset, for its
+    /// own position only: the read resynchronises at the next record it can
+    /// trust (see [`Partition::resync`]) and goes on, so damage blocks only
+    /// the positions it covers. The outer error is a failure to read at all
+    /// (an I/O error, a sequence that is not visible): nothing was read.
+    pub fn read_each(&self, seqs: &[u64]) -> Result<Vec<Result<StoredRecord>>> {
+        let visible = self.visible();
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut i = 0;
+        while i < seqs.len() {
+            let s = seqs[i];
+            if s == 0 || s > visible || seqs[..i].last().is_some_and(|&prev| prev >= s) {
+                return Err(Error::failed(
+                    "read",
+                    format!("{}: sequence {s} is not a visible position (visible up to {visible})", self.describe()),
+                ));
+            }
+            let Some(seg) = self.segments.read().range(..=s).next_back().map(|(_, g)| g.clone()) else {
+                return Err(Error::failed("read", format!("{}: no segment holds sequence {s}", self.describe())));
+            };
+            let seg_last = seg.footer().map_or(visible, |f| f.last_seq.min(visible));
+            let j = i + seqs[i..].partition_point(|&x| x <= seg_last);
+            if j == i {
+                return Err(Error::failed("read", format!("{}: no segment holds sequence {s}", self.describe())));
+            }
+            self.read_segment_each(&seg, &seqs[i..j], seg_last, &mut out)?;
+            i = j;
+        }
+        Ok(out)
+    }
+
+    /// [`Partition::read_each`] within one segment (`wanted` all at most `seg_last`).
+    fn read_segment_each(
+        &self,
+        seg: &Segment,
+        wanted: &[u64],
+        seg_last: u64,
+        out: &mut Vec<Result<StoredRecord>>,
+    ) -> Result<()> {
+        let vfs = &*self.vfs;
+        let limit = self.records_limit(seg)?;
+        let (start, mut expected) = self.seek_point(seg, wanted[0])?;
+        let mut scanner = Scanner::with_chunk(&*seg.log, start, limit, CHUNK_POINT);
+        let mut k = 0;
+        while k < wanted.len() {
+            let step = scanner.next_step().map_err(|e| io_err(vfs, &seg.log_path, "read", e))?;
+            let (offset, reason) = match step {
+                Step::Record { header, doc, offset } if header.seq == expected => {
+                    expected += 1;
+                    if header.seq == wanted[k] {
+                        out.push(
+                            decode_doc(doc)
+                                .map(|doc| StoredRecord { header, doc })
+                                .map_err(|reason| corrupt(vfs, &seg.log_path, offset, reason)),
+                        );
+                        k += 1;
+                        // A far next position is reached by a new seek.
+                        if k < wanted.len() {
+                            let (at, seq) = self.seek_point(seg, wanted[k])?;
+                            if seq > expected && at > scanner.position() + 2 * INDEX_INTERVAL_BYTES {
+                                scanner = Scanner::with_chunk(&*seg.log, at, limit, CHUNK_POINT);
+                                expected = seq;
+                            }
+                        }
+                    }
+                    continue;
+                }
+                Step::Record { header, offset, .. } => {
+                    (offset, format!("sequence {} where {expected} was expected", header.seq))
+                }
+                Step::End { offset, .. } => {
+                    (offset, format!("records end at sequence {}, before sequence {seg_last}", expected - 1))
+                }
+                Step::Truncated { offset } => (offset, "record runs past the end of the file".to_owned()),
+                Step::Invalid { offset, reason } => (offset, reason.to_owned()),
+            };
+            // Damage at `offset`, where sequence `expected` should start.
+            let next = self.resync(seg, offset, expected, seg_last, limit)?;
+            let resumed = next.map_or(u64::MAX, |(_, seq)| seq);
+            while k < wanted.len() && wanted[k] < resumed {
+                let why = if wanted[k] == expected {
+                    reason.clone()
+                } else {
+                    format!("unreadable: damage at this offset (sequence {expected}: {reason}) covers it")
+                };
+                out.push(Err(corrupt(vfs, &seg.log_path, offset, why)));
+                k += 1;
+            }
+            match next {
+                Some((at, seq)) => {
+                    scanner = Scanner::with_chunk(&*seg.log, at, limit, CHUNK_POINT);
+                    expected = seq;
+                }
+                None => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// After damage at `damaged_at` (where sequence `expected` should have
+    /// started), the next record start that can be trusted, with its
+    /// sequence (greater than `expected`); None when nothing after the
+    /// damage, up to `seg_last`, can be trusted.
+    ///
+    /// Trusted: a record start the writer recorded in the sparse index, or
+    /// a checksummed record whose chain of following records, each with the
+    /// next sequence, reaches such an index point (or the segment's last
+    /// record) exactly. Candidates, cheapest first: the end the damaged
+    /// record's own length gives, then every later byte offset with a
+    /// plausible frame (the search stops at the next index point).
+    pub fn resync(
+        &self,
+        seg: &Segment,
+        damaged_at: u64,
+        expected: u64,
+        seg_last: u64,
+        limit: u64,
+    ) -> Result<Option<(u64, u64)>> {
+        if expected >= seg_last {
+            return Ok(None);
+        }
+        self.ensure_index(seg)?;
+        let point = {
+            let ix = seg.index.read();
+            ix.as_deref().unwrap_or(&[]).iter().find(|e| e.offset > damaged_at && e.seq > expected).copied()
+        };
+        let bound = match point {
+            Some(e) if e.seq <= seg_last => Boundary { offset: Some(e.offset), seq: e.seq, limit },
+            _ => Boundary { offset: None, seq: seg_last.saturating_add(1), limit },
+        };
+        let read_err = |e| io_err(&*self.vfs, &seg.log_path, "read", e);
+        let found = find_chained_record(&*seg.log, damaged_at, expected, bound).map_err(read_err)?;
+        Ok(match (found, point) {
+            (Some(hit), _) => Some(hit),
+            (None, Some(e)) if e.seq <= seg_last => Some((e.offset, e.seq)),
+            (None, _) => None,
+        })
+    }
+
+    /// The end of a segment's records (or of its file, when active).
+    fn records_limit(&self, seg: &Segment) -> Result<u64> {
+        match seg.footer() {
+            Some(f) => Ok(f.records_end),
+            None => seg.log.len().map_err(|e| io_err(&*self.vfs, &seg.log_path, "stat", e)),
+        }
+    }
+
+    /// The partition's directory, for messages.
+    fn describe(&self) -> String {
+        self.vfs.describe(&self.dir).display().to_string()
     }
 
     /// Calls `f` on the records of the given sequences (ascending; those
@@ -726,11 +893,17 @@ impl Partition {
 
     /// The byte offset to start scanning `seg` for sequence `first`.
     fn seek(&self, seg: &Segment, first: u64) -> Result<u64> {
+        Ok(self.seek_point(seg, first)?.0)
+    }
+
+    /// The index point at or before `first` in `seg`: the byte offset of a
+    /// record start and that record's sequence.
+    fn seek_point(&self, seg: &Segment, first: u64) -> Result<(u64, u64)> {
         self.ensure_index(seg)?;
         let ix = seg.index.read();
         let entries = ix.as_deref().unwrap_or(&[]);
         let i = entries.partition_point(|e| e.seq <= first);
-        Ok(if i == 0 { HEADER_LEN as u64 } else { entries[i - 1].offset })
+        Ok(if i == 0 { (HEADER_LEN as u64, seg.base_seq) } else { (entries[i - 1].offset, entries[i - 1].seq) })
     }
 
     /// Loads a sealed segment's index, rebuilding it from the log when the
@@ -993,13 +1166,7 @@ fn recover_active(
         check_tail(vfs, &seg, offset, reason, expected, file_len)?;
     }
 
-    // Keep only complete appends: up to the last record flagged END, and
-    // before the first multi-partition batch whose commit is not recorded.
-    let mut keep = seen.iter().rposition(|s| s.header.flags & FLAG_END != 0).map_or(0, |i| i + 1);
-    if let Some(i) = seen[..keep].iter().position(|s| s.header.flags & FLAG_MULTI != 0 && s.header.txn > committed_txn)
-    {
-        keep = i;
-    }
+    let keep = complete_prefix(&seen, committed_txn);
     let kept = &seen[..keep];
     let cut = kept.last().map_or(start, |s| s.end);
     // Anything non-zero after the cut (a torn write, an unacknowledged append,
@@ -1060,6 +1227,117 @@ fn recover_active(
         },
         truncation,
     ))
+}
+
+/// How many of the scanned records recovery keeps: only complete appends,
+/// i.e. up to the last record flagged END, and before the first
+/// multi-partition batch whose commit is not recorded. Cutting at such a
+/// batch may leave a run without its END record in front of it, so the END
+/// rule applies again to what is left: the kept prefix always ends with an
+/// END record (or is empty), which makes recovery idempotent (a second open
+/// of what the first one kept keeps all of it).
+fn complete_prefix(seen: &[Seen], committed_txn: u64) -> usize {
+    let through_last_end = |s: &[Seen]| s.iter().rposition(|s| s.header.flags & FLAG_END != 0).map_or(0, |i| i + 1);
+    let keep = through_last_end(seen);
+    match seen[..keep].iter().position(|s| s.header.flags & FLAG_MULTI != 0 && s.header.txn > committed_txn) {
+        Some(i) => through_last_end(&seen[..i]),
+        None => keep,
+    }
+}
+
+/// Whether `b` (at least [`PROBE`] bytes) could start the record of a
+/// sequence in `lo..hi`: a length in range and such a sequence. Cheap, so
+/// that a byte-by-byte search checksums only plausible starts.
+fn plausible_frame(b: &[u8], lo: u64, hi: u64) -> bool {
+    let len = get_u32(b, REC_LEN);
+    let seq = get_u64(b, FRAME_LEN + BODY_SEQ);
+    (BODY_MIN_U32..=MAX_BODY_LEN).contains(&len) && seq >= lo && seq < hi
+}
+
+/// Bytes a plausibility check reads: the frame and the sequence.
+const PROBE: usize = FRAME_LEN + BODY_SEQ + 8;
+
+/// Where a chain of records found after damage must lead to be trusted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Boundary {
+    /// The next index point's byte offset, which the chain must reach
+    /// exactly; None at the end of the segment's records.
+    pub(crate) offset: Option<u64>,
+    /// The sequence due there (the index point's, or the last sequence + 1).
+    pub(crate) seq: u64,
+    /// Where the search for a record start stops (the index point, or the
+    /// end of the records or file).
+    pub(crate) limit: u64,
+}
+
+/// The first record start after damage at `damaged_at` (where `expected`
+/// should have started) whose chain of records, each with the next
+/// sequence, leads to `b` (see [`Boundary`]); with its sequence. The
+/// damaged record's own length is tried first, then every later byte
+/// offset with a plausible frame.
+pub(crate) fn find_chained_record(
+    log: &dyn VfsFile,
+    damaged_at: u64,
+    expected: u64,
+    b: Boundary,
+) -> std::io::Result<Option<(u64, u64)>> {
+    let stop = b.offset.unwrap_or(b.limit);
+    let chains = |at: u64| -> std::io::Result<Option<u64>> {
+        let mut s = Scanner::with_chunk(log, at, b.limit, CHUNK_POINT);
+        let mut first = None;
+        let mut next = None;
+        loop {
+            let pos = s.position();
+            if next == Some(b.seq) {
+                return Ok(if b.offset.is_none_or(|o| o == pos) { first } else { None });
+            }
+            if pos >= stop {
+                return Ok(None);
+            }
+            match s.next_step()? {
+                Step::Record { header, .. } if next.is_none_or(|n| n == header.seq) && header.seq < b.seq => {
+                    first.get_or_insert(header.seq);
+                    next = Some(header.seq + 1);
+                }
+                _ => return Ok(None),
+            }
+        }
+    };
+    // 1. The damaged record's length is often intact (a flipped bit in its body).
+    let mut frame = [0u8; PROBE];
+    if log.read_at(&mut frame, damaged_at)? == PROBE {
+        let len = u64::from(get_u32(&frame, REC_LEN));
+        let after = damaged_at + FRAME_LEN as u64 + len;
+        if (u64::from(BODY_MIN_U32)..=u64::from(MAX_BODY_LEN)).contains(&len)
+            && after < stop
+            && let Some(seq) = chains(after)?
+            && seq > expected
+        {
+            return Ok(Some((after, seq)));
+        }
+    }
+    // 2. Every later offset with a plausible frame.
+    let mut buf = vec![0u8; 64 << 10];
+    let mut at = damaged_at + 1;
+    while at + PROBE as u64 <= stop {
+        let n = log.read_at(&mut buf, at)?;
+        if n < PROBE {
+            break;
+        }
+        for i in 0..=(n - PROBE) {
+            let pos = at + i as u64;
+            if pos + PROBE as u64 > stop {
+                break;
+            }
+            if plausible_frame(&buf[i..i + PROBE], expected + 1, b.seq)
+                && let Some(seq) = chains(pos)?
+            {
+                return Ok(Some((pos, seq)));
+            }
+        }
+        at += (n - PROBE + 1) as u64;
+    }
+    Ok(None)
 }
 
 /// The header of the record at `offset`, when a valid one starts there.
