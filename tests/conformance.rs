@@ -61,6 +61,8 @@ mod reset;
 mod retry;
 #[path = "conformance/settle.rs"]
 mod settle;
+#[path = "conformance/skip.rs"]
+mod skip;
 #[path = "conformance/streams.rs"]
 mod streams;
 #[path = "conformance/support.rs"]
@@ -231,6 +233,11 @@ macro_rules! suite {
                     dlq::dead_letters_are_oldest_first_and_limited,
                     dlq::dead_letters_page_after_event_id,
                     dlq::dead_letters_unknown_cursor_is_cursor_not_found,
+                    skip::skip_dead_letters_a_position_never_claimed,
+                    skip::skip_of_a_leased_position_makes_its_lease_stale,
+                    skip::skip_of_a_dead_letter_is_a_no_op,
+                    skip::skip_refuses_settled_and_unknown_positions,
+                    skip::dead_letters_page_after_position,
                     frontier_lag::hole_blocks_the_frontier,
                     frontier_lag::lag_is_high_watermark_minus_frontier_summed,
                     frontier_lag::lag_of_scopes_to_partitions,

@@ -28,7 +28,12 @@ pub enum RecoveryMode {
     /// damage followed by valid records is still `Error::Corrupt`. The default.
     #[default]
     TolerateTornTail,
-    /// Any damage, torn tail included, is `Error::Corrupt`.
+    /// Any damage, torn tail included, is `Error::Corrupt`, and every
+    /// record of every sealed segment is checked at open (its checksum and
+    /// sequence): an open that succeeds has read every byte of the log once
+    /// (about a second per GB from the page cache; see
+    /// `docs/benchmarks.md`). The other modes check sealed records when they
+    /// are read.
     Strict,
     /// Truncate at the first damaged record even when valid records follow
     /// it, logging what is dropped. For an operator who has read the

@@ -247,6 +247,9 @@ impl Partition {
             }
             match read_footer(&*vfs, &seg)? {
                 Some(f) => {
+                    if opts.recovery == RecoveryMode::Strict {
+                        check_sealed(&*vfs, &seg, &f)?;
+                    }
                     expected_base = Some(f.last_seq.saturating_add(1));
                     *seg.footer.write() = Some(f);
                     segments.insert(base, Arc::new(seg));
@@ -1032,6 +1035,44 @@ fn read_footer(vfs: &dyn Vfs, seg: &Segment) -> Result<Option<Footer>> {
     Ok(Footer::decode(&b[..n])
         .ok()
         .filter(|f| f.records_end.checked_add(FOOTER_LEN as u64) == Some(len) && f.first_seq == seg.base_seq))
+}
+
+/// Checks every record of a sealed segment (`RecoveryMode::Strict` at
+/// open): each one's checksum, sequences from the base one by one up to
+/// the footer's last, the records ending exactly where the footer starts.
+/// The first problem is `Error::Corrupt` with its offset.
+fn check_sealed(vfs: &dyn Vfs, seg: &Segment, footer: &Footer) -> Result<()> {
+    let bad = |offset: u64, reason: String| {
+        corrupt(vfs, &seg.log_path, offset, format!("{reason} (strict recovery checks every record)"))
+    };
+    let mut scanner = Scanner::new(&*seg.log, HEADER_LEN as u64, footer.records_end);
+    let mut expected = seg.base_seq;
+    loop {
+        match scanner.next_step().map_err(|e| io_err(vfs, &seg.log_path, "read", e))? {
+            Step::Record { offset, header, .. } => {
+                if header.seq != expected || header.seq > footer.last_seq {
+                    return Err(bad(offset, format!("sequence {} where {expected} was expected", header.seq)));
+                }
+                expected += 1;
+            }
+            Step::End { offset, .. } => {
+                if offset != footer.records_end || expected != footer.last_seq.saturating_add(1) {
+                    return Err(bad(
+                        offset,
+                        format!(
+                            "records end at sequence {} (offset {offset}); the footer says {} (offset {})",
+                            expected - 1,
+                            footer.last_seq,
+                            footer.records_end
+                        ),
+                    ));
+                }
+                return Ok(());
+            }
+            Step::Truncated { offset } => return Err(bad(offset, "record runs past the footer".into())),
+            Step::Invalid { offset, reason } => return Err(bad(offset, reason.into())),
+        }
+    }
 }
 
 /// Creates a new, empty active segment (header synced, directory synced).
