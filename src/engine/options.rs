@@ -59,10 +59,14 @@ pub struct EngineOptions {
     pub segment_bytes: u64,
     /// Under `Durability::Sync`, zero-fill the active segment ahead of
     /// writes in steps of up to this many bytes, so that a sync flushes only
-    /// data, not the file size (default 4 MiB; 0 disables; the other
-    /// durabilities never zero-fill). With 0, a full disk under `Sync`
-    /// surfaces in the commit thread's write and poisons the directory,
-    /// instead of failing the append cleanly.
+    /// data, not the file size, and the commit thread can write a round's
+    /// records in one write per partition (default 4 MiB; 0 disables; the
+    /// other durabilities never zero-fill segments). The delivery WAL keeps
+    /// its own room ahead in steps of up to this much (at least what the
+    /// call needs, even with 0). A full disk fails the call with
+    /// `Error::NoSpace` in every case, before anything changes: with 0 (or
+    /// under `Batched`/`None`) records are written by the appending call,
+    /// which undoes a write that failed.
     pub preallocate_bytes: u64,
     /// A stream's consumer-group state is checkpointed once its delivery
     /// WAL holds this many bytes (default 16 MiB). Bounds reopen time.

@@ -371,6 +371,13 @@ impl MemVfs {
         }
     }
 
+    /// The bytes of every file, as the process sees them (for a simulated
+    /// disk capacity).
+    pub fn live_bytes(&self) -> u64 {
+        let s = self.state.lock();
+        s.files.values().filter_map(|id| s.data.get(id)).map(|d| d.lock().live.len() as u64).sum()
+    }
+
     /// The live content of a file (for tests).
     pub fn read_file(&self, path: &str) -> Option<Vec<u8>> {
         let s = self.state.lock();
@@ -530,6 +537,8 @@ pub struct FaultyVfs {
     ops: Arc<AtomicU64>,
     /// Reads (read_at, list, exists) left before one fails; 0 = never.
     read_countdown: Arc<AtomicU64>,
+    /// The simulated disk's size in bytes (`u64::MAX`: unlimited).
+    capacity: Arc<AtomicU64>,
 }
 
 /// How a mutating operation should proceed.
@@ -549,7 +558,39 @@ impl FaultyVfs {
             dead: Arc::new(AtomicBool::new(false)),
             ops: Arc::new(AtomicU64::new(0)),
             read_countdown: Arc::new(AtomicU64::new(0)),
+            capacity: Arc::new(AtomicU64::new(u64::MAX)),
         }
+    }
+
+    /// Simulates a disk of `bytes` (None: unlimited): a write that would
+    /// grow the files' total past it stores what fits and fails with
+    /// `StorageFull`, as `write(2)` does on a full disk, until the capacity
+    /// is raised again ("space freed"). Overwrites within a file's length,
+    /// truncation and `set_len` (sparse) always succeed.
+    pub fn set_capacity(&self, bytes: Option<u64>) {
+        self.capacity.store(bytes.unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
+    /// Fails a write that does not fit the capacity, after storing the
+    /// part that does.
+    fn check_capacity(&self, file: &dyn VfsFile, buf: &[u8], offset: u64) -> io::Result<()> {
+        let capacity = self.capacity.load(Ordering::SeqCst);
+        if capacity == u64::MAX {
+            return Ok(());
+        }
+        let len = file.len()?;
+        let growth = (offset + buf.len() as u64).saturating_sub(len);
+        let used = self.mem.live_bytes();
+        if used + growth <= capacity {
+            return Ok(());
+        }
+        // What fits: everything up to the file's end, then the free space.
+        let free = capacity.saturating_sub(used);
+        let fits = usize::try_from(len.saturating_sub(offset) + free).unwrap_or(usize::MAX).min(buf.len());
+        if fits > 0 {
+            file.write_all_at(&buf[..fits], offset)?;
+        }
+        Err(io::Error::new(io::ErrorKind::StorageFull, "simulated: no space left on device"))
     }
 
     /// The file system underneath.
@@ -662,7 +703,10 @@ impl VfsFile for FaultyFile {
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         match self.vfs.gate(buf.len(), false) {
-            Gate::Go => self.inner.write_all_at(buf, offset),
+            Gate::Go => {
+                self.vfs.check_capacity(&*self.inner, buf, offset)?;
+                self.inner.write_all_at(buf, offset)
+            }
             Gate::Fail(e, prefix) => {
                 if prefix > 0 {
                     // The torn part reaches the file even though the process died.

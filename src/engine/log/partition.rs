@@ -110,7 +110,8 @@ pub struct Writer {
     idx: Arc<dyn VfsFile>,
     /// The end of the written records in the active segment.
     end: u64,
-    /// The end of the zero-filled region.
+    /// The end of the zero-filled region; the file's length is
+    /// `max(prealloc_end, end)` (deferred records not yet written aside).
     prealloc_end: u64,
     idx_len: u64,
     last_index_offset: u64,
@@ -413,11 +414,21 @@ impl Partition {
         Ok(w.active.log.clone())
     }
 
-    /// After a failed write: zero what may have reached the file so no
-    /// partial record can resurface, and report the failure.
+    /// After a failed write: remove what may have reached the file so no
+    /// partial record can resurface, and report the failure (a full disk
+    /// is `Error::NoSpace`). Nothing is allocated doing so: the part of the
+    /// write inside the file's old length (zero-filled space) is zeroed
+    /// again, the part past it is cut off, then the file is synced. Only a
+    /// failure of that is `Poisoned`.
     fn undo_partial_write(&self, w: &Writer, len: u64, e: std::io::Error) -> Error {
         let path = &w.active.log_path;
-        match write_zeros(&*w.active.log, w.end, w.end + len).and_then(|()| w.active.log.sync_data()) {
+        let log = &*w.active.log;
+        // The file's length before the write (see `Writer::prealloc_end`).
+        let old_len = w.prealloc_end.max(w.end);
+        let undone = write_zeros(log, w.end, (w.end + len).min(old_len))
+            .and_then(|()| if log.len()? > old_len { log.set_len(old_len) } else { Ok(()) })
+            .and_then(|()| log.sync_data());
+        match undone {
             Ok(()) => io_err(&*self.vfs, path, "write", e),
             Err(e2) => Error::Poisoned {
                 scope: self.vfs.describe(path).display().to_string(),
@@ -500,16 +511,52 @@ impl Partition {
             count: w.count,
             max_ts: w.max_ts,
         };
+        // Failures before anything is appended (a full disk writing the
+        // footer or creating the next segment) take the footer off again:
+        // the segment stays active and the append fails cleanly. A crash in
+        // between leaves a sealed segment and perhaps a cut-short creation,
+        // which recovery removes.
+        let unseal = |w: &mut Writer, e: Error| -> Error {
+            *seg.footer.write() = None;
+            // The zero-filled space past the records is gone: fill it again
+            // before the next append (which fails cleanly if it can't).
+            w.prealloc_end = w.end;
+            match seg.log.set_len(w.end).and_then(|()| seg.log.sync_data()) {
+                Ok(()) => e,
+                Err(e2) => Error::Poisoned {
+                    scope: vfs.describe(&seg.log_path).display().to_string(),
+                    reason: format!("sealing the segment failed ({e}) and it could not be reopened ({e2})"),
+                },
+            }
+        };
         seg.log.set_len(w.end).map_err(|e| poisoned("truncate", e))?;
-        seg.log.write_all_at(&footer.encode(), w.end).map_err(|e| poisoned("footer write", e))?;
+        if let Err(e) = seg.log.write_all_at(&footer.encode(), w.end) {
+            return Err(unseal(w, io_err(vfs, &seg.log_path, "write the footer of", e)));
+        }
         seg.log.sync_data().map_err(|e| poisoned("sync", e))?;
         *seg.footer.write() = Some(footer);
-        let next = create_segment(vfs, &self.dir, self.stream_id, self.partition, w.next_seq, now_ms).map_err(|e| {
-            Error::Poisoned {
-                scope: vfs.describe(&self.dir).display().to_string(),
-                reason: format!("starting a new segment: {e}"),
+        let next = match create_segment(vfs, &self.dir, self.stream_id, self.partition, w.next_seq, now_ms) {
+            Ok(next) => next,
+            Err(e @ Error::Poisoned { .. }) => return Err(e),
+            Err(e) => {
+                // What was created of the next segment must go, or the
+                // unsealed segment would no longer be the last one.
+                for path in
+                    [format!("{}/{}", self.dir, log_name(w.next_seq)), format!("{}/{:020}.idx", self.dir, w.next_seq)]
+                {
+                    let gone = match vfs.exists(&path) {
+                        Ok(true) => vfs.remove_file(&path),
+                        Ok(false) => Ok(()),
+                        Err(e) => Err(e),
+                    };
+                    gone.and_then(|()| vfs.sync_dir(&self.dir)).map_err(|e2| Error::Poisoned {
+                        scope: vfs.describe(&self.dir).display().to_string(),
+                        reason: format!("starting a new segment failed ({e}) and {path} could not be removed ({e2})"),
+                    })?;
+                }
+                return Err(unseal(w, e));
             }
-        })?;
+        };
         self.segments.write().insert(next.active.base_seq, next.active.clone());
         *w = next;
         Ok(())

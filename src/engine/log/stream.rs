@@ -143,6 +143,10 @@ impl StreamLog {
         touched.dedup();
         let multi = touched.len() > 1;
         let txn = if multi { *next_txn } else { 0 };
+        if multi {
+            // Room for the commit entry, before anything is written.
+            self.txn.prepare().map_err(|e| poison.absorb(e))?;
+        }
         let mut writers = Vec::with_capacity(touched.len());
         for &p in &touched {
             writers.push((p, self.partition(p)?.clone()));
@@ -183,9 +187,11 @@ impl StreamLog {
             }
         }
 
-        // Under Sync the commit thread writes what its round collected, one
-        // write per partition; otherwise records go to the OS at once.
-        let defer = matches!(opts.durability, Durability::Sync);
+        // Under Sync, into zero-filled space, the commit thread writes what
+        // its round collected, one write per partition. Otherwise records
+        // go to the OS at once, here, where a failed write (a full disk)
+        // can still be undone and fail the append cleanly.
+        let defer = matches!(opts.durability, Durability::Sync) && opts.preallocate_bytes > 0;
         // Write every partition; on failure undo the ones already written.
         let mut files = Vec::with_capacity(touched.len());
         let marks: Vec<_> = guards.iter().map(|g| Partition::mark(g)).collect();
@@ -215,15 +221,23 @@ impl StreamLog {
         let ticket = match opts.durability {
             Durability::Sync => {
                 let txn = multi.then(|| (self.txn.clone(), txn));
-                let flush = writers.iter().map(|(_, part)| part.clone()).collect();
-                committer.submit(Job { files: Vec::new(), flush, txn, publish })
+                let (files, flush) = if defer {
+                    (Vec::new(), writers.iter().map(|(_, part)| part.clone()).collect())
+                } else {
+                    (files, Vec::new())
+                };
+                committer.submit(Job { files, flush, txn, publish })
             }
             Durability::Batched { .. } | Durability::None => {
                 if multi && let Err(e) = self.txn.commit(txn, false) {
-                    // The records are written: without their commit the
-                    // stream can't go on consistently.
-                    poison.set(e.to_string());
-                    return Err(e);
+                    // The records are written but not visible: take them
+                    // back (their transaction id is used up).
+                    for (j, (_, part)) in writers.iter().enumerate() {
+                        if let Err(undo) = part.rollback(&mut guards[j], marks[j]) {
+                            poison.set(undo.to_string());
+                        }
+                    }
+                    return Err(poison.absorb(e));
                 }
                 for (part, seq) in &publish {
                     part.publish(*seq);

@@ -26,6 +26,8 @@ pub const TXN_MAGIC: [u8; 8] = *b"RHEOTXN\0";
 pub const TXN_RECORD_LEN: usize = 16;
 /// Rewrite the file once it grows past this size.
 const COMPACT_BYTES: u64 = 64 << 10;
+/// Zero-filled room kept ahead of the entries (see [`TxnLog::prepare`]).
+const ZEROED_AHEAD: u64 = 4 << 10;
 
 fn header() -> [u8; TXN_RECORD_LEN] {
     let mut b = [0u8; TXN_RECORD_LEN];
@@ -83,6 +85,8 @@ pub fn check_header(b: &[u8]) -> Result<(), String> {
 struct TxnState {
     file: Arc<dyn VfsFile>,
     len: u64,
+    /// Zero-filled up to here (entries are written into this space).
+    zeroed_to: u64,
     /// The largest id written (durable or not).
     committed: u64,
     /// The largest id known durable.
@@ -118,11 +122,12 @@ impl TxnLog {
             return Err(Error::Corrupt { file: vfs.describe(&path), offset: 0, reason });
         }
         let (committed, valid) = decode(&buf[..n]);
-        let state = TxnState { file, len: valid, committed, synced: committed };
+        let state = TxnState { file, len: valid, zeroed_to: len.max(valid), committed, synced: committed };
         let log = TxnLog { vfs, path, dir: dir.to_owned(), state: Mutex::new(state) };
         if valid == 0 || valid != len {
             // New, or with a torn last entry: rewrite it to the committed state.
-            log.rewrite(&mut log.state.lock())?;
+            let committed = log.state.lock().committed;
+            log.rewrite(&mut log.state.lock(), committed)?;
         }
         Ok(log)
     }
@@ -132,13 +137,15 @@ impl TxnLog {
         self.state.lock().committed
     }
 
-    fn rewrite(&self, s: &mut TxnState) -> Result<()> {
+    /// Rewrites the file with the committed id alone. Nothing changes on
+    /// failure (the old file stays in place).
+    fn rewrite(&self, s: &mut TxnState, committed: u64) -> Result<()> {
         let tmp = format!("{}.tmp", self.path);
         let vfs = &*self.vfs;
         let f = vfs.open(&tmp, true).map_err(|e| io_err(vfs, &tmp, "create", e))?;
         let mut bytes = header().to_vec();
-        if s.committed > 0 {
-            bytes.extend_from_slice(&encode_entry(s.committed));
+        if committed > 0 {
+            bytes.extend_from_slice(&encode_entry(committed));
         }
         f.set_len(0).map_err(|e| io_err(vfs, &tmp, "truncate", e))?;
         f.write_all_at(&bytes, 0).map_err(|e| io_err(vfs, &tmp, "write", e))?;
@@ -147,22 +154,46 @@ impl TxnLog {
         vfs.sync_dir(&self.dir).map_err(|e| sync_err(vfs, &self.dir, e))?;
         s.file = f;
         s.len = bytes.len() as u64;
-        s.synced = s.committed;
+        s.zeroed_to = s.len;
+        s.committed = committed;
+        s.synced = committed;
+        Ok(())
+    }
+
+    /// Makes the next [`TxnLog::commit`] unable to fail for want of space:
+    /// compacts a long file, and keeps zero-filled room ahead of the last
+    /// entry (zeros read as the end of the entries). Called by an append
+    /// before it writes anything, so that a full disk fails it cleanly.
+    pub fn prepare(&self) -> Result<()> {
+        let mut s = self.state.lock();
+        if s.len >= COMPACT_BYTES {
+            let committed = s.committed;
+            self.rewrite(&mut s, committed)?;
+        }
+        // Two entries: a commit round in progress and the next one.
+        if s.len + 2 * TXN_RECORD_LEN as u64 > s.zeroed_to {
+            let (from, to) = (s.zeroed_to.max(s.len), s.len + ZEROED_AHEAD);
+            let zeros = vec![0u8; usize::try_from(to - from).unwrap_or(0)];
+            s.file.write_all_at(&zeros, from).map_err(|e| io_err(&*self.vfs, &self.path, "reserve space in", e))?;
+            s.zeroed_to = to;
+        }
         Ok(())
     }
 
     /// Records `txn` as committed (if it is not yet); makes every recorded
-    /// id durable when `sync`.
+    /// id durable when `sync`. A failed write changes nothing.
     pub fn commit(&self, txn: u64, sync: bool) -> Result<()> {
         let mut s = self.state.lock();
         let vfs = &*self.vfs;
         if txn > s.committed {
-            s.committed = txn;
-            if s.len >= COMPACT_BYTES {
-                return self.rewrite(&mut s);
+            // Appends compact in `prepare`; this is for callers that don't.
+            if s.len >= COMPACT_BYTES + ZEROED_AHEAD {
+                return self.rewrite(&mut s, txn);
             }
             s.file.write_all_at(&encode_entry(txn), s.len).map_err(|e| io_err(vfs, &self.path, "write", e))?;
             s.len += TXN_RECORD_LEN as u64;
+            s.zeroed_to = s.zeroed_to.max(s.len);
+            s.committed = txn;
         }
         if sync && s.synced < s.committed {
             s.file.sync_data().map_err(|e| sync_err(vfs, &self.path, e))?;
