@@ -394,8 +394,8 @@ fn verify_passes_then_reports_each_corruption_with_file_and_offset() {
     let out = cli.run(&["verify", &dir]);
     assert!(!out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    let expected = format!("{} {second} record checksum mismatch", sealed.display());
-    assert!(text.lines().any(|l| l == expected), "expected {expected:?} in:\n{text}");
+    let expected = format!("{} {second} record checksum mismatch; sequence 2 is unreadable", sealed.display());
+    assert!(text.lines().any(|l| l.starts_with(&expected)), "expected {expected:?} in:\n{text}");
 
     flip(active, 64 + 30);
     let wal = find(cli.data(), &|n| n.starts_with("wal-")).remove(0);
@@ -504,4 +504,103 @@ fn checkpoint_is_inspected_and_its_corruption_found() {
     let text = String::from_utf8(out.stdout).unwrap();
     let expected = format!("{} 48 checkpoint body checksum mismatch", ckpt.display());
     assert!(text.lines().any(|l| l == expected), "expected {expected:?} in:\n{text}");
+}
+
+#[test]
+fn verify_reports_every_problem_warns_of_torn_tails_and_refuses_a_foreign_dir() {
+    let cli = populated();
+    cli.ok(&["index", "create", "s", "n"]);
+    let dir = cli.data().to_str().unwrap().to_owned();
+    assert_eq!(cli.json(&["verify", &dir])["ok"], true);
+    let segments = find(cli.data(), &|n| n.ends_with(".log") && !n.starts_with("wal-"));
+    let sealed = &segments[0];
+    let records = cli.json(&["inspect", sealed.to_str().unwrap()])["records"].clone();
+    let offset = |i: usize| records[i]["offset"].as_u64().unwrap();
+    // Two damaged records in one file: both are reported, each where it is.
+    flip(sealed, offset(1) + 20);
+    flip(sealed, offset(4) + 20);
+    // A damaged block of the secondary index: at the block's offset.
+    let six = find(cli.data(), &|n| n.ends_with(".six")).remove(0);
+    let six_dump = cli.json(&["inspect", six.to_str().unwrap()]);
+    assert_eq!(six_dump["header"]["blocks"], 1, "{six_dump}");
+    flip(&six, 64 + 3);
+    // A torn tail of the active segment: half a record after the last one.
+    let active = segments.last().unwrap();
+    let last = cli.json(&["inspect", active.to_str().unwrap()])["records"].as_array().unwrap().last().cloned().unwrap();
+    let end = last["offset"].as_u64().unwrap() + last["size"].as_u64().unwrap();
+    let mut bytes = std::fs::read(active).unwrap();
+    let torn =
+        &bytes[usize::try_from(last["offset"].as_u64().unwrap()).unwrap()..usize::try_from(end).unwrap()].to_vec();
+    let at = usize::try_from(end).unwrap();
+    if bytes.len() < at + torn.len() {
+        bytes.resize(at + torn.len(), 0);
+    }
+    bytes[at..at + torn.len() / 2].copy_from_slice(&torn[..torn.len() / 2]);
+    std::fs::write(active, &bytes).unwrap();
+
+    let out = cli.run(&["--json", "verify", &dir]);
+    assert!(!out.status.success());
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let problems = report["problems"].as_array().unwrap();
+    let at = |file: &Path| -> Vec<u64> {
+        problems.iter().filter(|p| p["file"] == file.to_str().unwrap()).map(|p| p["offset"].as_u64().unwrap()).collect()
+    };
+    assert_eq!(at(sealed), vec![offset(1), offset(4)], "{report}");
+    assert_eq!(at(&six), vec![64], "{report}");
+    let warnings = report["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1, "{report}");
+    assert_eq!((warnings[0]["file"].as_str(), warnings[0]["offset"].as_u64()), (active.to_str(), Some(end)));
+    assert!(warnings[0]["reason"].as_str().unwrap().contains("torn tail"), "{report}");
+    assert_eq!(problems.len(), 3, "the torn tail is not a problem: {report}");
+
+    // Repaired (the flips undone), the torn tail alone is a warning: exit 0.
+    flip(sealed, offset(1) + 20);
+    flip(sealed, offset(4) + 20);
+    flip(&six, 64 + 3);
+    let text = cli.ok(&["verify", &dir]);
+    assert!(text.contains("warning: torn tail"), "{text}");
+    assert!(text.contains("ok, 1 warning(s)"), "{text}");
+
+    // A directory without data files is not "ok".
+    let foreign = tempfile::tempdir().unwrap();
+    std::fs::write(foreign.path().join("notes.txt"), "hello").unwrap();
+    let err = cli.fails(&["verify", foreign.path().to_str().unwrap()]);
+    assert!(err.contains("holds no Rheo data file"), "{err}");
+}
+
+#[test]
+fn fetch_reports_damage_and_group_skip_gets_past_it() {
+    let cli = populated();
+    let segments = find(cli.data(), &|n| n.ends_with(".log") && !n.starts_with("wal-"));
+    let sealed = &segments[0];
+    let second = cli.json(&["inspect", sealed.to_str().unwrap()])["records"][1]["offset"].as_u64().unwrap();
+    flip(sealed, second + 20);
+    cli.ok(&["group", "create", "s", "h"]);
+    let out = cli.run(&["--json", "fetch", "s", "h", "--limit", "100"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let leases: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(leases.as_array().unwrap().len(), 59, "every readable event is leased");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let warning: Value = serde_json::from_str(stderr.lines().next().unwrap()).unwrap();
+    assert_eq!(warning["damage"]["sequence"], 2, "{stderr}");
+    assert_eq!(warning["damage"]["offset"], second, "{stderr}");
+    let plain = cli.run(&["fetch", "s", "h"]);
+    assert!(String::from_utf8_lossy(&plain.stderr).contains("rheo group skip s h --partition 0 --sequence 2"));
+
+    let skipped = cli.json(&["group", "skip", "s", "h", "--partition", "0", "--sequence", "2", "--reason", "restored"]);
+    assert_eq!(skipped["skipped"], true);
+    let text = cli.ok(&["group", "skip", "s", "h", "--partition", "0", "--sequence", "2", "--reason", "again"]);
+    assert!(text.contains("already is a dead letter"), "{text}");
+    let table = cli.ok(&["dlq", "list", "s", "h"]);
+    assert!(table.contains("DAMAGED") && table.contains("skipped: restored"), "{table}");
+    let dead = cli.json(&["dlq", "list", "s", "h"]);
+    assert_eq!(dead[0]["sequence"], 2);
+    assert_eq!(dead[0]["event"], Value::Null);
+    assert_eq!(dead[0]["damage"]["offset"], second);
+    assert_eq!(cli.json(&["dlq", "list", "s", "h", "--after-position", "0:2"]), serde_json::json!([]));
+    assert!(cli.fails(&["dlq", "list", "s", "h", "--after-position", "zero"]).contains("PARTITION:SEQ"));
+    assert!(
+        cli.fails(&["group", "skip", "s", "h", "--partition", "0", "--sequence", "999", "--reason", "x"])
+            .contains("999")
+    );
 }

@@ -10,10 +10,10 @@ use rheo::engine::index::file as six;
 use rheo::engine::log::{manifest, txn};
 use rheo::engine::segment::file::{Footer, IndexEntry, SegmentHeader};
 use rheo::engine::segment::format::{
-    ENTRY_LEN, FOOTER_LEN, FORMAT_VERSION, HDR_BASE_SEQ, HEADER_LEN, IDX_BASE_SEQ, IDX_CRC, IDX_HEADER_LEN,
+    ENTRY_LEN, FLAG_END, FOOTER_LEN, FORMAT_VERSION, HDR_BASE_SEQ, HEADER_LEN, IDX_BASE_SEQ, IDX_CRC, IDX_HEADER_LEN,
     IDX_VERSION, INDEX_MAGIC,
 };
-use rheo::engine::segment::record::{Decoded, decode_doc, decode_record};
+use rheo::engine::segment::record::{Decoded, decode_doc, decode_record, find_record};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -97,11 +97,19 @@ struct Report {
     count: u64,
     trailer: Value,
     problems: Vec<Problem>,
+    /// What the engine's recovery would repair on its own at the next
+    /// open: a torn tail it cuts (a crash mid-write), not damage.
+    warnings: Vec<Problem>,
+    /// A segment that ends with a footer.
+    sealed: bool,
 }
 
 impl Report {
     fn problem(&mut self, offset: u64, reason: impl Into<String>) {
         self.problems.push(Problem { offset, reason: reason.into() });
+    }
+    fn warning(&mut self, offset: u64, reason: impl Into<String>) {
+        self.warnings.push(Problem { offset, reason: reason.into() });
     }
     fn record(&mut self, limit: usize, v: impl FnOnce() -> Value) {
         if self.records.len() < limit {
@@ -134,6 +142,14 @@ fn non_zero_after(b: &[u8], from: usize) -> Option<u64> {
     b.get(from..)?.iter().position(|&x| x != 0).map(|i| (from + i) as u64)
 }
 
+/// A segment: every record checked; after damage the check goes on at the
+/// next valid record, so every damaged stretch is reported. A sealed
+/// segment (ending with a footer) is checked up to its footer and any damage
+/// is a problem. In the active one (no footer), what the engine's recovery
+/// cuts at the next open (a torn tail: damage with no valid record after it,
+/// bytes after the zeros that end the records, an append cut short) is a
+/// warning; damage followed by valid records is a problem (the open refuses
+/// it).
 fn segment(b: &[u8], name: &str, r: &mut Report, limit: usize) {
     let h = match SegmentHeader::decode(b) {
         Ok(h) => h,
@@ -144,15 +160,23 @@ fn segment(b: &[u8], name: &str, r: &mut Report, limit: usize) {
     if name.split('.').next().and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n != h.base_seq) {
         r.problem(HDR_BASE_SEQ as u64, format!("base sequence {} differs from the file name", h.base_seq));
     }
+    // Sealed: the last 64 bytes are its footer.
+    let footer_at = b.len().checked_sub(FOOTER_LEN).filter(|&at| at >= HEADER_LEN);
+    let sealed = footer_at
+        .and_then(|at| {
+            Footer::decode(&b[at..]).ok().filter(|f| f.records_end == at as u64 && f.first_seq == h.base_seq)
+        })
+        .is_some();
+    r.sealed = sealed;
+    let end = if sealed { footer_at.unwrap_or(b.len()) } else { b.len() };
     let mut off = HEADER_LEN;
     let mut expected = h.base_seq;
-    while let Some(rest) = b.get(off..).filter(|r| !r.is_empty()) {
-        match decode_record(rest) {
-            Decoded::Record { header, doc, size } => {
-                if header.seq != expected {
-                    r.problem(off as u64, format!("record sequence {} where {expected} was expected", header.seq));
-                }
-                expected = header.seq.saturating_add(1);
+    // Where the last append that ends with an END record ends, and its last sequence.
+    let (mut append_end, mut last_end_seq) = (HEADER_LEN, h.base_seq - 1);
+    let damaged_before = r.problems.len();
+    while off < end {
+        let reason = match decode_record(&b[off..end]) {
+            Decoded::Record { header, doc, size } if header.seq == expected => {
                 match decode_doc(doc) {
                     Ok((id, key, event_type, metadata, payload)) => r.record(limit, || {
                         json!({"offset": off, "size": size, "seq": header.seq, "ts": header.ts,
@@ -163,26 +187,68 @@ fn segment(b: &[u8], name: &str, r: &mut Report, limit: usize) {
                     Err(e) => r.problem(off as u64, e),
                 }
                 off += size;
+                expected = header.seq.saturating_add(1);
+                if header.flags & FLAG_END != 0 {
+                    (append_end, last_end_seq) = (off, header.seq);
+                }
+                continue;
             }
+            Decoded::Record { header, .. } => format!("record sequence {} where {expected} was expected", header.seq),
+            Decoded::End if sealed => format!("zeros where record {expected} was expected, before the footer"),
             Decoded::End => {
                 if let Some(at) = non_zero_after(b, off) {
-                    r.problem(at, "non-zero bytes after the end of the records");
+                    r.warning(at, "torn tail: bytes after the zeros that end the records (the next open cuts them)");
                 }
                 break;
             }
+            Decoded::Footer if sealed => "a footer magic inside the records".to_owned(),
             Decoded::Footer => {
-                footer(b, off, h.base_seq, r);
+                r.warning(off as u64, "torn tail: a footer cut short (a crash while sealing; the next open cuts it)");
                 break;
             }
-            Decoded::Incomplete(_) => {
-                r.problem(off as u64, "record cut short by the end of the file (torn write)");
+            Decoded::Incomplete(_) if sealed => "record runs past the footer".to_owned(),
+            Decoded::Incomplete(_) => "record cut short by the end of the file".to_owned(),
+            Decoded::Invalid(reason) => reason.to_owned(),
+        };
+        // Damage at `off`: go on at the next valid record, if any.
+        let limit_seq = expected.saturating_add(1 << 24);
+        match find_record(&b[..end], off + 1, expected.saturating_add(1), limit_seq) {
+            Some((at, next)) => {
+                let lost = if next.seq > expected + 1 {
+                    format!("; sequences {expected} to {} are unreadable", next.seq - 1)
+                } else {
+                    format!("; sequence {expected} is unreadable")
+                };
+                r.problem(off as u64, format!("{reason}{lost}, valid records resume at offset {at}"));
+                off = at;
+                expected = next.seq;
+            }
+            None if sealed => {
+                r.problem(off as u64, format!("{reason}; nothing after it up to the footer can be read"));
                 break;
             }
-            Decoded::Invalid(reason) => {
-                r.problem(off as u64, reason);
+            None => {
+                let dropped = b[off..].iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
+                r.warning(off as u64, format!("torn tail: {reason} (the next open cuts {dropped} bytes here)"));
+                off = end;
                 break;
             }
         }
+    }
+    if sealed {
+        if r.problems.len() == damaged_before {
+            footer(b, end, h.base_seq, r);
+        } else {
+            r.trailer = json!({"offset": end});
+        }
+    } else if r.problems.len() == damaged_before && r.warnings.is_empty() && append_end < off {
+        r.warning(
+            append_end as u64,
+            format!(
+                "torn tail: the last append has no END record (the next open drops sequences {} on)",
+                last_end_seq + 1
+            ),
+        );
     }
 }
 
@@ -264,53 +330,139 @@ fn secondary_index(b: &[u8], r: &mut Report, limit: usize) {
                 });
             }
         }
-        // The file format locates damage by block, not by byte: the report
-        // names the file and says what does not check out.
-        Err(e) => r.problem(0, e.to_string()),
+        // Each problem where it is: the header field, the trailer, the
+        // directory, each block (a bad one does not hide the next), each
+        // record offset. (Index files are derived data: the engine rebuilds
+        // a damaged one.)
+        Err(_) => {
+            for (offset, reason) in six::verify(b) {
+                r.problem(offset, format!("{reason} (derived data: the engine rebuilds this file)"));
+            }
+        }
     }
 }
 
+/// A delivery WAL: every record checked; after damage the check goes on at
+/// the next valid record (a frame whose checksum holds and whose body
+/// decodes, with a later LSN). Damage with nothing valid after it is a torn
+/// tail, which the next open cuts when this is the newest generation (a
+/// warning; `verify` makes it a problem for an older one); damage followed
+/// by valid records, or a checksummed record that does not decode, is a
+/// problem.
 fn delivery_wal(b: &[u8], r: &mut Report, limit: usize) {
     let generation = match wal::check_header(b) {
         Ok(g) => g,
         Err(e) => return r.problem(0, e.to_string()),
     };
-    r.header = json!({"generation": generation});
+    r.header = json!({"generation": generation, "version": wal::version_of(b)});
     let mut off = wal::WAL_HEADER_LEN;
+    let mut last_lsn = 0;
     loop {
-        let Some(frame) = b.get(off..off + wal::WAL_FRAME_LEN) else {
-            if let Some(at) = non_zero_after(b, off) {
-                r.problem(at, "a frame cut short by the end of the file");
+        let reason = match wal_record_at(b, off) {
+            WalAt::End => return,
+            WalAt::Record { value, size, lsn } => {
+                r.record(limit, || {
+                    let mut v = value;
+                    v["offset"] = json!(off);
+                    v
+                });
+                if last_lsn != 0 && lsn != last_lsn + 1 {
+                    r.problem(off as u64, format!("LSN {lsn} where {} was expected", last_lsn + 1));
+                }
+                last_lsn = lsn;
+                off += size;
+                continue;
             }
-            return;
-        };
-        let len = get_u32(frame, 0);
-        if len == 0 {
-            if let Some(at) = non_zero_after(b, off) {
-                r.problem(at, "non-zero bytes after the end of the log");
+            WalAt::Undecodable(reason) => {
+                // Whole and checksummed: not a torn write.
+                r.problem(off as u64, format!("a checksummed record that does not decode: {reason}"));
+                match next_wal_record(b, off + 1, last_lsn) {
+                    Some(at) => {
+                        off = at;
+                        continue;
+                    }
+                    None => return,
+                }
             }
-            return;
-        }
-        if len > wal::WAL_MAX_BODY {
-            return r.problem(off as u64, format!("record length {len} exceeds {}", wal::WAL_MAX_BODY));
-        }
-        let start = off + wal::WAL_FRAME_LEN;
-        let Some(body) = b.get(start..start + len as usize) else {
-            return r.problem(off as u64, "a record cut short by the end of the file (torn write)");
+            WalAt::Damaged(reason) => reason,
         };
-        if crc32fast::hash(body) != get_u32(frame, 4) {
-            return r.problem(off as u64, "record checksum mismatch");
+        match next_wal_record(b, off + 1, last_lsn) {
+            Some(at) => {
+                r.problem(off as u64, format!("{reason}, followed by valid records (from offset {at})"));
+                off = at;
+            }
+            None => {
+                let dropped = b[off..].iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
+                r.warning(off as u64, format!("torn tail: {reason} (the next open cuts {dropped} bytes here)"));
+                return;
+            }
         }
-        match wal_body(body) {
-            Ok(v) => r.record(limit, || {
-                let mut v = v;
-                v["offset"] = json!(off);
-                v
-            }),
-            Err(e) => r.problem(off as u64, e),
-        }
-        off = start + len as usize;
     }
+}
+
+/// What is at an offset of a WAL file.
+enum WalAt {
+    /// The end of the records: the end of the file, or zeros to it.
+    End,
+    Record {
+        value: Value,
+        size: usize,
+        lsn: u64,
+    },
+    /// A whole, checksummed record whose body does not decode.
+    Undecodable(String),
+    /// Not a record.
+    Damaged(String),
+}
+
+fn wal_record_at(b: &[u8], off: usize) -> WalAt {
+    let Some(frame) = b.get(off..off + wal::WAL_FRAME_LEN) else {
+        return match non_zero_after(b, off) {
+            Some(_) => WalAt::Damaged("a frame cut short by the end of the file".into()),
+            None => WalAt::End,
+        };
+    };
+    let len = get_u32(frame, 0);
+    if len == 0 {
+        return match non_zero_after(b, off) {
+            Some(at) => WalAt::Damaged(format!("non-zero bytes (at offset {at}) after the zeros that end the log")),
+            None => WalAt::End,
+        };
+    }
+    if len > wal::WAL_MAX_BODY {
+        return WalAt::Damaged(format!("record length {len} exceeds {}", wal::WAL_MAX_BODY));
+    }
+    let start = off + wal::WAL_FRAME_LEN;
+    let Some(body) = b.get(start..start + len as usize) else {
+        return WalAt::Damaged("a record cut short by the end of the file".into());
+    };
+    if crc32fast::hash(body) != get_u32(frame, 4) {
+        return WalAt::Damaged("record checksum mismatch".into());
+    }
+    match wal_body(body) {
+        Ok(value) => WalAt::Record { value, size: wal::WAL_FRAME_LEN + len as usize, lsn: get_u64(body, 0) },
+        Err(e) => WalAt::Undecodable(e),
+    }
+}
+
+/// The offset of the next valid WAL record at or after `from` with an LSN
+/// above `after_lsn`.
+fn next_wal_record(b: &[u8], from: usize, after_lsn: u64) -> Option<usize> {
+    // Cheap checks first (a length that fits, a plausible LSN and kind), so
+    // that only likely starts are checksummed.
+    let plausible = |at: usize| {
+        let len = get_u32(b, at) as usize;
+        let body = at + wal::WAL_FRAME_LEN;
+        let lsn = get_u64(b, body);
+        len >= wal::WAL_BODY_NAME
+            && len <= wal::WAL_MAX_BODY as usize
+            && body + len <= b.len()
+            && lsn > after_lsn
+            && lsn - after_lsn <= 1 << 24
+            && matches!(b[body + wal::WAL_BODY_KIND], wal::KIND_CREATE | wal::KIND_OPS)
+    };
+    (from..b.len().saturating_sub(wal::WAL_FRAME_LEN + wal::WAL_BODY_NAME))
+        .find(|&at| plausible(at) && matches!(wal_record_at(b, at), WalAt::Record { lsn, .. } if lsn > after_lsn))
 }
 
 /// A WAL record body as JSON: LSN, kind, group, and its MessagePack payload.
@@ -455,7 +607,7 @@ pub fn inspect(ctx: &Ctx, a: InspectArgs) -> CliResult {
     if ctx.json {
         print_json(&json!({"file": a.file.display().to_string(), "kind": kind, "bytes": b.len(),
             "header": r.header, "records": r.records, "record_count": r.count, "trailer": r.trailer,
-            "problems": r.problems}))?;
+            "problems": r.problems, "warnings": r.warnings}))?;
     } else {
         line(format!("{} ({kind:?}, {} bytes)", a.file.display(), b.len()))?;
         line(format!("header: {}", r.header))?;
@@ -471,6 +623,9 @@ pub fn inspect(ctx: &Ctx, a: InspectArgs) -> CliResult {
         }
         for p in &r.problems {
             line(format!("problem at offset {}: {}", p.offset, p.reason))?;
+        }
+        for p in &r.warnings {
+            line(format!("warning at offset {}: {}", p.offset, p.reason))?;
         }
     }
     Ok(r.problems.is_empty())
@@ -492,7 +647,10 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), CliError> {
 }
 
 /// Runs `rheo verify [DIR]`: every problem on one line `file offset reason`
-/// (or under `--json` one document); exit 1 when any was found.
+/// and every warning on one line `file offset warning: reason` (or under
+/// `--json` one document); exit 1 when a problem was found. Warnings are
+/// what the next open repairs on its own (a torn tail). A directory with no
+/// data file is a failure (a wrong path).
 pub fn verify(ctx: &Ctx, a: VerifyArgs) -> CliResult {
     let dir = match a.dir {
         Some(d) => d,
@@ -503,33 +661,76 @@ pub fn verify(ctx: &Ctx, a: VerifyArgs) -> CliResult {
     }
     let mut files = Vec::new();
     walk(&dir, &mut files)?;
+    if files.is_empty() {
+        return Err(CliError::new(format!(
+            "{} holds no Rheo data file (no MANIFEST, segments or WAL): is it a native data directory?",
+            dir.display()
+        )));
+    }
     let mut problems = Vec::new();
+    let mut warnings = Vec::new();
     let mut records = 0u64;
+    let entry = |path: &Path, kind: Kind, p: &Problem| json!({"file": path.display().to_string(), "kind": kind, "offset": p.offset, "reason": p.reason});
+    if !files.iter().any(|f| kind_of(f) == Some(Kind::Manifest)) {
+        problems.push(json!({"file": dir.join("MANIFEST").display().to_string(), "kind": Kind::Manifest,
+            "offset": 0, "reason": "missing: the directory has data files but no MANIFEST"}));
+    }
     for path in &files {
         let Some(kind) = kind_of(path) else { continue };
         let b = read_file(path)?;
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        let r = check(kind, &b, name, 0);
+        let mut r = check(kind, &b, name, 0);
         records += r.count;
-        for p in r.problems {
-            problems.push(
-                json!({"file": path.display().to_string(), "kind": kind, "offset": p.offset, "reason": p.reason}),
-            );
+        // Only the newest file of its directory may have a torn tail that
+        // the open cuts (the last segment of a partition, the newest WAL
+        // generation); in an older one it is damage. And only the last
+        // segment may be unsealed.
+        let newest = is_newest_of_its_kind(path, kind, &files);
+        if matches!(kind, Kind::Segment) && !r.sealed && !newest && r.problems.is_empty() {
+            r.problem(0, "not sealed, but not the partition's last segment (the open refuses it)");
         }
+        if !newest {
+            let torn = std::mem::take(&mut r.warnings);
+            r.problems.extend(torn.into_iter().map(|w| Problem {
+                offset: w.offset,
+                reason: format!("{} (damage: not the newest file of its kind)", w.reason),
+            }));
+        }
+        problems.extend(r.problems.iter().map(|p| entry(path, kind, p)));
+        warnings.extend(r.warnings.iter().map(|p| entry(path, kind, p)));
     }
     let ok = problems.is_empty();
     if ctx.json {
         print_json(&json!({"dir": dir.display().to_string(), "files": files.len(), "records": records,
-            "ok": ok, "problems": problems}))?;
+            "ok": ok, "problems": problems, "warnings": warnings}))?;
     } else {
+        let s = |p: &Value, k: &str| p[k].as_str().unwrap_or("").to_owned();
         for p in &problems {
-            let s = |k: &str| p[k].as_str().unwrap_or("").to_owned();
-            line(format!("{} {} {}", s("file"), p["offset"], s("reason")))?;
+            line(format!("{} {} {}", s(p, "file"), p["offset"], s(p, "reason")))?;
         }
-        let verdict = if ok { "ok".to_owned() } else { format!("{} problem(s)", problems.len()) };
+        for p in &warnings {
+            line(format!("{} {} warning: {}", s(p, "file"), p["offset"], s(p, "reason")))?;
+        }
+        let verdict = match (problems.len(), warnings.len()) {
+            (0, 0) => "ok".to_owned(),
+            (0, w) => format!("ok, {w} warning(s): the next open repairs them"),
+            (p, 0) => format!("{p} problem(s)"),
+            (p, w) => format!("{p} problem(s), {w} warning(s)"),
+        };
         line(format!("checked {} files, {records} records in {}: {verdict}", files.len(), dir.display()))?;
     }
     Ok(ok)
+}
+
+/// True when `path` is the last segment of its partition, or the newest WAL
+/// generation of its groups directory (names sort by number), or a file of
+/// another kind.
+fn is_newest_of_its_kind(path: &Path, kind: Kind, files: &[PathBuf]) -> bool {
+    if !matches!(kind, Kind::Segment | Kind::DeliveryWal) {
+        return true;
+    }
+    let parent = path.parent();
+    files.iter().filter(|f| f.parent() == parent && kind_of(f) == Some(kind)).max().is_none_or(|last| last == path)
 }
 
 /// The directory of a `native:PATH[?options]` URL.

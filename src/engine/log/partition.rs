@@ -14,7 +14,7 @@ use super::manifest::{io_err, sync_err};
 use crate::engine::options::{EngineOptions, RecoveryMode};
 use crate::engine::segment::file::{Footer, HeaderError, IndexEntry, SegmentHeader, decode_index, encode_index_header};
 use crate::engine::segment::format::*;
-use crate::engine::segment::record::{Doc, RecordHeader, decode_doc};
+use crate::engine::segment::record::{Doc, PROBE, RecordHeader, decode_doc, plausible_frame};
 use crate::engine::segment::scan::{Scanner, Step};
 use crate::engine::vfs::{StickySync, Vfs, VfsFile};
 use crate::error::{Error, Result};
@@ -1333,18 +1333,6 @@ fn complete_prefix(seen: &[Seen], committed_txn: u64) -> usize {
     }
 }
 
-/// Whether `b` (at least [`PROBE`] bytes) could start the record of a
-/// sequence in `lo..hi`: a length in range and such a sequence. Cheap, so
-/// that a byte-by-byte search checksums only plausible starts.
-fn plausible_frame(b: &[u8], lo: u64, hi: u64) -> bool {
-    let len = get_u32(b, REC_LEN);
-    let seq = get_u64(b, FRAME_LEN + BODY_SEQ);
-    (BODY_MIN_U32..=MAX_BODY_LEN).contains(&len) && seq >= lo && seq < hi
-}
-
-/// Bytes a plausibility check reads: the frame and the sequence.
-const PROBE: usize = FRAME_LEN + BODY_SEQ + 8;
-
 /// Where a chain of records found after damage must lead to be trusted.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Boundary {
@@ -1449,12 +1437,7 @@ fn check_tail(vfs: &dyn Vfs, seg: &Segment, offset: u64, reason: &str, expected:
     let data_end = zero_run_start(log, offset, file_len).map_err(read_err)?;
     // Only positions whose length is plausible and whose sequence is just
     // after the damage are checked in full (CRC), so the search is linear.
-    let plausible = |b: &[u8]| {
-        let len = get_u32(b, REC_LEN);
-        let seq = get_u64(b, FRAME_LEN + BODY_SEQ);
-        (BODY_MIN_U32..=MAX_BODY_LEN).contains(&len) && seq > expected && seq - expected <= 1 << 24
-    };
-    const PROBE: usize = FRAME_LEN + BODY_SEQ + 8;
+    let plausible = |b: &[u8]| plausible_frame(b, expected + 1, expected.saturating_add(1 << 24).saturating_add(1));
     let mut buf = vec![0u8; 1 << 20];
     let mut at = offset + 1;
     while at + PROBE as u64 <= data_end {

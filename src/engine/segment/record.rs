@@ -138,6 +138,37 @@ pub fn decode_record(buf: &[u8]) -> Decoded<'_> {
     Decoded::Record { header, doc: &body[BODY_DOC..], size }
 }
 
+/// Bytes [`plausible_frame`] reads: the frame and the sequence.
+pub const PROBE: usize = FRAME_LEN + BODY_SEQ + 8;
+
+/// Whether `b` (at least [`PROBE`] bytes) could start the record of a
+/// sequence in `lo..hi`: a length in range and such a sequence. Cheap, so
+/// that a byte-by-byte search after damage checksums only plausible starts.
+pub fn plausible_frame(b: &[u8], lo: u64, hi: u64) -> bool {
+    if b.len() < PROBE {
+        return false;
+    }
+    let len = get_u32(b, REC_LEN);
+    let seq = get_u64(b, FRAME_LEN + BODY_SEQ);
+    (BODY_MIN_U32..=MAX_BODY_LEN).contains(&len) && seq >= lo && seq < hi
+}
+
+/// The first whole, checksummed record at or after `from` in `buf` with a
+/// sequence in `lo..hi`: (its offset, its header). For reports that go on
+/// past damage (`rheo verify`); reads use the stricter chained search of
+/// `Partition::resync`.
+pub fn find_record(buf: &[u8], from: usize, lo: u64, hi: u64) -> Option<(usize, RecordHeader)> {
+    (from..buf.len().saturating_sub(PROBE - 1)).find_map(|at| {
+        if !plausible_frame(&buf[at..], lo, hi) {
+            return None;
+        }
+        match decode_record(&buf[at..]) {
+            Decoded::Record { header, .. } => Some((at, header)),
+            _ => None,
+        }
+    })
+}
+
 /// Decodes a record's MessagePack document.
 pub fn decode_doc(doc: &[u8]) -> Result<Doc, String> {
     rmp_serde::from_slice::<Doc>(doc).map_err(|e| format!("record document: {e}"))
