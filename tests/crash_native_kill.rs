@@ -156,7 +156,7 @@ fn parent() {
         let mut command = child_command(&exe, TEST_NAME);
         command.env(CHILD_URL, &url).env(CHILD_ROUND, round.to_string()).env("RHEO_KILL_SEED", seed.to_string());
         stats.early_kills += u64::from(early);
-        let lines = spawn_and_kill(&mut command, early, delay).unwrap_or_else(|msg| fail(msg));
+        let lines = spawn_and_kill(&mut command, early, delay).unwrap_or_else(|msg| fail(msg)).lines;
         stats.killed_while_opening += u64::from(killed_while_opening(&lines));
         for line in &lines {
             if let Err(msg) = record_ack(line, &mut acked) {

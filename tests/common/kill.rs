@@ -51,10 +51,24 @@ pub fn child_command(exe: &Path, test_name: &str) -> Command {
     command
 }
 
+/// What a killed child left: the complete lines it printed (with their
+/// newline), and when it was certainly dead (after it was reaped), in ms
+/// since the Unix epoch, the clock its leases are stamped with.
+pub struct Killed {
+    pub lines: Vec<String>,
+    pub dead_at_ms: i64,
+}
+
+/// The wall clock in ms since the Unix epoch.
+pub fn now_ms() -> i64 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock");
+    i64::try_from(t.as_millis()).expect("ms")
+}
+
 /// Parent: spawns the child, waits until it says `ready` (unless `early`),
-/// sleeps `delay`, kills it with SIGKILL and reaps it. Returns the complete
-/// lines it printed (with their newline).
-pub fn spawn_and_kill(command: &mut Command, early: bool, delay: Duration) -> Result<Vec<String>, String> {
+/// sleeps `delay`, kills it with SIGKILL and reaps it. How long the child
+/// really ran is not assumed: checks that depend on it read `dead_at_ms`.
+pub fn spawn_and_kill(command: &mut Command, early: bool, delay: Duration) -> Result<Killed, String> {
     let mut child = command.spawn().expect("spawn the child");
     let stdout = child.stdout.take().expect("stdout");
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -86,7 +100,8 @@ pub fn spawn_and_kill(command: &mut Command, early: bool, delay: Duration) -> Re
     }
     child.kill().expect("SIGKILL the child");
     child.wait().expect("reap the child");
-    Ok(reader.join().expect("reader"))
+    let dead_at_ms = now_ms();
+    Ok(Killed { lines: reader.join().expect("reader"), dead_at_ms })
 }
 
 /// Whether the child was killed after it said `opening` and before `ready`.
