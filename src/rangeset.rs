@@ -85,6 +85,19 @@ impl RangeSet {
         removed
     }
 
+    /// How many members are in `lo..=hi`.
+    pub(crate) fn count_in(&self, lo: u64, hi: u64) -> u64 {
+        if lo > hi {
+            return 0;
+        }
+        let first = self.ranges.range(..lo).next_back().map(|(&s, &e)| (s, e)).filter(|&(_, e)| e >= lo);
+        first
+            .into_iter()
+            .chain(self.ranges.range(lo..=hi).map(|(&s, &e)| (s, e)))
+            .map(|(s, e)| e.min(hi) - s.max(lo) + 1)
+            .sum()
+    }
+
     /// Removes and returns the range starting exactly at `start`.
     pub(crate) fn take_range_at(&mut self, start: u64) -> Option<u64> {
         self.ranges.remove(&start)
@@ -111,6 +124,18 @@ impl RangeSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn count_in_counts_members_of_a_range() {
+        let mut r = RangeSet::new();
+        r.insert_range(3, 5);
+        r.insert_range(10, 20);
+        assert_eq!(r.count_in(1, 100), 14);
+        assert_eq!(r.count_in(4, 12), 5);
+        assert_eq!(r.count_in(6, 9), 0);
+        assert_eq!(r.count_in(20, 20), 1);
+        assert_eq!(r.count_in(21, 2), 0);
+    }
     use proptest::prelude::*;
     use std::collections::BTreeSet;
 

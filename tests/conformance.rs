@@ -253,6 +253,7 @@ macro_rules! suite {
                     replay::replay_with_several_options_is_invalid_replay_opts,
                     replay::replay_reopens_dead_letters,
                     replay::replay_partition_scope_leaves_other_partitions,
+                    replay::replay_counts_only_events_that_exist,
                     reset::reset_without_confirm_is_confirm_required,
                     reset::reset_clears_leases_and_restarts_from_the_beginning,
                     reset::reset_restarts_at_the_given_start,

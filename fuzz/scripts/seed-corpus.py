@@ -361,8 +361,11 @@ def model_input(config, calls):
     config: (max_attempts 1..4, backoff index 0..2 (0, 300, 2000 ms),
     checkpoint_bytes index 0..3 (256, 1024, 4096, none), preallocate 0/1).
     A partition scope is 0, 1 or None (both)."""
-    attempts, backoff, ckpt, prealloc = config
-    out = bytes([attempts - 1, backoff, ckpt, prealloc])
+    if config is None:
+        out = b""  # calls only (a call nested in crash_in)
+    else:
+        attempts, backoff, ckpt, prealloc = config
+        out = bytes([attempts - 1, backoff, ckpt, prealloc])
     scope = {0: 0, 1: 1, None: 2}
     for c in calls:
         op, args = c[0], c[1:]
@@ -392,6 +395,40 @@ def model_input(config, calls):
             out += bytes([20, 1 if args[0] else 0])
         elif op == "crash":
             out += bytes([22])
+        elif op == "fetch_h":
+            limit, lease_ms, only = args
+            out += bytes([24, limit - 1]) + struct.pack(">H", lease_ms - 1) + bytes([scope[only]])
+        elif op == "replay_in":
+            # (group, mode "seq" | "time" | "query", value, partition scope)
+            g, mode, value, only = args
+            out += bytes([25, g])
+            if mode == "seq":
+                out += bytes([0, value])
+            elif mode == "time":
+                out += bytes([1]) + struct.pack(">H", value)
+            else:
+                out += bytes([2, value])
+            out += bytes([scope[only]])
+        elif op == "reset":
+            # (group, start "beginning" | "after" | "at" | "latest", value, partition scope)
+            g, start, value, only = args
+            out += bytes([26, g])
+            if start == "beginning":
+                out += bytes([0])
+            elif start == "after":
+                out += bytes([1, value])
+            elif start == "at":
+                out += bytes([2]) + struct.pack(">H", value)
+            else:
+                out += bytes([3])
+            out += bytes([scope[only]])
+        elif op == "skip":
+            g, p, seq = args
+            out += bytes([27, g, p, seq])
+        elif op == "crash_in":
+            # (file operations into the call, the call)
+            after, inner = args
+            out += bytes([28, after - 1]) + model_input(None, [inner])
         else:
             raise ValueError(op)
     return out
@@ -465,6 +502,20 @@ def delivery_seeds():
         if i % 13 == 6:
             calls.append(("replay", i % 9, None))
     yield "delivery_model", "long-small-checkpoints", model_input((3, 1, 0, 0), calls[:64])
+    yield "delivery_model", "two-groups-replays-and-resets", model_input((2, 1, 1, 1), [
+        ("append", 0, 4), ("append", 1, 5), ("advance", 1000), ("append", 1, 3), ("fetch", 8, 3000, None),
+        ("fetch_h", 5, 3000, None), ("ack", 0), ("ack", 1), ("ack_many", [2, 3, 8, 9]), ("reject", 4),
+        ("replay_in", 0, "time", 500, None), ("replay_in", 1, "query", 1, None), ("skip", 0, 1, 7),
+        ("skip", 1, 1, 2), ("reset", 0, "after", 3, 0), ("reset", 1, "at", 600, None), ("fetch", 8, 1000, None),
+        ("checkpoint",), ("crash",), ("fetch_h", 8, 1000, 1), ("reset", 0, "latest", 0, None),
+        ("append", 0, 2), ("fetch", 8, 1000, None), ("reset", 0, "after", 30, 1), ("append", 1, 4),
+        ("replay_in", 0, "seq", 0, None)])
+    yield "delivery_model", "crashes-inside-calls", model_input((3, 0, 2, 0), [
+        ("append", 0, 3), ("append", 1, 3), ("fetch", 6, 5000, None), ("fetch_h", 3, 5000, None),
+        ("crash_in", 2, ("ack", 0)), ("crash_in", 3, ("ack_many", [1, 2, 3, 4])),
+        ("crash_in", 1, ("fetch", 4, 100, None)), ("crash_in", 4, ("replay_in", 0, "seq", 0, None)),
+        ("crash_in", 2, ("reset", 1, "beginning", 0, None)), ("crash_in", 3, ("skip", 0, 0, 2)),
+        ("crash_in", 5, ("retry", 5, 100)), ("fetch", 8, 1000, None)])
     rng = 0x2545F4914F6CDD1D
     for n in range(4):
         out = bytearray()

@@ -40,8 +40,10 @@ pub fn small_options() -> EngineOptions {
         preallocate_bytes: 0,
         checkpoint_bytes: u64::MAX,
         checkpoint_interval: Duration::from_secs(1 << 40),
-        // No builder thread per input: deterministic and fast.
+        // No builder thread, no commit thread per input: deterministic and
+        // fast (commits run on the fuzzing thread).
         background_indexing: false,
+        inline_io: true,
         ..EngineOptions::default()
     }
 }
@@ -197,8 +199,8 @@ pub fn open_and_exercise(vfs: &MemVfs, opts: &EngineOptions) -> bool {
         let groups = b.list_groups(STREAM).await.unwrap_or_default();
         for g in &groups {
             let fetch = FetchOptions::new().limit(4).consumer("x").lease(Duration::from_secs(1));
-            if let Ok(leases) = b.fetch(STREAM, &g.name, &fetch).await {
-                let mut it = leases.iter().map(|l| l.to_ref());
+            if let Ok(report) = b.fetch(STREAM, &g.name, &fetch).await {
+                let mut it = report.leases.iter().map(|l| l.to_ref());
                 if let Some(l) = it.next() {
                     let _ = b.ack(&l).await;
                 }

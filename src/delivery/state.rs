@@ -284,7 +284,10 @@ impl PartState {
         // Sequences above the high watermark (a start past it) hold no event.
         let mut reopened = self.frontier.min(high_watermark).saturating_sub(s);
         let Some(above) = s.checked_add(1) else { return (0, Vec::new()) };
-        reopened += self.done.remove_from(above);
+        // Settled positions above the high watermark hold no event: they
+        // are cleared, not counted.
+        reopened += self.done.count_in(above, high_watermark);
+        self.done.remove_from(above);
         let dead: Vec<u64> = self.dead.split_off(&above).into_values().map(|d| d.order).collect();
         self.frontier = self.frontier.min(s);
         self.floor = self.floor.min(s);

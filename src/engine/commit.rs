@@ -122,8 +122,11 @@ impl Ticket {
     }
 
     /// Blocks the thread until durable.
-    pub fn wait(self) -> Result<()> {
-        let Some((round, shared)) = self.0 else { return Ok(()) };
+    pub fn wait(mut self) -> Result<()> {
+        let Some((round, shared)) = self.0.take() else { return Ok(()) };
+        if shared.inline {
+            commit_inline(&shared, round);
+        }
         let mut r = shared.rounds.lock();
         loop {
             if let Some(outcome) = r.outcome(round) {
@@ -133,9 +136,23 @@ impl Ticket {
         }
     }
 
-    /// Resolves when durable; never blocks a thread.
-    pub fn resolved(self) -> TicketFuture {
-        TicketFuture { ticket: self.0, waiter: None }
+    /// Resolves when durable; never blocks a thread (unless the committer
+    /// is inline: then the first poll commits on the polling thread).
+    pub fn resolved(mut self) -> TicketFuture {
+        TicketFuture { ticket: self.0.take(), waiter: None }
+    }
+}
+
+impl Drop for Ticket {
+    /// An inline committer's job is committed even when its ticket is
+    /// dropped unawaited (`Batched` drops its tickets): nothing written
+    /// stays unpublished.
+    fn drop(&mut self) {
+        if let Some((round, shared)) = self.0.take()
+            && shared.inline
+        {
+            commit_inline(&shared, round);
+        }
     }
 }
 
@@ -148,11 +165,26 @@ pub struct TicketFuture {
     waiter: Option<u64>,
 }
 
+impl Drop for TicketFuture {
+    /// See `Drop for Ticket`: a future dropped before it resolved still
+    /// commits its job when the committer is inline.
+    fn drop(&mut self) {
+        if let Some((round, shared)) = self.ticket.take()
+            && shared.inline
+        {
+            commit_inline(&shared, round);
+        }
+    }
+}
+
 impl Future for TicketFuture {
     type Output = Result<()>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let this = self.get_mut();
         let Some((round, shared)) = &this.ticket else { return Poll::Ready(Ok(())) };
+        if shared.inline {
+            commit_inline(shared, *round);
+        }
         let mut r = shared.rounds.lock();
         if let Some(outcome) = r.outcome(*round) {
             return Poll::Ready(outcome);
@@ -193,6 +225,9 @@ pub struct Shared {
     decided: Condvar,
     poison: Arc<Poison>,
     durability: Durability,
+    /// No commit thread: rounds are committed by the threads that wait on
+    /// (or drop) their tickets (`EngineOptions::inline_io`).
+    inline: bool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -216,6 +251,19 @@ impl std::fmt::Debug for Committer {
 impl Committer {
     /// Starts the commit thread.
     pub fn start(durability: Durability, poison: Arc<Poison>) -> Result<Self> {
+        Committer::new(durability, poison, false)
+    }
+
+    /// A committer without a thread: each round is committed by the first
+    /// thread that waits on (or drops) a ticket of it, on that thread. No
+    /// hand-off between threads, no batching of concurrent callers beyond
+    /// what is queued when a waiter comes, and no background sync (under
+    /// `Batched` a job is committed when its ticket is dropped, at once).
+    pub fn inline(durability: Durability, poison: Arc<Poison>) -> Result<Self> {
+        Committer::new(durability, poison, true)
+    }
+
+    fn new(durability: Durability, poison: Arc<Poison>, inline: bool) -> Result<Self> {
         let shared = Arc::new(Shared {
             queued: AtomicBool::new(false),
             queue: Mutex::new(Queue { open: 1, ..Queue::default() }),
@@ -224,7 +272,11 @@ impl Committer {
             decided: Condvar::new(),
             poison,
             durability,
+            inline,
         });
+        if inline {
+            return Ok(Committer { shared, thread: Mutex::new(None) });
+        }
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("rheo-commit".into())
@@ -253,6 +305,10 @@ impl Committer {
 
     /// Stops the thread after it has committed every queued job.
     pub fn shutdown(&self) {
+        if self.shared.inline {
+            let open = self.shared.queue.lock().open;
+            commit_inline(&self.shared, open);
+        }
         self.shared.queue.lock().shutdown = true;
         self.shared.wake.notify_all();
         if let Some(t) = self.thread.lock().take() {
@@ -305,27 +361,49 @@ fn run(s: &Shared) {
             q.first_at = None;
             (round, std::mem::take(&mut q.jobs))
         };
-        let outcome = commit(s, &jobs);
-        let wakers = {
-            let mut r = s.rounds.lock();
-            match outcome {
-                Ok(()) => r.durable = round,
-                Err(e) => {
-                    if r.failed.is_none() {
-                        r.failed = Some((round, e));
-                    }
+        decide(s, round, &jobs);
+    }
+}
+
+/// Commits one round's jobs, records the outcome, wakes its waiters.
+fn decide(s: &Shared, round: u64, jobs: &[Job]) {
+    let outcome = commit(s, jobs);
+    let wakers = {
+        let mut r = s.rounds.lock();
+        match outcome {
+            Ok(()) => r.durable = r.durable.max(round),
+            Err(e) => {
+                if r.failed.is_none() {
+                    r.failed = Some((round, e));
                 }
             }
-            let (ready, waiting): (Vec<_>, Vec<_>) =
-                std::mem::take(&mut r.wakers).into_iter().partition(|(w, _, _)| *w <= round);
-            r.wakers = waiting;
-            ready
-        };
-        s.decided.notify_all();
-        for (_, _, waker) in wakers {
-            waker.wake();
         }
+        let (ready, waiting): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut r.wakers).into_iter().partition(|(w, _, _)| *w <= round);
+        r.wakers = waiting;
+        ready
+    };
+    s.decided.notify_all();
+    for (_, _, waker) in wakers {
+        waker.wake();
     }
+}
+
+/// An inline committer's round `round`, committed on this thread unless it
+/// already was (or another thread is committing it, in which case the
+/// caller waits for its outcome as usual).
+fn commit_inline(s: &Shared, round: u64) {
+    let jobs = {
+        let mut q = s.queue.lock();
+        if q.open != round {
+            return;
+        }
+        q.open += 1;
+        q.first_at = None;
+        s.queued.store(false, Ordering::Release);
+        std::mem::take(&mut q.jobs)
+    };
+    decide(s, round, &jobs);
 }
 
 /// Syncs every distinct file of the jobs once, commits their transactions,
@@ -381,6 +459,27 @@ fn poisoned(s: &Shared, reason: String) -> Error {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn an_inline_ioter_commits_on_the_waiting_or_dropping_thread() {
+        let committer = Committer::inline(Durability::Sync, Arc::new(Poison::default())).expect("inline");
+        assert!(committer.thread.lock().is_none(), "no commit thread");
+        let first = committer.submit(Job::default());
+        let second = committer.submit(Job::default());
+        assert_eq!(committer.shared.rounds.lock().durable, 0, "nothing committed before a waiter comes");
+        drop(first);
+        assert_eq!(committer.shared.rounds.lock().durable, 1, "a dropped ticket commits its round");
+        second.wait().expect("the same round, already durable");
+        let third = committer.submit(Job::default());
+        let mut fut = third.resolved();
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(matches!(Pin::new(&mut fut).poll(&mut cx), Poll::Ready(Ok(()))), "the first poll commits");
+        assert_eq!(committer.shared.rounds.lock().durable, 2);
+        let fourth = committer.submit(Job::default());
+        std::mem::forget(fourth);
+        committer.shutdown();
+        assert_eq!(committer.shared.rounds.lock().durable, 3, "shutdown commits what is queued");
+    }
 
     #[test]
     fn a_ticket_polled_again_keeps_one_waker() {

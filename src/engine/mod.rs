@@ -96,7 +96,11 @@ impl Engine {
             streams.insert(s.name.clone(), Arc::new(log));
         }
         let poison = Arc::new(Poison::default());
-        let committer = Committer::start(opts.durability, poison.clone())?;
+        let committer = if opts.inline_io {
+            Committer::inline(opts.durability, poison.clone())?
+        } else {
+            Committer::start(opts.durability, poison.clone())?
+        };
         let streams = Arc::new(RwLock::new(streams));
         let builder = if opts.background_indexing { Some(index::Builder::start(streams.clone())?) } else { None };
         Ok(Engine {

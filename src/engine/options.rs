@@ -79,6 +79,16 @@ pub struct EngineOptions {
     /// [`Engine::build_indexes`](crate::engine::Engine::build_indexes) runs
     /// (the fault-injection tests turn it off to stay deterministic).
     pub background_indexing: bool,
+    /// Do the engine's work on the calling thread (default false): commits
+    /// run on the threads that wait for durability (no group-commit thread,
+    /// no spinning, no hand-off), and the native backend's reads, opens and
+    /// large group calls run on the calling task (no blocking-pool hop). The
+    /// costs: no batching of concurrent callers' syncs beyond what is queued
+    /// when a waiter comes, no background sync (`Batched` syncs as each call
+    /// returns, like `Sync`), and an async worker blocked for each disk
+    /// read. For single-threaded embedding, deterministic tests and
+    /// fuzzing; keep it off in a server.
+    pub inline_io: bool,
 }
 
 impl Default for EngineOptions {
@@ -91,6 +101,7 @@ impl Default for EngineOptions {
             checkpoint_bytes: 16 << 20,
             checkpoint_interval: Duration::from_secs(300),
             background_indexing: true,
+            inline_io: false,
         }
     }
 }

@@ -608,6 +608,12 @@ impl FaultyVfs {
         self.ops.load(Ordering::SeqCst)
     }
 
+    /// Arms the fault again: it fires on the `after`-th mutating operation
+    /// from now (0: disarmed).
+    pub fn arm(&self, after: u64) {
+        self.plan.countdown.store(after, Ordering::SeqCst);
+    }
+
     /// Simulates the machine coming back: drops what was not durable, clears
     /// the crash, and disarms the fault.
     pub fn restart(&self) {

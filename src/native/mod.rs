@@ -102,7 +102,11 @@ impl NativeBackend {
     /// Opens (recovering) the data directory at `path`.
     pub async fn open(path: &str, opts: EngineOptions, clock: Arc<dyn Clock>) -> Result<Self> {
         let path = path.to_owned();
-        let engine = blocking(move || Engine::open_dir(&path, opts)).await?;
+        let engine = if opts.inline_io {
+            Engine::open_dir(&path, opts)?
+        } else {
+            blocking(move || Engine::open_dir(&path, opts)).await?
+        };
         Ok(NativeBackend { engine, clock })
     }
 
@@ -114,6 +118,16 @@ impl NativeBackend {
     /// The engine underneath.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Runs engine work that may block (disk reads, syncs) off the async
+    /// workers, on the blocking pool; on the calling task when the engine
+    /// was opened with `inline_io`.
+    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+        if self.engine.options().inline_io {
+            return f();
+        }
+        blocking(f).await
     }
 
     /// Runs `f` on a group's state under its stream's table lock, logging
@@ -145,7 +159,7 @@ impl NativeBackend {
         let (log, table) = self.engine.groups(stream)?;
         let engine = self.engine.clone();
         let group = group.to_owned();
-        let (out, ticket) = blocking(move || table.with_group(&engine.ctx(), &log, &group, room, f)).await?;
+        let (out, ticket) = self.blocking(move || table.with_group(&engine.ctx(), &log, &group, room, f)).await?;
         ticket.resolved().await?;
         Ok(out)
     }
@@ -236,7 +250,7 @@ impl Backend for NativeBackend {
         let engine = self.engine.clone();
         let (name, o) = (stream.to_owned(), opts.clone());
         let now = self.clock.now().as_millis();
-        let entry = blocking(move || engine.create_stream(&name, o.partition_count, &o.indexes, now)).await?;
+        let entry = self.blocking(move || engine.create_stream(&name, o.partition_count, &o.indexes, now)).await?;
         let log = self.engine.stream(stream)?;
         Ok(self.stream_info(&entry, &log))
     }
@@ -272,7 +286,7 @@ impl Backend for NativeBackend {
         let log = self.engine.stream(stream)?;
         let name = stream.to_owned();
         // Disk reads and decoding run on the blocking pool, not on a worker.
-        blocking(move || {
+        self.blocking(move || {
             let records = log.read(partition, after, limit)?;
             Ok(records.into_iter().map(|r| r.into_event(&name, partition)).collect())
         })
@@ -283,7 +297,7 @@ impl Backend for NativeBackend {
         let log = self.engine.stream(&query.stream)?;
         let query = query.clone();
         // Reading may touch the disk: keep it off the workers.
-        blocking(move || crate::engine::index::planner::query_page(&log, &query)).await
+        self.blocking(move || crate::engine::index::planner::query_page(&log, &query)).await
     }
 
     async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
@@ -366,7 +380,7 @@ impl Backend for NativeBackend {
         // never change), then reopened in steps of at most
         // `REPLAY_STEP` events, each one WAL record.
         let (log, q) = (self.engine.stream(stream)?, q.clone());
-        let matched = blocking(move || query_matches(&LogSource(&log), &q)).await?;
+        let matched = self.blocking(move || query_matches(&LogSource(&log), &q)).await?;
         let total: usize = matched.iter().map(|(_, seqs)| seqs.len()).sum();
         let mut reopened = 0;
         let mut looked_at = 0;
@@ -419,7 +433,7 @@ impl Backend for NativeBackend {
     async fn create_index(&self, stream: &str, field: &str) -> Result<()> {
         let engine = self.engine.clone();
         let (stream, field) = (stream.to_owned(), field.to_owned());
-        blocking(move || {
+        self.blocking(move || {
             engine.create_index(&stream, &field)?;
             // Without the background builder, build now (tests, tools).
             if !engine.options().background_indexing {
@@ -433,7 +447,7 @@ impl Backend for NativeBackend {
     async fn index_status(&self, stream: &str) -> Result<Vec<IndexStatus>> {
         // It takes partition locks a catch-up may hold for a while.
         let (engine, stream) = (self.engine.clone(), stream.to_owned());
-        blocking(move || engine.index_status(&stream)).await
+        self.blocking(move || engine.index_status(&stream)).await
     }
 
     async fn wait_for_events(&self, stream: &str, timeout: Duration) -> Result<()> {

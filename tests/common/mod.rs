@@ -45,13 +45,19 @@ pub fn memory() -> BoxFuture<'static, Fixture> {
 /// The native backend on an in-memory file system (`MemVfs`), with tiny
 /// segments (4 KiB): most events are in sealed segments, read through their
 /// index files once the background builder has written them (and scanned
-/// before), the rest through the active segment's in-memory index.
+/// before), the rest through the active segment's in-memory index. It
+/// commits inline (`EngineOptions::inline_io`: on the waiting threads,
+/// no commit thread); `native_disk` runs the commit thread.
 pub fn native_mem() -> BoxFuture<'static, Fixture> {
     Box::pin(async {
         let clock = ManualClock::new(START);
         let vfs: Arc<dyn rheo::engine::vfs::Vfs> = Arc::new(rheo::engine::vfs::MemVfs::new());
-        let opts =
-            rheo::EngineOptions { segment_bytes: 4096, preallocate_bytes: 1024, ..rheo::EngineOptions::default() };
+        let opts = rheo::EngineOptions {
+            segment_bytes: 4096,
+            preallocate_bytes: 1024,
+            inline_io: true,
+            ..rheo::EngineOptions::default()
+        };
         let engine = rheo::engine::Engine::open(vfs, opts).expect("engine opens");
         let backend = rheo::NativeBackend::with_engine(engine, Arc::new(clock.clone()));
         let rheo = Rheo::builder()

@@ -162,3 +162,15 @@ pub async fn replay_partition_scope_leaves_other_partitions(f: Fixture) {
     assert_eq!(positions(&fetch(&f, 10).await), vec![(1, 1), (1, 2)]);
     assert_eq!(frontier(&f, 0).await, 2);
 }
+
+/// A replay counts only events that exist: positions settled ahead of the
+/// log (a start after a sequence not yet appended) are not "reopened".
+pub async fn replay_counts_only_events_that_exist(f: Fixture) {
+    stream(&f, 1).await;
+    group(&f, rheo::GroupOptions::new().start(rheo::StartPosition::After(10))).await;
+    let events = append_to(&f, 0, 3).await;
+    let by_id = Query::new(S).is_in("id", vec![serde_json::json!(events[1].id)]);
+    assert_eq!(f.rheo.replay(S, G, ReplayOptions::query(by_id)).await.expect("replay by query"), 1);
+    assert_eq!(sequences(&fetch(&f, 10).await), vec![2], "only the replayed event is due");
+    assert_eq!(f.rheo.replay(S, G, ReplayOptions::from_sequence(0)).await.expect("replay"), 2, "events 1 and 3");
+}

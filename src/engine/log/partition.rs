@@ -1438,7 +1438,7 @@ fn check_tail(vfs: &dyn Vfs, seg: &Segment, offset: u64, reason: &str, expected:
     // Only positions whose length is plausible and whose sequence is just
     // after the damage are checked in full (CRC), so the search is linear.
     let plausible = |b: &[u8]| plausible_frame(b, expected + 1, expected.saturating_add(1 << 24).saturating_add(1));
-    let mut buf = vec![0u8; 1 << 20];
+    let mut buf = vec![0u8; read_buffer_len(data_end.saturating_sub(offset))];
     let mut at = offset + 1;
     while at + PROBE as u64 <= data_end {
         let n = log.read_at(&mut buf, at).map_err(read_err)?;
@@ -1467,12 +1467,18 @@ fn check_tail(vfs: &dyn Vfs, seg: &Segment, offset: u64, reason: &str, expected:
     Ok(())
 }
 
+/// A buffer for reading `left` bytes in steps of at most 1 MiB (a small
+/// file gets a small buffer: opening many small partitions stays cheap).
+fn read_buffer_len(left: u64) -> usize {
+    usize::try_from(left.clamp(PROBE as u64, 1 << 20)).unwrap_or(1 << 20)
+}
+
 /// The offset where the run of zeros at the end of the written data starts
 /// (searching from `from`).
 fn zero_run_start(log: &dyn VfsFile, from: u64, file_len: u64) -> std::io::Result<u64> {
     let mut last_nonzero_end = from;
     let mut at = from;
-    let mut buf = vec![0u8; 1 << 20];
+    let mut buf = vec![0u8; read_buffer_len(file_len.saturating_sub(from))];
     while at < file_len {
         let n = log.read_at(&mut buf, at)?;
         if n == 0 {
