@@ -27,8 +27,7 @@ use std::sync::Arc;
 use rheo::engine::vfs::{MemVfs, Vfs};
 use rheo::engine::{Engine, EngineOptions, RecoveryMode};
 use rheo::{
-    AppendOptions, Error, FetchOptions, GroupOptions, ManualClock, NativeBackend, Query, Rheo, StreamOptions,
-    Timestamp,
+    AppendOptions, Error, FetchOptions, GroupOptions, ManualClock, NativeBackend, Query, Rheo, StreamOptions, Timestamp,
 };
 use serde_json::{Value, json};
 
@@ -86,10 +85,7 @@ async fn build(mem: &MemVfs, rng: &mut Rng) -> Log {
         let p = u32::try_from(rng.range(0, u64::from(PARTS) - 1)).expect("partition");
         let pad = "x".repeat(usize::try_from(rng.range(0, 120)).expect("pad"));
         let payload = json!({"n": i % 7, "i": i, "pad": pad});
-        let e = rheo
-            .append(S, &payload, AppendOptions::new().partition(p).id(format!("e{i}")))
-            .await
-            .expect("append");
+        let e = rheo.append(S, &payload, AppendOptions::new().partition(p).id(format!("e{i}"))).await.expect("append");
         log[p as usize].insert(e.sequence, (e.id.clone(), payload));
     }
     let leases = rheo.fetch(S, "acked", FetchOptions::new().limit(40)).await.expect("fetch");
@@ -103,7 +99,12 @@ async fn build(mem: &MemVfs, rng: &mut Rng) -> Log {
 
 /// A sealed segment's path and, for the target, the byte range to damage
 /// in the file the target names (which may be another file of it).
-fn pick(mem: &MemVfs, engine: &Engine, target: Target, rng: &mut Rng) -> Option<(String, std::ops::Range<usize>, bool)> {
+fn pick(
+    mem: &MemVfs,
+    engine: &Engine,
+    target: Target,
+    rng: &mut Rng,
+) -> Option<(String, std::ops::Range<usize>, bool)> {
     let log = engine.stream(S).ok()?;
     if target == Target::Checkpoint {
         let dir = format!("{}/groups", log.dir());
@@ -194,7 +195,8 @@ async fn scenario(seed: u64) -> Result<(&'static str, u64), String> {
     for p in 0..PARTS {
         let part = engine.stream(S).map_err(|e| e.to_string())?;
         let seqs: Vec<u64> = log[p as usize].keys().copied().collect();
-        let read = part.partition(p).map_err(|e| e.to_string())?.read_each(&seqs).map_err(|e| format!("{what}: {e}"))?;
+        let read =
+            part.partition(p).map_err(|e| e.to_string())?.read_each(&seqs).map_err(|e| format!("{what}: {e}"))?;
         for (seq, r) in seqs.iter().zip(read) {
             let (id, payload) = &log[p as usize][seq];
             match r {

@@ -675,6 +675,20 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[test]
+    fn a_path_with_an_empty_segment_names_nothing_and_is_refused() {
+        for bad in ["", ".", "payload.", ".a", "a..b", "metadata.", "a."] {
+            assert!(!is_valid_path(bad), "{bad:?}");
+            let q = Query::new("s").eq(bad, json!(1));
+            assert!(matches!(q.validate(), Err(Error::InvalidArgument { .. })), "{bad:?}");
+            let e = ev(0, 1, 0, json!({"": 1, "a": {"": 2}}));
+            assert_eq!(e.field(bad), None, "{bad:?}");
+        }
+        for good in ["a", "payload.a", "a.b.0", "metadata.producer", "id"] {
+            assert!(is_valid_path(good), "{good:?}");
+        }
+    }
+
     fn ev(partition: u32, sequence: u64, ts: i64, payload: Value) -> Event {
         Event {
             id: format!("{partition}-{sequence}"),

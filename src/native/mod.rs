@@ -204,15 +204,18 @@ fn replay_steps(matched: Vec<(u32, Vec<u64>)>) -> Vec<Vec<(u32, Vec<u64>)>> {
     let mut steps = vec![Vec::new()];
     let mut size = 0;
     for (p, seqs) in matched {
-        for chunk in seqs.chunks(REPLAY_STEP) {
-            if size + chunk.len() > REPLAY_STEP {
+        let mut rest = seqs.as_slice();
+        while !rest.is_empty() {
+            if size == REPLAY_STEP {
                 steps.push(Vec::new());
                 size = 0;
             }
-            size += chunk.len();
+            let (take, left) = rest.split_at(rest.len().min(REPLAY_STEP - size));
+            size += take.len();
             if let Some(step) = steps.last_mut() {
-                step.push((p, chunk.to_vec()));
+                step.push((p, take.to_vec()));
             }
+            rest = left;
         }
     }
     steps
@@ -468,5 +471,27 @@ impl Backend for NativeBackend {
 
     fn unsupported(&self, operation: &'static str) -> Error {
         Error::Unsupported { backend: BACKEND, operation }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replay_by_query_is_split_in_steps_of_bounded_size() {
+        let many: Vec<u64> = (1..=(REPLAY_STEP as u64 + 10)).collect();
+        let steps = replay_steps(vec![(0, vec![1, 2, 3]), (1, many), (2, vec![7])]);
+        let sizes: Vec<usize> = steps.iter().map(|s| s.iter().map(|(_, q)| q.len()).sum()).collect();
+        assert_eq!(sizes, vec![REPLAY_STEP, 14]);
+        assert!(sizes.iter().all(|&n| n <= REPLAY_STEP));
+        let flat: Vec<(u32, u64)> =
+            steps.iter().flatten().flat_map(|(p, seqs)| seqs.iter().map(move |&s| (*p, s))).collect();
+        assert_eq!(flat.len(), REPLAY_STEP + 14, "every match once, in order");
+        assert!(flat.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(replay_steps(Vec::new()), vec![Vec::new()], "one (empty) step: the group is still checked");
+        // One step's WAL record stays far below the record limit.
+        let bound = room::reopen(crate::model::names::MAX_PARTITIONS, REPLAY_STEP);
+        assert!(bound < u64::from(crate::engine::delivery::wal::WAL_MAX_BODY) / 4, "{bound}");
     }
 }

@@ -202,6 +202,10 @@ impl WalFile {
     /// generation of the current version instead (the old one is synced
     /// first, as a checkpoint does).
     fn reserve(&mut self, vfs: &dyn Vfs, dir: &str, step: u64, room: u64) -> Result<()> {
+        if room == 0 {
+            // A read (lag, info, dead letters): it writes nothing.
+            return Ok(());
+        }
         if room > u64::from(wal::WAL_MAX_BODY) {
             return Err(Error::invalid(
                 "delivery change",

@@ -1502,3 +1502,38 @@ fn truncate_tail(vfs: &dyn Vfs, seg: &Segment, cut: u64, file_len: u64) -> Resul
     }
     log.sync_data().map_err(|e| sync_err(vfs, &seg.log_path, e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(records: &[(u8, u64)]) -> Vec<Seen> {
+        records
+            .iter()
+            .enumerate()
+            .map(|(i, &(flags, txn))| Seen {
+                offset: 64 + 100 * i as u64,
+                end: 164 + 100 * i as u64,
+                header: RecordHeader { seq: i as u64 + 1, ts: 0, flags, txn },
+            })
+            .collect()
+    }
+
+    /// The `segment_recovery` regression of issue 11: cutting at an
+    /// uncommitted multi-partition batch must not leave a run without its
+    /// END record in front (the next open would drop it).
+    #[test]
+    fn the_kept_prefix_always_ends_with_an_end_record() {
+        let multi_end = FLAG_MULTI | FLAG_END;
+        assert_eq!(complete_prefix(&seen(&[(0, 0), (multi_end, 5)]), 0), 0);
+        assert_eq!(complete_prefix(&seen(&[(FLAG_END, 0), (0, 0), (multi_end, 5)]), 0), 1);
+        assert_eq!(complete_prefix(&seen(&[(FLAG_END, 0), (0, 0), (multi_end, 5)]), 5), 3, "committed: all kept");
+        assert_eq!(complete_prefix(&seen(&[(FLAG_END, 0), (FLAG_MULTI, 6), (multi_end, 6), (FLAG_END, 0)]), 5), 1);
+        assert_eq!(complete_prefix(&seen(&[(FLAG_END, 0), (0, 0)]), 0), 1, "a torn batch");
+        for records in [&[(0u8, 0u64), (multi_end, 5)][..], &[(FLAG_END, 0), (0, 0), (multi_end, 9), (FLAG_END, 0)]] {
+            let s = seen(records);
+            let keep = complete_prefix(&s, 0);
+            assert_eq!(complete_prefix(&s[..keep], 0), keep, "idempotent on {records:?}");
+        }
+    }
+}
