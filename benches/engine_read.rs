@@ -84,8 +84,27 @@ fn reopen(c: &mut Criterion) {
         g.bench_function(format!("{n}_events"), |b| {
             b.iter(|| Engine::open_dir(dir.path(), EngineOptions::default()).expect("reopen"))
         });
+        // `recovery=strict` reads every record of every sealed segment.
+        let bytes: u64 = walk_bytes(dir.path());
+        println!("engine_reopen/{n}_events: {:.1} MiB on disk", bytes as f64 / f64::from(1 << 20));
+        let strict = EngineOptions { recovery: rheo::RecoveryMode::Strict, ..EngineOptions::default() };
+        g.bench_function(format!("{n}_events_strict"), |b| {
+            b.iter(|| Engine::open_dir(dir.path(), strict.clone()).expect("strict reopen"))
+        });
     }
     g.finish();
+}
+
+/// The bytes of every file under `dir`.
+fn walk_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .expect("read dir")
+        .filter_map(Result::ok)
+        .map(|e| {
+            let path = e.path();
+            if path.is_dir() { walk_bytes(&path) } else { e.metadata().map_or(0, |m| m.len()) }
+        })
+        .sum()
 }
 
 criterion_group! {

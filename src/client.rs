@@ -418,7 +418,7 @@ impl Rheo {
     /// Claims deliveries for a group. A position whose stored record can't
     /// be read is not claimed: it is logged (`warn`, once per position per
     /// handle, with the file and offset), counted in
-    /// [`observe::DAMAGED`](crate::observe::DAMAGED), and skipped; see
+    /// [`observe::DAMAGED`], and skipped; see
     /// [`Rheo::fetch_report`] to receive such positions.
     pub async fn fetch(&self, stream: &str, group: &str, opts: FetchOptions) -> Result<Vec<Lease>> {
         Ok(self.fetch_report(stream, group, opts).await?.leases)

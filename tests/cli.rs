@@ -603,4 +603,57 @@ fn fetch_reports_damage_and_group_skip_gets_past_it() {
         cli.fails(&["group", "skip", "s", "h", "--partition", "0", "--sequence", "999", "--reason", "x"])
             .contains("999")
     );
+
+    // A stretch: one already is a dead letter; the count says so.
+    let range = cli.json(&[
+        "group",
+        "skip",
+        "s",
+        "h",
+        "--partition",
+        "0",
+        "--sequence",
+        "1",
+        "--through",
+        "4",
+        "--reason",
+        "stretch",
+    ]);
+    assert_eq!((range["skipped"].as_u64(), range["already"].as_u64()), (Some(3), Some(1)), "{range}");
+    let dead = cli.json(&["dlq", "list", "s", "h"]);
+    let mut seqs: Vec<u64> = dead.as_array().unwrap().iter().map(|d| d["sequence"].as_u64().unwrap()).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, [1, 2, 3, 4]);
+    // A stretch past the high watermark stops there and says what it did.
+    let err = cli.fails(&[
+        "group",
+        "skip",
+        "s",
+        "h",
+        "--partition",
+        "0",
+        "--sequence",
+        "59",
+        "--through",
+        "62",
+        "--reason",
+        "x",
+    ]);
+    assert!(err.contains("sequence 61") && err.contains("sequences 59 to 60 are done (2 skipped"), "{err}");
+    assert_eq!(cli.json(&["dlq", "list", "s", "h", "--limit", "100"]).as_array().unwrap().len(), 6);
+    let err = cli.fails(&[
+        "group",
+        "skip",
+        "s",
+        "h",
+        "--partition",
+        "0",
+        "--sequence",
+        "5",
+        "--through",
+        "4",
+        "--reason",
+        "x",
+    ]);
+    assert!(err.contains("--through"), "{err}");
 }

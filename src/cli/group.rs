@@ -43,13 +43,21 @@ pub struct SkipArgs {
     /// The partition of the position.
     #[arg(long)]
     partition: u32,
-    /// The sequence of the position.
+    /// The sequence of the position (the first one, with `--through`).
     #[arg(long)]
     sequence: u64,
+    /// Skips every position from `--sequence` through this one, in order,
+    /// one durable call each (at most 100,000): the way past a damaged
+    /// stretch. Stops at the first failure, saying what it skipped.
+    #[arg(long)]
+    through: Option<u64>,
     /// Why it is skipped (kept in the dead letter as `skipped: <reason>`).
     #[arg(long)]
     reason: String,
 }
+
+/// The positions one `rheo group skip --through` covers at most.
+const SKIP_RANGE_MAX: u64 = 100_000;
 
 /// A stream and one of its groups.
 #[derive(Debug, Args)]
@@ -253,6 +261,7 @@ pub async fn run_group(ctx: &Ctx, command: GroupCommand) -> CliResult {
                 line(format!("reopened {n} deliveries of group {} on {}", a.at.group, a.at.stream))?;
             }
         }
+        GroupCommand::Skip(a) if a.through.is_some() => skip_range(ctx, &a).await?,
         GroupCommand::Skip(a) => {
             let rheo = ctx.open().await?;
             let skipped = rheo.skip(&a.at.stream, &a.at.group, a.partition, a.sequence, &a.reason).await?;
@@ -275,6 +284,51 @@ pub async fn run_group(ctx: &Ctx, command: GroupCommand) -> CliResult {
         }
     }
     Ok(true)
+}
+
+/// `rheo group skip --through`: one skip per position, in order.
+async fn skip_range(ctx: &Ctx, a: &SkipArgs) -> Result<(), CliError> {
+    let (first, last) = (a.sequence, a.through.unwrap_or(a.sequence));
+    if last < first || last - first >= SKIP_RANGE_MAX {
+        return Err(CliError::new(format!(
+            "--through must be from --sequence ({first}) to {} positions after it, got {last}",
+            SKIP_RANGE_MAX - 1
+        )));
+    }
+    let rheo = ctx.open().await?;
+    let (mut skipped, mut already) = (0u64, 0u64);
+    for seq in first..=last {
+        match rheo.skip(&a.at.stream, &a.at.group, a.partition, seq, &a.reason).await {
+            Ok(true) => skipped += 1,
+            Ok(false) => already += 1,
+            Err(e) => {
+                let done = if seq == first {
+                    "nothing was skipped".to_owned()
+                } else {
+                    format!(
+                        "sequences {first} to {} are done ({skipped} skipped, {already} already dead letters)",
+                        seq - 1
+                    )
+                };
+                return Err(CliError::new(format!(
+                    "partition {} sequence {seq} of group {} on {}: {e}; {done}",
+                    a.partition, a.at.group, a.at.stream
+                )));
+            }
+        }
+    }
+    if ctx.json {
+        print_json(&json!({
+            "stream": a.at.stream, "group": a.at.group, "partition": a.partition,
+            "from_sequence": first, "through_sequence": last, "skipped": skipped, "already": already,
+        }))?;
+    } else {
+        line(format!(
+            "dead-lettered {skipped} positions of partition {} (sequences {first} to {last}, {already} already were) of group {} on {} (skipped: {})",
+            a.partition, a.at.group, a.at.stream, a.reason
+        ))?;
+    }
+    Ok(())
 }
 
 fn group_table(groups: &[GroupSummary]) -> Table {

@@ -87,6 +87,11 @@ fn new_lease_id() -> u128 {
 /// fetch. Bounds the WAL record of a fetch.
 pub(crate) const SPENT_PER_FETCH: usize = 64;
 
+/// Damaged positions one fetch reads, reports and passes over at most,
+/// beyond its limit. Bounds the reads of damaged records per fetch and the
+/// fetch's WAL record.
+pub(crate) const DAMAGE_PER_FETCH: usize = 64;
+
 /// The spent deliveries a fetch of `limit` dead-letters at most.
 pub(crate) const fn spent_budget(limit: usize) -> usize {
     limit + SPENT_PER_FETCH
@@ -211,18 +216,22 @@ impl GroupState {
     /// Every read happens before anything changes: a read that fails (an
     /// I/O error) fails the fetch with nothing claimed, no attempt counted
     /// and nothing journaled. A position whose record fails a check is not
-    /// claimed: it is reported in [`FetchReport::damaged`] (at most `limit`
-    /// of them) and the fetch goes on with the next positions and
-    /// partitions, so damage blocks only the positions it covers. A fresh
-    /// position passed over that way is materialized (claimable, attempt
-    /// 0) so the cursor can move past it.
+    /// claimed: it is reported in [`FetchReport::damaged`] and the fetch goes
+    /// on with the next positions and partitions, so damage blocks only the
+    /// positions it covers. Damage has its own budget
+    /// ([`DAMAGE_PER_FETCH`]), not the limit's: a partition whose next due
+    /// positions are damaged cannot starve the others. Past the budget, a
+    /// partition stops at its next damaged position (the rest of it waits
+    /// for the next fetch) and the fetch goes on with the other partitions.
+    /// A fresh position passed over is materialized (claimable, attempt 0)
+    /// so the cursor can move past it.
     pub(crate) fn fetch(&mut self, src: &dyn EventSource, opts: &FetchOptions, now: Timestamp) -> Result<FetchReport> {
         let scope = self.scope(src, opts.partitions.as_deref())?;
         let max_attempts = self.summary.max_attempts;
         let mut plans = Vec::new();
-        let (mut claims, mut damaged, mut spent_left) = (0, 0, spent_budget(opts.limit));
+        let (mut claims, mut damage_left, mut spent_left) = (0, DAMAGE_PER_FETCH, spent_budget(opts.limit));
         for p in scope {
-            if claims >= opts.limit || damaged >= opts.limit {
+            if claims >= opts.limit {
                 break;
             }
             let Some(part) = self.parts.get_mut(&p) else { continue };
@@ -232,7 +241,7 @@ impl GroupState {
             let hw = src.high_watermark(p);
             let mut plan = PartPlan { p, items: Vec::new(), walked: 0 };
             let mut after = 0;
-            while claims < opts.limit && damaged < opts.limit {
+            'part: while claims < opts.limit {
                 let mut listed = Vec::new();
                 let walked = part.plan(hw, after, opts.limit - claims, max_attempts, &mut spent_left, &mut listed);
                 plan.walked = plan.walked.max(walked);
@@ -251,11 +260,16 @@ impl GroupState {
                             plan.items.push((seq, Planned::Claim(event)));
                         }
                         Some(Err(e)) => match Damage::from_error(src.stream(), p, seq, &e) {
-                            Some(d) if damaged < opts.limit => {
-                                damaged += 1;
+                            Some(d) if damage_left > 0 => {
+                                damage_left -= 1;
                                 plan.items.push((seq, Planned::Damaged(d)));
                             }
-                            Some(_) => break,
+                            Some(_) => {
+                                // Out of budget: this partition stops here, and
+                                // the cursor must not pass what was not looked at.
+                                plan.walked = plan.walked.min(seq - 1);
+                                break 'part;
+                            }
                             None => return Err(e),
                         },
                         None => {

@@ -20,7 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::Backend;
-use crate::delivery::{EventSource, GroupState, query_matches, spent_budget};
+use crate::delivery::{DAMAGE_PER_FETCH, EventSource, GroupState, query_matches, spent_budget};
 use crate::engine::delivery::LogSource;
 use crate::engine::delivery::room;
 use crate::engine::log::stream::{Routed, StreamLog};
@@ -306,7 +306,8 @@ impl Backend for NativeBackend {
     async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
         let now = self.clock.now();
         let partitions = self.engine.stream(stream)?.partition_count();
-        let room = room::fetch(opts.limit, partitions, spent_budget(opts.limit));
+        let consumer = opts.consumer_id.as_deref().map_or(0, str::len);
+        let room = room::fetch(opts.limit, partitions, consumer, DAMAGE_PER_FETCH, spent_budget(opts.limit));
         // The events are read under the table's lock, before anything is
         // claimed, so that a read failure leaves nothing claimed. A small
         // fetch reads on this task (tens of microseconds from the page
@@ -322,11 +323,11 @@ impl Backend for NativeBackend {
 
     async fn renew(&self, lease: &LeaseRef, d: Duration) -> Result<Timestamp> {
         let now = self.clock.now();
-        self.group_op(&lease.stream, &lease.group, room::settle(), |g, _| g.renew(lease, d, now)).await
+        self.group_op(&lease.stream, &lease.group, room::settle(0), |g, _| g.renew(lease, d, now)).await
     }
 
     async fn ack(&self, lease: &LeaseRef) -> Result<()> {
-        self.group_op(&lease.stream, &lease.group, room::settle(), |g, _| g.ack(lease)).await
+        self.group_op(&lease.stream, &lease.group, room::settle(0), |g, _| g.ack(lease)).await
     }
 
     async fn ack_many(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
@@ -355,17 +356,24 @@ impl Backend for NativeBackend {
 
     async fn retry(&self, lease: &LeaseRef, reason: &str, delay: Option<Duration>) -> Result<RetryOutcome> {
         let now = self.clock.now();
-        self.group_op(&lease.stream, &lease.group, room::settle(), |g, _| g.retry(lease, reason, delay, now)).await
+        self.group_op(&lease.stream, &lease.group, room::settle(reason.len() + 16), |g, _| {
+            g.retry(lease, reason, delay, now)
+        })
+        .await
     }
 
     async fn reject(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
         let now = self.clock.now();
-        self.group_op(&lease.stream, &lease.group, room::settle(), |g, _| g.reject(lease, reason, now)).await
+        self.group_op(&lease.stream, &lease.group, room::settle(reason.len()), |g, _| g.reject(lease, reason, now))
+            .await
     }
 
     async fn skip(&self, stream: &str, group: &str, partition: u32, sequence: u64, reason: &str) -> Result<bool> {
         let now = self.clock.now();
-        self.group_op(stream, group, room::settle(), |g, src| g.skip(src, partition, sequence, reason, now)).await
+        self.group_op(stream, group, room::settle(reason.len() + 16), |g, src| {
+            g.skip(src, partition, sequence, reason, now)
+        })
+        .await
     }
 
     async fn replay(&self, stream: &str, group: &str, opts: &ReplayOptions) -> Result<u64> {

@@ -62,7 +62,7 @@ const MAX_RESERVE_STEP: u64 = 4 << 20;
 /// `with_group` reserves before the call (generous MessagePack sizes: a
 /// record's fixed part and group name, then per transition).
 pub(crate) mod room {
-    use crate::model::names::{MAX_NAME_BYTES, MAX_REASON_BYTES};
+    use crate::model::names::MAX_NAME_BYTES;
 
     /// LSN, kind, name length, the name, the list and its framing.
     const BASE: u64 = 8 + 1 + 2 + MAX_NAME_BYTES as u64 + 64;
@@ -78,9 +78,9 @@ pub(crate) mod room {
     pub(crate) const NONE: u64 = 0;
 
     /// One settle: renew, ack, retry (perhaps a dead letter with its
-    /// reason), reject, skip.
-    pub(crate) const fn settle() -> u64 {
-        BASE + OP + 16 + MAX_REASON_BYTES as u64
+    /// reason, `max_attempts: ` before it), reject, skip (`skipped: `).
+    pub(crate) const fn settle(reason_bytes: usize) -> u64 {
+        BASE + OP + 16 + reason_bytes as u64
     }
 
     /// `n` acknowledgements (`ack_many`): at worst one `Ack` each.
@@ -88,12 +88,20 @@ pub(crate) mod room {
         BASE + (OP + SEQ) * n as u64
     }
 
-    /// A fetch of `limit` over `partitions`: per partition a claim (with the
-    /// consumer id), a pass and a cursor; per position a lease or a pass;
-    /// the spent deliveries it dead-letters.
-    pub(crate) const fn fetch(limit: usize, partitions: u32, spent: usize) -> u64 {
-        BASE + partitions as u64 * (3 * OP + MAX_NAME_BYTES as u64)
-            + limit as u64 * (LEASE + SEQ)
+    /// A fetch of `limit` over `partitions` by a consumer id of
+    /// `consumer_bytes`: per partition a claim (with the consumer id), a
+    /// pass and a cursor; per claimed position a lease; per damaged one a
+    /// pass; the spent deliveries it dead-letters.
+    pub(crate) const fn fetch(
+        limit: usize,
+        partitions: u32,
+        consumer_bytes: usize,
+        damaged: usize,
+        spent: usize,
+    ) -> u64 {
+        BASE + partitions as u64 * (3 * OP + consumer_bytes as u64)
+            + limit as u64 * LEASE
+            + damaged as u64 * SEQ
             + spent as u64 * (OP + 32)
     }
 
@@ -175,7 +183,9 @@ fn corrupt(vfs: &dyn Vfs, path: &str, offset: u64, reason: impl Into<String>) ->
 
 /// Records that must be durable before the call returns (under `Sync`).
 fn needs_sync(ops: &[Op]) -> bool {
-    ops.iter().any(|op| !matches!(op, Op::Claim { .. } | Op::Cursor { .. } | Op::Renew { .. }))
+    // A lost claim, cursor move or pass changes nothing a caller was told
+    // is done (the position is claimable again, or fresh again).
+    ops.iter().any(|op| !matches!(op, Op::Claim { .. } | Op::Cursor { .. } | Op::Renew { .. } | Op::Pass { .. }))
 }
 
 impl WalFile {
@@ -214,10 +224,19 @@ impl WalFile {
         }
         if self.version != wal::WAL_VERSION {
             self.file.sync_data().map_err(|e| sync_err(vfs, &self.path, e))?;
-            *self = WalFile::create(vfs, dir, self.generation + 1).map_err(|e| match e {
-                Error::Poisoned { .. } => e,
-                e => space_err(vfs, &self.path, e),
-            })?;
+            match WalFile::create(vfs, dir, self.generation + 1) {
+                Ok(next) => *self = next,
+                Err(e @ Error::Poisoned { .. }) => return Err(e),
+                Err(e) => {
+                    // Nothing changed: what was created of the new
+                    // generation goes (a strict open would refuse it).
+                    let path = format!("{dir}/{}", wal_name(self.generation + 1));
+                    if vfs.exists(&path).unwrap_or(false) && vfs.remove_file(&path).is_err() {
+                        tracing::warn!(file = %vfs.describe(&path).display(), "could not remove a WAL generation whose creation failed");
+                    }
+                    return Err(e);
+                }
+            }
         }
         let need = self.len + room + WAL_FRAME_LEN as u64;
         if need <= self.prealloc_end {
@@ -233,12 +252,6 @@ impl WalFile {
         self.prealloc_end = target;
         Ok(())
     }
-}
-
-/// A failure to create a WAL generation, which changed nothing.
-fn space_err(vfs: &dyn Vfs, path: &str, e: Error) -> Error {
-    tracing::debug!(file = %vfs.describe(path).display(), error = %e, "could not start a new WAL generation");
-    e
 }
 
 /// The native log as the group core's event source.
@@ -509,8 +522,11 @@ impl DeliveryTable {
         if t.groups.contains_key(group) {
             return Err(Error::AlreadyExists { kind: ObjectKind::Group, name: format!("{}/{group}", log.name) });
         }
-        if group.is_empty() || group.len() > usize::from(u16::MAX) {
-            return Err(Error::invalid("group", format!("a group name must be 1 to 65535 bytes, got {}", group.len())));
+        if group.is_empty() || group.len() > crate::model::names::MAX_NAME_BYTES {
+            return Err(Error::invalid(
+                "group",
+                format!("a group name must be 1 to {} bytes, got {}", crate::model::names::MAX_NAME_BYTES, group.len()),
+            ));
         }
         let g = GroupState::create(&LogSource(log), group, opts, now)?;
         let snap = g.snapshot();

@@ -624,7 +624,6 @@ impl Partition {
     ) -> Result<bool> {
         let (start, start_seq) = self.seek_point(seg, first)?;
         let limit = self.records_limit(seg)?;
-        let seg_last = seg.footer().map_or(until, |ft| ft.last_seq.min(until));
         let mut scanner = Scanner::with_chunk(&*seg.log, start, limit, chunk);
         let mut expected = start_seq;
         loop {
@@ -672,7 +671,7 @@ impl Partition {
             if expected >= first {
                 return Err(corrupt(&*self.vfs, &seg.log_path, offset, reason));
             }
-            match self.resync(seg, offset, expected, seg_last, limit)? {
+            match self.resync(seg, offset, expected)? {
                 Some((at, seq)) if seq <= first => {
                     scanner = Scanner::with_chunk(&*seg.log, at, limit, chunk);
                     expected = seq;
@@ -761,7 +760,7 @@ impl Partition {
                 Step::Invalid { offset, reason } => (offset, reason.to_owned()),
             };
             // Damage at `offset`, where sequence `expected` should start.
-            let next = self.resync(seg, offset, expected, seg_last, limit)?;
+            let next = self.resync(seg, offset, expected)?;
             let resumed = next.map_or(u64::MAX, |(_, seq)| seq);
             while k < wanted.len() && wanted[k] < resumed {
                 let why = if wanted[k] == expected {
@@ -786,23 +785,23 @@ impl Partition {
     /// After damage at `damaged_at` (where sequence `expected` should have
     /// started), the next record start that can be trusted, with its
     /// sequence (greater than `expected`); None when nothing after the
-    /// damage, up to `seg_last`, can be trusted.
+    /// damage can be trusted.
     ///
     /// Trusted: a record start the writer recorded in the sparse index, or
     /// a checksummed record whose chain of following records, each with the
-    /// next sequence, reaches such an index point (or the segment's last
-    /// record) exactly. Candidates, cheapest first: the end the damaged
-    /// record's own length gives, then every later byte offset with a
-    /// plausible frame (the search stops at the next index point).
-    pub fn resync(
-        &self,
-        seg: &Segment,
-        damaged_at: u64,
-        expected: u64,
-        seg_last: u64,
-        limit: u64,
-    ) -> Result<Option<(u64, u64)>> {
-        if expected >= seg_last {
+    /// next sequence, reaches such an index point exactly; past the last
+    /// index point, the end of the segment's records (a sealed segment's
+    /// `records_end` exactly, with its last sequence done; the active
+    /// segment's last visible record). Candidates, cheapest first: the end
+    /// the damaged record's own length gives, then every later byte offset
+    /// with a plausible frame (the search stops at the boundary).
+    pub fn resync(&self, seg: &Segment, damaged_at: u64, expected: u64) -> Result<Option<(u64, u64)>> {
+        let limit = self.records_limit(seg)?;
+        let (last, end) = match seg.footer() {
+            Some(f) => (f.last_seq, Some(f.records_end)),
+            None => (self.visible(), None),
+        };
+        if expected >= last {
             return Ok(None);
         }
         self.ensure_index(seg)?;
@@ -811,14 +810,14 @@ impl Partition {
             ix.as_deref().unwrap_or(&[]).iter().find(|e| e.offset > damaged_at && e.seq > expected).copied()
         };
         let bound = match point {
-            Some(e) if e.seq <= seg_last => Boundary { offset: Some(e.offset), seq: e.seq, limit },
-            _ => Boundary { offset: None, seq: seg_last.saturating_add(1), limit },
+            Some(e) if e.seq <= last => Boundary { offset: Some(e.offset), seq: e.seq, limit },
+            _ => Boundary { offset: end, seq: last.saturating_add(1), limit },
         };
         let read_err = |e| io_err(&*self.vfs, &seg.log_path, "read", e);
         let found = find_chained_record(&*seg.log, damaged_at, expected, bound).map_err(read_err)?;
         Ok(match (found, point) {
             (Some(hit), _) => Some(hit),
-            (None, Some(e)) if e.seq <= seg_last => Some((e.offset, e.seq)),
+            (None, Some(e)) if e.seq <= last => Some((e.offset, e.seq)),
             (None, _) => None,
         })
     }
@@ -979,8 +978,12 @@ impl Partition {
         {
             loaded
         } else {
-            let rebuilt = rebuild_index(vfs, seg, footer.records_end)?;
-            write_index(vfs, &seg.idx_path, seg.base_seq, &rebuilt);
+            let (rebuilt, damaged) = rebuild_index(vfs, seg, &footer)?;
+            if damaged {
+                tracing::warn!(file = %vfs.describe(&seg.log_path).display(), "a sealed segment's index was rebuilt over damaged records; it is kept in memory only");
+            } else {
+                write_index(vfs, &seg.idx_path, seg.base_seq, &rebuilt);
+            }
             rebuilt
         };
         *seg.index.write() = Some(entries);
@@ -1159,17 +1162,28 @@ fn create_segment(vfs: &dyn Vfs, dir: &str, stream_id: u64, partition: u32, base
     })
 }
 
-/// Scans a whole segment and returns index points at append boundaries.
-fn rebuild_index(vfs: &dyn Vfs, seg: &Segment, limit: u64) -> Result<Vec<IndexEntry>> {
+/// Scans a whole sealed segment and returns index points at append
+/// boundaries, and whether it met damage. Past damage it goes on at the next
+/// record whose chain of records reaches the end of the segment exactly
+/// (see [`find_chained_record`]) and puts a point there, so that reads
+/// after the damage still seek; the points from the damage on say that any
+/// timestamp and transaction may precede them (the damaged records' are
+/// unknown). An index built over damage is kept in memory, not written: it
+/// is not the writer's index.
+fn rebuild_index(vfs: &dyn Vfs, seg: &Segment, footer: &Footer) -> Result<(Vec<IndexEntry>, bool)> {
+    let limit = footer.records_end;
     let mut out = Vec::new();
     let mut scanner = Scanner::new(&*seg.log, HEADER_LEN as u64, limit);
     let mut last_entry_offset = 0u64;
     let mut boundary = true;
     let mut max_ts = i64::MIN;
     let mut max_txn = 0;
+    let mut expected = seg.base_seq;
+    let mut damaged = false;
     loop {
-        match scanner.next_step().map_err(|e| io_err(vfs, &seg.log_path, "read", e))? {
-            Step::Record { offset, header, .. } => {
+        let step = scanner.next_step().map_err(|e| io_err(vfs, &seg.log_path, "read", e))?;
+        let at = match step {
+            Step::Record { offset, header, .. } if header.seq == expected => {
                 if boundary && (out.is_empty() || offset - last_entry_offset >= INDEX_INTERVAL_BYTES) {
                     out.push(IndexEntry { seq: header.seq, offset, max_ts_before: max_ts, max_txn_before: max_txn });
                     last_entry_offset = offset;
@@ -1177,12 +1191,24 @@ fn rebuild_index(vfs: &dyn Vfs, seg: &Segment, limit: u64) -> Result<Vec<IndexEn
                 boundary = header.flags & FLAG_END != 0;
                 max_ts = max_ts.max(header.ts);
                 max_txn = max_txn.max(header.txn);
+                expected += 1;
+                continue;
             }
-            Step::End { .. } => return Ok(out),
-            Step::Truncated { offset } => {
-                return Err(corrupt(vfs, &seg.log_path, offset, "record runs past the end of a sealed segment"));
+            Step::End { .. } => return Ok((out, damaged)),
+            Step::Record { offset, .. } | Step::Truncated { offset } | Step::Invalid { offset, .. } => offset,
+        };
+        damaged = true;
+        let bound = Boundary { offset: Some(limit), seq: footer.last_seq.saturating_add(1), limit };
+        match find_chained_record(&*seg.log, at, expected, bound).map_err(|e| io_err(vfs, &seg.log_path, "read", e))? {
+            Some((next, seq)) => {
+                (max_ts, max_txn) = (i64::MAX, u64::MAX);
+                out.push(IndexEntry { seq, offset: next, max_ts_before: max_ts, max_txn_before: max_txn });
+                last_entry_offset = next;
+                boundary = false;
+                expected = seq;
+                scanner = Scanner::new(&*seg.log, next, limit);
             }
-            Step::Invalid { offset, reason } => return Err(corrupt(vfs, &seg.log_path, offset, reason)),
+            None => return Ok((out, damaged)),
         }
     }
 }
@@ -1333,6 +1359,9 @@ fn complete_prefix(seen: &[Seen], committed_txn: u64) -> usize {
     }
 }
 
+/// Consecutive damaged records whose lengths a resynchronisation follows.
+const MAX_HOPS: u64 = 64;
+
 /// Where a chain of records found after damage must lead to be trusted.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Boundary {
@@ -1379,18 +1408,41 @@ pub(crate) fn find_chained_record(
             }
         }
     };
-    // 1. The damaged record's length is often intact (a flipped bit in its body).
-    let mut frame = [0u8; PROBE];
-    if log.read_at(&mut frame, damaged_at)? == PROBE {
+    // 1. A damaged record's length is often intact (a flipped bit in its
+    // body): the next record starts right after it. Follow the lengths of
+    // consecutive damaged records (dense damage must not hide the good
+    // records between): a checksummed record with exactly the sequence the
+    // hops predict, at exactly the offset they predict, is believed without
+    // a chain to the boundary (bytes inside a payload would have to carry
+    // that sequence and a valid checksum at that offset). A chain that
+    // reaches the boundary is believed from the first hop on.
+    let mut at = damaged_at;
+    for hop in 1..=MAX_HOPS {
+        let mut frame = [0u8; PROBE];
+        if log.read_at(&mut frame, at)? < PROBE {
+            break;
+        }
         let len = u64::from(get_u32(&frame, REC_LEN));
-        let after = damaged_at + FRAME_LEN as u64 + len;
-        if (u64::from(BODY_MIN_U32)..=u64::from(MAX_BODY_LEN)).contains(&len)
-            && after < stop
-            && let Some(seq) = chains(after)?
+        if !(u64::from(BODY_MIN_U32)..=u64::from(MAX_BODY_LEN)).contains(&len) {
+            break;
+        }
+        let next = at + FRAME_LEN as u64 + len;
+        if next >= stop {
+            break;
+        }
+        let want = expected + hop;
+        match record_at(log, next, b.limit) {
+            Some(h) if h.seq == want && h.seq < b.seq => return Ok(Some((next, want))),
+            Some(_) => break,
+            None => {}
+        }
+        if hop == 1
+            && let Some(seq) = chains(next)?
             && seq > expected
         {
-            return Ok(Some((after, seq)));
+            return Ok(Some((next, seq)));
         }
+        at = next;
     }
     // 2. Every later offset with a plausible frame.
     let mut buf = vec![0u8; 64 << 10];
