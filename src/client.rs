@@ -418,7 +418,8 @@ impl Rheo {
     /// Claims deliveries for a group. A position whose stored record can't
     /// be read is not claimed: it is logged (`warn`, once per position per
     /// handle, with the file and offset), counted in
-    /// [`observe::DAMAGED`], and skipped; see
+    /// [`observe::DAMAGED`], and left due (not claimed, no attempt
+    /// counted; it is not dead-lettered); see
     /// [`Rheo::fetch_report`] to receive such positions.
     pub async fn fetch(&self, stream: &str, group: &str, opts: FetchOptions) -> Result<Vec<Lease>> {
         Ok(self.fetch_report(stream, group, opts).await?.leases)
@@ -474,7 +475,8 @@ impl Rheo {
     /// damage. Returns true when it dead-lettered the position, false when
     /// it already was a dead letter. An acknowledged position, a sequence
     /// outside the partition, or a partition the group does not consume is
-    /// refused with `InvalidArgument`, changing nothing.
+    /// refused with `InvalidArgument`, a partition the stream does not have
+    /// with `InvalidPartition`, changing nothing.
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt").block_on(async {

@@ -306,6 +306,10 @@ fn flip(path: &Path, offset: u64) {
     std::fs::write(path, b).unwrap();
 }
 
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
 /// A data directory with sealed segments (4 KiB each) and a group's WAL.
 fn populated() -> Cli {
     let cli = Cli::with_options("?segment_bytes=4096");
@@ -605,55 +609,70 @@ fn fetch_reports_damage_and_group_skip_gets_past_it() {
     );
 
     // A stretch: one already is a dead letter; the count says so.
-    let range = cli.json(&[
-        "group",
-        "skip",
-        "s",
-        "h",
-        "--partition",
-        "0",
-        "--sequence",
-        "1",
-        "--through",
-        "4",
-        "--reason",
-        "stretch",
-    ]);
+    let stretch = |first: &str, through: &str| -> Vec<String> {
+        ["group", "skip", "s", "h", "--partition", "0", "--sequence", first, "--through", through, "--reason", "x"]
+            .map(str::to_owned)
+            .to_vec()
+    };
+    let range = cli.json(&args(&stretch("1", "4")));
     assert_eq!((range["skipped"].as_u64(), range["already"].as_u64()), (Some(3), Some(1)), "{range}");
     let dead = cli.json(&["dlq", "list", "s", "h"]);
     let mut seqs: Vec<u64> = dead.as_array().unwrap().iter().map(|d| d["sequence"].as_u64().unwrap()).collect();
     seqs.sort_unstable();
     assert_eq!(seqs, [1, 2, 3, 4]);
-    // A stretch past the high watermark stops there and says what it did.
-    let err = cli.fails(&[
-        "group",
-        "skip",
-        "s",
-        "h",
-        "--partition",
-        "0",
-        "--sequence",
-        "59",
-        "--through",
-        "62",
-        "--reason",
-        "x",
-    ]);
-    assert!(err.contains("sequence 61") && err.contains("sequences 59 to 60 are done (2 skipped"), "{err}");
+    // A stretch past the high watermark is refused before anything is done.
+    let err = cli.fails(&args(&stretch("59", "62")));
+    assert!(err.contains("high watermark (60)") && err.contains("nothing was skipped"), "{err}");
+    assert_eq!(cli.json(&["dlq", "list", "s", "h", "--limit", "100"]).as_array().unwrap().len(), 4);
+    assert!(cli.fails(&args(&stretch("5", "4"))).contains("--through"));
+    // Positions the group settled (below its frontier, or acknowledged
+    // above it) are counted, not skipped, and do not stop the stretch.
+    // A reference is `lr1:stream:group:partition:sequence:lease_id`.
+    let lease = |seq: u64| -> String {
+        let refs = leases.as_array().unwrap().iter().map(|l| l["ref"].as_str().unwrap().to_owned());
+        refs.into_iter().find(|r| r.split(':').nth(4) == Some(&seq.to_string())).unwrap()
+    };
+    cli.ok(&["ack", "s", "h", &lease(5), &lease(6), &lease(8)]);
+    let range = cli.json(&args(&stretch("3", "9")));
+    assert_eq!((range["skipped"].as_u64(), range["already"].as_u64()), (Some(2), Some(5)), "{range}");
     assert_eq!(cli.json(&["dlq", "list", "s", "h", "--limit", "100"]).as_array().unwrap().len(), 6);
-    let err = cli.fails(&[
-        "group",
-        "skip",
-        "s",
-        "h",
-        "--partition",
-        "0",
-        "--sequence",
-        "5",
-        "--through",
-        "4",
-        "--reason",
-        "x",
-    ]);
-    assert!(err.contains("--through"), "{err}");
+}
+
+#[test]
+fn a_damaged_header_or_footer_of_a_sealed_segment_is_reported_and_its_records_still_read() {
+    let cli = populated();
+    let dir = cli.data().to_str().unwrap().to_owned();
+    let segments = find(cli.data(), &|n| n.ends_with(".log") && !n.starts_with("wal-"));
+    assert!(segments.len() >= 2, "{segments:?}");
+    let sealed = &segments[0];
+    let count = cli.json(&["inspect", sealed.to_str().unwrap()])["record_count"].as_u64().unwrap();
+    flip(sealed, 24); // the header's base sequence
+    let footer_at = std::fs::metadata(sealed).unwrap().len() - 64;
+    flip(sealed, footer_at + 30);
+
+    let out = cli.run(&["--json", "verify", &dir]);
+    assert!(!out.status.success());
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let problems = report["problems"].as_array().unwrap();
+    let of = |file: &Path| -> Vec<(u64, String)> {
+        problems
+            .iter()
+            .filter(|p| p["file"] == file.to_str().unwrap())
+            .map(|p| (p["offset"].as_u64().unwrap(), p["reason"].as_str().unwrap().to_owned()))
+            .collect()
+    };
+    let found = of(sealed);
+    assert!(found.iter().any(|(at, why)| *at == 0 && why.contains("header checksum")), "{report}");
+    assert!(found.iter().any(|(at, why)| *at == footer_at && why.contains("footer is damaged")), "{report}");
+    assert_eq!(problems.len(), found.len(), "{report}");
+    // The records were still checked and counted.
+    let out = cli.run(&["--json", "inspect", sealed.to_str().unwrap()]);
+    assert!(!out.status.success(), "inspect fails on a damaged file");
+    let dump: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(dump["record_count"].as_u64(), Some(count), "{dump}");
+
+    // The default open reads every event.
+    let events = cli.json_lines(&["read", "s", "--limit", "1000"]);
+    let seqs: Vec<u64> = events.iter().map(|e| e["sequence"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=60).collect::<Vec<_>>());
 }

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rheo::engine::segment::format::{FRAME_LEN, HEADER_LEN};
+use rheo::engine::segment::format::{FRAME_LEN, HDR_BASE_SEQ, HEADER_LEN};
 use rheo::engine::segment::record::{Decoded, decode_record};
 use rheo::engine::vfs::{Fault, FaultyVfs, MemVfs, Vfs};
 use rheo::engine::{Engine, EngineOptions, RecoveryMode};
@@ -361,10 +361,49 @@ async fn strict_recovery_refuses_a_damaged_sealed_segment_at_open() {
     dir.open_with(Arc::new(dir.mem.clone()), Dir::opts()).expect("the default mode opens");
 }
 
-/// Damage has its own budget per fetch, not the fetch's limit: small
+/// A sealed segment's header or footer (bit rot) does not make the
+/// partition unreadable: the default mode opens, reads every event (a time
+/// bound does not skip the segment whose largest timestamp is lost),
+/// delivers them all and appends after them; strict refuses, naming the
+/// file.
+#[tokio::test]
+async fn a_damaged_header_or_footer_of_a_sealed_segment_loses_nothing() {
+    let dir = Dir::new();
+    let (engine, rheo) = dir.open();
+    dir.fill(&rheo, 1, 80, 5).await;
+    let segs = engine.stream(S).expect("stream").partition(0).expect("p0").segments();
+    assert!(segs.len() >= 3 && segs[1].footer().is_some(), "two sealed segments: {}", segs.len());
+    let (head, foot) = (segs[0].path().to_owned(), segs[1].path().to_owned());
+    drop((segs, engine, rheo));
+    let mut bytes = dir.mem.read_file(&head).expect("segment");
+    bytes[HDR_BASE_SEQ] ^= 0x10; // the header's base sequence
+    dir.mem.write_file(&head, &bytes).expect("write");
+    let mut bytes = dir.mem.read_file(&foot).expect("segment");
+    let n = bytes.len();
+    bytes[n - 64] ^= 0x01; // the footer's magic
+    bytes[n - 30] ^= 0x01;
+    dir.mem.write_file(&foot, &bytes).expect("write");
+
+    let strict = EngineOptions { recovery: RecoveryMode::Strict, ..Dir::opts() };
+    match dir.open_with(Arc::new(dir.mem.clone()), strict) {
+        Err(Error::Corrupt { file, .. }) => assert!(file.to_string_lossy().ends_with(&head), "{file:?}"),
+        other => panic!("strict open: {:?}", other.map(|_| ())),
+    }
+    let (_engine, rheo) = dir.open();
+    let all = rheo.query(&Query::new(S).from(START).limit(1000)).await.expect("query");
+    assert_eq!(all.iter().map(|e| e.sequence).collect::<Vec<_>>(), (1..=80).collect::<Vec<_>>());
+    let report = rheo.fetch_report(S, G, FetchOptions::new().limit(1000)).await.expect("fetch");
+    assert_eq!(positions(&report.leases), range(0, 1..=80));
+    assert!(report.damaged.is_empty(), "{:?}", report.damaged);
+    let next = rheo.append(S, &json!({"after": true}), AppendOptions::new()).await.expect("append");
+    assert_eq!(next.sequence, 81);
+}
+
+/// Damage has its own budget per partition, not the fetch's limit: small
 /// fetches deliver every readable position exactly once and report every
 /// damaged one, whatever their pattern; more damage than one fetch's budget
-/// at the head of a partition stops that partition, not the others.
+/// in a partition stops that partition, not the others (not even one with
+/// damage of its own).
 #[tokio::test]
 async fn small_fetches_deliver_every_readable_position_and_report_every_damaged_one() {
     let dir = Dir::new();
@@ -372,7 +411,8 @@ async fn small_fetches_deliver_every_readable_position_and_report_every_damaged_
     dir.fill(&rheo, 2, 120, 5).await;
     let damaged: Vec<u64> = [1, 2, 3, 5, 6].into_iter().chain(40..110).collect();
     // Located before any is damaged (the helper walks the records).
-    let places: Vec<(String, usize)> = damaged.iter().map(|&seq| dir.locate(&engine, 0, seq)).collect();
+    let mut places: Vec<(String, usize)> = damaged.iter().map(|&seq| dir.locate(&engine, 0, seq)).collect();
+    places.push(dir.locate(&engine, 1, 10));
     for (path, at) in places {
         let mut bytes = dir.mem.read_file(&path).expect("segment");
         bytes[at + FRAME_LEN + 30] ^= 0x5a;
@@ -404,17 +444,20 @@ async fn small_fetches_deliver_every_readable_position_and_report_every_damaged_
     // after them waits; partition 1 flows all the same.
     let mut want: std::collections::BTreeSet<(u32, u64)> =
         (1..=120u64).filter(|s| *s < 40 && !damaged.contains(s)).map(|s| (0, s)).collect();
-    want.extend((1..=120).map(|s| (1, s)));
+    want.extend((1..=120).filter(|s| *s != 10).map(|s| (1, s)));
     assert_eq!(delivered, want, "every readable position before the long damage, exactly once");
-    let first_64: std::collections::BTreeSet<(u32, u64)> = damaged.iter().take(64).map(|&s| (0, s)).collect();
+    let mut first_64: std::collections::BTreeSet<(u32, u64)> = damaged.iter().take(64).map(|&s| (0, s)).collect();
+    first_64.insert((1, 10));
     assert_eq!(reported, first_64, "every damaged position a fetch reached is reported");
     let big = rheo.fetch_report(S, G, FetchOptions::new().limit(100)).await.expect("fetch");
-    assert_eq!(big.damaged.len(), 64, "at most 64 damaged positions per fetch");
+    let per_part = |p: u32| big.damaged.iter().filter(|d| d.partition == p).count();
+    assert_eq!((per_part(0), per_part(1)), (64, 1), "at most 64 damaged positions per partition per fetch");
     assert!(big.leases.is_empty());
     // Skipped, they let the rest through.
     for &seq in &damaged {
         rheo.skip(S, G, 0, seq, "restored elsewhere").await.expect("skip");
     }
+    rheo.skip(S, G, 1, 10, "restored elsewhere").await.expect("skip");
     let rest = rheo.fetch_report(S, G, FetchOptions::new().limit(100)).await.expect("fetch");
     assert_eq!(positions(&rest.leases), range(0, 110..=120));
     assert!(rest.damaged.is_empty());

@@ -125,3 +125,97 @@ fn an_idle_group_consumer_refreshes_its_gauges() {
     assert_eq!(got.get(&key), Some(&0.0), "{got:?}");
     assert_eq!(got.get(&lag_key), Some(&0.0), "the lag once everything is acked: {got:?}");
 }
+
+/// Counts the `warn` events whose message starts with a prefix.
+struct Warnings(Arc<Mutex<Vec<String>>>, &'static str);
+
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut m = Message(String::new());
+        event.record(&mut m);
+        if *event.metadata().level() == tracing::Level::WARN && m.0.starts_with(self.1) {
+            self.0.lock().expect("lock").push(m.0);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// A damaged record: every fetch that meets it counts it
+/// (`rheo_damaged_reads_total`), the warning is logged once per position
+/// per handle.
+#[test]
+fn damage_is_counted_at_every_fetch_and_warned_once_per_position() {
+    use rheo::engine::segment::format::{FRAME_LEN, HEADER_LEN};
+    use rheo::engine::segment::record::{Decoded, decode_record};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("native:{}?segment_bytes=4096", dir.path().display());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let rheo = Rheo::open(&url).await.expect("open");
+        rheo.create_stream("s", StreamOptions::new()).await.expect("stream");
+        rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+        for i in 0..40 {
+            rheo.append("s", &json!({"i": i, "pad": "x".repeat(100)}), AppendOptions::new()).await.expect("append");
+        }
+    });
+    // Record 3 of the first (sealed) segment: one byte of its body flipped.
+    let mut segment = None;
+    for stream in std::fs::read_dir(dir.path().join("streams")).expect("streams") {
+        let path = stream.expect("entry").path().join("00000").join(format!("{:020}.log", 1));
+        if path.exists() {
+            segment = Some(path);
+        }
+    }
+    let segment = segment.expect("the first segment");
+    let mut bytes = std::fs::read(&segment).expect("read");
+    let mut at = HEADER_LEN;
+    loop {
+        let Decoded::Record { header, size, .. } = decode_record(&bytes[at..]) else { panic!("no record 3") };
+        if header.seq == 3 {
+            break;
+        }
+        at += size;
+    }
+    bytes[at + FRAME_LEN + 30] ^= 0x5a;
+    std::fs::write(&segment, &bytes).expect("write");
+
+    let rec = Captured::default();
+    let warned = Arc::new(Mutex::new(Vec::new()));
+    let subscriber = Warnings(warned.clone(), "a due event can't be read");
+    tracing::subscriber::with_default(subscriber, || {
+        metrics::with_local_recorder(&rec, || {
+            rt.block_on(async {
+                let rheo = Rheo::open(&url).await.expect("reopen");
+                for round in 0..3 {
+                    let report = rheo.fetch_report("s", "g", FetchOptions::new().limit(100)).await.expect("fetch");
+                    let damaged: Vec<u64> = report.damaged.iter().map(|d| d.sequence).collect();
+                    assert_eq!(damaged, [3], "round {round}");
+                    assert_eq!(report.leases.len(), if round == 0 { 39 } else { 0 }, "round {round}");
+                }
+            });
+        });
+    });
+    let got = rec.0.lock().expect("lock").clone();
+    assert_eq!(got.get(&format!("{}{{group=g,stream=s}}", observe::DAMAGED)), Some(&3.0), "{got:?}");
+    assert_eq!(warned.lock().expect("lock").len(), 1, "{:?}", warned.lock().expect("lock"));
+}

@@ -12,7 +12,8 @@
 //! - a directory the first open refused is refused again with the same
 //!   error (file and offset).
 //!
-//! `RHEO_REOPEN_SCENARIOS` sets how many (default 120); `RHEO_REOPEN_SEED`
+//! `RHEO_REOPEN_SCENARIOS` sets how many (default 120),
+//! `RHEO_REOPEN_FIRST_SEED` the first seed (default 0); `RHEO_REOPEN_SEED`
 //! replays one.
 
 use std::collections::BTreeMap;
@@ -233,7 +234,10 @@ async fn scenario(seed: u64) -> Result<&'static str, String> {
 fn opening_a_recovered_directory_again_changes_nothing() {
     let seeds: Vec<u64> = match env_u64("RHEO_REOPEN_SEED") {
         Some(seed) => vec![seed],
-        None => (0..env_u64("RHEO_REOPEN_SCENARIOS").unwrap_or(120)).collect(),
+        None => {
+            let first = env_u64("RHEO_REOPEN_FIRST_SEED").unwrap_or(0);
+            (first..first + env_u64("RHEO_REOPEN_SCENARIOS").unwrap_or(120)).collect()
+        }
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let mut outcomes: BTreeMap<&str, u64> = BTreeMap::new();

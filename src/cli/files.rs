@@ -8,7 +8,7 @@ use clap::Args;
 use rheo::engine::delivery::{checkpoint, wal};
 use rheo::engine::index::file as six;
 use rheo::engine::log::{manifest, txn};
-use rheo::engine::segment::file::{Footer, IndexEntry, SegmentHeader};
+use rheo::engine::segment::file::{Footer, HeaderError, IndexEntry, SegmentHeader};
 use rheo::engine::segment::format::{
     ENTRY_LEN, FLAG_END, FOOTER_LEN, FORMAT_VERSION, HDR_BASE_SEQ, HEADER_LEN, IDX_BASE_SEQ, IDX_CRC, IDX_HEADER_LEN,
     IDX_VERSION, INDEX_MAGIC,
@@ -151,13 +151,23 @@ fn non_zero_after(b: &[u8], from: usize) -> Option<u64> {
 /// warning; damage followed by valid records is a problem (the open refuses
 /// it).
 fn segment(b: &[u8], name: &str, r: &mut Report, limit: usize) {
+    let name_base = name.split('.').next().and_then(|n| n.parse::<u64>().ok());
     let h = match SegmentHeader::decode(b) {
-        Ok(h) => h,
+        Ok(h) => {
+            r.header = json!({"partition": h.partition, "stream_id": h.stream_id, "base_seq": h.base_seq,
+                "created_ms": h.created_ms, "created": rheo::Timestamp::from_millis(h.created_ms).to_string()});
+            h
+        }
+        Err(e @ HeaderError::Damaged(_)) if b.len() >= HEADER_LEN => {
+            // The records are still checked, from the base sequence the
+            // file's name gives (as the engine reads a sealed segment).
+            r.problem(0, e.to_string());
+            let Some(base_seq) = name_base.filter(|&n| n >= 1) else { return };
+            SegmentHeader { partition: 0, stream_id: 0, base_seq, created_ms: 0 }
+        }
         Err(e) => return r.problem(0, e.to_string()),
     };
-    r.header = json!({"partition": h.partition, "stream_id": h.stream_id, "base_seq": h.base_seq,
-        "created_ms": h.created_ms, "created": rheo::Timestamp::from_millis(h.created_ms).to_string()});
-    if name.split('.').next().and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n != h.base_seq) {
+    if name_base.is_some_and(|n| n != h.base_seq) {
         r.problem(HDR_BASE_SEQ as u64, format!("base sequence {} differs from the file name", h.base_seq));
     }
     // Sealed: the last 64 bytes are its footer.
@@ -686,8 +696,12 @@ pub fn verify(ctx: &Ctx, a: VerifyArgs) -> CliResult {
         // generation); in an older one it is damage. And only the last
         // segment may be unsealed.
         let newest = is_newest_of_its_kind(path, kind, &files);
-        if matches!(kind, Kind::Segment) && !r.sealed && !newest && r.problems.is_empty() {
-            r.problem(0, "not sealed, but not the partition's last segment (the open refuses it)");
+        if matches!(kind, Kind::Segment) && !r.sealed && !newest {
+            r.problem(
+                b.len().saturating_sub(FOOTER_LEN) as u64,
+                "no valid footer, though a later segment exists: the footer is damaged (the default open \
+                 takes the bounds from the next segment; strict refuses it)",
+            );
         }
         if !newest {
             let torn = std::mem::take(&mut r.warnings);

@@ -47,8 +47,9 @@ pub struct SkipArgs {
     #[arg(long)]
     sequence: u64,
     /// Skips every position from `--sequence` through this one, in order,
-    /// one durable call each (at most 100,000): the way past a damaged
-    /// stretch. Stops at the first failure, saying what it skipped.
+    /// one call each (at most 100,000): the way past a damaged stretch.
+    /// Positions already settled are counted, not skipped. Stops at the
+    /// first other failure, saying what it did.
     #[arg(long)]
     through: Option<u64>,
     /// Why it is skipped (kept in the dead letter as `skipped: <reason>`).
@@ -286,46 +287,61 @@ pub async fn run_group(ctx: &Ctx, command: GroupCommand) -> CliResult {
     Ok(true)
 }
 
-/// `rheo group skip --through`: one skip per position, in order.
+/// `rheo group skip --through`: one skip per position, in order. The
+/// stretch is checked against the group's lag first (the partition is
+/// consumed, the stretch ends at or before the high watermark), so that a
+/// position the group already settled (acknowledged, or dead) is counted as
+/// such instead of stopping the stretch.
 async fn skip_range(ctx: &Ctx, a: &SkipArgs) -> Result<(), CliError> {
     let (first, last) = (a.sequence, a.through.unwrap_or(a.sequence));
-    if last < first || last - first >= SKIP_RANGE_MAX {
+    if first == 0 || last < first || last - first >= SKIP_RANGE_MAX {
         return Err(CliError::new(format!(
-            "--through must be from --sequence ({first}) to {} positions after it, got {last}",
+            "--sequence must be at least 1 and --through from it to {} positions after it (got {first} to {last})",
             SKIP_RANGE_MAX - 1
         )));
     }
     let rheo = ctx.open().await?;
-    let (mut skipped, mut already) = (0u64, 0u64);
-    for seq in first..=last {
-        match rheo.skip(&a.at.stream, &a.at.group, a.partition, seq, &a.reason).await {
+    let (stream, group, p) = (&a.at.stream, &a.at.group, a.partition);
+    let lag = rheo.lag_of(stream, group, &[p]).await?;
+    let Some(part) = lag.partitions.iter().find(|l| l.partition == p) else {
+        return Err(CliError::new(format!("group {group} on {stream} does not consume partition {p}")));
+    };
+    if last > part.high_watermark {
+        return Err(CliError::new(format!(
+            "--through {last} is past partition {p}'s high watermark ({}); nothing was skipped",
+            part.high_watermark
+        )));
+    }
+    let (mut skipped, mut settled) = (0u64, 0u64);
+    let start = first.max(part.frontier.saturating_add(1));
+    settled += start - first;
+    for seq in start..=last {
+        match rheo.skip(stream, group, p, seq, &a.reason).await {
             Ok(true) => skipped += 1,
-            Ok(false) => already += 1,
+            Ok(false) => settled += 1,
+            // In range, of a consumed partition: already acknowledged.
+            Err(rheo::Error::InvalidArgument { .. }) => settled += 1,
             Err(e) => {
                 let done = if seq == first {
                     "nothing was skipped".to_owned()
                 } else {
-                    format!(
-                        "sequences {first} to {} are done ({skipped} skipped, {already} already dead letters)",
-                        seq - 1
-                    )
+                    format!("sequences {first} to {} are done ({skipped} skipped, {settled} already settled)", seq - 1)
                 };
                 return Err(CliError::new(format!(
-                    "partition {} sequence {seq} of group {} on {}: {e}; {done}",
-                    a.partition, a.at.group, a.at.stream
+                    "partition {p} sequence {seq} of group {group} on {stream}: {e}; {done}"
                 )));
             }
         }
     }
     if ctx.json {
         print_json(&json!({
-            "stream": a.at.stream, "group": a.at.group, "partition": a.partition,
-            "from_sequence": first, "through_sequence": last, "skipped": skipped, "already": already,
+            "stream": stream, "group": group, "partition": p,
+            "from_sequence": first, "through_sequence": last, "skipped": skipped, "already": settled,
         }))?;
     } else {
         line(format!(
-            "dead-lettered {skipped} positions of partition {} (sequences {first} to {last}, {already} already were) of group {} on {} (skipped: {})",
-            a.partition, a.at.group, a.at.stream, a.reason
+            "dead-lettered {skipped} positions of partition {p} (sequences {first} to {last}; {settled} were already settled) of group {group} on {stream} (skipped: {})",
+            a.reason
         ))?;
     }
     Ok(())

@@ -87,10 +87,11 @@ fn new_lease_id() -> u128 {
 /// fetch. Bounds the WAL record of a fetch.
 pub(crate) const SPENT_PER_FETCH: usize = 64;
 
-/// Damaged positions one fetch reads, reports and passes over at most,
-/// beyond its limit. Bounds the reads of damaged records per fetch and the
-/// fetch's WAL record.
-pub(crate) const DAMAGE_PER_FETCH: usize = 64;
+/// Damaged positions one fetch reads, reports and passes over at most in
+/// each partition, beyond its limit. Bounds the reads of damaged records per
+/// fetch and the fetch's WAL record; per partition, so that damage in one
+/// partition never holds back another.
+pub(crate) const DAMAGE_PER_PARTITION: usize = 64;
 
 /// The spent deliveries a fetch of `limit` dead-letters at most.
 pub(crate) const fn spent_budget(limit: usize) -> usize {
@@ -218,22 +219,24 @@ impl GroupState {
     /// and nothing journaled. A position whose record fails a check is not
     /// claimed: it is reported in [`FetchReport::damaged`] and the fetch goes
     /// on with the next positions and partitions, so damage blocks only the
-    /// positions it covers. Damage has its own budget
-    /// ([`DAMAGE_PER_FETCH`]), not the limit's: a partition whose next due
-    /// positions are damaged cannot starve the others. Past the budget, a
-    /// partition stops at its next damaged position (the rest of it waits
-    /// for the next fetch) and the fetch goes on with the other partitions.
+    /// positions it covers. Damage has its own budget, per partition
+    /// ([`DAMAGE_PER_PARTITION`]), not the limit's: damaged due positions
+    /// cannot starve healthy ones, in their partition or another. Past its
+    /// budget, a partition stops at its next damaged position (the rest of
+    /// it waits for the next fetch) and the fetch goes on with the other
+    /// partitions.
     /// A fresh position passed over is materialized (claimable, attempt 0)
     /// so the cursor can move past it.
     pub(crate) fn fetch(&mut self, src: &dyn EventSource, opts: &FetchOptions, now: Timestamp) -> Result<FetchReport> {
         let scope = self.scope(src, opts.partitions.as_deref())?;
         let max_attempts = self.summary.max_attempts;
         let mut plans = Vec::new();
-        let (mut claims, mut damage_left, mut spent_left) = (0, DAMAGE_PER_FETCH, spent_budget(opts.limit));
+        let (mut claims, mut spent_left) = (0, spent_budget(opts.limit));
         for p in scope {
             if claims >= opts.limit {
                 break;
             }
+            let mut damage_left = DAMAGE_PER_PARTITION;
             let Some(part) = self.parts.get_mut(&p) else { continue };
             // Timers are not journaled: firing them changes nothing durable.
             part.fire_timers(now);

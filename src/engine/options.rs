@@ -28,12 +28,14 @@ pub enum RecoveryMode {
     /// damage followed by valid records is still `Error::Corrupt`. The default.
     #[default]
     TolerateTornTail,
-    /// Any damage, torn tail included, is `Error::Corrupt`, and every
-    /// record of every sealed segment is checked at open (its checksum and
-    /// sequence): an open that succeeds has read every byte of the log once
-    /// (about a second per GB from the page cache; see
-    /// `docs/benchmarks.md`). The other modes check sealed records when they
-    /// are read.
+    /// Any damage to a segment, torn tail included, is `Error::Corrupt`,
+    /// and every record of every sealed segment is checked at open (its
+    /// checksum and sequence), with its header and footer: an open that
+    /// succeeds has read every byte of the log once (STRICT_COST; see
+    /// `docs/benchmarks.md`). Index files are derived data in every mode:
+    /// damaged ones are rebuilt. The other modes check sealed records when
+    /// they are read, and read a sealed segment whose header or footer is
+    /// damaged by its name and the next segment.
     Strict,
     /// Truncate at the first damaged record even when valid records follow
     /// it, logging what is dropped. For an operator who has read the

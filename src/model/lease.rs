@@ -58,8 +58,9 @@ pub struct FetchReport {
     /// The deliveries claimed, in (partition, sequence) order.
     pub leases: Vec<Lease>,
     /// Positions that were due but could not be read, in (partition,
-    /// sequence) order; at most 64 per fetch (a partition with more stops
-    /// at the 65th until they are skipped or restored; the others go on).
+    /// sequence) order; at most 64 per partition per fetch (a partition
+    /// with more due stops at the 65th until they are skipped or restored;
+    /// the others go on).
     pub damaged: Vec<super::damage::Damage>,
 }
 

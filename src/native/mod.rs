@@ -20,7 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::Backend;
-use crate::delivery::{DAMAGE_PER_FETCH, EventSource, GroupState, query_matches, spent_budget};
+use crate::delivery::{DAMAGE_PER_PARTITION, EventSource, GroupState, query_matches, spent_budget};
 use crate::engine::delivery::LogSource;
 use crate::engine::delivery::room;
 use crate::engine::log::stream::{Routed, StreamLog};
@@ -307,7 +307,13 @@ impl Backend for NativeBackend {
         let now = self.clock.now();
         let partitions = self.engine.stream(stream)?.partition_count();
         let consumer = opts.consumer_id.as_deref().map_or(0, str::len);
-        let room = room::fetch(opts.limit, partitions, consumer, DAMAGE_PER_FETCH, spent_budget(opts.limit));
+        let room = room::fetch(
+            opts.limit,
+            partitions,
+            consumer,
+            partitions as usize * DAMAGE_PER_PARTITION,
+            spent_budget(opts.limit),
+        );
         // The events are read under the table's lock, before anything is
         // claimed, so that a read failure leaves nothing claimed. A small
         // fetch reads on this task (tens of microseconds from the page

@@ -217,9 +217,17 @@ impl Partition {
         }
         let mut segments = BTreeMap::new();
         let mut expected_base = None;
+        // A segment followed by another was sealed: its footer was synced
+        // before the next segment was created. Damage to its header or
+        // footer (bit rot: they hold nothing its records do not) need not
+        // make the partition unreadable: outside strict recovery it is read
+        // by what its name and its successor say (each record is still
+        // checked when read).
+        let tolerant = opts.recovery != RecoveryMode::Strict;
         for (i, &base) in bases.iter().enumerate() {
             let last = i + 1 == bases.len();
-            let seg = match open_segment(&*vfs, &dir, base, stream_id, partition) {
+            let successor = bases.get(i + 1).copied().filter(|&next| next > base && tolerant);
+            let seg = match open_segment(&*vfs, &dir, base, stream_id, partition, successor.is_some()) {
                 Ok(seg) => seg,
                 Err(e) if last && torn_creation(&*vfs, &dir, base)? => {
                     // A crash while creating the segment: its name reached the
@@ -259,7 +267,25 @@ impl Partition {
                     segments.insert(base, Arc::new(seg));
                 }
                 None => {
-                    return Err(corrupt(&*vfs, &seg.log_path, 0, "a segment before the last one is not sealed"));
+                    let Some(next) = successor else {
+                        let why = if tolerant {
+                            "a segment before the last one is not sealed"
+                        } else {
+                            "the footer of a sealed segment is damaged (strict recovery refuses it)"
+                        };
+                        let len = seg.log.len().map_err(|e| io_err(&*vfs, &seg.log_path, "stat", e))?;
+                        return Err(corrupt(&*vfs, &seg.log_path, len.saturating_sub(FOOTER_LEN as u64), why));
+                    };
+                    let f = inferred_footer(&*vfs, &seg, next)?;
+                    tracing::warn!(
+                        file = %vfs.describe(&seg.log_path).display(),
+                        last_seq = f.last_seq,
+                        records_end = f.records_end,
+                        "a sealed segment's footer is damaged; its bounds are taken from the next segment and the file's length (each record is still checked when read; `rheo verify` lists it)"
+                    );
+                    expected_base = Some(next);
+                    *seg.footer.write() = Some(f);
+                    segments.insert(base, Arc::new(seg));
                 }
             }
         }
@@ -1032,21 +1058,42 @@ impl Partition {
     }
 }
 
-fn open_segment(vfs: &dyn Vfs, dir: &str, base: u64, stream_id: u64, partition: u32) -> Result<Segment> {
+/// Opens a segment file and checks its header against its name.
+/// `sealed_by_successor`: a later segment exists (and recovery is not
+/// strict), so a damaged header is reported and the file read by its name;
+/// a header of another format version, or of another partition, is still
+/// refused.
+fn open_segment(
+    vfs: &dyn Vfs,
+    dir: &str,
+    base: u64,
+    stream_id: u64,
+    partition: u32,
+    sealed_by_successor: bool,
+) -> Result<Segment> {
     let log_path = format!("{dir}/{}", log_name(base));
     let idx_path = format!("{dir}/{base:020}.idx");
-    let log = StickySync::wrap(vfs.open(&log_path, false).map_err(|e| io_err(vfs, &log_path, "open", e))?);
-    let mut hdr = [0u8; HEADER_LEN];
-    let n = log.read_at(&mut hdr, 0).map_err(|e| io_err(vfs, &log_path, "read", e))?;
-    let h = SegmentHeader::decode(&hdr[..n]).map_err(|e| match e {
-        HeaderError::Version(found) => {
-            Error::UnsupportedVersion { file: vfs.describe(&log_path), found, supported: FORMAT_VERSION }
-        }
-        HeaderError::Damaged(reason) => corrupt(vfs, &log_path, 0, reason),
-    })?;
     if base == 0 || base == u64::MAX {
         return Err(corrupt(vfs, &log_path, 0, format!("segment base sequence {base} is impossible")));
     }
+    let log = StickySync::wrap(vfs.open(&log_path, false).map_err(|e| io_err(vfs, &log_path, "open", e))?);
+    let mut hdr = [0u8; HEADER_LEN];
+    let n = log.read_at(&mut hdr, 0).map_err(|e| io_err(vfs, &log_path, "read", e))?;
+    let h = match SegmentHeader::decode(&hdr[..n]) {
+        Ok(h) => h,
+        Err(HeaderError::Version(found)) => {
+            return Err(Error::UnsupportedVersion { file: vfs.describe(&log_path), found, supported: FORMAT_VERSION });
+        }
+        Err(HeaderError::Damaged(reason)) if sealed_by_successor => {
+            tracing::warn!(
+                file = %vfs.describe(&log_path).display(),
+                %reason,
+                "a sealed segment's header is damaged; it is read by its name (each record is still checked when read; `rheo verify` lists it)"
+            );
+            SegmentHeader { partition, stream_id, base_seq: base, created_ms: 0 }
+        }
+        Err(HeaderError::Damaged(reason)) => return Err(corrupt(vfs, &log_path, 0, reason)),
+    };
     if h.base_seq != base || h.partition != partition || h.stream_id != stream_id {
         return Err(corrupt(
             vfs,
@@ -1085,6 +1132,27 @@ fn read_footer(vfs: &dyn Vfs, seg: &Segment) -> Result<Option<Footer>> {
     Ok(Footer::decode(&b[..n])
         .ok()
         .filter(|f| f.records_end.checked_add(FOOTER_LEN as u64) == Some(len) && f.first_seq == seg.base_seq))
+}
+
+/// The bounds of a sealed segment whose footer is damaged, from what
+/// surrounds it: its records run from its base to the sequence before the
+/// next segment's base, and end where the footer starts (`FOOTER_LEN`
+/// before the end of the file, when the footer's magic is there; else at
+/// the end of the file, where a read stops at what is not a record). Its
+/// largest timestamp is unknown: `i64::MAX`, so that no time bound skips it.
+fn inferred_footer(vfs: &dyn Vfs, seg: &Segment, next_base: u64) -> Result<Footer> {
+    let len = seg.log.len().map_err(|e| io_err(vfs, &seg.log_path, "stat", e))?;
+    let mut magic = [0u8; 8];
+    let footer_at = len.checked_sub(FOOTER_LEN as u64).filter(|&at| at >= HEADER_LEN as u64);
+    let records_end = match footer_at {
+        Some(at) => {
+            let n = seg.log.read_at(&mut magic, at).map_err(|e| io_err(vfs, &seg.log_path, "read", e))?;
+            if n == magic.len() && magic == FOOTER_MAGIC { at } else { len }
+        }
+        None => len.max(HEADER_LEN as u64),
+    };
+    let last_seq = next_base - 1;
+    Ok(Footer { records_end, first_seq: seg.base_seq, last_seq, count: last_seq - seg.base_seq + 1, max_ts: i64::MAX })
 }
 
 /// Checks every record of a sealed segment (`RecoveryMode::Strict` at
