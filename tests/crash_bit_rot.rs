@@ -182,14 +182,17 @@ async fn scenario(seed: u64) -> Result<(&'static str, u64), String> {
 
     let (engine, rheo) = match open(&mem, RecoveryMode::TolerateTornTail) {
         Ok(opened) => opened,
-        // The checkpoint is checked at open; so is a segment header's
-        // format version (a flip there reads as a newer format). A sealed
+        // The checkpoint is checked at open; so are a checkpoint's and a
+        // segment header's format version (a flip there reads as another
+        // format). A sealed
         // segment's damaged header or footer otherwise opens: its bounds
         // come from its name and the next segment.
         Err(e @ Error::Corrupt { .. }) if target == Target::Checkpoint && names_file(&e, &path) => {
             return Ok(("refused at open, naming the file", 0));
         }
-        Err(e @ Error::UnsupportedVersion { .. }) if target == Target::Header && names_file(&e, &path) => {
+        Err(e @ Error::UnsupportedVersion { .. })
+            if matches!(target, Target::Header | Target::Checkpoint) && names_file(&e, &path) =>
+        {
             return Ok(("refused at open: the version field", 0));
         }
         Err(e) => return Err(format!("{what}: the open failed: {e}")),
