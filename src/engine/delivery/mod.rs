@@ -181,6 +181,12 @@ fn corrupt(vfs: &dyn Vfs, path: &str, offset: u64, reason: impl Into<String>) ->
     Error::Corrupt { file: vfs.describe(path), offset, reason: reason.into() }
 }
 
+/// Generations and LSNs stay below this (2^62): a file that says otherwise
+/// is damaged or crafted, and the next one's number must not overflow. A
+/// table writing a million records a second takes 146,000 years to get
+/// there.
+const MAX_COUNTER: u64 = 1 << 62;
+
 /// Records that must be durable before the call returns (under `Sync`).
 fn needs_sync(ops: &[Op]) -> bool {
     // A lost claim, cursor move or pass changes nothing a caller was told
@@ -319,9 +325,15 @@ impl DeliveryTable {
         let mut wals = Vec::new();
         let mut ckpts = Vec::new();
         for name in &names {
-            if let Some(g) = generation_of(name, "wal-", ".log") {
+            let wal = generation_of(name, "wal-", ".log");
+            let ckpt = generation_of(name, "checkpoint-", ".ckpt");
+            if let Some(g) = wal.or(ckpt).filter(|&g| g >= MAX_COUNTER) {
+                let path = format!("{dir}/{name}");
+                return Err(corrupt(v, &path, 0, format!("generation {g} is out of range (at most {MAX_COUNTER})")));
+            }
+            if let Some(g) = wal {
                 wals.push(g);
-            } else if let Some(g) = generation_of(name, "checkpoint-", ".ckpt") {
+            } else if let Some(g) = ckpt {
                 ckpts.push(g);
             } else if name.ends_with(".tmp") {
                 let path = format!("{dir}/{name}");
@@ -344,6 +356,9 @@ impl DeliveryTable {
                 let c = checkpoint::decode(&bytes).map_err(|reason| corrupt(v, &path, 0, reason))?;
                 if c.generation != g {
                     return Err(corrupt(v, &path, 0, format!("header says generation {}", c.generation)));
+                }
+                if c.lsn >= MAX_COUNTER {
+                    return Err(corrupt(v, &path, 0, format!("LSN {} is out of range (at most {MAX_COUNTER})", c.lsn)));
                 }
                 for snap in &c.groups {
                     GroupState::check_snapshot(snap).map_err(|reason| corrupt(v, &path, 0, reason))?;
@@ -397,6 +412,10 @@ impl DeliveryTable {
                 if r.lsn <= ckpt_lsn {
                     // Already in the checkpoint.
                     continue;
+                }
+                if r.lsn >= MAX_COUNTER {
+                    let reason = format!("LSN {} is out of range (at most {MAX_COUNTER})", r.lsn);
+                    return Err(corrupt(v, &path, r.offset, reason));
                 }
                 if r.lsn != last_lsn + 1 {
                     let reason = format!("LSN {} where {} was expected", r.lsn, last_lsn + 1);
