@@ -227,10 +227,13 @@ impl PartState {
             .filter(|d| matches!(&d.holding, Holding::Leased { lease_id: l, .. } if *l == lease_id))
     }
 
-    /// Extends the lease of `seq` (which must be held).
+    /// Extends the lease of `seq` (which must be held). A delivery that is
+    /// not leased is left as it is, timer included: a WAL replayed from a
+    /// damaged or foreign file may name one, and dropping a retry's timer
+    /// would leave it waiting forever.
     pub(crate) fn renew(&mut self, seq: u64, expires_at: Timestamp) {
-        self.unschedule(seq);
         if let Some(Delivery { holding: Holding::Leased { expires_at: e, .. }, .. }) = self.deliveries.get_mut(&seq) {
+            self.timers.remove(&(*e, seq));
             *e = expires_at;
             self.timers.insert((expires_at, seq));
         }
@@ -406,5 +409,20 @@ mod tests {
         assert_eq!(p.frontier, 2);
         assert_eq!(p.next_claimable(5), Some(3));
         assert_eq!(p.reopen_one(3), (false, None), "already open");
+    }
+
+    #[test]
+    fn renewing_a_delivery_that_is_not_leased_keeps_its_timer() {
+        // A WAL replayed from a crafted file can renew a retrying delivery;
+        // its backoff must still fire (found by the wal_decoder fuzzer).
+        let mut p = PartState::starting_after(0);
+        let s = p.next_claimable(1).expect("claimable");
+        p.lease(s, 0xa, "c".into(), t(10));
+        p.reschedule(s, t(5), t(20));
+        p.renew(s, t(99));
+        assert_eq!(p.counts(), (0, 1), "still waiting");
+        p.fire_timers(t(20));
+        assert_eq!(p.counts(), (0, 0), "the backoff fired");
+        assert_eq!(p.next_claimable(1), Some(1));
     }
 }
