@@ -232,8 +232,12 @@ impl PartState {
     /// damaged or foreign file may name one, and dropping a retry's timer
     /// would leave it waiting forever.
     pub(crate) fn renew(&mut self, seq: u64, expires_at: Timestamp) {
+        if !matches!(self.deliveries.get(&seq), Some(Delivery { holding: Holding::Leased { .. }, .. })) {
+            return;
+        }
+        // An expired lease nobody reclaimed yet is ready: it is held again.
+        self.unschedule(seq);
         if let Some(Delivery { holding: Holding::Leased { expires_at: e, .. }, .. }) = self.deliveries.get_mut(&seq) {
-            self.timers.remove(&(*e, seq));
             *e = expires_at;
             self.timers.insert((expires_at, seq));
         }
@@ -423,6 +427,18 @@ mod tests {
         assert_eq!(p.counts(), (0, 1), "still waiting");
         p.fire_timers(t(20));
         assert_eq!(p.counts(), (0, 0), "the backoff fired");
+        assert_eq!(p.next_claimable(1), Some(1));
+    }
+
+    #[test]
+    fn renewing_an_expired_lease_nobody_reclaimed_holds_it_again() {
+        let mut p = PartState::starting_after(0);
+        let s = p.next_claimable(1).expect("claimable");
+        p.lease(s, 0xa, "c".into(), t(10));
+        p.fire_timers(t(10));
+        p.renew(s, t(30));
+        assert_eq!(p.next_claimable(1), None, "held again");
+        p.fire_timers(t(30));
         assert_eq!(p.next_claimable(1), Some(1));
     }
 }
