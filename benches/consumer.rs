@@ -252,7 +252,10 @@ async fn latency_run(rheo: &Rheo, run: u64) -> Timings {
         .concurrency(1)
         .spawn(handler_fn(move |lease| {
             let now = Instant::now();
-            let n = lease.event.payload["n"].as_u64().and_then(|n| usize::try_from(n).ok()).expect("n");
+            let n = lease.event.payload().json().expect("json")["n"]
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .expect("n");
             // A redelivery keeps the first start.
             let _ = h[n].set(now);
             async { Outcome::Ack }

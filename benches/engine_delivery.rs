@@ -162,7 +162,7 @@ fn reopen_and_memory(c: &mut Criterion) {
         while holes_leases < UNSETTLED {
             let leases = rheo.fetch("s", "holes", FetchOptions::new().limit(10_000).lease(lease)).await.expect("fetch");
             holes_leases += leases.len() as u64;
-            let odd: Vec<_> = leases.iter().filter(|l| l.event.sequence % 2 == 0).collect();
+            let odd: Vec<_> = leases.iter().filter(|l| l.event.sequence() % 2 == 0).collect();
             for r in rheo.ack_many(odd.iter().copied()).await.expect("ack_many") {
                 r.expect("ack");
             }

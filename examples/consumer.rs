@@ -17,6 +17,13 @@ struct Shipping {
     handled: AtomicU64,
 }
 
+/// The fields shipping reads, decoded straight from the stored payload.
+#[derive(serde::Deserialize)]
+struct Order {
+    total: i64,
+    flaky: bool,
+}
+
 #[async_trait::async_trait]
 impl Handler for Shipping {
     async fn setup(&self) -> rheo::Result<()> {
@@ -26,11 +33,13 @@ impl Handler for Shipping {
 
     async fn handle(&self, lease: &Lease) -> Outcome {
         self.handled.fetch_add(1, Ordering::Relaxed);
-        let order = &lease.event.payload;
-        if order["total"].as_i64().unwrap_or(0) < 0 {
+        let Ok(order) = lease.event.payload().decode::<Order>() else {
+            return Outcome::reject("not an order");
+        };
+        if order.total < 0 {
             return Outcome::reject("negative total");
         }
-        if order["flaky"] == json!(true) && lease.attempt == 1 {
+        if order.flaky && lease.attempt == 1 {
             // The carrier's API timed out: try again shortly.
             return Outcome::retry_after("carrier timeout", Duration::from_millis(50));
         }
@@ -66,7 +75,7 @@ async fn main() -> rheo::Result<()> {
 
     for dl in rheo.dead_letters("orders", "shipping", DeadLetterOptions::default()).await? {
         match &dl.event {
-            Some(event) => println!("dead letter: order {} ({})", event.payload["order"], dl.reason),
+            Some(event) => println!("dead letter: {} ({})", event.payload(), dl.reason),
             None => println!("dead letter: partition {} #{} can't be read ({})", dl.partition, dl.sequence, dl.reason),
         }
     }

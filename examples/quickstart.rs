@@ -3,6 +3,12 @@
 use rheo::{AppendOptions, FetchOptions, GroupOptions, Rheo, StreamOptions};
 use serde_json::json;
 
+/// What billing reads of an event, decoded straight from the stored payload.
+#[derive(serde::Deserialize)]
+struct Order {
+    total: Option<u64>,
+}
+
 #[tokio::main]
 async fn main() -> rheo::Result<()> {
     // The embedded engine, durable in ./rheo-data (`memory:` for an ephemeral one).
@@ -15,8 +21,9 @@ async fn main() -> rheo::Result<()> {
     rheo.append("orders", &json!({"type": "order_placed", "key": "c-7", "total": 42}), AppendOptions::new()).await?;
 
     for lease in rheo.fetch("orders", "billing", FetchOptions::new().limit(10)).await? {
-        println!("partition {} #{}: {}", lease.partition(), lease.sequence(), lease.event.payload);
-        match lease.event.payload["total"].as_u64() {
+        println!("partition {} #{}: {}", lease.partition(), lease.sequence(), lease.event.payload());
+        let order: Order = lease.event.payload().decode()?;
+        match order.total {
             Some(_) => rheo.ack(&lease).await?,
             None => rheo.reject(&lease, "no total").await?,
         }

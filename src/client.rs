@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::backend::Backend;
 use crate::engine::EngineOptions;
@@ -13,7 +12,7 @@ use crate::error::{Error, ObjectKind, Result};
 use crate::memory::MemoryBackend;
 use crate::model::capabilities::Capabilities;
 use crate::model::damage::Damage;
-use crate::model::event::{AppendOptions, Event, NewEvent};
+use crate::model::event::{AppendOptions, Event, NewEvent, Payload};
 use crate::model::group::{
     DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag,
     ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
@@ -41,7 +40,7 @@ use crate::observe;
 /// rheo.append("orders", &json!({"type": "order_placed", "key": "c-7", "total": 42}), AppendOptions::new()).await?;
 ///
 /// for lease in rheo.fetch("orders", "billing", FetchOptions::new().limit(10)).await? {
-///     println!("{} #{}: {}", lease.event.partition, lease.event.sequence, lease.event.payload);
+///     println!("{} #{}: {}", lease.event.partition(), lease.event.sequence(), lease.event.payload());
 ///     rheo.ack(&lease).await?;
 /// }
 /// assert_eq!(rheo.lag("orders", "billing").await?.total, 0);
@@ -308,7 +307,8 @@ impl Rheo {
         observed("create_group", stream, group, self.inner.backend.create_group(stream, group, &opts)).await
     }
 
-    fn prepare(&self, stream: &str, payload: Value, opts: AppendOptions) -> Result<NewEvent> {
+    fn prepare(&self, stream: &str, payload: Payload, opts: AppendOptions) -> Result<NewEvent> {
+        payload.check().map_err(appended_to(stream))?;
         let event = NewEvent::prepare(payload, opts);
         if event.id.is_empty() || event.id.len() > MAX_NAME_BYTES {
             return Err(Error::invalid(
@@ -327,11 +327,23 @@ impl Rheo {
         Ok(event)
     }
 
-    /// Appends one event: any serializable payload (a `serde_json::Value`, or
-    /// your own type).
+    /// Appends one event: any serializable payload (your own type, or a
+    /// `serde_json::Value`), serialized once into its stored encoding.
+    ///
+    /// The event size limit ([`RheoBuilder::max_event_bytes`]) counts the
+    /// encoded payload (MessagePack), the metadata's JSON length, and the id,
+    /// key and type.
     pub async fn append<T: Serialize + ?Sized>(&self, stream: &str, payload: &T, opts: AppendOptions) -> Result<Event> {
         check_stream(stream)?;
-        let event = self.prepare(stream, to_value(stream, payload)?, opts)?;
+        self.append_encoded(stream, encode(stream, payload)?, opts).await
+    }
+
+    /// Appends one event whose payload is already encoded (e.g. JSON text a
+    /// bridge passes through, [`Payload::from_json`]): nothing is
+    /// re-serialized on the way (JSON text is stored as MessagePack).
+    pub async fn append_encoded(&self, stream: &str, payload: Payload, opts: AppendOptions) -> Result<Event> {
+        check_stream(stream)?;
+        let event = self.prepare(stream, payload, opts)?;
         let e = observed("append", stream, "", self.inner.backend.append(stream, event)).await?;
         observe::appended(stream, 1);
         Ok(e)
@@ -362,7 +374,7 @@ impl Rheo {
                     format!("more than {MAX_BATCH_EVENTS} events in one batch"),
                 ));
             }
-            events.push(self.prepare(stream, to_value(stream, &payload)?, opts)?);
+            events.push(self.prepare(stream, encode(stream, &payload)?, opts)?);
         }
         if events.is_empty() {
             return Ok(Vec::new());
@@ -535,7 +547,7 @@ impl Rheo {
             check_lease_ref(lease)?;
         }
         let first = leases.first();
-        let (stream, group) = (first.map_or("", |l| l.stream.as_str()), first.map_or("", |l| l.group.as_str()));
+        let (stream, group) = (first.map_or("", |l| &*l.stream), first.map_or("", |l| &*l.group));
         let results = observed("ack_many", stream, group, self.inner.backend.ack_many(&leases)).await?;
         if results.len() != leases.len() {
             return Err(Error::failed(
@@ -665,9 +677,16 @@ impl Rheo {
     }
 }
 
-fn to_value<T: Serialize + ?Sized>(stream: &str, payload: &T) -> Result<Value> {
-    serde_json::to_value(payload)
-        .map_err(|e| Error::Payload { context: format!("appended to stream {stream:?}"), reason: e.to_string() })
+fn encode<T: Serialize + ?Sized>(stream: &str, payload: &T) -> Result<Payload> {
+    Payload::encode(payload).map_err(appended_to(stream))
+}
+
+/// Names the stream in a payload error of an append.
+fn appended_to(stream: &str) -> impl FnOnce(Error) -> Error + '_ {
+    move |e| match e {
+        Error::Payload { reason, .. } => Error::Payload { context: format!("appended to stream {stream:?}"), reason },
+        other => other,
+    }
 }
 
 /// Checks a settle reason: at most [`MAX_REASON_BYTES`] bytes.

@@ -17,7 +17,7 @@
 //! rheo.append("orders", &json!({"type": "order_placed", "key": "c-7", "total": 42}), AppendOptions::new()).await?;
 //!
 //! for lease in rheo.fetch("orders", "billing", FetchOptions::new().limit(10)).await? {
-//!     println!("partition {} #{}: {}", lease.partition(), lease.sequence(), lease.event.payload);
+//!     println!("partition {} #{}: {}", lease.partition(), lease.sequence(), lease.event.payload());
 //!     rheo.ack(&lease).await?;
 //! }
 //! assert_eq!(rheo.lag("orders", "billing").await?.total, 0);
@@ -37,6 +37,7 @@ pub mod engine;
 pub mod error;
 pub mod memory;
 pub mod model;
+mod msgpack;
 pub mod native;
 pub mod observe;
 mod rangeset;
@@ -49,12 +50,15 @@ pub use error::{Error, ObjectKind, Result};
 pub use memory::MemoryBackend;
 pub use model::capabilities::Capabilities;
 pub use model::damage::Damage;
-pub use model::event::{AppendOptions, Event, LINEAGE_FIELDS, Lineage, Metadata, NewEvent};
+pub use model::event::{
+    AppendOptions, Event, EventParts, LINEAGE_FIELDS, Lineage, MAX_PAYLOAD_DEPTH, Metadata, NewEvent, Payload,
+    PayloadFormat,
+};
 pub use model::group::{
     Backoff, DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag,
     MAX_INDEXES, PartitionLag, ReplayOptions, ResetOptions, StartPosition, StreamInfo, StreamOptions,
 };
-pub use model::lease::{FetchReport, Lease, LeaseRef, RetryOutcome};
+pub use model::lease::{FetchReport, Lease, LeaseId, LeaseRef, RetryOutcome};
 pub use model::names::{
     DEFAULT_MAX_EVENT_BYTES, MAX_ATTEMPTS, MAX_BATCH_EVENTS, MAX_LEASE, MAX_LIMIT, MAX_NAME_BYTES, MAX_PARTITIONS,
     MAX_QUERY_TERMS, MAX_REASON_BYTES, validate_name,

@@ -137,6 +137,7 @@ macro_rules! suite {
                     append::max_event_bytes_is_configurable,
                     append::typed_append_round_trips_through_payload_as,
                     append::payload_as_wrong_type_is_payload_error,
+                    append::payload_depth_and_json_form_are_checked_at_append,
                     append::lineage_options_read_back_through_event_lineage,
                     append::caused_by_links_correlation_and_causation,
                     partitions::explicit_partition_is_used,

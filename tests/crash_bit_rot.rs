@@ -87,7 +87,7 @@ async fn build(mem: &MemVfs, rng: &mut Rng) -> Log {
         let pad = "x".repeat(usize::try_from(rng.range(0, 120)).expect("pad"));
         let payload = json!({"n": i % 7, "i": i, "pad": pad});
         let e = rheo.append(S, &payload, AppendOptions::new().partition(p).id(format!("e{i}"))).await.expect("append");
-        log[p as usize].insert(e.sequence, (e.id.clone(), payload));
+        log[p as usize].insert(e.sequence(), (e.id().to_owned(), payload));
     }
     let leases = rheo.fetch(S, "acked", FetchOptions::new().limit(40)).await.expect("fetch");
     for l in leases.iter().filter(|_| rng.chance(2, 3)) {
@@ -211,9 +211,9 @@ async fn scenario(seed: u64) -> Result<(&'static str, u64), String> {
             let (id, payload) = &log[p as usize][seq];
             match r {
                 Ok(rec) => {
-                    let e = rec.into_event(S, p);
-                    if &e.id != id || &e.payload != payload {
-                        return Err(format!("{what}: {p}/{seq} reads as {:?}, not {id}", e.id));
+                    let e = rec.into_event(&S.into(), p);
+                    if e.id() != id || e.payload() != payload {
+                        return Err(format!("{what}: {p}/{seq} reads as {:?}, not {id}", e.id()));
                     }
                 }
                 Err(e @ Error::Corrupt { .. }) if names_file(&e, &path) => {

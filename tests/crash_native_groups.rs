@@ -174,7 +174,7 @@ fn a_clamp_at_reopen_is_durable() {
         // 3. Two new events, durable (Sync), at sequences 1 and 2.
         for id in ["x1", "x2"] {
             let e = rheo.append(STREAM, &json!({}), AppendOptions::new().id(id)).await.expect("append");
-            assert_eq!(e.id, id);
+            assert_eq!(e.id(), id);
         }
         drop((engine, rheo));
         // 4. Another power loss: x1 and x2 survive (synced) ...
@@ -182,7 +182,7 @@ fn a_clamp_at_reopen_is_durable() {
         let (_engine, rheo) = open(Durability::Sync);
         let lag = rheo.lag(STREAM, "g").await.expect("lag");
         let fetched = rheo.fetch(STREAM, "g", FetchOptions::new().limit(10)).await.expect("fetch");
-        let ids: Vec<&str> = fetched.iter().map(|l| l.event.id.as_str()).collect();
+        let ids: Vec<&str> = fetched.iter().map(|l| l.event.id()).collect();
         // ... but g's old frontier 2 now covers them: never delivered.
         assert_eq!(
             (lag.partitions[0].high_watermark, lag.partitions[0].frontier, ids),
@@ -1262,17 +1262,17 @@ impl<'a> Sc<'a> {
         self.model.op += 1;
         let r = self.block(p.rheo.append_batch_with(STREAM, items));
         let after = p.seen();
-        let summary = r.as_ref().map(|es| es.iter().map(|e| (e.partition, e.sequence)).collect::<Vec<_>>());
+        let summary = r.as_ref().map(|es| es.iter().map(|e| (e.partition(), e.sequence())).collect::<Vec<_>>());
         self.trace.log(format!("op {:>4}: append to {parts:?}: {}", p.faulty.op_count(), short(&summary)));
         self.check_call("append", before, after, &r, true)?;
         if let Ok(events) = r {
             for e in events {
-                let key = (e.partition, e.sequence);
-                let in_p = self.model.events.keys().filter(|k| k.0 == e.partition).count() as u64;
-                if self.model.sync && e.sequence != in_p + 1 {
+                let key = (e.partition(), e.sequence());
+                let in_p = self.model.events.keys().filter(|k| k.0 == e.partition()).count() as u64;
+                if self.model.sync && e.sequence() != in_p + 1 {
                     return Err(format!("append got {key:?}, expected sequence {}", in_p + 1));
                 }
-                if let Some(old) = self.model.events.insert(key, e.id.clone()) {
+                if let Some(old) = self.model.events.insert(key, e.id().to_owned()) {
                     return Err(format!("append got {key:?}, which holds {old} already"));
                 }
                 if self.model.sync {
@@ -1295,7 +1295,7 @@ impl<'a> Sc<'a> {
         let after = p.seen();
         let summary = r
             .as_ref()
-            .map(|ls| ls.iter().map(|l| (l.event.partition, l.event.sequence, l.attempt)).collect::<Vec<_>>());
+            .map(|ls| ls.iter().map(|l| (l.event.partition(), l.event.sequence(), l.attempt)).collect::<Vec<_>>());
         self.trace.log(format!(
             "op {:>4}: fetch {name} by {consumer} limit {limit} lease {lease_ms} ms: {}",
             p.faulty.op_count(),
@@ -1317,7 +1317,7 @@ impl<'a> Sc<'a> {
         if leases.len() > limit {
             return Err(format!("fetch of {name} returned {} leases, limit {limit}", leases.len()));
         }
-        let order: Vec<(u32, u64)> = leases.iter().map(|l| (l.event.partition, l.event.sequence)).collect();
+        let order: Vec<(u32, u64)> = leases.iter().map(|l| (l.event.partition(), l.event.sequence())).collect();
         if order.windows(2).any(|w| w[0] >= w[1]) {
             return Err(format!("fetch of {name} is not in (partition, sequence) order: {order:?}"));
         }
@@ -1325,17 +1325,17 @@ impl<'a> Sc<'a> {
         let expires = now.saturating_add(Duration::from_millis(lease_ms));
         let mut new = Vec::new();
         for l in leases {
-            let key = (l.event.partition, l.event.sequence);
+            let key = (l.event.partition(), l.event.sequence());
             match self.model.events.get(&key) {
-                Some(id) if *id != l.event.id => {
-                    return Err(format!("fetch of {name} delivered {} at {key:?}, which holds {id}", l.event.id));
+                Some(id) if *id != l.event.id() => {
+                    return Err(format!("fetch of {name} delivered {} at {key:?}, which holds {id}", l.event.id()));
                 }
                 Some(_) => {}
                 None if self.model.sync => {
-                    return Err(format!("fetch of {name} delivered {} at {key:?}, never appended", l.event.id));
+                    return Err(format!("fetch of {name} delivered {} at {key:?}, never appended", l.event.id()));
                 }
                 None => {
-                    self.model.events.insert(key, l.event.id.clone());
+                    self.model.events.insert(key, l.event.id().to_owned());
                 }
             }
             let st = self.model.key(g, key);
@@ -1353,7 +1353,7 @@ impl<'a> Sc<'a> {
             if l.attempt == 0 || l.attempt > max {
                 return Err(format!("fetch of {name}: {key:?} at attempt {} (max_attempts {max})", l.attempt));
             }
-            if l.consumer_id != consumer || l.expires_at != expires {
+            if *l.consumer_id != *consumer || l.expires_at != expires {
                 return Err(format!("fetch of {name}: lease {l:?} is not for {consumer} until {expires:?}"));
             }
             let ks = self.model.key_mut(g, key).clone();
@@ -1672,11 +1672,11 @@ impl<'a> Sc<'a> {
                     break;
                 }
                 for e in page {
-                    if e.sequence != after + 1 {
-                        return Err(format!("(d) partition {part}: sequence {} after {after}", e.sequence));
+                    if e.sequence() != after + 1 {
+                        return Err(format!("(d) partition {part}: sequence {} after {after}", e.sequence()));
                     }
-                    after = e.sequence;
-                    log.insert((part, e.sequence), e.id);
+                    after = e.sequence();
+                    log.insert((part, e.sequence()), e.id().to_owned());
                 }
             }
         }
@@ -1708,7 +1708,7 @@ impl<'a> Sc<'a> {
                 }
                 Some(_) => {}
                 None => {
-                    self.model.events.insert(k, id);
+                    self.model.events.insert(k, id.to_owned());
                 }
             }
         }

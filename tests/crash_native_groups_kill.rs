@@ -186,7 +186,7 @@ async fn producer(rheo: &Rheo, side: &Side, round: u64, w: u64, mut rng: Rng) {
         match rheo.append_batch_with(STREAM, items).await {
             Ok(events) => {
                 let lines: Vec<String> =
-                    events.iter().map(|e| format!("A {} {} {}", e.partition, e.sequence, e.id)).collect();
+                    events.iter().map(|e| format!("A {} {} {}", e.partition(), e.sequence(), e.id())).collect();
                 side.log(&lines);
             }
             Err(e) => side.fail("append", &e),
@@ -196,7 +196,7 @@ async fn producer(rheo: &Rheo, side: &Side, round: u64, w: u64, mut rng: Rng) {
 }
 
 fn key_of(l: &Lease) -> String {
-    format!("{} {}", l.event.partition, l.event.sequence)
+    format!("{} {}", l.event.partition(), l.event.sequence())
 }
 
 async fn consumer(rheo: &Rheo, side: &Side, g: &str, id: &str, mut rng: Rng) {
@@ -504,11 +504,11 @@ async fn read_log(rheo: &Rheo) -> Result<BTreeMap<Key, String>, String> {
                 break;
             }
             for e in page {
-                if e.sequence != after + 1 {
-                    return Err(format!("partition {p}: sequence {} after {after}", e.sequence));
+                if e.sequence() != after + 1 {
+                    return Err(format!("partition {p}: sequence {} after {after}", e.sequence()));
                 }
-                after = e.sequence;
-                log.insert((p, e.sequence), e.id);
+                after = e.sequence();
+                log.insert((p, e.sequence()), e.id().to_owned());
             }
         }
     }
@@ -562,11 +562,11 @@ async fn verify(url: &str, ledger: &Ledger) -> Result<(u64, u64), String> {
                 continue;
             }
             let lease = LeaseRef {
-                stream: STREAM.to_owned(),
-                group: name.to_owned(),
+                stream: STREAM.into(),
+                group: name.into(),
                 partition: key.0,
                 sequence: key.1,
-                lease_id: lease_id.clone(),
+                lease_id: lease_id.parse().expect("a lease id the child printed"),
                 receipt: None,
             };
             if let Err(e) = rheo.renew(lease, Duration::from_millis(1)).await {
@@ -655,7 +655,7 @@ async fn drain(url: &str, ledger: &Ledger) -> Result<usize, String> {
                 break;
             }
             for l in &leases {
-                let key = (l.event.partition, l.event.sequence);
+                let key = (l.event.partition(), l.event.sequence());
                 if let Some((a, r, dead)) = g.settled.get(&key) {
                     let how = if *dead { "rejected" } else { "acked" };
                     return Err(format!(
@@ -688,7 +688,7 @@ async fn drain(url: &str, ledger: &Ledger) -> Result<usize, String> {
         if let Some(d) = dead.iter().find(|d| drained.contains(&(d.partition, d.sequence))) {
             return Err(format!(
                 "{name}: {} was acked by the drain but is a dead letter",
-                d.event.as_ref().map_or("-", |e| e.id.as_str())
+                d.event.as_ref().map_or("-", |e| e.id())
             ));
         }
     }

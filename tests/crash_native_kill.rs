@@ -108,8 +108,10 @@ async fn writer(rheo: &Rheo, round: u64, w: u64, mut rng: Rng) {
         };
         match result {
             Ok(events) => {
-                let lines: Vec<String> =
-                    events.iter().map(|e| format!("ack {} {} {} {batch}", e.partition, e.sequence, e.id)).collect();
+                let lines: Vec<String> = events
+                    .iter()
+                    .map(|e| format!("ack {} {} {} {batch}", e.partition(), e.sequence(), e.id()))
+                    .collect();
                 say(&lines.join("\n"));
             }
             Err(e) => {
@@ -225,15 +227,18 @@ async fn verify(url: &str, acked: &mut Acked, round: u64) -> Result<(usize, usiz
             }
             for e in page {
                 let want = high[p as usize] + 1;
-                if e.sequence != want {
-                    return Err(format!("partition {p}: sequence {} where {want} was expected", e.sequence));
+                if e.sequence() != want {
+                    return Err(format!("partition {p}: sequence {} where {want} was expected", e.sequence()));
                 }
                 high[p as usize] = want;
-                let batch = e.payload["batch"].as_u64().ok_or_else(|| format!("{}: no batch", e.id))?;
-                let size = e.payload["size"].as_u64().ok_or_else(|| format!("{}: no size", e.id))?;
+                let batch = e.payload().json().expect("json")["batch"]
+                    .as_u64()
+                    .ok_or_else(|| format!("{}: no batch", e.id()))?;
+                let size =
+                    e.payload().json().expect("json")["size"].as_u64().ok_or_else(|| format!("{}: no size", e.id()))?;
                 let entry = batches.entry(batch).or_insert((size, Vec::new()));
-                entry.1.push(e.id.clone());
-                stored.insert((p, e.sequence), e.id);
+                entry.1.push(e.id().to_owned());
+                stored.insert((p, e.sequence()), e.id().to_owned());
             }
         }
     }
@@ -264,15 +269,15 @@ async fn verify(url: &str, acked: &mut Acked, round: u64) -> Result<(usize, usiz
         .append(STREAM, &json!({"batch": batch, "size": 1}), AppendOptions::new().id(format!("p{round}")).key("parent"))
         .await
         .map_err(|e| format!("appending after recovery failed: {e}"))?;
-    if e.sequence != high[e.partition as usize] + 1 {
+    if e.sequence() != high[e.partition() as usize] + 1 {
         return Err(format!(
             "the append after recovery got {}/{}, expected sequence {}",
-            e.partition,
-            e.sequence,
-            high[e.partition as usize] + 1
+            e.partition(),
+            e.sequence(),
+            high[e.partition() as usize] + 1
         ));
     }
-    acked.insert((e.partition, e.sequence), (e.id, batch));
+    acked.insert((e.partition(), e.sequence()), (e.id().to_owned(), batch));
     drop(rheo);
     Ok((stored.len() + 1, unacked_present))
 }

@@ -480,7 +480,7 @@ fn check_recovered(engine: &Engine, model: &Model) -> Result<(), String> {
                 ));
             }
             for r in records {
-                let id = r.doc.0.clone();
+                let id = r.doc.id().to_owned();
                 if found.insert(id.clone(), (entry.name.clone(), p, r)).is_some() {
                     return Err(format!("(b) event {id} is stored twice"));
                 }
@@ -534,14 +534,14 @@ fn check_append(i: usize, a: &Attempt, present: &[&Found]) -> Result<(), String>
     let mut last_seq: HashMap<u32, u64> = HashMap::new();
     let mut txns = Vec::new();
     for (k, (e, (stream, p, r))) in a.events.iter().zip(present).enumerate() {
-        let want = (
-            e.event.id.clone(),
-            e.event.key.clone(),
-            e.event.event_type.clone(),
-            e.event.metadata.clone(),
-            e.event.payload.clone(),
-        );
-        if *stream != a.stream || *p != e.partition || r.doc != want || r.header.ts != e.ts {
+        let want = (&e.event.id, &e.event.key, &e.event.event_type, &e.event.metadata, &e.event.payload);
+        let got = (r.doc.id(), r.doc.key(), r.doc.event_type(), r.doc.metadata(), r.doc.payload());
+        let same = got.0 == want.0
+            && got.1 == want.1.as_deref()
+            && got.2 == want.2.as_deref()
+            && got.3 == want.3
+            && got.4 == want.4;
+        if *stream != a.stream || *p != e.partition || !same || r.header.ts != e.ts {
             return Err(format!(
                 "(a) append #{i} event {k} differs: stored in {stream}/{p} {:?} ts {}, appended to {}/{} {want:?} ts {}",
                 r.doc, r.header.ts, a.stream, e.partition, e.ts
@@ -634,7 +634,7 @@ fn present_failed(engine: &Engine, model: &Model) -> u64 {
     for entry in engine.stream_entries() {
         let log = engine.stream(&entry.name).expect("stream");
         for p in 0..entry.partition_count {
-            ids.extend(log.read(p, 0, usize::MAX).expect("read").into_iter().map(|r| r.doc.0));
+            ids.extend(log.read(p, 0, usize::MAX).expect("read").into_iter().map(|r| r.doc.id().to_owned()));
         }
     }
     let failed = model.attempts.iter().filter(|a| matches!(a.outcome, Outcome::Failed { .. }));
@@ -666,7 +666,7 @@ fn acked(engine: &Engine, events: &[Planned]) -> Vec<(u32, u64)> {
 
 fn ids(engine: &Engine, p: u32) -> Vec<String> {
     let log = engine.stream("s").expect("stream");
-    log.read(p, 0, usize::MAX).expect("read").into_iter().map(|r| r.doc.0).collect()
+    log.read(p, 0, usize::MAX).expect("read").into_iter().map(|r| r.doc.id().to_owned()).collect()
 }
 
 /// Runs `steps` on a recording probe without a fault and returns the op

@@ -169,7 +169,8 @@ impl Rec {
     fn encode(&self, out: &mut Vec<u8>) -> usize {
         let h = RecordHeader { seq: self.seq, ts: self.ts, flags: self.flags, txn: self.txn };
         let meta: Metadata = self.metadata.as_object().cloned().unwrap_or_default();
-        let doc = DocRef(&self.id, self.key.as_deref(), self.event_type.as_deref(), &meta, &self.payload);
+        let payload = rmp_serde::to_vec(&self.payload).expect("payload");
+        let doc = DocRef(&self.id, self.key.as_deref(), self.event_type.as_deref(), &meta, &payload);
         encode_record(out, &h, &doc).expect("record encodes")
     }
 
@@ -713,12 +714,17 @@ fn check_record(file: &[u8], e: &Value, name: &str) {
 }
 
 fn check_doc(doc: &[u8], e: &Value, at: &str) {
-    let (id, key, event_type, metadata, payload) = decode_doc(doc).unwrap_or_else(|err| panic!("{at}: {err}"));
-    assert_eq!(id, js(e, "id"), "{at}: id");
-    assert_eq!(key.as_deref(), e["key"].as_str(), "{at}: key");
-    assert_eq!(event_type.as_deref(), e["type"].as_str(), "{at}: type");
-    assert_eq!(Value::Object(metadata), e["metadata"], "{at}: metadata");
-    assert_eq!(payload, e["payload"], "{at}: payload");
+    let d = decode_doc(doc).unwrap_or_else(|err| panic!("{at}: {err}"));
+    check_document(&d, e, at);
+}
+
+/// A decoded document against the vector's description of it.
+fn check_document(d: &rheo::model::event::Document, e: &Value, at: &str) {
+    assert_eq!(d.id(), js(e, "id"), "{at}: id");
+    assert_eq!(d.key(), e["key"].as_str(), "{at}: key");
+    assert_eq!(d.event_type(), e["type"].as_str(), "{at}: type");
+    assert_eq!(&Value::Object(d.metadata().clone()), &e["metadata"], "{at}: metadata");
+    assert_eq!(d.payload().json().unwrap_or_else(|err| panic!("{at}: payload: {err}")), &e["payload"], "{at}: payload");
 }
 
 /// Decodes records one after the other from the header and checks where
@@ -942,13 +948,7 @@ fn check_engine_records(engine: &Engine, expected: &Value, seqs: &[u64], name: &
         let e = listed.iter().find(|e| ju(e, "seq") == r.header.seq).expect("listed");
         let at = format!("{name}: recovered record {}", r.header.seq);
         assert_eq!((r.header.ts, u64::from(r.header.flags), r.header.txn), (ji(e, "ts"), ju(e, "flags"), ju(e, "txn")));
-        let (id, key, event_type, metadata, payload) = r.doc;
-        let d = &e["doc"];
-        assert_eq!(id, js(d, "id"), "{at}: id");
-        assert_eq!(key.as_deref(), d["key"].as_str(), "{at}: key");
-        assert_eq!(event_type.as_deref(), d["type"].as_str(), "{at}: type");
-        assert_eq!(Value::Object(metadata), d["metadata"], "{at}: metadata");
-        assert_eq!(payload, d["payload"], "{at}: payload");
+        check_document(&r.doc, &e["doc"], &at);
     }
 }
 
@@ -2698,7 +2698,7 @@ fn lease_ref(group: &str, seq: u64, id: &str) -> LeaseRef {
         group: group.into(),
         partition: 0,
         sequence: seq,
-        lease_id: id.into(),
+        lease_id: id.parse().expect("a lease id"),
         receipt: None,
     }
 }
@@ -3232,17 +3232,17 @@ fn six_event(i: u64) -> Event {
     } else if i.is_multiple_of(7) {
         payload["lines"] = json!({"sku": "b"});
     }
-    Event {
+    Event::from(rheo::EventParts {
         id: format!("0190a3c2-7b00-7000-8000-{i:012x}"),
-        stream: STREAM.to_owned(),
+        stream: STREAM.into(),
         partition: 0,
         sequence: i,
         timestamp: Timestamp::from_millis(T0 + i64::try_from(i).expect("small") - 1),
         key: Some(format!("k{}", i % 5)),
         event_type: Some(event_type.to_owned()),
         metadata: Metadata::new(),
-        payload,
-    }
+        payload: payload.into(),
+    })
 }
 
 fn six_declared() -> Vec<String> {
@@ -3268,7 +3268,7 @@ fn six_terms(events: &[Event], names: &[String]) -> Vec<SixTerm> {
             let mut key = u16::try_from(ordinal).expect("ordinal").to_be_bytes().to_vec();
             key.extend_from_slice(&term::json_key(&value));
             let t = terms.entry(key.clone()).or_insert(SixTerm { key, ordinal, value, seqs: Vec::new() });
-            t.seqs.push(e.sequence);
+            t.seqs.push(e.sequence());
         }
     }
     terms.into_values().collect()
@@ -3536,7 +3536,7 @@ fn six_queries() -> Vec<Query> {
 /// Every event of the vector stream, read record by record.
 fn six_all_events(log: &rheo::engine::log::stream::StreamLog) -> Vec<Event> {
     let records = log.read(0, 0, 100_000).expect("read");
-    records.into_iter().map(|r| r.into_event(STREAM, 0)).collect()
+    records.into_iter().map(|r| r.into_event(&STREAM.into(), 0)).collect()
 }
 
 /// The queries through the planner give what a filtered read of every event
@@ -3576,7 +3576,7 @@ fn secondary_index_files_are_built_refused_and_rebuilt() {
     let news: Vec<NewEvent> = (1..=SIX_RECORDS)
         .map(|i| {
             let e = six_event(i);
-            NewEvent::prepare(e.payload, AppendOptions::new().id(e.id).key(e.key.expect("key")))
+            NewEvent::prepare(e.payload().clone(), AppendOptions::new().id(e.id()).key(e.key().expect("key")))
         })
         .collect();
     for (i, chunk) in news.chunks(3).enumerate() {
@@ -3612,7 +3612,7 @@ fn secondary_index_files_are_built_refused_and_rebuilt() {
         assert_eq!(meta.header, header, "{path}: header = the segment's footer");
         assert_eq!(meta.fields, names, "{path}: fields");
         let mine: Vec<Event> =
-            all.iter().filter(|e| (seg.base_seq..=f.last_seq).contains(&e.sequence)).cloned().collect();
+            all.iter().filter(|e| (seg.base_seq..=f.last_seq).contains(&e.sequence())).cloned().collect();
         let want: Vec<(Vec<u8>, Vec<u64>)> = six_terms(&mine, &names).into_iter().map(|t| (t.key, t.seqs)).collect();
         assert!(terms == want, "{path}: the terms of the segment's records");
         // Each record offset is where that record starts in the segment.

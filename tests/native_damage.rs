@@ -125,7 +125,7 @@ async fn a_damaged_record_blocks_only_its_own_position() {
     assert_eq!(positions(&report.leases), want, "every readable position, in order");
     assert_eq!(report.damaged.len(), 1);
     let d = &report.damaged[0];
-    assert_eq!((d.stream.as_str(), d.partition, d.sequence, d.offset), (S, 0, 6, offset));
+    assert_eq!((d.stream.as_ref(), d.partition, d.sequence, d.offset), (S, 0, 6, offset));
     assert!(d.file.to_string_lossy().ends_with(&path), "{d}");
     assert!(d.reason.contains("checksum"), "{d}");
     let info = rheo.group_info(S, G).await.expect("info");
@@ -238,7 +238,7 @@ async fn damage_to_a_length_field_is_stepped_over() {
     assert_eq!(report.leases.iter().map(Lease::sequence).collect::<Vec<_>>(), want);
     // Reading from after the damage works; reading over it fails, naming it.
     let after = rheo.read(S, 0, 9, 5).await.expect("read after the damage");
-    assert_eq!(after.iter().map(|e| e.sequence).collect::<Vec<_>>(), vec![10, 11, 12, 13, 14]);
+    assert_eq!(after.iter().map(|e| e.sequence()).collect::<Vec<_>>(), vec![10, 11, 12, 13, 14]);
     match rheo.read(S, 0, 5, 10).await {
         Err(Error::Corrupt { file, offset, .. }) => {
             assert!(file.to_string_lossy().ends_with(&path));
@@ -391,12 +391,12 @@ async fn a_damaged_header_or_footer_of_a_sealed_segment_loses_nothing() {
     }
     let (_engine, rheo) = dir.open();
     let all = rheo.query(&Query::new(S).from(START).limit(1000)).await.expect("query");
-    assert_eq!(all.iter().map(|e| e.sequence).collect::<Vec<_>>(), (1..=80).collect::<Vec<_>>());
+    assert_eq!(all.iter().map(|e| e.sequence()).collect::<Vec<_>>(), (1..=80).collect::<Vec<_>>());
     let report = rheo.fetch_report(S, G, FetchOptions::new().limit(1000)).await.expect("fetch");
     assert_eq!(positions(&report.leases), range(0, 1..=80));
     assert!(report.damaged.is_empty(), "{:?}", report.damaged);
     let next = rheo.append(S, &json!({"after": true}), AppendOptions::new()).await.expect("append");
-    assert_eq!(next.sequence, 81);
+    assert_eq!(next.sequence(), 81);
 }
 
 /// Damage has its own budget per partition, not the fetch's limit: small
@@ -485,5 +485,5 @@ async fn damage_in_a_segment_whose_index_is_lost_is_still_contained() {
     assert_eq!(report.leases.len(), 59);
     assert!(dir.mem.read_file(&idx).is_none(), "an index built over damage is not written");
     let after = rheo.read(S, 0, 5, 3).await.expect("read after the damage");
-    assert_eq!(after.iter().map(|e| e.sequence).collect::<Vec<_>>(), vec![6, 7, 8]);
+    assert_eq!(after.iter().map(|e| e.sequence()).collect::<Vec<_>>(), vec![6, 7, 8]);
 }

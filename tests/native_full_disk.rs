@@ -53,7 +53,7 @@ async fn work(rheo: &Rheo, engine: &Engine, seen: &mut Acknowledged, rounds: usi
         for r in [one.map(|e| vec![e]), batch] {
             match r {
                 Ok(events) => {
-                    events.iter().for_each(|e| seen.appended.entry(e.partition).or_default().push(e.sequence))
+                    events.iter().for_each(|e| seen.appended.entry(e.partition()).or_default().push(e.sequence()))
                 }
                 Err(Error::NoSpace { .. }) => seen.no_space += 1,
                 Err(e) => panic!("round {round}: an append failed with {e:?}, not NoSpace"),
@@ -85,7 +85,7 @@ async fn work(rheo: &Rheo, engine: &Engine, seen: &mut Acknowledged, rounds: usi
 async fn check(rheo: &Rheo, seen: &Acknowledged, what: &str) {
     for p in 0..2u32 {
         let events = rheo.read(S, p, 0, 10_000).await.expect("read");
-        let seqs: Vec<u64> = events.iter().map(|e| e.sequence).collect();
+        let seqs: Vec<u64> = events.iter().map(|e| e.sequence()).collect();
         assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "{what}: partition {p} is contiguous");
         let acknowledged = seen.appended.get(&p).cloned().unwrap_or_default();
         assert_eq!(seqs, acknowledged, "{what}: partition {p} holds exactly the acknowledged appends");

@@ -252,16 +252,16 @@ async fn routing_is_stable(factory: Factory, input: RoutingInput) -> CaseResult 
         } else {
             ok(fx.rheo.append(STREAM, &json!({"i": i}), AppendOptions::new().key(key.clone())).await, &ctx)?
         };
-        prop_assert_eq!(event.partition, expected, "{}: landed outside partition_for_key", ctx);
-        prop_assert_eq!(event.key.as_deref(), Some(key.as_str()), "{}: key not kept", ctx);
-        let first = *placed.entry(key.as_str()).or_insert(event.partition);
-        prop_assert_eq!(event.partition, first, "{}: the same key landed in two partitions", ctx);
+        prop_assert_eq!(event.partition(), expected, "{}: landed outside partition_for_key", ctx);
+        prop_assert_eq!(event.key(), Some(key.as_str()), "{}: key not kept", ctx);
+        let first = *placed.entry(key.as_str()).or_insert(event.partition());
+        prop_assert_eq!(event.partition(), first, "{}: the same key landed in two partitions", ctx);
     }
     let stored = read_every_partition(&fx.rheo, count).await?;
     prop_assert_eq!(stored.len(), appends.len(), "read back a different number of events");
     for e in &stored {
-        let key = e.key.as_deref().ok_or_else(|| fail(format!("event {e:?} lost its key")))?;
-        prop_assert_eq!(e.partition, partition_for_key(key, count), "stored event {:?} in the wrong partition", e);
+        let key = e.key().ok_or_else(|| fail(format!("event {e:?} lost its key")))?;
+        prop_assert_eq!(e.partition(), partition_for_key(key, count), "stored event {:?} in the wrong partition", e);
     }
     Ok(())
 }
@@ -335,7 +335,7 @@ async fn sequences_are_contiguous(factory: Factory, count: u32, ops: Vec<AppendO
                 let p = route.partition(count);
                 let part = &mut model[p_index(p)];
                 part.push(tag);
-                prop_assert_eq!((e.partition, e.sequence), (p, len_u64(part.len())), "{}", ctx);
+                prop_assert_eq!((e.partition(), e.sequence()), (p, len_u64(part.len())), "{}", ctx);
             }
             AppendOp::Batch(routes) => {
                 let items: Vec<(Value, AppendOptions)> = routes
@@ -352,7 +352,7 @@ async fn sequences_are_contiguous(factory: Factory, count: u32, ops: Vec<AppendO
                     let part = &mut model[p_index(p)];
                     part.push(tag);
                     prop_assert_eq!(
-                        (e.partition, e.sequence, &e.payload),
+                        (e.partition(), e.sequence(), e.payload().json().expect("json")),
                         (p, len_u64(part.len()), &json!({"tag": tag})),
                         "{}: batch events must be contiguous per partition and in input order",
                         ctx
@@ -383,17 +383,17 @@ async fn sequences_are_contiguous(factory: Factory, count: u32, ops: Vec<AppendO
             let batch = ok(fx.rheo.read(STREAM, p, after, page).await, format!("read {p} after {after}"))?;
             prop_assert!(batch.len() <= page, "read returned more than its limit");
             let Some(last) = batch.last() else { break };
-            after = last.sequence;
+            after = last.sequence();
             seen.extend(batch);
         }
-        let sequences: Vec<u64> = seen.iter().map(|e| e.sequence).collect();
+        let sequences: Vec<u64> = seen.iter().map(|e| e.sequence()).collect();
         let part = &model[p_index(p)];
         let want: Vec<u64> = (1..=len_u64(part.len())).collect();
         prop_assert_eq!(sequences, want, "partition {} sequences are not exactly 1..=n in order", p);
-        let tags: Vec<Value> = seen.iter().map(|e| e.payload["tag"].clone()).collect();
+        let tags: Vec<Value> = seen.iter().map(|e| e.payload().json().expect("json")["tag"].clone()).collect();
         let want_tags: Vec<Value> = part.iter().map(|&t| json!(t)).collect();
         prop_assert_eq!(tags, want_tags, "partition {} holds other events than appended", p);
-        prop_assert!(seen.iter().all(|e| e.partition == p), "read of partition {p} returned another partition");
+        prop_assert!(seen.iter().all(|e| e.partition() == p), "read of partition {p} returned another partition");
     }
     Ok(())
 }
@@ -536,7 +536,7 @@ async fn old_lease_never_settles(factory: Factory, ops: Vec<LeaseOp>) -> CaseRes
     let fx = setup(factory, 2, &[(GROUP, 1000)]).await?;
     let mut tracked: Vec<Tracked> = Vec::new();
     let mut holder: HashMap<(u32, u64), usize> = HashMap::new();
-    let mut lease_ids: HashSet<String> = HashSet::new();
+    let mut lease_ids: HashSet<rheo::LeaseId> = HashSet::new();
     for (i, op) in ops.iter().enumerate() {
         let ctx = format!("op #{i} {op:?}");
         let now = fx.clock.now();
@@ -547,7 +547,7 @@ async fn old_lease_never_settles(factory: Factory, ops: Vec<LeaseOp>) -> CaseRes
             LeaseOp::Fetch { limit, lease_ms } => {
                 for lease in fetch(&fx.rheo, GROUP, *limit, *lease_ms, &ctx).await? {
                     let key = (lease.partition(), lease.sequence());
-                    prop_assert!(lease_ids.insert(lease.lease_id.clone()), "{ctx}: lease id {} reused", lease.lease_id);
+                    prop_assert!(lease_ids.insert(lease.lease_id), "{ctx}: lease id {} reused", lease.lease_id);
                     prop_assert_eq!(lease.expires_at, now.saturating_add(millis(*lease_ms)), "{}: expiry", ctx);
                     if let Some(&j) = holder.get(&key) {
                         let old = &mut tracked[j];
@@ -597,8 +597,8 @@ async fn old_lease_never_settles(factory: Factory, ops: Vec<LeaseOp>) -> CaseRes
                 match settle_raw(&fx.rheo, &lease, *kind, "r").await {
                     Err(Error::StaleLease { partition, sequence, lease_id, stream, group }) => {
                         prop_assert_eq!(
-                            (partition, sequence, lease_id.as_str(), stream.as_str(), group.as_str()),
-                            (lease.partition, lease.sequence, lease.lease_id.as_str(), STREAM, GROUP),
+                            (partition, sequence, lease_id, stream.as_str(), group.as_str()),
+                            (lease.partition, lease.sequence, lease.lease_id, STREAM, GROUP),
                             "{}: StaleLease names another lease",
                             ctx
                         );
@@ -808,7 +808,7 @@ impl QuerySpec {
 
     /// The test's own reading of the filter and bounds.
     fn matches(&self, e: &Event) -> bool {
-        let n = e.payload.get("n");
+        let n = e.payload().json().expect("json").get("n");
         // Numbers compare by value (2.0 == 2), never with strings.
         let num = n.filter(|v| v.is_number()).and_then(Value::as_f64);
         let x = |x: &i64| f64::from(i32::try_from(*x).expect("small"));
@@ -823,27 +823,27 @@ impl QuerySpec {
             FilterSpec::GtStr(v) => n.and_then(Value::as_str).is_some_and(|s| s > v.to_string().as_str()),
             FilterSpec::Exists => n.is_some(),
             FilterSpec::Missing => n.is_none(),
-            FilterSpec::Type(a) => e.event_type.as_deref() == Some(if *a { "a" } else { "b" }),
-            FilterSpec::Partition(p) => e.partition == *p,
-            FilterSpec::PartitionIn(ps) => ps.contains(&e.partition),
-            FilterSpec::SequenceGt(s) => e.sequence > *s,
-            FilterSpec::TimestampLt(t) => e.timestamp < at(*t),
+            FilterSpec::Type(a) => e.event_type() == Some(if *a { "a" } else { "b" }),
+            FilterSpec::Partition(p) => e.partition() == *p,
+            FilterSpec::PartitionIn(ps) => ps.contains(&e.partition()),
+            FilterSpec::SequenceGt(s) => e.sequence() > *s,
+            FilterSpec::TimestampLt(t) => e.timestamp() < at(*t),
         });
         filters
-            && self.after_sequence.is_none_or(|a| e.sequence > a)
-            && self.after_sequences.get(&e.partition).is_none_or(|&a| e.sequence > a)
-            && self.until_sequence.is_none_or(|u| e.sequence <= u)
-            && self.from.is_none_or(|t| e.timestamp >= at(t))
-            && self.to.is_none_or(|t| e.timestamp <= at(t))
+            && self.after_sequence.is_none_or(|a| e.sequence() > a)
+            && self.after_sequences.get(&e.partition()).is_none_or(|&a| e.sequence() > a)
+            && self.until_sequence.is_none_or(|u| e.sequence() <= u)
+            && self.from.is_none_or(|t| e.timestamp() >= at(t))
+            && self.to.is_none_or(|t| e.timestamp() <= at(t))
     }
 
     /// The documented order: sequence then partition; timestamp then
     /// partition then sequence; partition then sequence.
     fn key(&self, e: &Event) -> (i64, u64, u64) {
         match self.order {
-            OrderBy::Sequence => (0, e.sequence, u64::from(e.partition)),
-            OrderBy::Timestamp => (e.timestamp.as_millis(), u64::from(e.partition), e.sequence),
-            OrderBy::Partition => (0, u64::from(e.partition), e.sequence),
+            OrderBy::Sequence => (0, e.sequence(), u64::from(e.partition())),
+            OrderBy::Timestamp => (e.timestamp().as_millis(), u64::from(e.partition()), e.sequence()),
+            OrderBy::Partition => (0, u64::from(e.partition()), e.sequence()),
         }
     }
 
@@ -858,7 +858,7 @@ impl QuerySpec {
 }
 
 fn positions(events: &[Event]) -> Vec<(u32, u64)> {
-    events.iter().map(|e| (e.partition, e.sequence)).collect()
+    events.iter().map(|e| (e.partition(), e.sequence())).collect()
 }
 
 async fn paging_returns_each_event_once(
@@ -926,7 +926,7 @@ async fn paging_survives_appends_between_pages(
         let page = ok(fx.rheo.query_page(&q).await, format!("page {pages} of {q:?}"))?;
         prop_assert!(page.events.len() <= spec.limit, "page {pages} has {} events > limit", page.events.len());
         for e in &page.events {
-            let pos = (e.partition, e.sequence);
+            let pos = (e.partition(), e.sequence());
             prop_assert!(seen.insert(pos), "page {pages}: {pos:?} returned twice");
             prop_assert!(spec.matches(e), "page {pages}: {pos:?} does not match the query: {e:?}");
             let key = spec.key(e);
@@ -954,9 +954,9 @@ async fn paging_survives_appends_between_pages(
     );
     // Whatever was returned is stored exactly as returned.
     let all = read_every_partition(&fx.rheo, count).await?;
-    let stored: HashMap<(u32, u64), &Event> = all.iter().map(|e| ((e.partition, e.sequence), e)).collect();
+    let stored: HashMap<(u32, u64), &Event> = all.iter().map(|e| ((e.partition(), e.sequence()), e)).collect();
     for e in &got {
-        prop_assert_eq!(Some(&e), stored.get(&(e.partition, e.sequence)), "returned event differs from stored");
+        prop_assert_eq!(Some(&e), stored.get(&(e.partition(), e.sequence())), "returned event differs from stored");
     }
     Ok(())
 }
@@ -1013,7 +1013,7 @@ async fn apply_group_op(
             let got = fetch(rheo, group, *limit, *lease_ms, ctx).await?;
             let seen: Vec<_> = got
                 .iter()
-                .map(|l| (l.event.id.clone(), l.partition(), l.sequence(), l.attempt, l.expires_at))
+                .map(|l| (l.event.id().to_owned(), l.partition(), l.sequence(), l.attempt, l.expires_at))
                 .collect();
             leases.extend(got);
             format!("fetched {seen:?}")
@@ -1056,7 +1056,7 @@ async fn group_view(rheo: &Rheo, group: &str, ctx: &str) -> Result<GroupView, Te
             .into_iter()
             .map(|d| {
                 (
-                    d.event.map_or_else(String::new, |e| e.id),
+                    d.event.map_or_else(String::new, |e| e.id().to_owned()),
                     d.partition,
                     d.sequence,
                     d.reason,
@@ -1478,7 +1478,7 @@ async fn backend_matches_model(factory: Factory, group: ModelGroup, ops: Vec<Mod
     let mut model = Model::new(MODEL_PARTITIONS, group);
     compare_with_model(&fx, &model, "after create_group").await?;
     let mut leases: Vec<Lease> = Vec::new();
-    let mut lease_ids: HashSet<String> = HashSet::new();
+    let mut lease_ids: HashSet<rheo::LeaseId> = HashSet::new();
     for (i, op) in ops.iter().enumerate() {
         let ctx = format!("op #{i} {op:?}");
         match op {
@@ -1486,7 +1486,7 @@ async fn backend_matches_model(factory: Factory, group: ModelGroup, ops: Vec<Mod
                 let e = ok(fx.rheo.append(STREAM, &json!({"op": i}), route.options(MODEL_PARTITIONS)).await, &ctx)?;
                 let p = route.partition(MODEL_PARTITIONS);
                 let seq = model.append(p);
-                prop_assert_eq!((e.partition, e.sequence), (p, seq), "{}: appended at", ctx);
+                prop_assert_eq!((e.partition(), e.sequence()), (p, seq), "{}: appended at", ctx);
             }
             ModelOp::Fetch { limit, lease_ms, partitions } => {
                 let mut opts = FetchOptions::new().limit(*limit).lease(millis(*lease_ms));
@@ -1501,9 +1501,9 @@ async fn backend_matches_model(factory: Factory, group: ModelGroup, ops: Vec<Mod
                     want.iter().map(|&(_, p, s, a, t)| (p, s, a, t)).collect();
                 prop_assert_eq!(seen, wanted, "{}: fetched (partition, sequence, attempt, expires_at)", ctx);
                 for l in &got {
-                    prop_assert!(lease_ids.insert(l.lease_id.clone()), "{ctx}: lease id {} reused", l.lease_id);
-                    prop_assert_eq!(l.group.as_str(), GROUP, "{}: lease group", ctx);
-                    prop_assert_eq!(l.consumer_id.as_str(), fx.rheo.consumer_id(), "{}: lease consumer", ctx);
+                    prop_assert!(lease_ids.insert(l.lease_id), "{ctx}: lease id {} reused", l.lease_id);
+                    prop_assert_eq!(l.group.as_ref(), GROUP, "{}: lease group", ctx);
+                    prop_assert_eq!(l.consumer_id.as_ref(), fx.rheo.consumer_id(), "{}: lease consumer", ctx);
                 }
                 leases.extend(got);
             }

@@ -495,7 +495,7 @@ fn all_events(log: &StreamLog) -> Result<Vec<Event>, TestCaseError> {
 }
 
 fn positions(events: &[Event]) -> Vec<(u32, u64)> {
-    events.iter().map(|e| (e.partition, e.sequence)).collect()
+    events.iter().map(|e| (e.partition(), e.sequence())).collect()
 }
 
 fn same_page(got: &Page, want: &Page, what: &str, q: &Query) -> CaseResult {
@@ -509,14 +509,14 @@ fn same_page(got: &Page, want: &Page, what: &str, q: &Query) -> CaseResult {
 fn sorted_matches(all: &[Event], q: &Query) -> Vec<(u32, u64)> {
     let mut m: Vec<&Event> = all.iter().filter(|e| q.matches(e)).collect();
     m.sort_by_key(|e| match q.order_by {
-        OrderBy::Sequence => (0, e.sequence, u64::from(e.partition)),
-        OrderBy::Timestamp => (e.timestamp.as_millis(), u64::from(e.partition), e.sequence),
-        OrderBy::Partition => (0, u64::from(e.partition), e.sequence),
+        OrderBy::Sequence => (0, e.sequence(), u64::from(e.partition())),
+        OrderBy::Timestamp => (e.timestamp().as_millis(), u64::from(e.partition()), e.sequence()),
+        OrderBy::Partition => (0, u64::from(e.partition()), e.sequence()),
     });
     if q.descending {
         m.reverse();
     }
-    m.into_iter().map(|e| (e.partition, e.sequence)).collect()
+    m.into_iter().map(|e| (e.partition(), e.sequence())).collect()
 }
 
 /// The planner's pages against the reference's, from the first to the last.
@@ -547,7 +547,7 @@ fn check_query(log: &StreamLog, q: &Query) -> CaseResult {
 /// `planner::matching` yields exactly the matching sequences, ascending.
 fn check_matching(log: &StreamLog, q: &Query, all: &[Event]) -> CaseResult {
     for p in 0..log.partition_count() {
-        let want: Vec<u64> = all.iter().filter(|e| e.partition == p && q.matches(e)).map(|e| e.sequence).collect();
+        let want: Vec<u64> = all.iter().filter(|e| e.partition() == p && q.matches(e)).map(|e| e.sequence()).collect();
         let mut got = Vec::new();
         ok(planner::matching(log, p, q, &mut |s| got.push(s)), format!("matching partition {p}"))?;
         prop_assert_eq!(got, want, "matching partition {} of {:?}", p, q);
@@ -559,11 +559,11 @@ fn check_matching(log: &StreamLog, q: &Query, all: &[Event]) -> CaseResult {
 fn check_positions(log: &StreamLog) -> CaseResult {
     let all = all_events(log)?;
     let mut ids: Vec<String> = IDS.iter().map(|s| (*s).to_owned()).collect();
-    ids.extend(all.iter().step_by(7).map(|e| e.id.clone()));
+    ids.extend(all.iter().step_by(7).map(|e| e.id().to_owned()));
     ids.push("absent".to_owned());
     for id in ids {
         // `all` is in (partition, sequence) order.
-        let want = all.iter().find(|e| e.id == id).map(|e| (e.partition, e.sequence));
+        let want = all.iter().find(|e| e.id() == id).map(|e| (e.partition(), e.sequence()));
         let got = ok(planner::position_of(log, &id), format!("position_of {id}"))?;
         prop_assert_eq!(got, want, "position_of {:?}", id);
     }
@@ -683,7 +683,7 @@ fn an_equality_on_an_indexed_field_reads_index_files_and_the_in_memory_index() {
             let want = if i < sealed { "file" } else { "memory" };
             assert_eq!(source, want, "run {i}: {x}");
             // Every third event is a "b": the candidates are exactly the matches.
-            let in_run = page.events.iter().filter(|e| e.sequence >= x.first && e.sequence <= x.last).count();
+            let in_run = page.events.iter().filter(|e| e.sequence() >= x.first && e.sequence() <= x.last).count();
             assert_eq!(*candidates, u64::try_from(in_run).expect("small"), "run {i}: {x}");
         }
     };

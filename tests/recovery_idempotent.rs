@@ -152,7 +152,7 @@ async fn observe(rheo: &Rheo) -> String {
         out += &format!("{} {:?}\n", s.name, s.high_watermarks);
         for p in 0..s.partition_count {
             let events = rheo.read(&s.name, p, 0, 10_000).await.expect("read");
-            let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
+            let ids: Vec<&str> = events.iter().map(|e| e.id()).collect();
             out += &format!("  {p}: {ids:?}\n");
         }
         for g in rheo.list_groups(&s.name).await.expect("groups") {

@@ -384,7 +384,7 @@ async fn reject_dead_letters_and_retry_redelivers(f: Fixture) {
     setup(&f, 2, GroupOptions::new()).await;
     let handle = Group::builder(&f.rheo, S, G)
         .spawn(handler_fn(|lease: Lease| async move {
-            match (lease.event.payload["n"].as_u64(), lease.attempt) {
+            match (lease.event.payload().json().expect("json")["n"].as_u64(), lease.attempt) {
                 (Some(0), _) => Outcome::reject("bad order"),
                 (_, 1) => Outcome::retry("try again"),
                 _ => Outcome::Ack,

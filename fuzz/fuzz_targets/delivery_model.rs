@@ -51,6 +51,7 @@ use libfuzzer_sys::fuzz_target;
 use rheo::engine::vfs::{Fault, FaultyVfs, MemVfs, Vfs};
 use rheo::engine::{Engine, EngineOptions};
 use rheo::{
+    LeaseId,
     AppendOptions, Backend, Backoff, Clock, DeadLetterOptions, Error, FetchOptions, GroupOptions, LeaseRef,
     ManualClock, NativeBackend, NewEvent, Query, ReplayOptions, ResetOptions, RetryOutcome, StartPosition,
     StreamOptions, Timestamp,
@@ -211,7 +212,8 @@ enum Hold {
     /// Claimed under `id` until `expires` (claimable again from then on,
     /// while the lease still settles until another fetch claims it). The id
     /// is empty for a claim whose fetch crashed (it settles nothing).
-    Leased { id: String, expires: Timestamp, attempt: u32 },
+    /// `id` 0: held under a lease the model never saw (a real one is never 0).
+    Leased { id: LeaseId, expires: Timestamp, attempt: u32 },
     /// Retried: claimable again from `ready`.
     Waiting { ready: Timestamp, attempt: u32 },
     /// `ack` returned `Ok`, or settled by a start or reset.
@@ -272,7 +274,7 @@ impl Model {
 
     fn held(&self, g: usize, l: &LeaseRef) -> Option<u32> {
         match self.hold(g, l.partition, l.sequence)? {
-            Hold::Leased { id, attempt, .. } if *id == l.lease_id && !id.is_empty() => Some(*attempt),
+            Hold::Leased { id, attempt, .. } if *id == l.lease_id && id.as_u128() != 0 => Some(*attempt),
             _ => None,
         }
     }
@@ -420,13 +422,13 @@ fn newest_checkpoint(mem: &MemVfs) -> Option<u64> {
         .max()
 }
 
-fn lease_ref(g: usize, p: u32, seq: u64, id: &str) -> LeaseRef {
+fn lease_ref(g: usize, p: u32, seq: u64, id: LeaseId) -> LeaseRef {
     LeaseRef {
         stream: STREAM.into(),
         group: GROUPS[g].into(),
         partition: p,
         sequence: seq,
-        lease_id: id.into(),
+        lease_id: id,
         receipt: None,
     }
 }
@@ -436,7 +438,7 @@ fn event_id(p: u32, seq: u64) -> String {
 }
 
 fn group_of(l: &LeaseRef) -> usize {
-    GROUPS.iter().position(|g| *g == l.group).unwrap_or(0)
+    GROUPS.iter().position(|g| *g == &*l.group).unwrap_or(0)
 }
 
 /// A settle's result against the model: `Ok` exactly when held, else `StaleLease`.
@@ -552,7 +554,7 @@ impl Run {
                 let (claims, dead) = m.fetch(*g, now, *limit, &scope);
                 let expires = now.saturating_add(Duration::from_millis(*lease_ms));
                 for &(p, seq, attempt) in &claims {
-                    m.set(*g, &lease_ref(*g, p, seq, ""), Hold::Leased { id: String::new(), expires, attempt });
+                    m.set(*g, &lease_ref(*g, p, seq, LeaseId::from_u128(0)), Hold::Leased { id: LeaseId::from_u128(0), expires, attempt });
                 }
                 (Expect::Claims(Some(claims)), dead)
             }
@@ -607,7 +609,7 @@ impl Run {
                     let held = m.held(g, &l);
                     if let Some(attempt) = held {
                         let expires = now.saturating_add(Duration::from_millis(*ms));
-                        m.set(g, &l, Hold::Leased { id: l.lease_id.clone(), expires, attempt });
+                        m.set(g, &l, Hold::Leased { id: l.lease_id, expires, attempt });
                     }
                     (Expect::Settle(held.is_some()), false)
                 }
@@ -727,10 +729,10 @@ impl Run {
                     })
                     .collect();
                 let out = self.b().append_batch(STREAM, events).await.expect("append");
-                let seqs: Vec<u64> = out.iter().map(|e| e.sequence).collect();
+                let seqs: Vec<u64> = out.iter().map(|e| e.sequence()).collect();
                 assert_eq!(seqs, (first..first + u64::from(*n)).collect::<Vec<_>>(), "appended sequences");
                 for e in &out {
-                    self.m.append(*p, e.timestamp, e.sequence % TAGS);
+                    self.m.append(*p, e.timestamp(), e.sequence() % TAGS);
                 }
                 return false;
             }
@@ -757,13 +759,13 @@ impl Run {
                 assert_eq!(claims, want, "step {step} ({call:?}): claims (partition, sequence, attempt)");
                 self.m.live = state;
                 for l in &got {
-                    assert_eq!(l.event.id, event_id(l.partition(), l.sequence()), "the delivered event");
+                    assert_eq!(l.event.id(), event_id(l.partition(), l.sequence()), "the delivered event");
                     assert_eq!(l.expires_at, now.saturating_add(lease), "the lease's expiry");
                     let r = l.to_ref();
                     self.m.set(
                         *g,
                         &r,
-                        Hold::Leased { id: l.lease_id.clone(), expires: l.expires_at, attempt: l.attempt },
+                        Hold::Leased { id: l.lease_id, expires: l.expires_at, attempt: l.attempt },
                     );
                     self.leases.push(r);
                 }
@@ -948,9 +950,9 @@ impl Run {
             for (p, part) in group.parts.iter().enumerate() {
                 for (i, h) in part.iter().flat_map(|part| part.holds.iter().enumerate()) {
                     if let Hold::Leased { id, .. } = h
-                        && !id.is_empty()
+                        && id.as_u128() != 0
                     {
-                        refs.push((g, lease_ref(g, p as u32, i as u64 + 1, id)));
+                        refs.push((g, lease_ref(g, p as u32, i as u64 + 1, *id)));
                     }
                 }
             }

@@ -70,7 +70,7 @@ fn read_all(engine: &Engine) -> rheo::Result<Vec<(u64, String)>> {
             after = r.header.seq;
         }
         assert!(last.header.seq <= stream.high_watermark(0), "a record above the high watermark");
-        out.extend(page.into_iter().map(|r| (r.header.seq, r.doc.0)));
+        out.extend(page.into_iter().map(|r| (r.header.seq, r.doc.id().to_owned())));
     }
 }
 
@@ -156,7 +156,7 @@ fuzz_target!(|data: &[u8]| {
     if let (Ok(records), Ok(log)) = (&first, engine.stream(STREAM)) {
         let q = rheo::Query::new(STREAM).exists("id").limit(rheo::MAX_LIMIT);
         if let Ok(page) = rheo::engine::index::planner::query_page(&log, &q) {
-            let got: Vec<u64> = page.events.iter().map(|e| e.sequence).collect();
+            let got: Vec<u64> = page.events.iter().map(|e| e.sequence()).collect();
             let want: Vec<u64> = records.iter().map(|r| r.0).take(rheo::MAX_LIMIT).collect();
             assert_eq!(got, want, "an indexed query differs from a read");
         }

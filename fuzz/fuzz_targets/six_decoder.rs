@@ -41,7 +41,7 @@ use rheo::engine::index::file::{
 };
 use rheo::engine::index::term::{self, Scalar};
 use rheo::engine::segment::record::decode_doc;
-use rheo::{Event, Timestamp};
+use rheo::Timestamp;
 use rheo_fuzz::Cursor;
 
 const AS_IS: u8 = 0;
@@ -288,17 +288,7 @@ fn key_of(s: &Scalar<'_>) -> Vec<u8> {
 fn check_doc(doc: &[u8], extra: &[u8]) {
     let Some(parts) = DocParts::split(doc) else { return };
     let _ = parts.id();
-    let decoded = decode_doc(doc).ok().map(|(id, key, event_type, metadata, payload)| Event {
-        id,
-        stream: "s".to_owned(),
-        partition: 0,
-        sequence: 1,
-        timestamp: Timestamp::from_millis(0),
-        key,
-        event_type,
-        metadata,
-        payload,
-    });
+    let decoded = decode_doc(doc).ok().map(|d| d.into_event(&"s".into(), 0, 1, Timestamp::from_millis(0)));
     let spelled: String = extra.iter().take(12).map(|&b| char::from(b"ab01.c"[usize::from(b % 6)])).collect();
     let paths: Vec<(&str, FieldPath)> = PATHS
         .iter()

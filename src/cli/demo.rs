@@ -21,6 +21,14 @@ const CUSTOMERS: [&str; 8] = ["ada", "brian", "chen", "dora", "emil", "fatou", "
 /// The order whose handler always fails in the billing group.
 const POISON_ORDER: u64 = 7;
 
+/// What the billing consumer reads of an order event: decoded straight
+/// from the stored payload.
+#[derive(serde::Deserialize)]
+struct Order {
+    order: u64,
+    total: u64,
+}
+
 /// Runs the scenario on `backend`, narrating to `out`.
 pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
     let rheo = Rheo::open(backend).await?;
@@ -57,10 +65,10 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
     for customer in CUSTOMERS {
         let e = events
             .iter()
-            .find(|e| e.key.as_deref() == Some(customer))
+            .find(|e| e.key() == Some(customer))
             .ok_or_else(|| rheo::Error::failed("demo", format!("no event for customer {customer}")))?;
-        let n = events.iter().filter(|e| e.key.as_deref() == Some(customer)).count();
-        writeln!(out, "   {customer:<6} -> partition {} ({n} orders)", e.partition)?;
+        let n = events.iter().filter(|e| e.key() == Some(customer)).count();
+        writeln!(out, "   {customer:<6} -> partition {} ({n} orders)", e.partition())?;
     }
     print_lag(&rheo, stream, "billing", out).await?;
 
@@ -71,7 +79,7 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
             break;
         }
         for lease in leases {
-            let order = lease.event.payload["order"].as_u64().unwrap_or(0);
+            let order = lease.event.payload().decode::<Order>()?.order;
             if order == POISON_ORDER {
                 match rheo.retry(&lease, "card declined").await? {
                     RetryOutcome::Scheduled { .. } => {
@@ -91,7 +99,10 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
     writeln!(out, "   billed the other 19 orders.")?;
     print_lag(&rheo, stream, "billing", out).await?;
     for dl in rheo.dead_letters(stream, "billing", DeadLetterOptions::new()).await? {
-        let order = dl.event.as_ref().map_or(serde_json::Value::Null, |e| e.payload["order"].clone());
+        let order = match &dl.event {
+            Some(e) => e.payload().decode::<Order>()?.order.to_string(),
+            None => "?".to_owned(),
+        };
         writeln!(
             out,
             "   dead letter: order {order} (partition {} #{}) after {} attempts: {}",
@@ -116,11 +127,8 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
     writeln!(out, "\n5. History stays queryable: chen's orders over 100, newest first.")?;
     let q = Query::new(stream).eq("customer", "chen").gt("total", 100).descending().limit(10);
     for e in rheo.query(&q).await? {
-        writeln!(
-            out,
-            "   order {} total {} (partition {} #{})",
-            e.payload["order"], e.payload["total"], e.partition, e.sequence
-        )?;
+        let o: Order = e.payload().decode()?;
+        writeln!(out, "   order {} total {} (partition {} #{})", o.order, o.total, e.partition(), e.sequence())?;
     }
 
     writeln!(out, "\n6. The card issue is fixed: replay the dead-lettered order to billing.")?;
@@ -129,7 +137,12 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
     writeln!(out, "   reopened {reopened} delivery")?;
     print_lag(&rheo, stream, "billing", out).await?;
     for lease in rheo.fetch(stream, "billing", FetchOptions::new()).await? {
-        writeln!(out, "   order {} billed on attempt {}", lease.event.payload["order"], lease.attempt)?;
+        writeln!(
+            out,
+            "   order {} billed on attempt {}",
+            lease.event.payload().decode::<Order>()?.order,
+            lease.attempt
+        )?;
         rheo.ack(&lease).await?;
     }
     print_lag(&rheo, stream, "billing", out).await?;

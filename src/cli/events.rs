@@ -223,12 +223,12 @@ fn event_table(events: &[Event]) -> Table {
     let mut t = Table::new(&["PARTITION", "SEQ", "TIMESTAMP", "KEY", "TYPE", "PAYLOAD"]);
     for e in events {
         t.row(vec![
-            e.partition.to_string(),
-            e.sequence.to_string(),
-            e.timestamp.to_string(),
-            e.key.clone().unwrap_or_else(|| "-".into()),
-            e.event_type.clone().unwrap_or_else(|| "-".into()),
-            short_json(&e.payload, 80),
+            e.partition().to_string(),
+            e.sequence().to_string(),
+            e.timestamp().to_string(),
+            e.key().unwrap_or("-").to_owned(),
+            e.event_type().unwrap_or("-").to_owned(),
+            short_json(e.payload(), 80),
         ]);
     }
     t
@@ -349,7 +349,7 @@ async fn follow(ctx: &Ctx, rheo: &Rheo, a: &TailArgs, partitions: &[u32], after:
                 events.truncate(usize::try_from(limit - printed).unwrap_or(usize::MAX));
             }
             if let Some(last) = events.last() {
-                after[i] = last.sequence;
+                after[i] = last.sequence();
                 found = true;
             }
             for e in &events {
@@ -358,11 +358,11 @@ async fn follow(ctx: &Ctx, rheo: &Rheo, a: &TailArgs, partitions: &[u32], after:
                 } else {
                     line(format!(
                         "{}/{} {} {} {}",
-                        e.partition,
-                        e.sequence,
-                        e.timestamp,
-                        e.event_type.as_deref().unwrap_or("-"),
-                        e.payload
+                        e.partition(),
+                        e.sequence(),
+                        e.timestamp(),
+                        e.event_type().unwrap_or("-"),
+                        e.payload()
                     ))?;
                 }
             }

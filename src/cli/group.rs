@@ -387,7 +387,7 @@ pub async fn run_dlq(ctx: &Ctx, command: DlqCommand) -> CliResult {
     let mut t = Table::new(&["PARTITION", "SEQ", "EVENT_ID", "ATTEMPTS", "AT", "REASON", "PAYLOAD"]);
     for d in &dead {
         let (id, payload) = match (&d.event, &d.damage) {
-            (Some(e), _) => (e.id.clone(), short_json(&e.payload, 60)),
+            (Some(e), _) => (e.id().to_owned(), short_json(e.payload(), 60)),
             (None, Some(damage)) => (
                 "-".to_owned(),
                 format!("DAMAGED: {} at offset {} of {}", damage.reason, damage.offset, damage.file.display()),
@@ -444,7 +444,7 @@ pub async fn fetch(ctx: &Ctx, a: FetchArgs) -> CliResult {
             l.sequence().to_string(),
             l.attempt.to_string(),
             l.expires_at.to_string(),
-            short_json(&l.event.payload, 40),
+            short_json(l.event.payload(), 40),
             l.to_ref().to_string(),
         ]);
     }
@@ -457,7 +457,7 @@ pub async fn ack(ctx: &Ctx, a: AckArgs) -> CliResult {
     let mut refs = Vec::with_capacity(a.leases.len());
     for text in &a.leases {
         let r: LeaseRef = text.parse()?;
-        if r.stream != a.stream || r.group != a.group {
+        if *r.stream != *a.stream || *r.group != *a.group {
             return Err(CliError::new(format!(
                 "lease {text:?} belongs to group {:?} of stream {:?}, not {:?} of {:?}",
                 r.group, r.stream, a.group, a.stream

@@ -86,7 +86,7 @@ impl Table {
 }
 
 /// A JSON value shortened to `max` characters for a table cell.
-pub fn short_json(v: &serde_json::Value, max: usize) -> String {
+pub fn short_json(v: &impl std::fmt::Display, max: usize) -> String {
     let s = v.to_string();
     if s.chars().count() <= max {
         return s;

@@ -346,6 +346,7 @@ impl GroupState {
             parts.insert(ps.p, part);
         }
         GroupState {
+            name: Arc::from(snap.summary.name.as_str()),
             summary: snap.summary.clone(),
             backoff: snap.backoff,
             parts,

@@ -24,7 +24,7 @@ use crate::model::group::{
     Backoff, DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, PartitionLag,
     ReplayMode, ReplayOptions, ResetOptions, StartPosition, check_partitions,
 };
-use crate::model::lease::{FetchReport, Lease, LeaseRef, RetryOutcome};
+use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef, RetryOutcome};
 use crate::model::query::Query;
 use crate::model::time::Timestamp;
 use journal::Op;
@@ -60,26 +60,6 @@ pub(crate) trait EventSource {
     fn matching(&self, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> Result<()>;
     /// The position of the event with this id (its first occurrence).
     fn position_of(&self, id: &str) -> Result<Option<(u32, u64)>>;
-}
-
-/// A new lease id: a UUID (version 4 layout) whose upper half is random per
-/// process and whose lower half counts, so ids never repeat within a
-/// process nor, but with negligible probability (2^-58 per pair of
-/// processes), across restarts. Unlike `Uuid::new_v4` it costs no system
-/// call (a `getrandom` per lease was a tenth of a fetch's time).
-fn new_lease_id() -> u128 {
-    use std::sync::OnceLock;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static PREFIX: OnceLock<u64> = OnceLock::new();
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let prefix = *PREFIX.get_or_init(|| {
-        // Version 4 in bits 76..80 of the UUID (bits 12..16 of this half).
-        let random = (uuid::Uuid::new_v4().as_u128() >> 64) as u64;
-        (random & !0xf000) | 0x4000
-    });
-    // The variant (0b10) in the top bits of the lower half.
-    let low = (COUNTER.fetch_add(1, Ordering::Relaxed) & (u64::MAX >> 2)) | (1 << 63);
-    (u128::from(prefix) << 64) | u128::from(low)
 }
 
 /// Spent deliveries (leased on their last attempt, expired) one fetch
@@ -132,6 +112,8 @@ pub(crate) fn query_matches(src: &dyn EventSource, q: &Query) -> Result<Vec<(u32
 #[derive(Debug)]
 pub(crate) struct GroupState {
     pub(crate) summary: GroupSummary,
+    /// The group's name, shared by its leases.
+    name: Arc<str>,
     backoff: Backoff,
     parts: BTreeMap<u32, PartState>,
     /// Dead-letter order -> (partition, sequence).
@@ -179,6 +161,7 @@ impl GroupState {
             created_at: now,
         };
         Ok(GroupState {
+            name: Arc::from(group),
             summary,
             backoff: opts.retry_backoff,
             parts,
@@ -308,14 +291,14 @@ impl GroupState {
                     Planned::Claim(event) => {
                         let Some(part) = self.parts.get_mut(&p) else { continue };
                         part.cursor = part.cursor.max(seq);
-                        let lease_id = new_lease_id();
+                        let lease_id = crate::model::ids::new_lease_id();
                         let attempt = part.lease(seq, lease_id, consumer.clone(), expires_at);
                         leased.push((seq, lease_id));
                         report.leases.push(Lease {
-                            lease_id: uuid::Uuid::from_u128(lease_id).to_string(),
+                            lease_id: LeaseId::from_u128(lease_id),
                             receipt: None,
-                            group: self.summary.name.clone(),
-                            consumer_id: consumer_id.clone(),
+                            group: self.name.clone(),
+                            consumer_id: consumer.clone(),
                             attempt,
                             expires_at,
                             event,
@@ -354,13 +337,13 @@ impl GroupState {
     /// The delivery a lease names, when it still holds it; else `StaleLease`.
     fn held(&self, lease: &LeaseRef) -> Result<Delivery> {
         let stale = || Error::StaleLease {
-            stream: lease.stream.clone(),
-            group: lease.group.clone(),
+            stream: lease.stream.to_string(),
+            group: lease.group.to_string(),
             partition: lease.partition,
             sequence: lease.sequence,
-            lease_id: lease.lease_id.clone(),
+            lease_id: lease.lease_id,
         };
-        let id = uuid::Uuid::try_parse(&lease.lease_id).map_err(|_| stale())?.as_u128();
+        let id = lease.lease_id.as_u128();
         let part = self.parts.get(&lease.partition).ok_or_else(stale)?;
         part.held(lease.sequence, id).cloned().ok_or_else(stale)
     }
@@ -652,22 +635,5 @@ impl GroupState {
         }
         self.dead_letter(p, seq, format!("skipped: {reason}"), now);
         Ok(true)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::new_lease_id;
-
-    #[test]
-    fn lease_ids_are_distinct_version_4_uuids() {
-        let ids: Vec<uuid::Uuid> = (0..1000).map(|_| uuid::Uuid::from_u128(new_lease_id())).collect();
-        let distinct: std::collections::BTreeSet<_> = ids.iter().collect();
-        assert_eq!(distinct.len(), ids.len());
-        for id in &ids {
-            assert_eq!(id.get_version_num(), 4, "{id}");
-            assert_eq!(id.get_variant(), uuid::Variant::RFC4122, "{id}");
-            assert_eq!(uuid::Uuid::try_parse(&id.to_string()).ok().as_ref(), Some(id));
-        }
     }
 }

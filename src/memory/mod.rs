@@ -54,7 +54,7 @@ struct StreamState {
 /// A stream's events.
 #[derive(Debug)]
 struct MemLog {
-    name: String,
+    name: Arc<str>,
     opts: StreamOptions,
     created_at: Timestamp,
     /// Events of each partition; sequence n is at index n - 1.
@@ -81,11 +81,11 @@ impl EventSource for MemLog {
     }
     fn first_at_or_after(&self, p: u32, t: Timestamp) -> Result<Option<u64>> {
         let events = self.partitions.get(p as usize).map_or(&[][..], Vec::as_slice);
-        Ok(events.iter().find(|e| e.timestamp >= t).map(|e| e.sequence))
+        Ok(events.iter().find(|e| e.timestamp() >= t).map(|e| e.sequence()))
     }
     fn matching(&self, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> Result<()> {
         let events = self.partitions.get(p as usize).map_or(&[][..], Vec::as_slice);
-        events.iter().filter(|e| q.matches(e)).for_each(|e| f(e.sequence));
+        events.iter().filter(|e| q.matches(e)).for_each(|e| f(e.sequence()));
         Ok(())
     }
     fn position_of(&self, id: &str) -> Result<Option<(u32, u64)>> {
@@ -144,7 +144,7 @@ impl MemoryBackend {
             let events = &mut log.partitions[p as usize];
             let seq = events.len() as u64 + 1;
             let event = e.into_event(&log.name, p, seq, now);
-            log.ids.entry(event.id.clone()).or_insert((p, seq));
+            log.ids.entry(event.id().to_owned()).or_insert((p, seq));
             events.push(event.clone());
             out.push(event);
         }
@@ -176,7 +176,7 @@ impl Backend for MemoryBackend {
             return Err(Error::AlreadyExists { kind: ObjectKind::Stream, name: stream.to_owned() });
         }
         let log = MemLog {
-            name: stream.to_owned(),
+            name: Arc::from(stream),
             opts: opts.clone(),
             created_at: self.clock.now(),
             partitions: vec![Vec::new(); opts.partition_count as usize],
@@ -360,7 +360,7 @@ impl Backend for MemoryBackend {
 
 fn stream_info(log: &MemLog) -> StreamInfo {
     StreamInfo {
-        name: log.name.clone(),
+        name: log.name.to_string(),
         partition_count: log.opts.partition_count,
         indexes: log.opts.indexes.clone(),
         high_watermarks: log.partitions.iter().map(|p| p.len() as u64).collect(),

@@ -1,91 +1,730 @@
-//! Events, append options and lineage.
+//! Events, their payloads, append options and lineage.
+//!
+//! An [`Event`] is a reference-counted view of one stored event: cloning it
+//! (into a lease, a page, a dead letter, a handler) copies a pointer. Its
+//! strings and payload share the bytes they were read from, and its payload
+//! stays encoded until asked for ([`Payload::decode`], [`Payload::json`]).
 
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use super::time::Timestamp;
 use crate::error::{Error, Result};
+use crate::msgpack::{Item, Reader, Scalar};
 
 /// A JSON object: the type of event metadata.
 pub type Metadata = Map<String, Value>;
 
-/// One immutable event of a stream.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Event {
-    /// Unique id; generated as a time-ordered UUIDv7 when the producer gives none.
+/// How a [`Payload`]'s bytes are encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PayloadFormat {
+    /// MessagePack, maps keyed by strings (how the native and memory
+    /// backends store payloads).
+    MessagePack,
+    /// JSON text.
+    Json,
+}
+
+/// An event's document as it was appended, kept in its stored encoding.
+///
+/// [`Payload::decode`] reads it straight into the caller's type, with no
+/// JSON value in between; [`Payload::json`] decodes it once into a
+/// [`serde_json::Value`] for ad-hoc access and keeps it; [`Payload::bytes`]
+/// gives the encoded bytes. Cloning shares the bytes. It serializes as the
+/// JSON document it holds.
+///
+/// ```
+/// use rheo::Payload;
+/// #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+/// struct Paid { amount: u64 }
+/// let p = Payload::encode(&Paid { amount: 5 })?;
+/// assert_eq!(p.decode::<Paid>()?, Paid { amount: 5 });
+/// assert_eq!(p.json()?["amount"], 5);
+/// # Ok::<(), rheo::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Payload {
+    bytes: Bytes,
+    format: PayloadFormat,
+    /// Whether the bytes are known to read as JSON (see `json_compatible`).
+    checked: bool,
+    json: OnceLock<Value>,
+}
+
+impl Payload {
+    /// Encodes a value as MessagePack, once. A value that MessagePack would
+    /// hold in a way JSON can't (byte strings, maps keyed by numbers) is
+    /// encoded as its JSON form instead, so that every payload reads back as
+    /// a JSON document. `Error::Payload` when it can't be serialized.
+    pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Payload> {
+        let fail = |reason: String| Error::Payload { context: "encoding a payload".to_owned(), reason };
+        let mut buf = Vec::with_capacity(128);
+        let direct = rmp_serde::encode::write_named(&mut buf, value).is_ok() && json_compatible(&buf);
+        if !direct {
+            let v = serde_json::to_value(value).map_err(|e| fail(e.to_string()))?;
+            buf.clear();
+            rmp_serde::encode::write_named(&mut buf, &v).map_err(|e| fail(e.to_string()))?;
+            if !json_compatible(&buf) {
+                return Err(fail(format!("nested deeper than {MAX_PAYLOAD_DEPTH} levels of arrays and objects")));
+            }
+        }
+        Ok(Payload::from_checked_msgpack(Bytes::from(buf)))
+    }
+
+    /// A payload of JSON text (e.g. a line a pass-through producer read).
+    /// `Error::Payload` when it is not one JSON value.
+    pub fn from_json(text: impl Into<Bytes>) -> Result<Payload> {
+        let bytes = text.into();
+        let v: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Payload { context: "reading a JSON payload".to_owned(), reason: e.to_string() })?;
+        let p = Payload { bytes, format: PayloadFormat::Json, checked: true, json: OnceLock::new() };
+        let _ = p.json.set(v);
+        Ok(p)
+    }
+
+    /// A payload of MessagePack bytes. `Error::Payload` when they are not
+    /// exactly one value that reads as JSON (string map keys, no byte
+    /// strings or extensions).
+    pub fn from_msgpack(bytes: impl Into<Bytes>) -> Result<Payload> {
+        let bytes = bytes.into();
+        if !json_compatible(&bytes) {
+            return Err(Error::Payload {
+                context: "reading a MessagePack payload".to_owned(),
+                reason: "not exactly one JSON-compatible MessagePack value".to_owned(),
+            });
+        }
+        Ok(Payload::from_checked_msgpack(bytes))
+    }
+
+    /// MessagePack bytes the caller checked with `json_compatible`.
+    pub(crate) fn from_checked_msgpack(bytes: Bytes) -> Payload {
+        Payload { bytes, format: PayloadFormat::MessagePack, checked: true, json: OnceLock::new() }
+    }
+
+    /// `Error::Payload` unless the payload reads back as JSON (what an
+    /// append stores must).
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.checked || json_compatible(&self.bytes) {
+            return Ok(());
+        }
+        Err(Error::Payload {
+            context: "appending a payload".to_owned(),
+            reason: format!("nested deeper than {MAX_PAYLOAD_DEPTH} levels of arrays and objects"),
+        })
+    }
+
+    /// A payload holding a JSON value (encoded as MessagePack). Appending
+    /// one nested deeper than [`MAX_PAYLOAD_DEPTH`] fails; use
+    /// [`Payload::encode`] to be told at once.
+    pub fn from_value(value: &Value) -> Payload {
+        let mut buf = Vec::with_capacity(128);
+        // A JSON value always encodes: string keys, no byte strings.
+        let _ = rmp_serde::encode::write_named(&mut buf, value);
+        Payload { bytes: Bytes::from(buf), format: PayloadFormat::MessagePack, checked: false, json: OnceLock::new() }
+    }
+
+    /// Decodes the payload into `T`, straight from its stored encoding.
+    ///
+    /// ```
+    /// # use rheo::Payload;
+    /// #[derive(serde::Deserialize)]
+    /// struct Paid { amount: u64 }
+    /// let p = Payload::from_json(r#"{"amount": 5, "currency": "EUR"}"#)?;
+    /// assert_eq!(p.decode::<Paid>()?.amount, 5);
+    /// # Ok::<(), rheo::Error>(())
+    /// ```
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T> {
+        let r = match self.format {
+            PayloadFormat::MessagePack => rmp_serde::from_slice(&self.bytes).map_err(|e| e.to_string()),
+            PayloadFormat::Json => serde_json::from_slice(&self.bytes).map_err(|e| e.to_string()),
+        };
+        r.map_err(|reason| Error::Payload { context: "decoding a payload".to_owned(), reason })
+    }
+
+    /// The payload as a JSON value, decoded on first use and kept.
+    pub fn json(&self) -> Result<&Value> {
+        if let Some(v) = self.json.get() {
+            return Ok(v);
+        }
+        let v: Value = self.decode()?;
+        Ok(self.json.get_or_init(|| v))
+    }
+
+    /// The encoded bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The encoded bytes, shared.
+    pub fn bytes(&self) -> Bytes {
+        self.bytes.clone()
+    }
+
+    /// How the bytes are encoded.
+    pub fn format(&self) -> PayloadFormat {
+        self.format
+    }
+
+    /// The MessagePack encoding of the payload (shared when it is stored so).
+    pub(crate) fn to_msgpack(&self) -> Result<Bytes> {
+        match self.format {
+            PayloadFormat::MessagePack => Ok(self.bytes.clone()),
+            PayloadFormat::Json => Ok(Payload::from_value(self.json()?).bytes),
+        }
+    }
+
+    /// The string value of a top-level field, when the payload is an object.
+    fn top_str(&self, name: &str) -> Option<String> {
+        match self.format {
+            PayloadFormat::MessagePack => {
+                let mut r = Reader::new(&self.bytes);
+                r.descend(&[name.to_owned()])?;
+                match r.scalar()? {
+                    Scalar::Str(s) => std::str::from_utf8(s).ok().map(str::to_owned),
+                    _ => None,
+                }
+            }
+            PayloadFormat::Json => self.json().ok()?.get(name)?.as_str().map(str::to_owned),
+        }
+    }
+
+    /// The top-level `metadata` object, when there is one.
+    fn top_metadata(&self) -> Option<Metadata> {
+        match self.format {
+            PayloadFormat::MessagePack => {
+                let mut r = Reader::new(&self.bytes);
+                r.descend(&["metadata".to_owned()])?;
+                let start = r.pos();
+                let mut probe = r;
+                if !matches!(probe.item()?, Item::Map(_)) {
+                    return None;
+                }
+                r.skip()?;
+                rmp_serde::from_slice(self.bytes.get(start..r.pos())?).ok()
+            }
+            PayloadFormat::Json => self.json().ok()?.get("metadata")?.as_object().cloned(),
+        }
+    }
+}
+
+impl From<Value> for Payload {
+    fn from(v: Value) -> Payload {
+        let p = Payload::from_value(&v);
+        let _ = p.json.set(v);
+        p
+    }
+}
+
+impl From<&Value> for Payload {
+    fn from(v: &Value) -> Payload {
+        Payload::from_value(v)
+    }
+}
+
+/// The deepest nesting of arrays and maps a payload may have: serde_json's
+/// own limit when it parses text, and shallow enough that decoding a payload
+/// into a `Value` (recursive) fits any thread's stack. Appends refuse
+/// deeper payloads.
+pub const MAX_PAYLOAD_DEPTH: usize = 128;
+
+/// Whether `b` is exactly one MessagePack value that reads as JSON: map
+/// keys are strings, strings are UTF-8, no byte strings or extensions, at
+/// most [`MAX_PAYLOAD_DEPTH`] levels of nesting.
+pub(crate) fn json_compatible(b: &[u8]) -> bool {
+    let mut r = Reader::new(b);
+    // (values left in the current container, whether the next is a map key)
+    let mut stack: Vec<(usize, bool)> = vec![(1, false)];
+    while let Some(top) = stack.last_mut() {
+        if top.0 == 0 {
+            stack.pop();
+            continue;
+        }
+        top.0 -= 1;
+        // In a map the count is doubled: even positions from the end are keys.
+        let is_key = top.1 && top.0 % 2 == 1;
+        let Some(item) = r.item() else { return false };
+        match item {
+            Item::Scalar(Scalar::Str(s)) => {
+                if std::str::from_utf8(s).is_err() {
+                    return false;
+                }
+            }
+            Item::Scalar(_) if is_key => return false,
+            Item::Scalar(_) => {}
+            Item::Opaque => return false,
+            Item::Array(_) | Item::Map(_) if is_key => return false,
+            Item::Array(_) | Item::Map(_) if stack.len() > MAX_PAYLOAD_DEPTH => return false,
+            Item::Array(n) => {
+                if n > b.len() - r.pos() {
+                    return false;
+                }
+                stack.push((n, false));
+            }
+            Item::Map(n) => {
+                let Some(n2) = n.checked_mul(2).filter(|&m| m <= b.len() - r.pos()) else { return false };
+                stack.push((n2, true));
+            }
+        }
+    }
+    r.pos() == b.len()
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Self) -> bool {
+        if self.format == other.format && self.bytes == other.bytes {
+            return true;
+        }
+        matches!((self.json(), other.json()), (Ok(a), Ok(b)) if a == b)
+    }
+}
+
+/// A payload equals a JSON value when it decodes to it.
+impl PartialEq<Value> for Payload {
+    fn eq(&self, other: &Value) -> bool {
+        self.json().is_ok_and(|v| v == other)
+    }
+}
+
+impl PartialEq<Value> for &Payload {
+    fn eq(&self, other: &Value) -> bool {
+        (*self).eq(other)
+    }
+}
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.json() {
+            Ok(v) => write!(f, "Payload({v})"),
+            Err(_) => write!(f, "Payload({:?}, {} undecodable bytes)", self.format, self.bytes.len()),
+        }
+    }
+}
+
+/// The JSON text of the payload (`<undecodable payload: N bytes>` when it
+/// does not decode).
+impl std::fmt::Display for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.json() {
+            Ok(v) => write!(f, "{v}"),
+            Err(_) => write!(f, "<undecodable payload: {} bytes>", self.bytes.len()),
+        }
+    }
+}
+
+impl Serialize for Payload {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        self.json().map_err(serde::ser::Error::custom)?.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Payload {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        Ok(Payload::from_value(&Value::deserialize(d)?))
+    }
+}
+
+/// Text that shares the bytes it was read from (checked UTF-8).
+#[derive(Clone, PartialEq, Eq)]
+struct Text(Bytes);
+
+impl Text {
+    fn from_string(s: String) -> Text {
+        Text(Bytes::from(s))
+    }
+    fn as_str(&self) -> &str {
+        // Checked when made; a failure here is impossible and reads empty.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+/// One immutable event of a stream: cheap to clone (a reference count),
+/// its payload decoded only when asked.
+///
+/// ```
+/// # use rheo::{Event, EventParts, Payload, Timestamp};
+/// #[derive(serde::Deserialize)]
+/// struct Paid { amount: u64 }
+/// # let event = Event::from(EventParts { payload: Payload::from_json(r#"{"amount": 5}"#)?,
+/// #     ..EventParts::new("orders", 0, 1) });
+/// let paid: Paid = event.decode()?;
+/// assert_eq!((event.stream(), event.sequence(), paid.amount), ("orders", 1, 5));
+/// # Ok::<(), rheo::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Event(Arc<Inner>);
+
+struct Inner {
+    stream: Arc<str>,
+    partition: u32,
+    sequence: u64,
+    timestamp: Timestamp,
+    doc: Document,
+}
+
+/// The document part of a stored event — id, key, type, metadata and
+/// payload — as a record holds it, sharing the record's bytes.
+#[derive(Clone, PartialEq)]
+pub struct Document {
+    id: Text,
+    key: Option<Text>,
+    event_type: Option<Text>,
+    metadata: Metadata,
+    payload: Payload,
+}
+
+impl Document {
+    /// Reads a record's MessagePack document `[id, key, type, metadata,
+    /// payload]`, sharing its bytes. The shape, the strings and the
+    /// metadata are checked here, the payload when it is decoded. `Err`
+    /// says what is wrong.
+    pub fn parse(doc: Bytes) -> std::result::Result<Document, String> {
+        let mut r = Reader::new(&doc);
+        if !matches!(r.item(), Some(Item::Array(5))) {
+            return Err("record document: not an array of 5".to_owned());
+        }
+        let mut text = |what: &str, optional: bool| -> std::result::Result<Option<Text>, String> {
+            let start = r.pos();
+            match r.item() {
+                Some(Item::Scalar(Scalar::Str(s))) => {
+                    std::str::from_utf8(s).map_err(|_| format!("record document: {what} is not UTF-8"))?;
+                    let end = r.pos();
+                    Ok(Some(Text(doc.slice(end - s.len()..end))))
+                }
+                Some(Item::Scalar(Scalar::Null)) if optional => Ok(None),
+                _ => Err(format!("record document: bad {what} at byte {start}")),
+            }
+        };
+        let id = text("id", false)?.unwrap_or(Text(Bytes::new()));
+        let key = text("key", true)?;
+        let event_type = text("type", true)?;
+        let start = r.pos();
+        let metadata = if doc.get(start) == Some(&0x80) {
+            let _ = r.skip();
+            Metadata::new()
+        } else {
+            r.skip().ok_or("record document: bad metadata")?;
+            rmp_serde::from_slice(&doc[start..r.pos()]).map_err(|e| format!("record document: metadata: {e}"))?
+        };
+        if r.pos() >= doc.len() {
+            return Err("record document: no payload".to_owned());
+        }
+        // Checked once here, so that what reads the record and what indexes
+        // it agree, and a payload that can't be decoded is damage reported
+        // at its record, not an error in a consumer.
+        if !json_compatible(&doc[r.pos()..]) {
+            return Err("record document: the payload is not one JSON-compatible MessagePack value".to_owned());
+        }
+        let payload = Payload::from_checked_msgpack(doc.slice(r.pos()..));
+        Ok(Document { id, key, event_type, metadata, payload })
+    }
+
+    /// The event id.
+    pub fn id(&self) -> &str {
+        self.id.as_str()
+    }
+    /// The routing key.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_ref().map(Text::as_str)
+    }
+    /// The type.
+    pub fn event_type(&self) -> Option<&str> {
+        self.event_type.as_ref().map(Text::as_str)
+    }
+    /// The metadata.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+    /// The payload.
+    pub fn payload(&self) -> &Payload {
+        &self.payload
+    }
+
+    /// The event at this position holding this document.
+    pub fn into_event(self, stream: &Arc<str>, partition: u32, sequence: u64, timestamp: Timestamp) -> Event {
+        Event(Arc::new(Inner { stream: stream.clone(), partition, sequence, timestamp, doc: self }))
+    }
+}
+
+impl std::fmt::Debug for Document {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Document")
+            .field("id", &self.id())
+            .field("key", &self.key())
+            .field("event_type", &self.event_type())
+            .field("metadata", &self.metadata)
+            .field("payload", &self.payload)
+            .finish()
+    }
+}
+
+/// Everything an [`Event`] holds, to build one by hand (tests, tools,
+/// bridges); backends build events themselves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventParts {
+    /// The id.
     pub id: String,
-    /// The stream it belongs to.
-    pub stream: String,
-    /// The partition it was routed to.
+    /// The stream.
+    pub stream: Arc<str>,
+    /// The partition.
     pub partition: u32,
-    /// Its position in the partition: starts at 1, no gaps.
+    /// The sequence.
     pub sequence: u64,
-    /// When it was appended (or the time the producer gave).
+    /// The timestamp.
     pub timestamp: Timestamp,
-    /// The routing key, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The routing key.
     pub key: Option<String>,
-    /// The event type, taken from the payload's `"type"` field.
-    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    /// The type.
     pub event_type: Option<String>,
-    /// Metadata: the append option's merged with the payload's `"metadata"`.
-    #[serde(default)]
+    /// The metadata.
     pub metadata: Metadata,
-    /// The document as appended, with all its fields.
-    pub payload: Value,
+    /// The payload.
+    pub payload: Payload,
+}
+
+impl EventParts {
+    /// An event of `stream` at this position with id `"{partition}-{sequence}"`,
+    /// timestamp 0, no key, type or metadata, and a `null` payload: set the
+    /// rest with struct update syntax.
+    pub fn new(stream: &str, partition: u32, sequence: u64) -> EventParts {
+        EventParts {
+            id: format!("{partition}-{sequence}"),
+            stream: Arc::from(stream),
+            partition,
+            sequence,
+            timestamp: Timestamp::EPOCH,
+            key: None,
+            event_type: None,
+            metadata: Metadata::new(),
+            payload: Payload::from_value(&Value::Null),
+        }
+    }
+}
+
+impl From<EventParts> for Event {
+    fn from(p: EventParts) -> Event {
+        let doc = Document {
+            id: Text::from_string(p.id),
+            key: p.key.map(Text::from_string),
+            event_type: p.event_type.map(Text::from_string),
+            metadata: p.metadata,
+            payload: p.payload,
+        };
+        Event(Arc::new(Inner {
+            stream: p.stream,
+            partition: p.partition,
+            sequence: p.sequence,
+            timestamp: p.timestamp,
+            doc,
+        }))
+    }
 }
 
 impl Event {
-    /// Decodes the payload as `T`.
+    /// Unique id; a time-ordered UUIDv7 when the producer gave none.
+    pub fn id(&self) -> &str {
+        self.0.doc.id()
+    }
+    /// The stream it belongs to.
+    pub fn stream(&self) -> &str {
+        &self.0.stream
+    }
+    /// The stream's name, shared.
+    pub(crate) fn stream_name(&self) -> &Arc<str> {
+        &self.0.stream
+    }
+    /// The partition it was routed to.
+    pub fn partition(&self) -> u32 {
+        self.0.partition
+    }
+    /// Its position in the partition: starts at 1, no gaps.
+    pub fn sequence(&self) -> u64 {
+        self.0.sequence
+    }
+    /// When it was appended (or the time the producer gave).
+    pub fn timestamp(&self) -> Timestamp {
+        self.0.timestamp
+    }
+    /// The routing key, if any.
+    pub fn key(&self) -> Option<&str> {
+        self.0.doc.key()
+    }
+    /// The event type, taken from the payload's `"type"` field.
+    pub fn event_type(&self) -> Option<&str> {
+        self.0.doc.event_type()
+    }
+    /// Metadata: the append option's merged with the payload's `"metadata"`.
+    pub fn metadata(&self) -> &Metadata {
+        &self.0.doc.metadata
+    }
+    /// The document as appended, with all its fields.
+    pub fn payload(&self) -> &Payload {
+        &self.0.doc.payload
+    }
+    /// The lineage fields found in the metadata.
+    pub fn lineage(&self) -> Lineage {
+        Lineage::from_metadata(&self.0.doc.metadata)
+    }
+    /// Decodes the payload into `T` (see [`Payload::decode`]); an error
+    /// names this event.
     ///
     /// ```
-    /// # use rheo::Event;
+    /// # use rheo::{Event, EventParts, Payload};
     /// #[derive(serde::Deserialize)]
     /// struct Paid { amount: u64 }
-    /// # let event = Event { id: "e1".into(), stream: "s".into(), partition: 0, sequence: 1,
-    /// #   timestamp: rheo::Timestamp::EPOCH, key: None, event_type: None,
-    /// #   metadata: Default::default(), payload: serde_json::json!({"amount": 5}) };
-    /// let paid: Paid = event.payload_as()?;
+    /// # let event = Event::from(EventParts { payload: Payload::from_json(r#"{"amount": 5}"#)?,
+    /// #     ..EventParts::new("orders", 0, 1) });
+    /// let paid: Paid = event.decode()?;
     /// assert_eq!(paid.amount, 5);
     /// # Ok::<(), rheo::Error>(())
     /// ```
-    pub fn payload_as<T: DeserializeOwned>(&self) -> Result<T> {
-        T::deserialize(&self.payload)
-            .map_err(|e| Error::Payload { context: format!("of event {:?}", self.id), reason: e.to_string() })
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T> {
+        self.payload().decode().map_err(|e| match e {
+            Error::Payload { reason, .. } => Error::Payload {
+                context: format!(
+                    "of event {:?} ({}/{} #{})",
+                    self.id(),
+                    self.stream(),
+                    self.partition(),
+                    self.sequence()
+                ),
+                reason,
+            },
+            other => other,
+        })
     }
 
-    /// The lineage fields found in the metadata.
-    pub fn lineage(&self) -> Lineage {
-        Lineage::from_metadata(&self.metadata)
+    /// Everything it holds, as parts (copies the strings).
+    pub fn to_parts(&self) -> EventParts {
+        EventParts {
+            id: self.id().to_owned(),
+            stream: self.0.stream.clone(),
+            partition: self.0.partition,
+            sequence: self.0.sequence,
+            timestamp: self.0.timestamp,
+            key: self.key().map(str::to_owned),
+            event_type: self.event_type().map(str::to_owned),
+            metadata: self.0.doc.metadata.clone(),
+            payload: self.0.doc.payload.clone(),
+        }
     }
 
     /// The value at a query path (see [`crate::Query`] for how paths
     /// resolve). A path with an empty dotted segment names no value
-    /// ([`crate::is_valid_path`]).
+    /// ([`crate::is_valid_path`]); a payload that does not decode has none.
     pub fn field(&self, path: &str) -> Option<Value> {
         if !crate::model::query::is_valid_path(path) {
             return None;
         }
         match path {
-            "id" => Some(Value::String(self.id.clone())),
-            "stream" => Some(Value::String(self.stream.clone())),
-            "partition" => Some(Value::from(self.partition)),
-            "sequence" => Some(Value::from(self.sequence)),
-            "timestamp" => Some(Value::from(self.timestamp.as_millis())),
-            "key" => self.key.clone().map(Value::String),
-            "type" => self.event_type.clone().map(Value::String),
+            "id" => Some(Value::String(self.id().to_owned())),
+            "stream" => Some(Value::String(self.stream().to_owned())),
+            "partition" => Some(Value::from(self.partition())),
+            "sequence" => Some(Value::from(self.sequence())),
+            "timestamp" => Some(Value::from(self.timestamp().as_millis())),
+            "key" => self.key().map(|k| Value::String(k.to_owned())),
+            "type" => self.event_type().map(|t| Value::String(t.to_owned())),
             _ => {
                 if LINEAGE_FIELDS.contains(&path) {
-                    return self.metadata.get(path).cloned();
+                    return self.metadata().get(path).cloned();
                 }
                 if let Some(rest) = path.strip_prefix("metadata.") {
-                    return lookup_map(&self.metadata, rest).cloned();
+                    return lookup_map(self.metadata(), rest).cloned();
                 }
                 let rest = path.strip_prefix("payload.").unwrap_or(path);
-                lookup(&self.payload, rest).cloned()
+                lookup(self.payload().json().ok()?, rest).cloned()
             }
         }
+    }
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        let (a, b) = (&*self.0, &*other.0);
+        Arc::ptr_eq(&self.0, &other.0)
+            || (a.stream == b.stream
+                && a.partition == b.partition
+                && a.sequence == b.sequence
+                && a.timestamp == b.timestamp
+                && a.doc == b.doc)
+    }
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Event")
+            .field("id", &self.id())
+            .field("stream", &self.stream())
+            .field("partition", &self.partition())
+            .field("sequence", &self.sequence())
+            .field("timestamp", &self.timestamp())
+            .field("key", &self.key())
+            .field("event_type", &self.event_type())
+            .field("metadata", self.metadata())
+            .field("payload", self.payload())
+            .finish()
+    }
+}
+
+/// Reads the JSON form [`Event`]'s `Serialize` writes.
+impl<'de> Deserialize<'de> for Event {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Wire {
+            id: String,
+            stream: String,
+            partition: u32,
+            sequence: u64,
+            timestamp: Timestamp,
+            #[serde(default)]
+            key: Option<String>,
+            #[serde(rename = "type", default)]
+            event_type: Option<String>,
+            #[serde(default)]
+            metadata: Metadata,
+            payload: Payload,
+        }
+        let w = Wire::deserialize(d)?;
+        Ok(Event::from(EventParts {
+            id: w.id,
+            stream: Arc::from(w.stream),
+            partition: w.partition,
+            sequence: w.sequence,
+            timestamp: w.timestamp,
+            key: w.key,
+            event_type: w.event_type,
+            metadata: w.metadata,
+            payload: w.payload,
+        }))
+    }
+}
+
+/// The JSON form (`rheo read --json`): `id`, `stream`, `partition`,
+/// `sequence`, `timestamp`, `key` and `type` when present, `metadata`,
+/// `payload`.
+impl Serialize for Event {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let n = 7 + usize::from(self.key().is_some()) + usize::from(self.event_type().is_some());
+        let mut st = s.serialize_struct("Event", n)?;
+        st.serialize_field("id", self.id())?;
+        st.serialize_field("stream", self.stream())?;
+        st.serialize_field("partition", &self.partition())?;
+        st.serialize_field("sequence", &self.sequence())?;
+        st.serialize_field("timestamp", &self.timestamp())?;
+        if let Some(k) = self.key() {
+            st.serialize_field("key", k)?;
+        }
+        if let Some(t) = self.event_type() {
+            st.serialize_field("type", t)?;
+        }
+        st.serialize_field("metadata", self.metadata())?;
+        st.serialize_field("payload", self.payload())?;
+        st.end()
     }
 }
 
@@ -146,8 +785,8 @@ impl Lineage {
     pub fn caused_by(parent: &Event) -> Self {
         let p = parent.lineage();
         Lineage {
-            correlation_id: Some(p.correlation_id.unwrap_or_else(|| parent.id.clone())),
-            causation_id: Some(parent.id.clone()),
+            correlation_id: Some(p.correlation_id.unwrap_or_else(|| parent.id().to_owned())),
+            causation_id: Some(parent.id().to_owned()),
             ..Lineage::default()
         }
     }
@@ -253,8 +892,8 @@ pub struct NewEvent {
     pub partition: Option<u32>,
     /// The merged metadata.
     pub metadata: Metadata,
-    /// The payload.
-    pub payload: Value,
+    /// The payload, encoded once.
+    pub payload: Payload,
     /// The producer's timestamp, if any.
     pub timestamp: Option<Timestamp>,
 }
@@ -263,17 +902,18 @@ impl NewEvent {
     /// Applies the append rules: `type` from the payload's `"type"`; `key` from
     /// the option, else the payload's `"key"`; metadata = option metadata merged
     /// with the payload's `"metadata"` object (payload wins); id generated when
-    /// absent.
-    pub fn prepare(payload: Value, opts: AppendOptions) -> Self {
-        let field = |name: &str| payload.get(name).and_then(Value::as_str).map(str::to_owned);
-        let event_type = field("type");
-        let key = opts.key.or_else(|| field("key"));
+    /// absent. The fields are read from the encoded payload; nothing is
+    /// decoded but them.
+    pub fn prepare(payload: impl Into<Payload>, opts: AppendOptions) -> Self {
+        let payload = payload.into();
+        let event_type = payload.top_str("type");
+        let key = opts.key.or_else(|| payload.top_str("key"));
         let mut metadata = opts.metadata;
-        if let Some(Value::Object(m)) = payload.get("metadata") {
-            metadata.extend(m.iter().map(|(k, v)| (k.clone(), v.clone())));
+        if let Some(m) = payload.top_metadata() {
+            metadata.extend(m);
         }
         NewEvent {
-            id: opts.id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string()),
+            id: opts.id.unwrap_or_else(|| crate::model::ids::new_event_id().to_string()),
             key,
             event_type,
             partition: opts.partition,
@@ -283,29 +923,27 @@ impl NewEvent {
         }
     }
 
-    /// The size this event is charged against the event size limit: the JSON
-    /// length of its payload and metadata plus its id, key and type.
+    /// The size this event is charged against the event size limit: its
+    /// payload's encoded length (MessagePack, as stored), its metadata's
+    /// JSON length, and its id, key and type.
     pub fn encoded_len(&self) -> usize {
         self.id.len()
             + self.key.as_ref().map_or(0, String::len)
             + self.event_type.as_ref().map_or(0, String::len)
-            + json_len(&self.payload)
-            + json_len(&self.metadata)
+            + self.payload.as_bytes().len()
+            + if self.metadata.is_empty() { 2 } else { json_len(&self.metadata) }
     }
 
     /// Turns it into a stored event.
-    pub fn into_event(self, stream: &str, partition: u32, sequence: u64, now: Timestamp) -> Event {
-        Event {
-            id: self.id,
-            stream: stream.to_owned(),
-            partition,
-            sequence,
-            timestamp: self.timestamp.unwrap_or(now),
-            key: self.key,
-            event_type: self.event_type,
+    pub fn into_event(self, stream: &Arc<str>, partition: u32, sequence: u64, now: Timestamp) -> Event {
+        let doc = Document {
+            id: Text::from_string(self.id),
+            key: self.key.map(Text::from_string),
+            event_type: self.event_type.map(Text::from_string),
             metadata: self.metadata,
             payload: self.payload,
-        }
+        };
+        doc.into_event(stream, partition, sequence, self.timestamp.unwrap_or(now))
     }
 }
 
@@ -335,36 +973,102 @@ mod tests {
     #[test]
     fn prepare_takes_type_key_and_metadata_from_payload() {
         let e = NewEvent::prepare(
-            json!({"type": "paid", "key": "k1", "metadata": {"a": 2}, "x": 1}),
+            Payload::from_value(&json!({"type": "paid", "key": "k1", "metadata": {"a": 2}, "x": 1})),
             AppendOptions::new().metadata("a", 1).metadata("b", 1),
         );
         assert_eq!(e.event_type.as_deref(), Some("paid"));
         assert_eq!(e.key.as_deref(), Some("k1"));
         assert_eq!(e.metadata.get("a"), Some(&json!(2)));
         assert_eq!(e.metadata.get("b"), Some(&json!(1)));
-        assert_eq!(e.payload["x"], json!(1));
+        assert_eq!(e.payload.json().expect("json")["x"], json!(1));
         assert_eq!(e.id.len(), 36);
     }
 
     #[test]
     fn option_key_wins_over_payload_key() {
-        let e = NewEvent::prepare(json!({"key": "p"}), AppendOptions::new().key("o"));
+        let e = NewEvent::prepare(Payload::from_value(&json!({"key": "p"})), AppendOptions::new().key("o"));
         assert_eq!(e.key.as_deref(), Some("o"));
     }
 
     #[test]
-    fn encoded_len_counts_payload_json() {
-        let e = NewEvent::prepare(json!("abc"), AppendOptions::new().id("i"));
-        assert_eq!(e.encoded_len(), 1 + 5 + 2);
+    fn encoded_len_counts_the_stored_payload() {
+        let e = NewEvent::prepare(Payload::from_value(&json!("abc")), AppendOptions::new().id("i"));
+        // id 1 + MessagePack "abc" 4 + empty metadata 2.
+        assert_eq!(e.encoded_len(), 1 + 4 + 2);
+    }
+
+    #[test]
+    fn encoding_once_matches_the_json_encoding_and_reads_the_fields_back() {
+        #[derive(Serialize)]
+        struct Order<'a> {
+            #[serde(rename = "type")]
+            kind: &'a str,
+            key: &'a str,
+            n: u8,
+            f: f32,
+            metadata: std::collections::BTreeMap<&'a str, u32>,
+        }
+        let o = Order { kind: "placed", key: "c-1", n: 7, f: 0.5, metadata: [("a", 1)].into() };
+        let p = Payload::encode(&o).expect("encode");
+        assert_eq!(p.format(), PayloadFormat::MessagePack);
+        assert_eq!(p.json().expect("json"), &serde_json::to_value(&o).expect("value"));
+        let e = NewEvent::prepare(p, AppendOptions::new());
+        assert_eq!((e.event_type.as_deref(), e.key.as_deref()), (Some("placed"), Some("c-1")));
+        assert_eq!(e.metadata.get("a"), Some(&json!(1)));
+    }
+
+    #[test]
+    fn payloads_json_cannot_hold_are_encoded_as_their_json_form() {
+        let by_number: std::collections::BTreeMap<u32, &str> = [(1, "a")].into();
+        let p = Payload::encode(&by_number).expect("encode");
+        assert_eq!(p.json().expect("json"), &json!({"1": "a"}));
+        assert!(json_compatible(p.as_bytes()));
+        assert!(Payload::from_msgpack(rmp_serde::to_vec(&by_number).expect("raw")).is_err());
+        assert!(Payload::from_msgpack(vec![0xc4, 1, 0]).is_err(), "a byte string");
+        assert!(Payload::from_msgpack(vec![0x01, 0x02]).is_err(), "two values");
+        assert!(Payload::from_json("{").is_err());
+        let nested = |depth: usize| {
+            let mut b = vec![0x91; depth];
+            b.push(0xc0);
+            b
+        };
+        assert!(Payload::from_msgpack(nested(MAX_PAYLOAD_DEPTH)).expect("deep").json().is_ok());
+        assert!(Payload::from_msgpack(nested(MAX_PAYLOAD_DEPTH + 1)).is_err());
+        let too_deep = Payload::from_msgpack(nested(MAX_PAYLOAD_DEPTH)).expect("deep").json().expect("json").clone();
+        let too_deep = json!([too_deep]);
+        assert!(Payload::encode(&too_deep).is_err());
+        assert!(Payload::from_value(&too_deep).check().is_err());
+        assert!(Payload::from_value(&json!({"a": 1})).check().is_ok());
+    }
+
+    #[test]
+    fn a_stored_document_reads_back_sharing_its_bytes() {
+        let meta: Metadata = serde_json::from_value(json!({"producer": "p"})).expect("map");
+        let payload = json!({"a": [1, 2.5, "x"]});
+        let doc = rmp_serde::to_vec(&("id-1", Some("k"), Some("t"), &meta, &payload)).expect("doc");
+        let stream: Arc<str> = Arc::from("s");
+        let e =
+            Document::parse(Bytes::from(doc)).expect("document").into_event(&stream, 2, 9, Timestamp::from_millis(5));
+        assert_eq!(
+            (e.id(), e.key(), e.event_type(), e.partition(), e.sequence()),
+            ("id-1", Some("k"), Some("t"), 2, 9)
+        );
+        assert_eq!(e.metadata().get("producer"), Some(&json!("p")));
+        assert_eq!(e.payload().json().expect("json"), &payload);
+        let copy = e.clone();
+        assert!(Arc::ptr_eq(&copy.0, &e.0), "a clone is a reference count");
+        for bad in [vec![0x93, 0xa1, b'x', 0xc0, 0xc0], vec![0x95, 0x01, 0xc0, 0xc0, 0x80, 0xc0]] {
+            assert!(Document::parse(Bytes::from(bad.clone())).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
     fn field_paths_resolve() {
         let e = NewEvent::prepare(
-            json!({"type": "t", "order": {"customer": {"id": 7}}, "items": [1, 2]}),
+            Payload::from_value(&json!({"type": "t", "order": {"customer": {"id": 7}}, "items": [1, 2]})),
             AppendOptions::new().correlation_id("c1").metadata("region", json!({"name": "eu"})),
         )
-        .into_event("s", 0, 1, Timestamp::EPOCH);
+        .into_event(&Arc::from("s"), 0, 1, Timestamp::EPOCH);
         assert_eq!(e.field("type"), Some(json!("t")));
         assert_eq!(e.field("order.customer.id"), Some(json!(7)));
         assert_eq!(e.field("payload.items.1"), Some(json!(2)));

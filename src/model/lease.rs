@@ -1,9 +1,73 @@
 //! Leases: a delivery claimed by one consumer for a while.
 
-use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::event::Event;
 use super::time::Timestamp;
+
+/// The fencing token of one claim: 128 bits, unique per claim, written in
+/// UUID form (`Display`, `FromStr`, serde). Copying and comparing one costs
+/// nothing; settles compare the bits, never text.
+///
+/// ```
+/// use rheo::LeaseId;
+/// let id: LeaseId = "0193a5b2-7c1d-4e8f-9a0b-1c2d3e4f5a6b".parse()?;
+/// assert_eq!(id.to_string(), "0193a5b2-7c1d-4e8f-9a0b-1c2d3e4f5a6b");
+/// assert_eq!(LeaseId::from_u128(id.as_u128()), id);
+/// # Ok::<(), rheo::Error>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseId(u128);
+
+impl LeaseId {
+    /// The id with these bits.
+    pub const fn from_u128(bits: u128) -> Self {
+        LeaseId(bits)
+    }
+    /// Its bits.
+    pub const fn as_u128(self) -> u128 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut buf = uuid::Uuid::encode_buffer();
+        f.write_str(uuid::Uuid::from_u128(self.0).hyphenated().encode_lower(&mut buf))
+    }
+}
+
+impl std::fmt::Debug for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LeaseId({self})")
+    }
+}
+
+impl std::str::FromStr for LeaseId {
+    type Err = crate::error::Error;
+    /// Reads the UUID form (hyphenated, simple, braced or URN).
+    fn from_str(s: &str) -> crate::error::Result<Self> {
+        uuid::Uuid::try_parse(s)
+            .map(|u| LeaseId(u.as_u128()))
+            .map_err(|_| crate::error::Error::invalid("lease id", format!("{s:?} is not a lease id (a UUID)")))
+    }
+}
+
+impl Serialize for LeaseId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut buf = uuid::Uuid::encode_buffer();
+        s.serialize_str(uuid::Uuid::from_u128(self.0).hyphenated().encode_lower(&mut buf))
+    }
+}
+
+impl<'de> Deserialize<'de> for LeaseId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
 
 /// A claimed delivery. Settle it with `ack`, `retry`, `reject`, or extend it
 /// with `renew`, before `expires_at`; after that another fetch may reclaim it
@@ -11,14 +75,14 @@ use super::time::Timestamp;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Lease {
     /// The fencing token of this claim: unique per claim.
-    pub lease_id: String,
+    pub lease_id: LeaseId,
     /// The backend's own claim receipt, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receipt: Option<String>,
     /// The group that claimed it.
-    pub group: String,
+    pub group: Arc<str>,
     /// The consumer holding it.
-    pub consumer_id: String,
+    pub consumer_id: Arc<str>,
     /// How many times this delivery has been claimed, this claim included.
     pub attempt: u32,
     /// When the lease runs out.
@@ -34,15 +98,15 @@ impl Lease {
     }
     /// The stream of the delivery.
     pub fn stream(&self) -> &str {
-        &self.event.stream
+        self.event.stream()
     }
     /// The partition of the delivery.
     pub fn partition(&self) -> u32 {
-        self.event.partition
+        self.event.partition()
     }
     /// The sequence of the delivery.
     pub fn sequence(&self) -> u64 {
-        self.event.sequence
+        self.event.sequence()
     }
 }
 
@@ -68,15 +132,15 @@ pub struct FetchReport {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LeaseRef {
     /// The stream.
-    pub stream: String,
+    pub stream: Arc<str>,
     /// The group.
-    pub group: String,
+    pub group: Arc<str>,
     /// The partition.
     pub partition: u32,
     /// The sequence.
     pub sequence: u64,
     /// The lease id.
-    pub lease_id: String,
+    pub lease_id: LeaseId,
     /// The backend receipt, if the backend has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receipt: Option<String>,
@@ -85,11 +149,11 @@ pub struct LeaseRef {
 impl From<&Lease> for LeaseRef {
     fn from(l: &Lease) -> Self {
         LeaseRef {
-            stream: l.event.stream.clone(),
+            stream: l.event.stream_name().clone(),
             group: l.group.clone(),
-            partition: l.event.partition,
-            sequence: l.event.sequence,
-            lease_id: l.lease_id.clone(),
+            partition: l.event.partition(),
+            sequence: l.event.sequence(),
+            lease_id: l.lease_id,
             receipt: l.receipt.clone(),
         }
     }
@@ -143,9 +207,9 @@ impl LeaseRef {
 /// with `%` and `:` inside the names percent-encoded. `parse` reads it back.
 ///
 /// ```
-/// use rheo::LeaseRef;
+/// use rheo::{LeaseId, LeaseRef};
 /// let r = LeaseRef { stream: "a:b".into(), group: "g".into(), partition: 1, sequence: 7,
-///                    lease_id: "l".into(), receipt: None };
+///                    lease_id: LeaseId::from_u128(7), receipt: None };
 /// assert_eq!(r.to_string().parse::<LeaseRef>().ok(), Some(r));
 /// ```
 impl std::fmt::Display for LeaseRef {
@@ -154,8 +218,7 @@ impl std::fmt::Display for LeaseRef {
         LeaseRef::escape(&self.stream, &mut s);
         s.push(':');
         LeaseRef::escape(&self.group, &mut s);
-        s.push_str(&format!(":{}:{}:", self.partition, self.sequence));
-        LeaseRef::escape(&self.lease_id, &mut s);
+        s.push_str(&format!(":{}:{}:{}", self.partition, self.sequence, self.lease_id));
         if let Some(r) = &self.receipt {
             s.push(':');
             LeaseRef::escape(r, &mut s);
@@ -179,11 +242,11 @@ impl std::str::FromStr for LeaseRef {
         }
         let text = |i: usize| parts.get(i).and_then(|p| LeaseRef::unescape(p)).ok_or_else(bad);
         Ok(LeaseRef {
-            stream: text(1)?,
-            group: text(2)?,
+            stream: text(1)?.into(),
+            group: text(2)?.into(),
             partition: parts[3].parse().map_err(|_| bad())?,
             sequence: parts[4].parse().map_err(|_| bad())?,
-            lease_id: text(5)?,
+            lease_id: parts[5].parse().map_err(|_| bad())?,
             receipt: if parts.len() == 7 { Some(text(6)?) } else { None },
         })
     }
@@ -212,10 +275,10 @@ mod tests {
             group: "billing".into(),
             partition: 3,
             sequence: 42,
-            lease_id: "0193-ab".into(),
+            lease_id: LeaseId::from_u128(0x0001_93ab),
             receipt: None,
         };
-        assert_eq!(r.to_string(), "lr1:orders%3Aeu%251:billing:3:42:0193-ab");
+        assert_eq!(r.to_string(), "lr1:orders%3Aeu%251:billing:3:42:00000000-0000-0000-0000-0000000193ab");
         assert_eq!(r.to_string().parse::<LeaseRef>().ok(), Some(r.clone()));
         r.receipt = Some("rc:1".into());
         assert_eq!(r.to_string().parse::<LeaseRef>().ok(), Some(r));
@@ -223,7 +286,15 @@ mod tests {
 
     #[test]
     fn malformed_lease_refs_are_refused() {
-        for s in ["", "lr1:a:b:1:2", "lr2:a:b:1:2:l", "lr1:a:b:x:2:l", "lr1:a%zz:b:1:2:l", "lr1:a:b:1:2:l:r:x"] {
+        for s in [
+            "",
+            "lr1:a:b:1:2",
+            "lr1:a:b:1:2:l",
+            "lr2:a:b:1:2:00000000-0000-0000-0000-0000000193ab",
+            "lr1:a:b:x:2:l",
+            "lr1:a%zz:b:1:2:l",
+            "lr1:a:b:1:2:l:r:x",
+        ] {
             assert!(s.parse::<LeaseRef>().is_err(), "{s:?}");
         }
     }

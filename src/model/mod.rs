@@ -4,6 +4,7 @@ pub mod capabilities;
 pub mod damage;
 pub mod event;
 pub mod group;
+pub(crate) mod ids;
 pub mod lease;
 pub mod names;
 pub mod query;

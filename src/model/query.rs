@@ -467,20 +467,20 @@ impl Query {
     /// True when the event satisfies every filter and bound, and comes after
     /// the cursor.
     pub fn matches(&self, e: &Event) -> bool {
-        let (after, until) = self.sequence_bounds(e.partition);
-        e.sequence > after
-            && e.sequence <= until
-            && self.from.is_none_or(|t| e.timestamp >= t)
-            && self.to.is_none_or(|t| e.timestamp <= t)
+        let (after, until) = self.sequence_bounds(e.partition());
+        e.sequence() > after
+            && e.sequence() <= until
+            && self.from.is_none_or(|t| e.timestamp() >= t)
+            && self.to.is_none_or(|t| e.timestamp() <= t)
             && self.cursor.as_ref().is_none_or(|c| self.compare_keys(self.sort_key(e), c.key) == Ordering::Greater)
             && self.filters.iter().all(|f| f.matches(e))
     }
 
     fn sort_key(&self, e: &Event) -> SortKey {
         match self.order_by {
-            OrderBy::Sequence => (0, e.sequence, u64::from(e.partition)),
-            OrderBy::Timestamp => (e.timestamp.as_millis(), u64::from(e.partition), e.sequence),
-            OrderBy::Partition => (0, u64::from(e.partition), e.sequence),
+            OrderBy::Sequence => (0, e.sequence(), u64::from(e.partition())),
+            OrderBy::Timestamp => (e.timestamp().as_millis(), u64::from(e.partition()), e.sequence()),
+            OrderBy::Partition => (0, u64::from(e.partition()), e.sequence()),
         }
     }
 
@@ -690,17 +690,12 @@ mod tests {
     }
 
     fn ev(partition: u32, sequence: u64, ts: i64, payload: Value) -> Event {
-        Event {
-            id: format!("{partition}-{sequence}"),
-            stream: "s".into(),
-            partition,
-            sequence,
+        Event::from(crate::model::event::EventParts {
             timestamp: Timestamp::from_millis(ts),
-            key: None,
             event_type: payload.get("type").and_then(Value::as_str).map(str::to_owned),
-            metadata: Default::default(),
-            payload,
-        }
+            payload: payload.into(),
+            ..crate::model::event::EventParts::new("s", partition, sequence)
+        })
     }
 
     #[test]
@@ -725,9 +720,9 @@ mod tests {
         let q = Query::new("s").gte("n", 2).limit(2);
         let events = || (1..=5).rev().map(|i| ev(0, i, 0, json!({"n": i})));
         let p1 = q.page_from(events());
-        assert_eq!(p1.events.iter().map(|e| e.sequence).collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(p1.events.iter().map(|e| e.sequence()).collect::<Vec<_>>(), vec![2, 3]);
         let p2 = q.clone().cursor(p1.next_cursor.expect("more")).page_from(events());
-        assert_eq!(p2.events.iter().map(|e| e.sequence).collect::<Vec<_>>(), vec![4, 5]);
+        assert_eq!(p2.events.iter().map(|e| e.sequence()).collect::<Vec<_>>(), vec![4, 5]);
         assert!(p2.next_cursor.is_none());
     }
 

@@ -189,7 +189,7 @@ impl NativeBackend {
             })
             .collect::<Result<Vec<_>>>()?;
         let (assigned, ticket) = self.engine.append(&log, &routed)?;
-        let out = events.into_iter().zip(assigned).map(|(e, (p, seq))| e.into_event(stream, p, seq, now)).collect();
+        let out = events.into_iter().zip(assigned).map(|(e, (p, seq))| e.into_event(&log.name, p, seq, now)).collect();
         Ok((out, ticket))
     }
 }
@@ -287,11 +287,10 @@ impl Backend for NativeBackend {
 
     async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
         let log = self.engine.stream(stream)?;
-        let name = stream.to_owned();
         // Disk reads and decoding run on the blocking pool, not on a worker.
         self.blocking(move || {
             let records = log.read(partition, after, limit)?;
-            Ok(records.into_iter().map(|r| r.into_event(&name, partition)).collect())
+            Ok(records.into_iter().map(|r| r.into_event(&log.name, partition)).collect())
         })
         .await
     }
@@ -341,7 +340,7 @@ impl Backend for NativeBackend {
         let mut out: Vec<Option<Result<()>>> = (0..leases.len()).map(|_| None).collect();
         let mut runs: Vec<(&str, &str, Vec<usize>)> = Vec::new();
         for (i, l) in leases.iter().enumerate() {
-            match runs.iter_mut().find(|(s, g, _)| *s == l.stream && *g == l.group) {
+            match runs.iter_mut().find(|(s, g, _)| *s == &*l.stream && *g == &*l.group) {
                 Some(run) => run.2.push(i),
                 None => runs.push((&l.stream, &l.group, vec![i])),
             }

@@ -21,7 +21,7 @@
 //! let handle = Group::builder(&rheo, "orders", "billing")
 //!     .concurrency(4)
 //!     .spawn(handler_fn(|lease| async move {
-//!         println!("#{}: {}", lease.sequence(), lease.event.payload);
+//!         println!("#{}: {}", lease.sequence(), lease.event.payload());
 //!         Outcome::Ack
 //!     }))
 //!     .await?;
@@ -115,9 +115,9 @@ impl Outcome {
 /// #[async_trait::async_trait]
 /// impl Handler for Billing {
 ///     async fn handle(&self, lease: &Lease) -> Outcome {
-///         match lease.event.payload.get("total") {
-///             Some(_) => Outcome::Ack,
-///             None => Outcome::reject("no total"),
+///         match lease.event.payload().json() {
+///             Ok(order) if order.get("total").is_some() => Outcome::Ack,
+///             _ => Outcome::reject("no total"),
 ///         }
 ///     }
 /// }

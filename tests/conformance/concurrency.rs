@@ -81,7 +81,7 @@ pub async fn competing_consumers_ack_every_event_exactly_once(f: Fixture) {
     let first = &ledger.violations[..ledger.violations.len().min(5)];
     assert!(ledger.violations.is_empty(), "{} violations, first: {first:?}", ledger.violations.len());
     assert_eq!(ledger.acked.len(), 10_000);
-    let expected: HashSet<(u32, u64)> = appended.iter().map(|e| (e.partition, e.sequence)).collect();
+    let expected: HashSet<(u32, u64)> = appended.iter().map(|e| (e.partition(), e.sequence())).collect();
     assert!(ledger.acked == expected, "the acked set is exactly the appended set");
     assert!(ledger.holders.is_empty());
     assert_eq!(lag_total(&f).await, 0);

@@ -39,7 +39,7 @@ pub async fn dead_letter_records_event_reason_attempts_and_time(f: Fixture) {
     f.rheo.reject(&second, "schema mismatch: field total").await.expect("reject");
     let dead = f.rheo.dead_letters(S, G, DeadLetterOptions::new()).await.expect("dlq").remove(0);
     assert_eq!(dead.event.as_ref(), Some(&event));
-    assert_eq!((dead.partition, dead.sequence, dead.damage.as_ref()), (event.partition, event.sequence, None));
+    assert_eq!((dead.partition, dead.sequence, dead.damage.as_ref()), (event.partition(), event.sequence(), None));
     assert_eq!(dead.reason, "schema mismatch: field total");
     assert_eq!(dead.attempts, 2);
     assert_eq!(dead.dead_lettered_at, at(42));
@@ -96,7 +96,7 @@ pub async fn dead_letters_page_after_event_id(f: Fixture) {
         let page = f.rheo.dead_letters(S, G, opts).await.expect("page");
         assert!(page.len() <= 2);
         let Some(last) = page.last() else { break };
-        after = Some(last.event.as_ref().expect("an undamaged dead letter").id.clone());
+        after = Some(last.event.as_ref().expect("an undamaged dead letter").id().to_owned());
         paged.extend(page.iter().map(|d| d.sequence));
         assert!(paged.len() <= 5, "paging does not loop: {paged:?}");
     }
@@ -116,9 +116,9 @@ pub async fn dead_letters_unknown_cursor_is_cursor_not_found(f: Fixture) {
     assert_mentions(&e, &["no-such-event"]);
     // an event that exists but is not a dead letter of the group is no cursor either
     assert_err!(
-        f.rheo.dead_letters(S, G, DeadLetterOptions::new().after(events[1].id.clone())).await,
+        f.rheo.dead_letters(S, G, DeadLetterOptions::new().after(events[1].id().to_owned())).await,
         Error::CursorNotFound { .. }
     );
-    let after_last = f.rheo.dead_letters(S, G, DeadLetterOptions::new().after(events[0].id.clone())).await;
+    let after_last = f.rheo.dead_letters(S, G, DeadLetterOptions::new().after(events[0].id().to_owned())).await;
     assert!(after_last.expect("a real cursor").is_empty());
 }

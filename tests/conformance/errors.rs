@@ -92,7 +92,7 @@ pub async fn explicit_event_id_out_of_bounds_is_invalid_argument(f: Fixture) {
     assert!(f.rheo.read(S, 0, 0, 10).await.expect("read").is_empty());
     let longest = "i".repeat(MAX_NAME_BYTES);
     assert_eq!(
-        f.rheo.append(S, &json!({}), AppendOptions::new().id(longest.clone())).await.expect("append").id,
+        f.rheo.append(S, &json!({}), AppendOptions::new().id(longest.clone())).await.expect("append").id(),
         longest
     );
 }

@@ -48,8 +48,8 @@ pub async fn every_claim_gets_a_fresh_unique_lease_id(f: Fixture) {
     f.clock.advance(secs(11));
     let second = fetch_leased(&f, 100, 10).await;
     assert_eq!(positions(&second), positions(&first), "all expired and reclaimed");
-    assert_unique(first.iter().chain(&second).map(|l| l.lease_id.clone()));
-    assert!(first.iter().chain(&second).all(|l| !l.lease_id.is_empty()));
+    assert_unique(first.iter().chain(&second).map(|l| l.lease_id));
+    assert!(first.iter().chain(&second).all(|l| l.lease_id.as_u128() != 0));
 }
 
 /// A lease records the group, the consumer id given (or the handle's own) and
@@ -58,13 +58,13 @@ pub async fn lease_records_group_consumer_and_expiry(f: Fixture) {
     setup(&f, 1).await;
     append_to(&f, 0, 2).await;
     let named = f.rheo.fetch(S, G, FetchOptions::new().limit(1).consumer("worker-a")).await.expect("fetch");
-    assert_eq!(named[0].consumer_id, "worker-a");
-    assert_eq!(named[0].group, G);
+    assert_eq!(&*named[0].consumer_id, "worker-a");
+    assert_eq!(&*named[0].group, G);
     assert_eq!(named[0].expires_at, at(30), "the default lease is 30 s");
     f.clock.advance(secs(1));
     let default = f.rheo.fetch(S, G, FetchOptions::new().limit(1).lease(secs(90))).await.expect("fetch");
-    assert_eq!(default[0].consumer_id, "test-consumer");
-    assert_eq!(default[0].consumer_id, f.rheo.consumer_id());
+    assert_eq!(&*default[0].consumer_id, "test-consumer");
+    assert_eq!(&*default[0].consumer_id, f.rheo.consumer_id());
     assert_eq!(default[0].expires_at, at(91));
     assert_eq!(default[0].attempt, 1);
 }
@@ -133,7 +133,7 @@ pub async fn independent_groups_each_get_every_event(f: Fixture) {
     assert_eq!(lag_total_of(&f, G2).await, 6, "the other group is untouched");
     let b = fetch_from(&f, G2, 100).await;
     assert_eq!(positions(&b), a);
-    assert!(b.iter().all(|l| l.attempt == 1 && l.group == G2));
+    assert!(b.iter().all(|l| l.attempt == 1 && &*l.group == G2));
 }
 
 /// A lease that has expired is claimable again, with the next attempt and a new lease id.
@@ -148,7 +148,7 @@ pub async fn expired_lease_is_reclaimable_with_next_attempt(f: Fixture) {
     let second = f.rheo.fetch(S, G, FetchOptions::new().consumer("b")).await.expect("fetch");
     assert_eq!(positions(&second), vec![(0, 1)]);
     assert_eq!(second[0].attempt, 2);
-    assert_eq!(second[0].consumer_id, "b");
+    assert_eq!(&*second[0].consumer_id, "b");
     assert_ne!(second[0].lease_id, first[0].lease_id);
     f.clock.advance(secs(31));
     assert_eq!(fetch(&f, 10).await[0].attempt, 3, "attempt increments on every claim");

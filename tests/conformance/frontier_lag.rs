@@ -29,7 +29,7 @@ pub async fn lag_is_high_watermark_minus_frontier_summed(f: Fixture) {
     let leases = fetch(&f, 2).await;
     ack_all(&f, &leases).await;
     let lag = f.rheo.lag(S, G).await.expect("lag");
-    assert_eq!((lag.stream.as_str(), lag.group.as_str()), (S, G));
+    assert_eq!((lag.stream.as_ref(), lag.group.as_ref()), (S, G));
     assert_eq!(
         lag.partitions,
         vec![PartitionLag::new(0, 4, 2), PartitionLag::new(1, 0, 0), PartitionLag::new(2, 2, 0)]

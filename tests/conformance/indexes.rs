@@ -32,7 +32,9 @@ async fn all_names(f: &Fixture, q: Query) -> Vec<String> {
     let mut q = q.limit(7);
     loop {
         let page = f.rheo.query_page(&q).await.unwrap_or_else(|e| panic!("query {q:?}: {e}"));
-        out.extend(page.events.iter().map(|e| e.payload["name"].as_str().unwrap_or("?").to_owned()));
+        out.extend(
+            page.events.iter().map(|e| e.payload().json().expect("json")["name"].as_str().unwrap_or("?").to_owned()),
+        );
         match page.next_cursor {
             Some(c) => q = q.cursor(c),
             None => return out,

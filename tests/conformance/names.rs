@@ -91,7 +91,7 @@ pub async fn path_like_names_are_plain_names(f: Fixture) {
     for name in ["../../etc", "../../etc/passwd", "a/b", "..", ".", "C:\\temp", "orders.v2", "ключ"] {
         f.rheo.create_stream(name, StreamOptions::new()).await.unwrap_or_else(|e| panic!("{name:?}: {e}"));
         let event = f.rheo.append(name, &json!({"n": 1}), AppendOptions::new()).await.expect("append");
-        assert_eq!(event.stream, name);
+        assert_eq!(event.stream(), name);
         f.rheo.create_group(name, "../group", GroupOptions::new()).await.expect("path-like group name");
         let leases = f.rheo.fetch(name, "../group", FetchOptions::new()).await.expect("fetch");
         assert_eq!(leases.len(), 1);

@@ -13,7 +13,7 @@ pub async fn explicit_partition_is_used(f: Fixture) {
     stream(&f, 4).await;
     for p in [3, 0, 2, 1] {
         let e = f.rheo.append(S, &json!({"n": p}), AppendOptions::new().partition(p)).await.expect("append");
-        assert_eq!(e.partition, p);
+        assert_eq!(e.partition(), p);
         assert_eq!(f.rheo.read(S, p, 0, 10).await.expect("read"), vec![e]);
     }
 }
@@ -44,8 +44,8 @@ pub async fn key_routes_to_partition_for_key(f: Fixture) {
         let expected = partition_for_key(key, 8);
         let by_option = f.rheo.append(S, &json!({}), AppendOptions::new().key(key.clone())).await.expect("append");
         let by_payload = f.rheo.append(S, &json!({"key": key}), AppendOptions::new()).await.expect("append");
-        assert_eq!(by_option.partition, expected, "key {key:?} (option)");
-        assert_eq!(by_payload.partition, expected, "key {key:?} (payload)");
+        assert_eq!(by_option.partition(), expected, "key {key:?} (option)");
+        assert_eq!(by_payload.partition(), expected, "key {key:?} (payload)");
         used.insert(expected);
     }
     assert!(used.len() > 4, "64 keys should spread over the partitions, used {used:?}");
@@ -56,8 +56,8 @@ pub async fn explicit_partition_wins_over_key(f: Fixture) {
     stream(&f, 8).await;
     let key = (0..100).map(|i| format!("k{i}")).find(|k| partition_for_key(k, 8) != 5).expect("a key not routed to 5");
     let e = f.rheo.append(S, &json!({"key": key}), AppendOptions::new().partition(5)).await.expect("append");
-    assert_eq!(e.partition, 5);
-    assert_eq!(e.key.as_deref(), Some(key.as_str()), "the key is still recorded");
+    assert_eq!(e.partition(), 5);
+    assert_eq!(e.key(), Some(key.as_str()), "the key is still recorded");
 }
 
 /// With neither key nor partition an event goes to partition 0.
@@ -65,7 +65,7 @@ pub async fn unkeyed_event_goes_to_partition_zero(f: Fixture) {
     stream(&f, 4).await;
     for i in 0..10 {
         let e = f.rheo.append(S, &json!({"n": i}), AppendOptions::new()).await.expect("append");
-        assert_eq!(e.partition, 0);
+        assert_eq!(e.partition(), 0);
     }
     assert_eq!(f.rheo.list_streams().await.expect("list")[0].high_watermarks, vec![10, 0, 0, 0]);
 }
@@ -77,7 +77,7 @@ pub async fn sequences_start_at_one_and_are_contiguous_per_partition(f: Fixture)
     let mut seen: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     for p in order {
         let e = f.rheo.append(S, &json!({}), AppendOptions::new().partition(p)).await.expect("append");
-        seen.entry(p).or_default().push(e.sequence);
+        seen.entry(p).or_default().push(e.sequence());
     }
     assert_eq!(seen[&0], vec![1, 2, 3, 4]);
     assert_eq!(seen[&1], vec![1, 2, 3]);
@@ -95,9 +95,9 @@ pub async fn append_batch_is_contiguous_per_partition_in_input_order(f: Fixture)
     let events = f.rheo.append_batch_with(S, items).await.expect("batch");
     assert_eq!(event_positions(&events), vec![(0, 2), (1, 1), (0, 3), (1, 2), (0, 4)]);
     for (i, e) in events.iter().enumerate() {
-        assert_eq!(e.payload["i"], json!(i), "returned in input order");
+        assert_eq!(e.payload().json().expect("json")["i"], json!(i), "returned in input order");
     }
-    let p0: Vec<u64> = f.rheo.read(S, 0, 0, 10).await.expect("read").iter().map(|e| e.sequence).collect();
+    let p0: Vec<u64> = f.rheo.read(S, 0, 0, 10).await.expect("read").iter().map(|e| e.sequence()).collect();
     assert_eq!(p0, vec![1, 2, 3, 4]);
 }
 
@@ -119,7 +119,7 @@ pub async fn append_batch_is_atomic_when_one_partition_is_invalid(f: Fixture) {
     assert!(f.rheo.read(S, 0, 0, 10).await.expect("read").is_empty());
     assert!(f.rheo.read(S, 1, 0, 10).await.expect("read").is_empty());
     let next = f.rheo.append(S, &json!({}), AppendOptions::new().partition(1)).await.expect("append");
-    assert_eq!(next.sequence, 1, "the failed batch used no sequences");
+    assert_eq!(next.sequence(), 1, "the failed batch used no sequences");
 }
 
 /// Appending to a stream that does not exist is `StreamNotFound` naming it.

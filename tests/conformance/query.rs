@@ -58,7 +58,10 @@ async fn seed(f: &Fixture) {
 /// The `name` of each event a query returns, in order.
 async fn names(f: &Fixture, q: Query) -> Vec<String> {
     let events = f.rheo.query(&q).await.unwrap_or_else(|e| panic!("query {q:?}: {e}"));
-    events.iter().map(|e| e.payload["name"].as_str().expect("every seeded event has a name").to_owned()).collect()
+    events
+        .iter()
+        .map(|e| e.payload().json().expect("json")["name"].as_str().expect("every seeded event has a name").to_owned())
+        .collect()
 }
 
 fn q() -> Query {
@@ -212,7 +215,7 @@ pub async fn query_limit_defaults_to_100(f: Fixture) {
     assert_eq!(Query::new(S).limit, 100);
     let page = f.rheo.query_page(&Query::new(S)).await.expect("query");
     assert_eq!(page.events.len(), 100);
-    assert_eq!(page.events.last().map(|e| e.sequence), Some(100));
+    assert_eq!(page.events.last().map(|e| e.sequence()), Some(100));
     assert!(page.next_cursor.is_some(), "more remain");
     assert_eq!(f.rheo.query(&Query::new(S).limit(7)).await.expect("query").len(), 7);
     let all = f.rheo.query_page(&Query::new(S).limit(MAX_LIMIT)).await.expect("query");
@@ -268,7 +271,7 @@ pub async fn query_page_returns_each_match_exactly_once_across_partitions(f: Fix
         let pages = all_pages(&f, &base.clone().limit(4)).await;
         assert_eq!(pages.len(), 3, "{order:?} desc={descending}: 11 events in pages of 4");
         let paged: Vec<rheo::Event> = pages.into_iter().flatten().collect();
-        assert_unique(paged.iter().map(|e| (e.partition, e.sequence)));
+        assert_unique(paged.iter().map(|e| (e.partition(), e.sequence())));
         assert_eq!(event_positions(&paged), event_positions(&unpaged), "{order:?} desc={descending}");
     }
 }
@@ -295,10 +298,10 @@ pub async fn query_page_keeps_bounds_on_every_page(f: Fixture) {
         let pages = all_pages(&f, &q.limit(2)).await;
         for event in pages.iter().flatten() {
             let why = format!("{order:?} desc={descending}: {event:?}");
-            assert!((2..=8).contains(&event.sequence), "{why}");
-            assert!(event.partition != 2 || event.sequence > 4, "{why}");
-            assert!(event.timestamp >= at(1) && event.timestamp <= at(7), "{why}");
-            assert!(event.payload["n"].as_u64().is_some_and(|n| n < 25), "{why}");
+            assert!((2..=8).contains(&event.sequence()), "{why}");
+            assert!(event.partition() != 2 || event.sequence() > 4, "{why}");
+            assert!(event.timestamp() >= at(1) && event.timestamp() <= at(7), "{why}");
+            assert!(event.payload().json().expect("json")["n"].as_u64().is_some_and(|n| n < 25), "{why}");
         }
         let paged: Vec<rheo::Event> = pages.into_iter().flatten().collect();
         assert_eq!(paged, expected, "{order:?} desc={descending}");
@@ -320,7 +323,7 @@ pub async fn query_cursor_of_another_order_is_rejected(f: Fixture) {
     }
     let parsed: Cursor = cursor.to_string().parse().expect("a printed cursor parses");
     let next = f.rheo.query(&q().limit(2).cursor(parsed)).await.expect("page 2");
-    let names: Vec<&str> = next.iter().filter_map(|e| e.payload["name"].as_str()).collect();
+    let names: Vec<&str> = next.iter().filter_map(|e| e.payload().json().expect("json")["name"].as_str()).collect();
     assert_eq!(names, ["e3", "e4"]);
 }
 
@@ -333,7 +336,7 @@ pub async fn stream_query_yields_everything_lazily(f: Fixture) {
     }
     let all: Vec<rheo::Event> = f.rheo.stream_query(Query::new(S).limit(10)).try_collect().await.expect("collect");
     assert_eq!(all.len(), 25);
-    assert_unique(all.iter().map(|e| e.id.clone()));
+    assert_unique(all.iter().map(|e| e.id().to_owned()));
 
     let mut lazy = std::pin::pin!(f.rheo.stream_query(Query::new(S).limit(10)));
     let mut seen = Vec::new();
@@ -346,7 +349,7 @@ pub async fn stream_query_yields_everything_lazily(f: Fixture) {
     while let Some(event) = lazy.next().await {
         seen.push(event.expect("no error"));
     }
-    let ns: HashSet<u64> = seen.iter().filter_map(|e| e.payload["n"].as_u64()).collect();
+    let ns: HashSet<u64> = seen.iter().filter_map(|e| e.payload().json().expect("json")["n"].as_u64()).collect();
     assert_eq!(seen.len(), 35, "pages after the first are read when reached");
     assert_eq!(ns, (0..35).collect());
 

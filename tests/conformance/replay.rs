@@ -169,7 +169,7 @@ pub async fn replay_counts_only_events_that_exist(f: Fixture) {
     stream(&f, 1).await;
     group(&f, rheo::GroupOptions::new().start(rheo::StartPosition::After(10))).await;
     let events = append_to(&f, 0, 3).await;
-    let by_id = Query::new(S).is_in("id", vec![serde_json::json!(events[1].id)]);
+    let by_id = Query::new(S).is_in("id", vec![serde_json::json!(events[1].id())]);
     assert_eq!(f.rheo.replay(S, G, ReplayOptions::query(by_id)).await.expect("replay by query"), 1);
     assert_eq!(sequences(&fetch(&f, 10).await), vec![2], "only the replayed event is due");
     assert_eq!(f.rheo.replay(S, G, ReplayOptions::from_sequence(0)).await.expect("replay"), 2, "events 1 and 3");

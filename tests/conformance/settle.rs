@@ -29,7 +29,7 @@ pub async fn second_ack_of_same_lease_is_stale_lease(f: Fixture) {
             if stream == S && group == G && *lease_id == lease.lease_id
     );
     assert!(e.is_stale_lease());
-    assert_mentions(&e, &[S, G, &lease.lease_id]);
+    assert_mentions(&e, &[S, G, &lease.lease_id.to_string()]);
     assert_eq!(lag_total(&f).await, 0);
 }
 
@@ -55,7 +55,7 @@ pub async fn every_settle_checks_the_lease_id(f: Fixture) {
     setup(&f, 1).await;
     append_to(&f, 0, 1).await;
     let real = fetch(&f, 1).await.remove(0);
-    let fake = LeaseRef { lease_id: "forged".into(), ..real.to_ref() };
+    let fake = LeaseRef { lease_id: rheo::LeaseId::from_u128(0xf0), ..real.to_ref() };
     assert_err!(f.rheo.ack(&fake).await, Error::StaleLease { .. });
     assert_err!(f.rheo.retry(&fake, "nope").await, Error::StaleLease { .. });
     assert_err!(f.rheo.reject(&fake, "nope").await, Error::StaleLease { .. });
@@ -107,7 +107,7 @@ pub async fn expired_lease_is_stale_after_reclaim(f: Fixture) {
     let new = f.rheo.fetch(S, G, FetchOptions::new().consumer("b")).await.expect("fetch").remove(0);
     assert_eq!(new.attempt, 2);
     let e = assert_err!(f.rheo.ack(&old).await, Error::StaleLease { sequence: 1, .. });
-    assert_mentions(&e, &[&old.lease_id]);
+    assert_mentions(&e, &[&old.lease_id.to_string()]);
     assert_err!(f.rheo.renew(&old, secs(10)).await, Error::StaleLease { .. });
     assert_err!(f.rheo.retry(&old, "x").await, Error::StaleLease { .. });
     assert_err!(f.rheo.reject(&old, "x").await, Error::StaleLease { .. });

@@ -18,7 +18,7 @@ pub async fn skip_dead_letters_a_position_never_claimed(f: Fixture) {
     assert_eq!(dead.len(), 1);
     assert_eq!((dead[0].partition, dead[0].sequence, dead[0].attempts), (0, 2, 0));
     assert_eq!(dead[0].reason, "skipped: record damaged");
-    assert_eq!(dead[0].event.as_ref().map(|e| e.sequence), Some(2), "a readable event is listed with it");
+    assert_eq!(dead[0].event.as_ref().map(|e| e.sequence()), Some(2), "a readable event is listed with it");
 }
 
 /// A leased position is dead-lettered too: the holder's settles become stale.

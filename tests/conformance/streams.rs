@@ -72,7 +72,7 @@ pub async fn partitions_above_maximum_is_invalid_partition_count(f: Fixture) {
     let info = f.rheo.create_stream(S, StreamOptions::new().partitions(MAX_PARTITIONS)).await.expect("maximum");
     assert_eq!(info.partition_count, MAX_PARTITIONS);
     let last = f.rheo.append(S, &json!({}), AppendOptions::new().partition(MAX_PARTITIONS - 1)).await.expect("append");
-    assert_eq!((last.partition, last.sequence), (MAX_PARTITIONS - 1, 1));
+    assert_eq!((last.partition(), last.sequence()), (MAX_PARTITIONS - 1, 1));
 }
 
 /// `ensure_stream` creates a missing stream, returns an existing one as it

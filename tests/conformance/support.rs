@@ -104,7 +104,7 @@ pub fn positions(leases: &[Lease]) -> Vec<(u32, u64)> {
 
 /// (partition, sequence) of each event.
 pub fn event_positions(events: &[Event]) -> Vec<(u32, u64)> {
-    events.iter().map(|e| (e.partition, e.sequence)).collect()
+    events.iter().map(|e| (e.partition(), e.sequence())).collect()
 }
 
 /// Sequences of each lease.
@@ -139,11 +139,11 @@ pub async fn frontier(f: &Fixture, partition: u32) -> u64 {
 /// A lease reference for a delivery that names a lease id nobody was given.
 pub fn made_up_lease(stream: &str, group: &str, partition: u32, sequence: u64) -> LeaseRef {
     LeaseRef {
-        stream: stream.to_owned(),
-        group: group.to_owned(),
+        stream: stream.into(),
+        group: group.into(),
         partition,
         sequence,
-        lease_id: "made-up-lease-id".to_owned(),
+        lease_id: rheo::LeaseId::from_u128(0x0bad),
         receipt: None,
     }
 }

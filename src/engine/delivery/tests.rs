@@ -217,7 +217,7 @@ fn an_ack_that_returned_survives_power_loss_and_claims_may_not() {
         assert!(b.ack(&leases[0].to_ref()).await.is_err(), "a settled lease stays settled");
         b.ack(&leases[1].to_ref()).await.expect("a lease claimed before the crash still settles");
         let again = b.fetch("s", "g", &FetchOptions::new().limit(10)).await.expect("fetch").leases;
-        let seqs: Vec<u64> = again.iter().map(|l| l.event.sequence).collect();
+        let seqs: Vec<u64> = again.iter().map(|l| l.event.sequence()).collect();
         assert_eq!(seqs, vec![4, 5], "the lost claims are delivered again");
         assert!(again.iter().all(|l| l.attempt == 1), "their attempt on disk was never counted");
     });

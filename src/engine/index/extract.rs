@@ -7,7 +7,7 @@
 //! JSON map; arrays by index; non-finite floats as null). Bad input is never
 //! a panic: a malformed document simply yields no value.
 
-use super::term::Scalar;
+use crate::msgpack::{Item, Reader, Scalar};
 
 /// A field of an index, split for extraction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,168 +145,6 @@ fn map_heads<'a>(mut r: Reader<'a>, heads: &[String], at: &mut [Option<Reader<'a
     }
 }
 
-/// A cursor over MessagePack bytes.
-#[derive(Debug, Clone, Copy)]
-struct Reader<'a> {
-    b: &'a [u8],
-    pos: usize,
-}
-
-/// What a marker starts.
-enum Item<'a> {
-    Scalar(Scalar<'a>),
-    Array(usize),
-    Map(usize),
-    /// A value with no JSON meaning (bin, ext): skipped, never indexed.
-    Opaque,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let end = self.pos.checked_add(n)?;
-        let s = self.b.get(self.pos..end)?;
-        self.pos = end;
-        Some(s)
-    }
-    fn u8(&mut self) -> Option<u8> {
-        self.take(1).map(|s| s[0])
-    }
-    fn be<const N: usize>(&mut self) -> Option<[u8; N]> {
-        self.take(N).and_then(|s| s.try_into().ok())
-    }
-    fn len(&mut self, bytes: usize) -> Option<usize> {
-        let n = match bytes {
-            1 => u64::from(self.u8()?),
-            2 => u64::from(u16::from_be_bytes(self.be()?)),
-            _ => u64::from(u32::from_be_bytes(self.be()?)),
-        };
-        usize::try_from(n).ok()
-    }
-
-    fn item(&mut self) -> Option<Item<'a>> {
-        let m = self.u8()?;
-        let s = |v| Some(Item::Scalar(v));
-        match m {
-            0x00..=0x7f => s(Scalar::Int(i128::from(m))),
-            0x80..=0x8f => Some(Item::Map(usize::from(m & 0x0f))),
-            0x90..=0x9f => Some(Item::Array(usize::from(m & 0x0f))),
-            0xa0..=0xbf => s(Scalar::Str(self.take(usize::from(m & 0x1f))?)),
-            0xc0 => s(Scalar::Null),
-            0xc2 => s(Scalar::Bool(false)),
-            0xc3 => s(Scalar::Bool(true)),
-            0xc4..=0xc6 => {
-                let n = self.len(1 << (m - 0xc4))?;
-                self.take(n)?;
-                Some(Item::Opaque)
-            }
-            0xc7..=0xc9 => {
-                let n = self.len(1 << (m - 0xc7))?;
-                self.take(n.checked_add(1)?)?;
-                Some(Item::Opaque)
-            }
-            0xca => s(float(f64::from(f32::from_be_bytes(self.be()?)))),
-            0xcb => s(float(f64::from_be_bytes(self.be()?))),
-            0xcc => s(Scalar::Int(i128::from(self.u8()?))),
-            0xcd => s(Scalar::Int(i128::from(u16::from_be_bytes(self.be()?)))),
-            0xce => s(Scalar::Int(i128::from(u32::from_be_bytes(self.be()?)))),
-            0xcf => s(Scalar::Int(i128::from(u64::from_be_bytes(self.be()?)))),
-            0xd0 => s(Scalar::Int(i128::from(i8::from_be_bytes(self.be()?)))),
-            0xd1 => s(Scalar::Int(i128::from(i16::from_be_bytes(self.be()?)))),
-            0xd2 => s(Scalar::Int(i128::from(i32::from_be_bytes(self.be()?)))),
-            0xd3 => s(Scalar::Int(i128::from(i64::from_be_bytes(self.be()?)))),
-            0xd4..=0xd8 => {
-                self.take((1usize << (m - 0xd4)) + 1)?;
-                Some(Item::Opaque)
-            }
-            0xd9..=0xdb => {
-                let n = self.len(1 << (m - 0xd9))?;
-                s(Scalar::Str(self.take(n)?))
-            }
-            0xdc => Some(Item::Array(self.len(2)?)),
-            0xdd => Some(Item::Array(self.len(4)?)),
-            0xde => Some(Item::Map(self.len(2)?)),
-            0xdf => Some(Item::Map(self.len(4)?)),
-            0xc1 => None,
-            0xe0..=0xff => s(Scalar::Int(i128::from(m.cast_signed()))),
-        }
-    }
-
-    /// Skips one whole value, iteratively (no recursion on hostile nesting).
-    fn skip(&mut self) -> Option<()> {
-        let mut left: usize = 1;
-        while left > 0 {
-            left -= 1;
-            match self.item()? {
-                Item::Scalar(_) | Item::Opaque => {}
-                // Every element takes at least a byte: a count beyond the
-                // remaining bytes is malformed.
-                Item::Array(n) => left = left.checked_add(n).filter(|&l| l <= self.b.len() - self.pos)?,
-                Item::Map(n) => {
-                    left = left.checked_add(n.checked_mul(2)?).filter(|&l| l <= self.b.len() - self.pos)?;
-                }
-            }
-        }
-        Some(())
-    }
-
-    /// Reads the value here: a scalar, or `Other` for an array/object (skipped).
-    fn scalar(&mut self) -> Option<Scalar<'a>> {
-        let start = *self;
-        match self.item()? {
-            Item::Scalar(s) => Some(s),
-            Item::Array(_) | Item::Map(_) => {
-                *self = start;
-                self.skip()?;
-                Some(Scalar::Other)
-            }
-            // serde_json can't hold bin/ext: the record would not decode.
-            Item::Opaque => None,
-        }
-    }
-
-    /// Descends along `path` from the value here; leaves the reader at the
-    /// found value.
-    fn descend(&mut self, path: &[String]) -> Option<()> {
-        for seg in path {
-            let here = *self;
-            match self.item()? {
-                Item::Map(n) => {
-                    let mut found = None;
-                    for _ in 0..n {
-                        let key = match self.item()? {
-                            Item::Scalar(Scalar::Str(k)) => Some(k),
-                            _ => None,
-                        };
-                        if key == Some(seg.as_bytes()) {
-                            found = Some(*self);
-                        }
-                        self.skip()?;
-                    }
-                    *self = found?;
-                }
-                Item::Array(n) => {
-                    let i: usize = seg.parse().ok()?;
-                    if i >= n {
-                        return None;
-                    }
-                    for _ in 0..i {
-                        self.skip()?;
-                    }
-                }
-                _ => {
-                    *self = here;
-                    return None;
-                }
-            }
-        }
-        Some(())
-    }
-}
-
-fn float(f: f64) -> Scalar<'static> {
-    if f.is_finite() { Scalar::Float(f) } else { Scalar::Null }
-}
-
 /// A record document split into its five parts (positions of each).
 #[derive(Debug, Clone, Copy)]
 pub struct DocParts<'a> {
@@ -316,7 +154,7 @@ pub struct DocParts<'a> {
 impl<'a> DocParts<'a> {
     /// Splits a document; `None` when it is not an array of five values.
     pub fn split(doc: &'a [u8]) -> Option<DocParts<'a>> {
-        let mut r = Reader { b: doc, pos: 0 };
+        let mut r = Reader::new(doc);
         match r.item()? {
             Item::Array(5) => {}
             _ => return None,
@@ -379,7 +217,7 @@ mod tests {
     use crate::engine::index::term::{canonical, json_key, scalar_key};
     use crate::engine::segment::record::DocRef;
     use crate::model::event::Metadata;
-    use crate::model::event::{AppendOptions, NewEvent};
+    use crate::model::event::{AppendOptions, NewEvent, Payload};
     use serde_json::json;
 
     fn key_of(s: Option<Scalar<'_>>) -> Option<Vec<u8>> {
@@ -397,13 +235,16 @@ mod tests {
             "order": {"customer_id": 42, "lines": [{"sku": "a"}, {"sku": "b"}]}, "arr": [1, 2], "": 7,
         });
         let opts = AppendOptions::new().key("k1").correlation_id("c-9").metadata("x", json!({"y": 1}));
-        let mut e = NewEvent::prepare(payload, opts);
+        let mut e = NewEvent::prepare(Payload::from_value(&payload), opts);
         e.event_type = Some("paid".into());
         let meta: &Metadata = &e.metadata;
-        let doc = rmp_serde::to_vec(&DocRef(&e.id, e.key.as_deref(), e.event_type.as_deref(), meta, &e.payload))
+        let mut doc = Vec::new();
+        DocRef(&e.id, e.key.as_deref(), e.event_type.as_deref(), meta, e.payload.as_bytes())
+            .write(&mut doc)
             .expect("encode");
         let parts = DocParts::split(&doc).expect("split");
-        let event = e.clone().into_event("s", 0, 1, crate::model::time::Timestamp::from_millis(0));
+        let event =
+            e.clone().into_event(&std::sync::Arc::from("s"), 0, 1, crate::model::time::Timestamp::from_millis(0));
         let paths = [
             "id",
             "key",

@@ -932,9 +932,9 @@ mod tests {
     fn both(engine: &Engine, q: &Query) -> (Vec<u64>, Vec<u64>, Vec<Access>) {
         let log = engine.stream("s").expect("stream");
         let page = planner::query_page(&log, q).expect("query");
-        let all = log.read(0, 0, usize::MAX).expect("read").into_iter().map(|r| r.into_event("s", 0));
+        let all = log.read(0, 0, usize::MAX).expect("read").into_iter().map(|r| r.into_event(&"s".into(), 0));
         let want = q.page_from(all);
-        let seqs = |p: &crate::model::query::Page| p.events.iter().map(|e| e.sequence).collect::<Vec<_>>();
+        let seqs = |p: &crate::model::query::Page| p.events.iter().map(|e| e.sequence()).collect::<Vec<_>>();
         (seqs(&page), seqs(&want), page.explain.into_iter().map(|e| e.access).collect())
     }
 

@@ -179,7 +179,8 @@ pub fn query_page(log: &StreamLog, q: &Query) -> Result<Page> {
                 tracing::warn!(stream = %log.name, partition = p, error = %e, "indexing the active segment failed; scanning it");
             }
         }
-        let mut run = Run { q, p, part, builder: &mut builder, ordered_asc, ordered_desc, stopped: false };
+        let mut run =
+            Run { stream: &log.name, p, part, builder: &mut builder, ordered_asc, ordered_desc, stopped: false };
         for seg in segs {
             let lo = after.saturating_add(1).max(seg.base_seq);
             let hi = seg.footer().map_or(until, |f| f.last_seq.min(until));
@@ -203,7 +204,8 @@ pub fn query_page(log: &StreamLog, q: &Query) -> Result<Page> {
 
 /// Reading one partition into the page.
 struct Run<'a, 'q> {
-    q: &'q Query,
+    /// The stream's name, shared by the events read.
+    stream: &'a Arc<str>,
     p: u32,
     part: &'a Partition,
     builder: &'a mut PageBuilder<'q>,
@@ -353,7 +355,7 @@ impl Run<'_, '_> {
                 }
             };
             if let Some(r) = record {
-                self.builder.offer(r.into_event(&self.q.stream, self.p));
+                self.builder.offer(r.into_event(self.stream, self.p));
             }
         }
         Ok(())
@@ -366,7 +368,7 @@ impl Run<'_, '_> {
             last: hi,
             access: Access::Scan { reason: reason.to_owned() },
         });
-        let (q, p, ordered_asc) = (self.q, self.p, self.ordered_asc);
+        let (p, ordered_asc, stream) = (self.p, self.ordered_asc, self.stream);
         let builder = &mut *self.builder;
         let mut stopped = false;
         self.part.scan(lo - 1, hi, |r| {
@@ -374,7 +376,7 @@ impl Run<'_, '_> {
                 stopped = true;
                 return false;
             }
-            builder.offer(r.into_event(&q.stream, p));
+            builder.offer(r.into_event(stream, p));
             true
         })?;
         // A descending scan reads forwards: it may stop only between runs.
@@ -397,7 +399,7 @@ pub fn matching(log: &StreamLog, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> R
     loop {
         let page = query_page(log, &pages)?;
         for e in page.events.iter().filter(|e| q.matches(e)) {
-            f(e.sequence);
+            f(e.sequence());
         }
         match page.next_cursor {
             Some(c) => pages.cursor = Some(c),
@@ -411,9 +413,9 @@ pub fn matching(log: &StreamLog, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> R
 pub fn position_of(log: &StreamLog, id: &str) -> Result<Option<(u32, u64)>> {
     // Partition by partition, so the search stops at the first that has it.
     for p in 0..log.partition_count() {
-        let q = Query::new(log.name.clone()).eq("id", id).partition(p).limit(1);
+        let q = Query::new(log.name.to_string()).eq("id", id).partition(p).limit(1);
         if let Some(e) = query_page(log, &q)?.events.first() {
-            return Ok(Some((p, e.sequence)));
+            return Ok(Some((p, e.sequence())));
         }
     }
     Ok(None)

@@ -54,22 +54,7 @@ pub use crate::model::query::ALWAYS_INDEXED;
 
 pub use crate::model::query::canonical_path as canonical;
 
-/// A scalar value read from a record, borrowed.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Scalar<'a> {
-    /// null (also a non-finite float, which JSON turns into null).
-    Null,
-    /// A boolean.
-    Bool(bool),
-    /// An integer.
-    Int(i128),
-    /// A float.
-    Float(f64),
-    /// A string's bytes.
-    Str(&'a [u8]),
-    /// An array or object.
-    Other,
-}
+pub use crate::msgpack::Scalar;
 
 /// The key of a scalar (see the module docs).
 pub fn scalar_key(s: &Scalar<'_>, out: &mut Vec<u8>) {
@@ -350,17 +335,10 @@ mod tests {
         assert_eq!(json_key(&json!(-1e-300)), minus_tiny, "the spec's example");
         assert_eq!(json_key(&json!(-0.3)), json_key(&json!(-0.30000000000000004)));
         for a in values.map(|a| json!(a)) {
-            let event = crate::Event {
-                id: "e".into(),
-                stream: "s".into(),
-                partition: 0,
-                sequence: 1,
-                timestamp: crate::Timestamp::EPOCH,
-                key: None,
-                event_type: None,
-                metadata: Default::default(),
-                payload: json!({"n": a}),
-            };
+            let event = crate::Event::from(crate::EventParts {
+                payload: json!({"n": a}).into(),
+                ..crate::EventParts::new("s", 0, 1)
+            });
             for b in values.map(|b| json!(b)) {
                 for op in [Op::Gt(b.clone()), Op::Gte(b.clone()), Op::Lt(b.clone()), Op::Lte(b.clone()), Op::Eq(b)] {
                     let filter = crate::model::query::Filter { path: "n".into(), op };

@@ -14,11 +14,11 @@ use super::manifest::{io_err, sync_err};
 use crate::engine::options::{EngineOptions, RecoveryMode};
 use crate::engine::segment::file::{Footer, HeaderError, IndexEntry, SegmentHeader, decode_index, encode_index_header};
 use crate::engine::segment::format::*;
-use crate::engine::segment::record::{Doc, PROBE, RecordHeader, decode_doc, plausible_frame};
+use crate::engine::segment::record::{PROBE, RecordHeader, decode_doc, plausible_frame};
 use crate::engine::segment::scan::{Scanner, Step};
 use crate::engine::vfs::{StickySync, Vfs, VfsFile};
 use crate::error::{Error, Result};
-use crate::model::event::Event;
+use crate::model::event::{Document, Event};
 use crate::model::time::Timestamp;
 
 /// A record read back from a segment.
@@ -27,24 +27,13 @@ pub struct StoredRecord {
     /// Its fixed fields.
     pub header: RecordHeader,
     /// Its document.
-    pub doc: Doc,
+    pub doc: Document,
 }
 
 impl StoredRecord {
     /// The event it holds.
-    pub fn into_event(self, stream: &str, partition: u32) -> Event {
-        let (id, key, event_type, metadata, payload) = self.doc;
-        Event {
-            id,
-            stream: stream.to_owned(),
-            partition,
-            sequence: self.header.seq,
-            timestamp: Timestamp::from_millis(self.header.ts),
-            key,
-            event_type,
-            metadata,
-            payload,
-        }
+    pub fn into_event(self, stream: &Arc<str>, partition: u32) -> Event {
+        self.doc.into_event(stream, partition, self.header.seq, Timestamp::from_millis(self.header.ts))
     }
 }
 

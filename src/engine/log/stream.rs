@@ -33,7 +33,7 @@ pub struct StreamLog {
     /// The manifest id.
     pub id: u64,
     /// The user-given name.
-    pub name: String,
+    pub name: Arc<str>,
     dir: String,
     partitions: Vec<Arc<Partition>>,
     txn: Arc<TxnLog>,
@@ -82,7 +82,7 @@ impl StreamLog {
         };
         Ok(StreamLog {
             id,
-            name: name.to_owned(),
+            name: Arc::from(name.as_str()),
             dir,
             partitions,
             txn,
@@ -105,7 +105,7 @@ impl StreamLog {
     /// A partition (callers check the range).
     pub fn partition(&self, p: u32) -> Result<&Arc<Partition>> {
         self.partitions.get(p as usize).ok_or_else(|| Error::InvalidPartition {
-            stream: self.name.clone(),
+            stream: self.name.to_string(),
             partition: p,
             partition_count: self.partition_count(),
         })
@@ -166,7 +166,8 @@ impl StreamLog {
                 let e = r.event;
                 let h = RecordHeader { seq, ts: r.ts, flags: if multi { FLAG_MULTI } else { 0 }, txn };
                 last_start = buf.len();
-                let doc = DocRef(&e.id, e.key.as_deref(), e.event_type.as_deref(), &e.metadata, &e.payload);
+                let payload = e.payload.to_msgpack()?;
+                let doc = DocRef(&e.id, e.key.as_deref(), e.event_type.as_deref(), &e.metadata, &payload);
                 encode_record(&mut buf, &h, &doc).map_err(|reason| Error::invalid("event", reason))?;
                 assigned[i] = (p, seq);
                 max_ts = max_ts.max(r.ts);
@@ -272,7 +273,7 @@ impl StreamLog {
             if let Err(e) = file.sync_data() {
                 let reason = format!("fdatasync before a segment roll failed: {e}");
                 poison.set(reason.clone());
-                return Err(Error::Poisoned { scope: self.name.clone(), reason });
+                return Err(Error::Poisoned { scope: self.name.to_string(), reason });
             }
         }
         if last_txn > 0 {

@@ -4,11 +4,10 @@
 //! bad record is a typed [`Decoded`] answer, not an error string from deep
 //! inside.
 
-use serde::Serialize;
-use serde_json::Value;
+use bytes::Bytes;
 
 use super::format::*;
-use crate::model::event::Metadata;
+use crate::model::event::{Document, Metadata};
 
 /// The fixed-size part of a record body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,12 +22,25 @@ pub struct RecordHeader {
     pub txn: u64,
 }
 
-/// The document part of a record, borrowed for encoding.
-#[derive(Debug, Serialize)]
-pub struct DocRef<'a>(pub &'a str, pub Option<&'a str>, pub Option<&'a str>, pub &'a Metadata, pub &'a Value);
+/// The document part of a record, borrowed for encoding: id, key, type,
+/// metadata, and the payload already encoded as one MessagePack value.
+#[derive(Debug)]
+pub struct DocRef<'a>(pub &'a str, pub Option<&'a str>, pub Option<&'a str>, pub &'a Metadata, pub &'a [u8]);
 
-/// The document part of a record, decoded.
-pub type Doc = (String, Option<String>, Option<String>, Metadata, Value);
+impl DocRef<'_> {
+    /// Writes the MessagePack array `[id, key, type, metadata, payload]`,
+    /// the payload's bytes as they are.
+    pub fn write(&self, out: &mut Vec<u8>) -> Result<(), String> {
+        out.push(0x95);
+        let e = |e: rmp_serde::encode::Error| e.to_string();
+        rmp_serde::encode::write(out, self.0).map_err(e)?;
+        rmp_serde::encode::write(out, &self.1).map_err(e)?;
+        rmp_serde::encode::write(out, &self.2).map_err(e)?;
+        rmp_serde::encode::write_named(out, self.3).map_err(e)?;
+        out.extend_from_slice(self.4);
+        Ok(())
+    }
+}
 
 /// What the bytes at a record position hold.
 #[derive(Debug, PartialEq, Eq)]
@@ -63,7 +75,7 @@ pub fn encode_record(out: &mut Vec<u8>, h: &RecordHeader, doc: &DocRef<'_>) -> R
     out.push(h.flags);
     out.extend_from_slice(&[0u8; 3]);
     out.extend_from_slice(&h.txn.to_le_bytes());
-    if let Err(e) = rmp_serde::encode::write(out, doc) {
+    if let Err(e) = doc.write(out) {
         out.truncate(start);
         return Err(format!("encoding event {:?}: {e}", doc.0));
     }
@@ -169,9 +181,10 @@ pub fn find_record(buf: &[u8], from: usize, lo: u64, hi: u64) -> Option<(usize, 
     })
 }
 
-/// Decodes a record's MessagePack document.
-pub fn decode_doc(doc: &[u8]) -> Result<Doc, String> {
-    rmp_serde::from_slice::<Doc>(doc).map_err(|e| format!("record document: {e}"))
+/// Reads a record's MessagePack document (a copy of its bytes; see
+/// [`Document::parse`]).
+pub fn decode_doc(doc: &[u8]) -> Result<Document, String> {
+    Document::parse(Bytes::copy_from_slice(doc))
 }
 
 #[cfg(test)]
@@ -183,8 +196,8 @@ mod tests {
         let meta: Metadata = serde_json::from_value(json!({"producer": "p"})).expect("map");
         let mut out = Vec::new();
         let h = RecordHeader { seq: 7, ts: 1_000, flags: FLAG_END, txn: 0 };
-        encode_record(&mut out, &h, &DocRef("id-1", Some("k"), Some("t"), &meta, &json!({"a": [1, 2.5, "x"]})))
-            .expect("encode");
+        let payload = rmp_serde::to_vec(&json!({"a": [1, 2.5, "x"]})).expect("payload");
+        encode_record(&mut out, &h, &DocRef("id-1", Some("k"), Some("t"), &meta, &payload)).expect("encode");
         out
     }
 
@@ -194,10 +207,14 @@ mod tests {
         let Decoded::Record { header, doc, size } = decode_record(&bytes) else { panic!("not a record") };
         assert_eq!(size, bytes.len());
         assert_eq!(header, RecordHeader { seq: 7, ts: 1_000, flags: FLAG_END, txn: 0 });
-        let (id, key, ty, meta, payload) = decode_doc(doc).expect("doc");
-        assert_eq!((id.as_str(), key.as_deref(), ty.as_deref()), ("id-1", Some("k"), Some("t")));
-        assert_eq!(meta.get("producer"), Some(&json!("p")));
-        assert_eq!(payload, json!({"a": [1, 2.5, "x"]}));
+        let d = decode_doc(doc).expect("doc");
+        assert_eq!((d.id(), d.key(), d.event_type()), ("id-1", Some("k"), Some("t")));
+        assert_eq!(d.metadata().get("producer"), Some(&json!("p")));
+        assert_eq!(d.payload().json().expect("json"), &json!({"a": [1, 2.5, "x"]}));
+        // The same bytes as the whole document encoded in one go.
+        let meta: Metadata = serde_json::from_value(json!({"producer": "p"})).expect("map");
+        let whole = rmp_serde::to_vec(&("id-1", "k", "t", &meta, json!({"a": [1, 2.5, "x"]}))).expect("whole");
+        assert_eq!(doc, &whole[..]);
     }
 
     #[test]

@@ -1,0 +1,193 @@
+//! A MessagePack reader over borrowed bytes: enough to walk a record's
+//! document (`[id, key, type, metadata, payload]`) without decoding it into
+//! JSON values. Shared by the index builder's field extractor and the lazy
+//! event view. Bad input is never a panic: a malformed value reads as
+//! `None`, and nesting is walked iteratively.
+
+/// A scalar value read from a record, borrowed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scalar<'a> {
+    /// null (also a non-finite float, which JSON turns into null).
+    Null,
+    /// A boolean.
+    Bool(bool),
+    /// An integer.
+    Int(i128),
+    /// A float.
+    Float(f64),
+    /// A string's bytes.
+    Str(&'a [u8]),
+    /// An array or object.
+    Other,
+}
+
+/// A cursor over MessagePack bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reader<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+/// What a marker starts.
+pub(crate) enum Item<'a> {
+    Scalar(Scalar<'a>),
+    Array(usize),
+    Map(usize),
+    /// A value with no JSON meaning (bin, ext): skipped, never indexed.
+    Opaque,
+}
+
+impl<'a> Reader<'a> {
+    /// A reader at the start of `b`.
+    pub(crate) fn new(b: &'a [u8]) -> Self {
+        Reader { b, pos: 0 }
+    }
+    /// Where the reader is.
+    pub(crate) fn pos(&self) -> usize {
+        self.pos
+    }
+
+    pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.pos.checked_add(n)?;
+        let s = self.b.get(self.pos..end)?;
+        self.pos = end;
+        Some(s)
+    }
+    pub(crate) fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|s| s[0])
+    }
+    pub(crate) fn be<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N).and_then(|s| s.try_into().ok())
+    }
+    pub(crate) fn len(&mut self, bytes: usize) -> Option<usize> {
+        let n = match bytes {
+            1 => u64::from(self.u8()?),
+            2 => u64::from(u16::from_be_bytes(self.be()?)),
+            _ => u64::from(u32::from_be_bytes(self.be()?)),
+        };
+        usize::try_from(n).ok()
+    }
+
+    pub(crate) fn item(&mut self) -> Option<Item<'a>> {
+        let m = self.u8()?;
+        let s = |v| Some(Item::Scalar(v));
+        match m {
+            0x00..=0x7f => s(Scalar::Int(i128::from(m))),
+            0x80..=0x8f => Some(Item::Map(usize::from(m & 0x0f))),
+            0x90..=0x9f => Some(Item::Array(usize::from(m & 0x0f))),
+            0xa0..=0xbf => s(Scalar::Str(self.take(usize::from(m & 0x1f))?)),
+            0xc0 => s(Scalar::Null),
+            0xc2 => s(Scalar::Bool(false)),
+            0xc3 => s(Scalar::Bool(true)),
+            0xc4..=0xc6 => {
+                let n = self.len(1 << (m - 0xc4))?;
+                self.take(n)?;
+                Some(Item::Opaque)
+            }
+            0xc7..=0xc9 => {
+                let n = self.len(1 << (m - 0xc7))?;
+                self.take(n.checked_add(1)?)?;
+                Some(Item::Opaque)
+            }
+            0xca => s(float(f64::from(f32::from_be_bytes(self.be()?)))),
+            0xcb => s(float(f64::from_be_bytes(self.be()?))),
+            0xcc => s(Scalar::Int(i128::from(self.u8()?))),
+            0xcd => s(Scalar::Int(i128::from(u16::from_be_bytes(self.be()?)))),
+            0xce => s(Scalar::Int(i128::from(u32::from_be_bytes(self.be()?)))),
+            0xcf => s(Scalar::Int(i128::from(u64::from_be_bytes(self.be()?)))),
+            0xd0 => s(Scalar::Int(i128::from(i8::from_be_bytes(self.be()?)))),
+            0xd1 => s(Scalar::Int(i128::from(i16::from_be_bytes(self.be()?)))),
+            0xd2 => s(Scalar::Int(i128::from(i32::from_be_bytes(self.be()?)))),
+            0xd3 => s(Scalar::Int(i128::from(i64::from_be_bytes(self.be()?)))),
+            0xd4..=0xd8 => {
+                self.take((1usize << (m - 0xd4)) + 1)?;
+                Some(Item::Opaque)
+            }
+            0xd9..=0xdb => {
+                let n = self.len(1 << (m - 0xd9))?;
+                s(Scalar::Str(self.take(n)?))
+            }
+            0xdc => Some(Item::Array(self.len(2)?)),
+            0xdd => Some(Item::Array(self.len(4)?)),
+            0xde => Some(Item::Map(self.len(2)?)),
+            0xdf => Some(Item::Map(self.len(4)?)),
+            0xc1 => None,
+            0xe0..=0xff => s(Scalar::Int(i128::from(m.cast_signed()))),
+        }
+    }
+
+    /// Skips one whole value, iteratively (no recursion on hostile nesting).
+    pub(crate) fn skip(&mut self) -> Option<()> {
+        let mut left: usize = 1;
+        while left > 0 {
+            left -= 1;
+            match self.item()? {
+                Item::Scalar(_) | Item::Opaque => {}
+                // Every element takes at least a byte: a count beyond the
+                // remaining bytes is malformed.
+                Item::Array(n) => left = left.checked_add(n).filter(|&l| l <= self.b.len() - self.pos)?,
+                Item::Map(n) => {
+                    left = left.checked_add(n.checked_mul(2)?).filter(|&l| l <= self.b.len() - self.pos)?;
+                }
+            }
+        }
+        Some(())
+    }
+
+    /// Reads the value here: a scalar, or `Other` for an array/object (skipped).
+    pub(crate) fn scalar(&mut self) -> Option<Scalar<'a>> {
+        let start = *self;
+        match self.item()? {
+            Item::Scalar(s) => Some(s),
+            Item::Array(_) | Item::Map(_) => {
+                *self = start;
+                self.skip()?;
+                Some(Scalar::Other)
+            }
+            // serde_json can't hold bin/ext: the record would not decode.
+            Item::Opaque => None,
+        }
+    }
+
+    /// Descends along `path` from the value here; leaves the reader at the
+    /// found value.
+    pub(crate) fn descend(&mut self, path: &[String]) -> Option<()> {
+        for seg in path {
+            let here = *self;
+            match self.item()? {
+                Item::Map(n) => {
+                    let mut found = None;
+                    for _ in 0..n {
+                        let key = match self.item()? {
+                            Item::Scalar(Scalar::Str(k)) => Some(k),
+                            _ => None,
+                        };
+                        if key == Some(seg.as_bytes()) {
+                            found = Some(*self);
+                        }
+                        self.skip()?;
+                    }
+                    *self = found?;
+                }
+                Item::Array(n) => {
+                    let i: usize = seg.parse().ok()?;
+                    if i >= n {
+                        return None;
+                    }
+                    for _ in 0..i {
+                        self.skip()?;
+                    }
+                }
+                _ => {
+                    *self = here;
+                    return None;
+                }
+            }
+        }
+        Some(())
+    }
+}
+
+fn float(f: f64) -> Scalar<'static> {
+    if f.is_finite() { Scalar::Float(f) } else { Scalar::Null }
+}
