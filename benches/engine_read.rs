@@ -29,6 +29,72 @@ fn fill(engine: &Engine, log: &rheo::engine::log::stream::StreamLog, n: u64) {
     }
 }
 
+/// The fields a consumer of the bench's events reads: decoded straight from
+/// the stored payload.
+#[derive(serde::Deserialize)]
+struct Order {
+    order: u64,
+    total: u64,
+    currency: String,
+}
+
+/// Sequential reads through the public API (`Rheo::read` on `native:`, pages
+/// of 10,000), as a user calls it: touching each event's id and position
+/// only, and decoding each payload into a struct.
+fn api_read(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let dir = tempfile::tempdir_in(support::bench_dir()).expect("temporary directory");
+    let rheo = rt
+        .block_on(rheo::Rheo::open(&format!("native:{}?durability=none", dir.path().display())))
+        .expect("open");
+    rt.block_on(async {
+        rheo.create_stream("s", rheo::StreamOptions::new().partitions(1)).await.expect("stream");
+        let mut done = 0;
+        while done < EVENTS {
+            let batch: Vec<_> = (done..done + 1000).map(|n| event(n).payload).collect();
+            rheo.append_batch("s", batch).await.expect("append");
+            done += 1000;
+        }
+    });
+    let read_all = |f: &mut dyn FnMut(&rheo::Event)| {
+        rt.block_on(async {
+            let mut after = 0;
+            loop {
+                let page = rheo.read("s", 0, after, 10_000).await.expect("read");
+                let Some(last) = page.last() else { break };
+                after = last.sequence();
+                page.iter().for_each(&mut *f);
+            }
+        })
+    };
+    let mut g = c.benchmark_group("api_read");
+    g.throughput(Throughput::Elements(EVENTS));
+    g.bench_function("event_access", |b| {
+        b.iter(|| {
+            let (mut n, mut bytes) = (0u64, 0usize);
+            read_all(&mut |e| {
+                n += 1;
+                bytes += e.id().len() + usize::from(e.sequence() > 0);
+            });
+            assert_eq!(n, EVENTS);
+            bytes
+        })
+    });
+    g.bench_function("decode_into_struct", |b| {
+        b.iter(|| {
+            let (mut n, mut sum) = (0u64, 0u64);
+            read_all(&mut |e| {
+                let o: Order = e.payload().decode().expect("an order");
+                n += 1;
+                sum = sum.wrapping_add(o.order + o.total + o.currency.len() as u64);
+            });
+            assert_eq!(n, EVENTS);
+            sum
+        })
+    });
+    g.finish();
+}
+
 fn none() -> EngineOptions {
     EngineOptions { durability: Durability::None, ..EngineOptions::default() }
 }
@@ -110,6 +176,6 @@ fn walk_bytes(dir: &std::path::Path) -> u64 {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(10).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
-    targets = sequential_read, reopen
+    targets = sequential_read, api_read, reopen
 }
 criterion_main!(benches);
