@@ -44,9 +44,8 @@ struct Order {
 fn api_read(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let dir = tempfile::tempdir_in(support::bench_dir()).expect("temporary directory");
-    let rheo = rt
-        .block_on(rheo::Rheo::open(&format!("native:{}?durability=none", dir.path().display())))
-        .expect("open");
+    let rheo =
+        rt.block_on(rheo::Rheo::open(&format!("native:{}?durability=none", dir.path().display()))).expect("open");
     rt.block_on(async {
         rheo.create_stream("s", rheo::StreamOptions::new().partitions(1)).await.expect("stream");
         let mut done = 0;
