@@ -308,7 +308,7 @@ impl Rheo {
     }
 
     fn prepare(&self, stream: &str, payload: Payload, opts: AppendOptions) -> Result<NewEvent> {
-        payload.check().map_err(appended_to(stream))?;
+        payload.check().map_err(|e| e.payload_context(|| format!("appended to stream {stream:?}")))?;
         let event = NewEvent::prepare(payload, opts);
         if event.id.is_empty() || event.id.len() > MAX_NAME_BYTES {
             return Err(Error::invalid(
@@ -678,15 +678,7 @@ impl Rheo {
 }
 
 fn encode<T: Serialize + ?Sized>(stream: &str, payload: &T) -> Result<Payload> {
-    Payload::encode(payload).map_err(appended_to(stream))
-}
-
-/// Names the stream in a payload error of an append.
-fn appended_to(stream: &str) -> impl FnOnce(Error) -> Error + '_ {
-    move |e| match e {
-        Error::Payload { reason, .. } => Error::Payload { context: format!("appended to stream {stream:?}"), reason },
-        other => other,
-    }
+    Payload::encode(payload).map_err(|e| e.payload_context(|| format!("appended to stream {stream:?}")))
 }
 
 /// Checks a settle reason: at most [`MAX_REASON_BYTES`] bytes.

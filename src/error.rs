@@ -276,6 +276,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// A `Payload` error with its context replaced (the caller knows what
+    /// the payload belonged to); any other error as it is.
+    pub(crate) fn payload_context(self, context: impl FnOnce() -> String) -> Error {
+        match self {
+            Error::Payload { reason, .. } => Error::Payload { context: context(), reason },
+            other => other,
+        }
+    }
+
     /// True when retrying the same call later may succeed without any change
     /// by the caller (the backend was unavailable or the outcome unknown).
     pub fn is_transient(&self) -> bool {

@@ -151,7 +151,7 @@ impl<'a> Reader<'a> {
 
     /// Descends along `path` from the value here; leaves the reader at the
     /// found value.
-    pub(crate) fn descend(&mut self, path: &[String]) -> Option<()> {
+    pub(crate) fn descend<'p>(&mut self, path: impl IntoIterator<Item = &'p str>) -> Option<()> {
         for seg in path {
             let here = *self;
             match self.item()? {

@@ -187,9 +187,8 @@ impl Payload {
         if self.format == PayloadFormat::Json || self.json.get().is_some() {
             return lookup(self.json().ok()?, path).cloned();
         }
-        let segments: Vec<String> = path.split('.').map(str::to_owned).collect();
         let mut r = Reader::new(&self.bytes);
-        r.descend(&segments)?;
+        r.descend(path.split('.'))?;
         let start = r.pos();
         r.skip()?;
         rmp_serde::from_slice(self.bytes.get(start..r.pos())?).ok()
@@ -200,7 +199,7 @@ impl Payload {
         match self.format {
             PayloadFormat::MessagePack => {
                 let mut r = Reader::new(&self.bytes);
-                r.descend(&[name.to_owned()])?;
+                r.descend([name])?;
                 match r.scalar()? {
                     Scalar::Str(s) => std::str::from_utf8(s).ok().map(str::to_owned),
                     _ => None,
@@ -215,7 +214,7 @@ impl Payload {
         match self.format {
             PayloadFormat::MessagePack => {
                 let mut r = Reader::new(&self.bytes);
-                r.descend(&["metadata".to_owned()])?;
+                r.descend(["metadata"])?;
                 let start = r.pos();
                 let mut probe = r;
                 if !matches!(probe.item()?, Item::Map(_)) {
@@ -600,18 +599,10 @@ impl Event {
     /// # Ok::<(), rheo::Error>(())
     /// ```
     pub fn decode<T: DeserializeOwned>(&self) -> Result<T> {
-        self.payload().decode().map_err(|e| match e {
-            Error::Payload { reason, .. } => Error::Payload {
-                context: format!(
-                    "of event {:?} ({}/{} #{})",
-                    self.id(),
-                    self.stream(),
-                    self.partition(),
-                    self.sequence()
-                ),
-                reason,
-            },
-            other => other,
+        self.payload().decode().map_err(|e| {
+            e.payload_context(|| {
+                format!("of event {:?} ({}/{} #{})", self.id(), self.stream(), self.partition(), self.sequence())
+            })
         })
     }
 

@@ -112,7 +112,7 @@ impl Extractor {
                 FieldPath::Metadata(p) | FieldPath::Payload(p) => {
                     let at = if matches!(field, FieldPath::Metadata(_)) { &meta_at } else { &payload_at };
                     at[self.head_of[i]].and_then(|mut r| {
-                        r.descend(&p[1..])?;
+                        r.descend(p[1..].iter().map(String::as_str))?;
                         r.scalar()
                     })
                 }
@@ -198,12 +198,12 @@ impl<'a> DocParts<'a> {
                 if !matches!(probe.item()?, Item::Map(_)) {
                     return None;
                 }
-                r.descend(path)?;
+                r.descend(path.iter().map(String::as_str))?;
                 r.scalar()
             }
             FieldPath::Payload(path) => {
                 let mut r = self.parts[4];
-                r.descend(path)?;
+                r.descend(path.iter().map(String::as_str))?;
                 r.scalar()
             }
             FieldPath::Nothing => None,
