@@ -467,20 +467,32 @@ impl Query {
     /// True when the event satisfies every filter and bound, and comes after
     /// the cursor.
     pub fn matches(&self, e: &Event) -> bool {
-        let (after, until) = self.sequence_bounds(e.partition());
-        e.sequence() > after
-            && e.sequence() <= until
-            && self.from.is_none_or(|t| e.timestamp() >= t)
-            && self.to.is_none_or(|t| e.timestamp() <= t)
-            && self.cursor.as_ref().is_none_or(|c| self.compare_keys(self.sort_key(e), c.key) == Ordering::Greater)
-            && self.filters.iter().all(|f| f.matches(e))
+        self.matches_position(e.partition(), e.sequence(), e.timestamp()) && self.filters.iter().all(|f| f.matches(e))
+    }
+
+    /// True when an event at this position and time is within the query's
+    /// bounds and after its cursor: every check of [`Query::matches`] but
+    /// the filters, which need the event's document.
+    pub fn matches_position(&self, partition: u32, sequence: u64, timestamp: Timestamp) -> bool {
+        let (after, until) = self.sequence_bounds(partition);
+        sequence > after
+            && sequence <= until
+            && self.from.is_none_or(|t| timestamp >= t)
+            && self.to.is_none_or(|t| timestamp <= t)
+            && self.cursor.as_ref().is_none_or(|c| {
+                self.compare_keys(self.key_at(partition, sequence, timestamp), c.key) == Ordering::Greater
+            })
     }
 
     fn sort_key(&self, e: &Event) -> SortKey {
+        self.key_at(e.partition(), e.sequence(), e.timestamp())
+    }
+
+    fn key_at(&self, partition: u32, sequence: u64, timestamp: Timestamp) -> SortKey {
         match self.order_by {
-            OrderBy::Sequence => (0, e.sequence(), u64::from(e.partition())),
-            OrderBy::Timestamp => (e.timestamp().as_millis(), u64::from(e.partition()), e.sequence()),
-            OrderBy::Partition => (0, u64::from(e.partition()), e.sequence()),
+            OrderBy::Sequence => (0, sequence, u64::from(partition)),
+            OrderBy::Timestamp => (timestamp.as_millis(), u64::from(partition), sequence),
+            OrderBy::Partition => (0, u64::from(partition), sequence),
         }
     }
 
@@ -545,6 +557,11 @@ pub struct PageBuilder<'q> {
 }
 
 impl<'q> PageBuilder<'q> {
+    /// The query the page is for.
+    pub fn query(&self) -> &'q Query {
+        self.query
+    }
+
     /// Considers one candidate.
     pub fn offer(&mut self, e: Event) {
         let q = self.query;

@@ -13,6 +13,7 @@
 pub mod extract;
 pub mod file;
 pub mod planner;
+pub mod prefilter;
 pub mod term;
 
 use std::collections::{BTreeMap, HashMap};

@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use super::prefilter::Prefilter;
 use super::term::{KeyRange, canonical, ranges};
 use super::{FieldSet, PartitionIndex, SixFile};
 use crate::engine::log::partition::{Partition, Segment};
@@ -23,6 +24,7 @@ use crate::engine::log::stream::StreamLog;
 use crate::error::Result;
 use crate::model::names::MAX_LIMIT;
 use crate::model::query::{Access, Explain, Filter, Op, OrderBy, Page, PageBuilder, Query};
+use crate::model::time::Timestamp;
 
 /// An indexable filter.
 #[derive(Debug)]
@@ -370,14 +372,22 @@ impl Run<'_, '_> {
         });
         let (p, ordered_asc, stream) = (self.p, self.ordered_asc, self.stream);
         let builder = &mut *self.builder;
+        let q = builder.query();
+        let prefilter = Prefilter::new(q);
         let mut stopped = false;
-        self.part.scan(lo - 1, hi, |r| {
-            if ordered_asc && builder.past_end_at(p, r.header.seq) {
+        self.part.scan_lazy(lo - 1, hi, |r| {
+            let (seq, ts) = (r.header.seq, r.header.ts);
+            if ordered_asc && builder.past_end_at(p, seq) {
                 stopped = true;
-                return false;
+                return Ok(false);
             }
-            builder.offer(r.into_event(stream, p));
-            true
+            // Only records that can match become events.
+            if q.matches_position(p, seq, Timestamp::from_millis(ts))
+                && prefilter.as_ref().is_none_or(|f| f.may_match(r.doc))
+            {
+                builder.offer(r.decode()?.into_event(stream, p));
+            }
+            Ok(true)
         })?;
         // A descending scan reads forwards: it may stop only between runs.
         self.stopped |= stopped;

@@ -37,6 +37,26 @@ impl StoredRecord {
     }
 }
 
+/// A record read by [`Partition::scan_lazy`], not decoded yet.
+pub struct LazyRecord<'a> {
+    /// Its fixed fields.
+    pub header: RecordHeader,
+    /// Its MessagePack document, as stored.
+    pub doc: &'a [u8],
+    offset: u64,
+    path: &'a str,
+    vfs: &'a dyn Vfs,
+}
+
+impl LazyRecord<'_> {
+    /// The record, its document checked whole (`Error::Corrupt` naming the
+    /// file and offset when it is not a valid document).
+    pub fn decode(self) -> Result<StoredRecord> {
+        let doc = decode_doc(self.doc).map_err(|reason| corrupt(self.vfs, self.path, self.offset, reason))?;
+        Ok(StoredRecord { header: self.header, doc })
+    }
+}
+
 /// One segment file and its index.
 #[derive(Debug)]
 pub struct Segment {
@@ -594,6 +614,16 @@ impl Partition {
         self.scan_raw(after, until, |offset, header, doc, seg| {
             let doc = decode_doc(doc).map_err(|reason| corrupt(&*self.vfs, &seg.log_path, offset, reason))?;
             Ok(f(StoredRecord { header, doc }))
+        })
+    }
+
+    /// As [`Partition::scan`], but each record comes undecoded: `f` looks
+    /// at its header and MessagePack document and decodes it (checking the
+    /// document whole) only if it wants the event. A record passed over is
+    /// neither copied nor checked beyond its frame's checksum.
+    pub fn scan_lazy(&self, after: u64, until: u64, mut f: impl FnMut(LazyRecord<'_>) -> Result<bool>) -> Result<()> {
+        self.scan_raw(after, until, |offset, header, doc, seg| {
+            f(LazyRecord { header, doc, offset, path: &seg.log_path, vfs: &*self.vfs })
         })
     }
 
