@@ -9,6 +9,13 @@
 //! async task). While it syncs, new jobs queue into the next round: the
 //! more concurrent writers, the more each sync carries.
 //!
+//! Under `Sync` the first waiter of a round that finds no round being
+//! committed commits it itself, on its own thread (it *leads*): a lone
+//! writer or settler then syncs without handing its job to the commit
+//! thread and being woken back, two thread switches per call. The commit
+//! thread takes the rounds queued while a leader syncs, so concurrent
+//! writers still share syncs; one round is committed at a time, in order.
+//!
 //! A failed sync poisons the engine: the kernel may have dropped the dirty
 //! pages, so nothing written since the last good sync can be trusted, and
 //! every later write fails until the data directory is reopened.
@@ -29,8 +36,9 @@ use super::options::Durability;
 use super::vfs::VfsFile;
 use crate::error::{Error, Result};
 
-/// How long the idle commit thread spins before parking. (Waiters do not
-/// spin: on two cores, spinning writers starve the commit thread.)
+/// How long the idle commit thread spins before parking when writers are
+/// many (waiters never spin: on two cores, spinning writers starve the
+/// commit thread).
 const SPIN: std::time::Duration = std::time::Duration::from_micros(150);
 
 /// The engine-wide poison flag.
@@ -126,6 +134,8 @@ impl Ticket {
         let Some((round, shared)) = self.0.take() else { return Ok(()) };
         if shared.inline {
             commit_inline(&shared, round);
+        } else {
+            lead(&shared, round);
         }
         let mut r = shared.rounds.lock();
         loop {
@@ -148,11 +158,20 @@ impl Drop for Ticket {
     /// dropped unawaited (`Batched` drops its tickets): nothing written
     /// stays unpublished.
     fn drop(&mut self) {
-        if let Some((round, shared)) = self.0.take()
-            && shared.inline
-        {
-            commit_inline(&shared, round);
+        if let Some((round, shared)) = self.0.take() {
+            settle_unawaited(&shared, round);
         }
+    }
+}
+
+/// A ticket dropped before it resolved: its job is committed all the same,
+/// by this thread (inline) or by the commit thread, which a `Sync` submit
+/// left to its waiter to call.
+fn settle_unawaited(shared: &Shared, round: u64) {
+    if shared.inline {
+        commit_inline(shared, round);
+    } else if shared.leads() {
+        shared.wake.notify_one();
     }
 }
 
@@ -169,10 +188,8 @@ impl Drop for TicketFuture {
     /// See `Drop for Ticket`: a future dropped before it resolved still
     /// commits its job when the committer is inline.
     fn drop(&mut self) {
-        if let Some((round, shared)) = self.ticket.take()
-            && shared.inline
-        {
-            commit_inline(&shared, round);
+        if let Some((round, shared)) = self.ticket.take() {
+            settle_unawaited(&shared, round);
         }
     }
 }
@@ -184,6 +201,8 @@ impl Future for TicketFuture {
         let Some((round, shared)) = &this.ticket else { return Poll::Ready(Ok(())) };
         if shared.inline {
             commit_inline(shared, *round);
+        } else if this.waiter.is_none() {
+            lead(shared, *round);
         }
         let mut r = shared.rounds.lock();
         if let Some(outcome) = r.outcome(*round) {
@@ -213,11 +232,22 @@ struct Queue {
     jobs: Vec<Job>,
     first_at: Option<Instant>,
     shutdown: bool,
+    /// A round is being committed (by the commit thread or a leader).
+    busy: bool,
+    /// One of the last [`LONE_ROUNDS`] rounds taken held more than one job:
+    /// writers are many, so their rounds go to the commit thread, which
+    /// syncs while the callers' threads go on producing the next round.
+    crowded: bool,
+    /// Rounds of at most one job taken in a row (saturating).
+    lone_streak: u8,
 }
+
+/// Rounds of a single job in a row after which waiters lead again.
+const LONE_ROUNDS: u8 = 4;
 
 /// State shared by the commit thread, writers and tickets.
 pub struct Shared {
-    /// True while jobs are queued, readable without a lock.
+    /// True while jobs are queued, readable without a lock (for the spin).
     queued: AtomicBool,
     queue: Mutex<Queue>,
     wake: Condvar,
@@ -228,6 +258,14 @@ pub struct Shared {
     /// No commit thread: rounds are committed by the threads that wait on
     /// (or drop) their tickets (`EngineOptions::inline_io`).
     inline: bool,
+}
+
+impl Shared {
+    /// True when waiters lead (see the module docs): under `Sync`, with a
+    /// commit thread.
+    fn leads(&self) -> bool {
+        !self.inline && self.durability == Durability::Sync
+    }
 }
 
 impl std::fmt::Debug for Shared {
@@ -266,7 +304,7 @@ impl Committer {
     fn new(durability: Durability, poison: Arc<Poison>, inline: bool) -> Result<Self> {
         let shared = Arc::new(Shared {
             queued: AtomicBool::new(false),
-            queue: Mutex::new(Queue { open: 1, ..Queue::default() }),
+            queue: Mutex::new(Queue { open: 1, lone_streak: LONE_ROUNDS, ..Queue::default() }),
             wake: Condvar::new(),
             rounds: Mutex::new(Rounds::default()),
             decided: Condvar::new(),
@@ -294,10 +332,13 @@ impl Committer {
         }
         let round = q.open;
         let was_idle = q.jobs.is_empty();
+        // A lone writer's waiter leads (see `lead`); the commit thread is
+        // called only for rounds that are not left to a leader.
+        let leader = self.shared.leads() && !q.busy && !q.crowded;
         q.jobs.push(job);
         self.shared.queued.store(true, Ordering::Release);
         drop(q);
-        if was_idle {
+        if was_idle && !leader {
             self.shared.wake.notify_one();
         }
         Ticket(Some((round, self.shared.clone())))
@@ -328,7 +369,7 @@ fn run(s: &Shared) {
         let (round, jobs) = {
             let mut q = s.queue.lock();
             loop {
-                if !q.jobs.is_empty() {
+                if !q.jobs.is_empty() && !q.busy {
                     if let (Durability::Batched { max_delay }, Some(first), false) =
                         (s.durability, q.first_at, q.shutdown)
                     {
@@ -340,28 +381,67 @@ fn run(s: &Shared) {
                     }
                     break;
                 }
-                if q.shutdown {
+                if q.shutdown && !q.busy {
                     return;
                 }
-                // A lone writer appends again right after its wake-up: spin a
-                // little before parking so its next round starts at once.
-                drop(q);
-                let spin_until = Instant::now() + SPIN;
-                while !s.queued.load(Ordering::Acquire) && Instant::now() < spin_until {
-                    std::hint::spin_loop();
+                if q.crowded && !q.busy {
+                    // Many writers re-submit right after their wake-up: spin a
+                    // little before parking so their next round starts at once.
+                    // (A lone writer leads its own rounds: no spin for it.)
+                    drop(q);
+                    let spin_until = Instant::now() + SPIN;
+                    while !s.queued.load(Ordering::Acquire) && Instant::now() < spin_until {
+                        std::hint::spin_loop();
+                    }
+                    q = s.queue.lock();
+                    if !q.jobs.is_empty() || q.shutdown {
+                        continue;
+                    }
                 }
-                q = s.queue.lock();
-                if q.jobs.is_empty() && !q.shutdown {
-                    s.wake.wait(&mut q);
-                }
+                s.wake.wait(&mut q);
             }
-            let round = q.open;
-            q.open += 1;
-            s.queued.store(false, Ordering::Release);
-            q.first_at = None;
-            (round, std::mem::take(&mut q.jobs))
+            take_round(s, &mut q)
         };
         decide(s, round, &jobs);
+        s.queue.lock().busy = false;
+    }
+}
+
+/// Takes the open round's jobs to commit them (the queue marked busy).
+fn take_round(s: &Shared, q: &mut Queue) -> (u64, Vec<Job>) {
+    let round = q.open;
+    s.queued.store(false, Ordering::Release);
+    q.open += 1;
+    q.busy = true;
+    q.lone_streak = if q.jobs.len() > 1 { 0 } else { q.lone_streak.saturating_add(1) };
+    q.crowded = q.lone_streak < LONE_ROUNDS;
+    q.first_at = None;
+    (round, std::mem::take(&mut q.jobs))
+}
+
+/// A `Sync` waiter of `round` commits it on this thread when no round is
+/// being committed; otherwise leaves it to whoever is committing, which
+/// takes the queue when done (a leader wakes the commit thread for it).
+/// A waiter whose submit called the commit thread (a crowded queue) may
+/// still find the round untaken and lead it: whoever comes first commits.
+fn lead(s: &Shared, round: u64) {
+    if !s.leads() {
+        return;
+    }
+    let jobs = {
+        let mut q = s.queue.lock();
+        if q.busy || q.crowded || q.open != round || q.jobs.is_empty() {
+            return;
+        }
+        take_round(s, &mut q)
+    };
+    decide(s, round, &jobs.1);
+    let mut q = s.queue.lock();
+    q.busy = false;
+    let more = !q.jobs.is_empty() || q.shutdown;
+    drop(q);
+    if more {
+        s.wake.notify_one();
     }
 }
 
@@ -395,15 +475,19 @@ fn decide(s: &Shared, round: u64, jobs: &[Job]) {
 fn commit_inline(s: &Shared, round: u64) {
     let jobs = {
         let mut q = s.queue.lock();
+        // One round at a time, in order: a later round must not be published
+        // (nor reported durable) while an earlier one is still syncing.
+        while q.busy {
+            s.wake.wait(&mut q);
+        }
         if q.open != round {
             return;
         }
-        q.open += 1;
-        q.first_at = None;
-        s.queued.store(false, Ordering::Release);
-        std::mem::take(&mut q.jobs)
+        take_round(s, &mut q)
     };
-    decide(s, round, &jobs);
+    decide(s, round, &jobs.1);
+    s.queue.lock().busy = false;
+    s.wake.notify_all();
 }
 
 /// Syncs every distinct file of the jobs once, commits their transactions,
@@ -479,6 +563,56 @@ mod tests {
         std::mem::forget(fourth);
         committer.shutdown();
         assert_eq!(committer.shared.rounds.lock().durable, 3, "shutdown commits what is queued");
+    }
+
+    #[test]
+    fn a_lone_sync_waiter_leads_and_a_dropped_ticket_still_commits() {
+        let committer = Committer::start(Durability::Sync, Arc::new(Poison::default())).expect("start");
+        let ticket = committer.submit(Job::default());
+        {
+            let q = committer.shared.queue.lock();
+            assert!(!q.busy && q.jobs.len() == 1, "a lone writer's round waits for its waiter");
+        }
+        let me = std::thread::current().id();
+        ticket.wait().expect("durable");
+        assert_eq!(committer.shared.rounds.lock().durable, 1);
+        assert_eq!(std::thread::current().id(), me);
+        // Unawaited: the commit thread is called and commits it.
+        drop(committer.submit(Job::default()));
+        let until = Instant::now() + Duration::from_secs(10);
+        while committer.shared.rounds.lock().durable < 2 {
+            assert!(Instant::now() < until, "a dropped ticket's round was never committed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Many jobs in one round: the next rounds go to the commit thread.
+        let tickets: Vec<_> = (0..3).map(|_| committer.submit(Job::default())).collect();
+        tickets.into_iter().for_each(|t| t.wait().expect("durable"));
+        assert!(committer.shared.queue.lock().crowded, "a round of 3 jobs marks the queue crowded");
+        let t = committer.submit(Job::default());
+        assert!(t.wait().is_ok(), "a crowded queue's round is committed by the commit thread");
+        committer.shutdown();
+    }
+
+    #[test]
+    fn concurrent_inline_waiters_all_commit_and_leave_the_queue_idle() {
+        let committer = Arc::new(Committer::inline(Durability::Sync, Arc::new(Poison::default())).expect("inline"));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let c = committer.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        let t = c.submit(Job::default());
+                        let round = t.0.as_ref().map(|(r, _)| *r).expect("a real ticket");
+                        t.wait().expect("durable");
+                        assert!(c.shared.rounds.lock().durable >= round);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("no panic");
+        }
+        assert!(!committer.shared.queue.lock().busy);
     }
 
     #[test]
