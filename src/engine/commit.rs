@@ -1,4 +1,4 @@
-//! Group commit: one thread makes appends durable in batches.
+//! Group commit: appends and settles made durable in batches, one round at a time.
 //!
 //! Writers write their records (to the OS) under their partition lock and
 //! queue a job naming the files to sync, the transaction to commit and the
@@ -9,12 +9,15 @@
 //! async task). While it syncs, new jobs queue into the next round: the
 //! more concurrent writers, the more each sync carries.
 //!
-//! Under `Sync` the first waiter of a round that finds no round being
-//! committed commits it itself, on its own thread (it *leads*): a lone
-//! writer or settler then syncs without handing its job to the commit
-//! thread and being woken back, two thread switches per call. The commit
-//! thread takes the rounds queued while a leader syncs, so concurrent
-//! writers still share syncs; one round is committed at a time, in order.
+//! Under `Sync`, while writers come one at a time (the last few rounds held
+//! a single job each: the queue is not *crowded*) and no round is being
+//! committed, a submit leaves its round to its waiter, which commits it on
+//! its own thread (it *leads*): a lone writer or settler then syncs without
+//! handing its job to the commit thread and being woken back, two thread
+//! switches per call. The commit thread takes the rounds queued while a
+//! leader commits, and every round while the queue is crowded, so
+//! concurrent writers still share syncs. One round is committed at a time,
+//! in order.
 //!
 //! A failed sync poisons the engine: the kernel may have dropped the dirty
 //! pages, so nothing written since the last good sync can be trusted, and
@@ -146,17 +149,21 @@ impl Ticket {
         }
     }
 
-    /// Resolves when durable; never blocks a thread (unless the committer
-    /// is inline: then the first poll commits on the polling thread).
+    /// Resolves when durable. Its first poll may commit the round on the
+    /// polling thread: under `Sync` when it leads (see the module docs), and
+    /// always when the committer is inline (which may also wait there for
+    /// an earlier round to finish).
     pub fn resolved(mut self) -> TicketFuture {
         TicketFuture { ticket: self.0.take(), waiter: None }
     }
 }
 
 impl Drop for Ticket {
-    /// An inline committer's job is committed even when its ticket is
-    /// dropped unawaited (`Batched` drops its tickets): nothing written
-    /// stays unpublished.
+    /// A job is committed even when its ticket is dropped unawaited
+    /// (`Batched` drops its tickets): inline, on the dropping thread; under
+    /// `Sync`, by the commit thread, which the drop wakes (its submit may
+    /// have left the round to this waiter). Nothing written stays
+    /// unpublished.
     fn drop(&mut self) {
         if let Some((round, shared)) = self.0.take() {
             settle_unawaited(&shared, round);
@@ -185,8 +192,8 @@ pub struct TicketFuture {
 }
 
 impl Drop for TicketFuture {
-    /// See `Drop for Ticket`: a future dropped before it resolved still
-    /// commits its job when the committer is inline.
+    /// See `Drop for Ticket`: a future dropped before it resolved still has
+    /// its job committed.
     fn drop(&mut self) {
         if let Some((round, shared)) = self.ticket.take() {
             settle_unawaited(&shared, round);
@@ -402,8 +409,49 @@ fn run(s: &Shared) {
             }
             take_round(s, &mut q)
         };
-        decide(s, round, &jobs);
-        s.queue.lock().busy = false;
+        commit_round(s, round, &jobs);
+    }
+}
+
+/// Commits a round taken with [`take_round`], then clears `busy`: also when
+/// committing panics (a waker, a bug), which poisons the engine and fails
+/// the round instead of leaving every later round waiting for `busy`.
+fn commit_round(s: &Shared, round: u64, jobs: &[Job]) {
+    let _done = Committing { s, round };
+    decide(s, round, jobs);
+}
+
+/// Clears `busy` when the committer of `round` is done (see [`commit_round`]).
+struct Committing<'a> {
+    s: &'a Shared,
+    round: u64,
+}
+
+impl Drop for Committing<'_> {
+    fn drop(&mut self) {
+        let s = self.s;
+        if std::thread::panicking() {
+            let reason = format!("a panic while committing round {}", self.round);
+            s.poison.set(reason.clone());
+            let wakers = {
+                let mut r = s.rounds.lock();
+                if r.failed.is_none() {
+                    r.failed = Some((self.round, Error::Poisoned { scope: "storage".into(), reason }));
+                }
+                std::mem::take(&mut r.wakers)
+            };
+            s.decided.notify_all();
+            wakers.into_iter().for_each(|(_, _, w)| w.wake());
+        }
+        let mut q = s.queue.lock();
+        q.busy = false;
+        // Inline waiters wait for `busy` to clear; the commit thread, for the
+        // jobs queued meanwhile (a lone leader's round wakes nobody).
+        let more = s.inline || !q.jobs.is_empty() || q.shutdown;
+        drop(q);
+        if more {
+            s.wake.notify_all();
+        }
     }
 }
 
@@ -419,11 +467,13 @@ fn take_round(s: &Shared, q: &mut Queue) -> (u64, Vec<Job>) {
     (round, std::mem::take(&mut q.jobs))
 }
 
-/// A `Sync` waiter of `round` commits it on this thread when no round is
-/// being committed; otherwise leaves it to whoever is committing, which
-/// takes the queue when done (a leader wakes the commit thread for it).
-/// A waiter whose submit called the commit thread (a crowded queue) may
-/// still find the round untaken and lead it: whoever comes first commits.
+/// A `Sync` waiter of `round` commits it on this thread when the round is
+/// still queued, no round is being committed and the queue is not crowded.
+/// Otherwise it leaves the round to whoever is committing, which takes the
+/// queue when done (a leader wakes the commit thread for it), or to the
+/// commit thread, which a crowded queue's submit woke. A waiter whose
+/// submit found the queue busy (and woke the commit thread) may still find
+/// the round untaken here and lead it: whoever comes first commits.
 fn lead(s: &Shared, round: u64) {
     if !s.leads() {
         return;
@@ -435,14 +485,7 @@ fn lead(s: &Shared, round: u64) {
         }
         take_round(s, &mut q)
     };
-    decide(s, round, &jobs.1);
-    let mut q = s.queue.lock();
-    q.busy = false;
-    let more = !q.jobs.is_empty() || q.shutdown;
-    drop(q);
-    if more {
-        s.wake.notify_one();
-    }
+    commit_round(s, round, &jobs.1);
 }
 
 /// Commits one round's jobs, records the outcome, wakes its waiters.
@@ -485,9 +528,7 @@ fn commit_inline(s: &Shared, round: u64) {
         }
         take_round(s, &mut q)
     };
-    decide(s, round, &jobs.1);
-    s.queue.lock().busy = false;
-    s.wake.notify_all();
+    commit_round(s, round, &jobs.1);
 }
 
 /// Syncs every distinct file of the jobs once, commits their transactions,
@@ -573,10 +614,8 @@ mod tests {
             let q = committer.shared.queue.lock();
             assert!(!q.busy && q.jobs.len() == 1, "a lone writer's round waits for its waiter");
         }
-        let me = std::thread::current().id();
         ticket.wait().expect("durable");
         assert_eq!(committer.shared.rounds.lock().durable, 1);
-        assert_eq!(std::thread::current().id(), me);
         // Unawaited: the commit thread is called and commits it.
         drop(committer.submit(Job::default()));
         let until = Instant::now() + Duration::from_secs(10);
@@ -590,6 +629,43 @@ mod tests {
         assert!(committer.shared.queue.lock().crowded, "a round of 3 jobs marks the queue crowded");
         let t = committer.submit(Job::default());
         assert!(t.wait().is_ok(), "a crowded queue's round is committed by the commit thread");
+        committer.shutdown();
+    }
+
+    /// A file whose sync panics (a bug anywhere in a commit).
+    #[derive(Debug)]
+    struct PanickingFile;
+
+    impl VfsFile for PanickingFile {
+        fn read_at(&self, _: &mut [u8], _: u64) -> std::io::Result<usize> {
+            Ok(0)
+        }
+        fn write_all_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            Ok(0)
+        }
+        fn set_len(&self, _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            panic!("sync_data panicked")
+        }
+    }
+
+    #[test]
+    fn a_panic_while_leading_fails_the_round_and_poisons_instead_of_hanging() {
+        let committer = Committer::start(Durability::Sync, Arc::new(Poison::default())).expect("start");
+        let job = Job { files: vec![Arc::new(PanickingFile)], ..Job::default() };
+        let ticket = committer.submit(job);
+        let led = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ticket.wait()));
+        assert!(led.is_err(), "the leader's commit panicked");
+        assert!(!committer.shared.queue.lock().busy, "busy is cleared on unwind");
+        assert!(committer.shared.poison.reason().is_some_and(|r| r.contains("panic")));
+        // Later rounds are decided (failed by the poison), not left waiting.
+        let err = committer.submit(Job::default()).wait().expect_err("poisoned");
+        assert!(matches!(err, Error::Poisoned { .. }), "{err}");
         committer.shutdown();
     }
 
