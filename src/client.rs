@@ -9,7 +9,6 @@ use serde::Serialize;
 use crate::backend::Backend;
 use crate::engine::EngineOptions;
 use crate::error::{Error, ObjectKind, Result};
-use crate::memory::MemoryBackend;
 use crate::model::capabilities::Capabilities;
 use crate::model::damage::Damage;
 use crate::model::event::{AppendOptions, Event, NewEvent, Payload};
@@ -24,7 +23,6 @@ use crate::model::names::{
 };
 use crate::model::query::{Page, Query};
 use crate::model::time::{Clock, SystemClock, Timestamp};
-use crate::native::NativeBackend;
 use crate::observe;
 
 /// The entry point: a cheap-to-clone handle on one backend.
@@ -115,30 +113,11 @@ impl RheoBuilder {
     }
 
     /// Opens a backend from a URL: `memory:` or `native:PATH[?options]`
-    /// (see [`crate::native`]).
+    /// (see [`crate::backends`] for every scheme and
+    /// [`crate::backends::native`] for the native options).
     pub async fn open(self, url: &str) -> Result<Rheo> {
-        let (scheme, rest) = url.split_once(':').unwrap_or((url, ""));
-        let backend: Arc<dyn Backend> = match scheme {
-            "memory" => Arc::new(MemoryBackend::with_clock(self.clock.clone())),
-            "native" => {
-                let (path, opts) = crate::native::parse_url(rest, self.engine.clone())?;
-                Arc::new(NativeBackend::open(&path, opts, self.clock.clone()).await?)
-            }
-            "sqlite" | "postgres" | "postgresql" | "mongodb" => {
-                return Err(Error::Unsupported {
-                    backend: "rheo",
-                    operation: "this backend URL scheme (not built yet)",
-                });
-            }
-            _ => {
-                return Err(Error::invalid(
-                    "url",
-                    format!(
-                        "{url:?}: unknown backend; expected memory:, native:PATH, sqlite:PATH, postgres://... or mongodb://..."
-                    ),
-                ));
-            }
-        };
+        let cx = crate::backends::OpenContext { clock: self.clock.clone(), engine: self.engine.clone() };
+        let backend = crate::backends::open(url, &cx).await?;
         backend.ensure_schema().await?;
         self.with_backend(backend)
     }

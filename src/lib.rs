@@ -31,23 +31,23 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod backends;
 pub mod client;
 mod delivery;
 pub mod engine;
 pub mod error;
-pub mod memory;
 pub mod model;
 mod msgpack;
-pub mod native;
 pub mod observe;
 mod rangeset;
 pub mod runtime;
 
 pub use backend::Backend;
+pub use backends::memory::MemoryBackend;
+pub use backends::native::NativeBackend;
 pub use client::{IndexBuild, Rheo, RheoBuilder};
 pub use engine::{Durability, EngineOptions, RecoveryMode};
 pub use error::{Error, ObjectKind, Result};
-pub use memory::MemoryBackend;
 pub use model::capabilities::Capabilities;
 pub use model::damage::Damage;
 pub use model::event::{
@@ -68,7 +68,6 @@ pub use model::query::{
 };
 pub use model::routing::{partition_for_key, phash2, phash2_range};
 pub use model::time::{Clock, ManualClock, SystemClock, Timestamp};
-pub use native::NativeBackend;
 pub use runtime::{
     Group, GroupBuilder, GroupHandle, Handler, LeaseStream, LeaseStreamOptions, Outcome, RunSummary, StreamLease,
     handler_fn,

@@ -519,7 +519,7 @@ async fn read_log(rheo: &Rheo) -> Result<BTreeMap<Key, String>, String> {
 /// the reopen loaded a delivery checkpoint, leases checked to still hold).
 async fn verify(url: &str, ledger: &Ledger) -> Result<(u64, u64), String> {
     let rest = url.strip_prefix("native:").expect("native url");
-    let (path, opts) = rheo::native::parse_url(rest, EngineOptions::default()).map_err(|e| e.to_string())?;
+    let (path, opts) = rheo::backends::native::parse_url(rest, EngineOptions::default()).map_err(|e| e.to_string())?;
     let backend =
         NativeBackend::open(&path, opts, Arc::new(SystemClock)).await.map_err(|e| format!("reopen failed: {e}"))?;
     let report = backend.engine().delivery_recovery().iter().find(|(s, _)| s == STREAM).map(|(_, r)| r.clone());

@@ -9,6 +9,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use crate::backend::Backend;
+use crate::backends::native::NativeBackend;
 use crate::delivery::journal::GroupSnapshot;
 use crate::engine::vfs::{MemVfs, Vfs};
 use crate::engine::{Durability, Engine, EngineOptions};
@@ -17,7 +18,6 @@ use crate::model::group::{FetchOptions, GroupOptions, ReplayOptions, ResetOption
 use crate::model::lease::Lease;
 use crate::model::query::Query;
 use crate::model::time::{Clock, ManualClock, Timestamp};
-use crate::native::NativeBackend;
 
 const START: Timestamp = Timestamp::from_millis(1_767_225_600_000);
 
