@@ -42,11 +42,7 @@ fn runtime() -> Runtime {
 async fn open(backend: &str, dir: &std::path::Path) -> Rheo {
     match backend {
         "memory" => Rheo::open("memory:").await.expect("memory"),
-        _ => Rheo::builder()
-            .engine_options(EngineOptions { durability: Durability::Sync, ..EngineOptions::default() })
-            .open(&format!("native:{}", dir.display()))
-            .await
-            .expect("native"),
+        _ => Rheo::open(&format!("native:{}?durability=sync", dir.display())).await.expect("native"),
     }
 }
 

@@ -57,8 +57,12 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 async fn open(dir: &std::path::Path, durability: Durability) -> Rheo {
-    let opts = EngineOptions { durability, ..EngineOptions::default() };
-    Rheo::builder().engine_options(opts).open(&format!("native:{}", dir.display())).await.expect("open")
+    let query = match durability {
+        Durability::Sync => "durability=sync".to_owned(),
+        Durability::Batched { max_delay } => format!("durability=batched&max_delay_ms={}", max_delay.as_millis()),
+        Durability::None => "durability=none".to_owned(),
+    };
+    Rheo::open(&format!("native:{}?{query}", dir.display())).await.expect("open")
 }
 
 /// Appends `n` events in batches of 1,000.

@@ -7,7 +7,6 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use serde::Serialize;
 
 use crate::backend::Backend;
-use crate::engine::EngineOptions;
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::capabilities::Capabilities;
 use crate::model::damage::Damage;
@@ -69,19 +68,13 @@ const DAMAGE_WARNED_MAX: usize = 4096;
 #[derive(Debug, Clone)]
 pub struct RheoBuilder {
     clock: Arc<dyn Clock>,
-    engine: EngineOptions,
     consumer_id: Option<String>,
     max_event_bytes: usize,
 }
 
 impl Default for RheoBuilder {
     fn default() -> Self {
-        RheoBuilder {
-            clock: Arc::new(SystemClock),
-            engine: EngineOptions::default(),
-            consumer_id: None,
-            max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
-        }
+        RheoBuilder { clock: Arc::new(SystemClock), consumer_id: None, max_event_bytes: DEFAULT_MAX_EVENT_BYTES }
     }
 }
 
@@ -100,12 +93,6 @@ impl RheoBuilder {
         self
     }
 
-    /// Settings of the native engine (a `native:` URL's query overrides them).
-    pub fn engine_options(mut self, opts: EngineOptions) -> Self {
-        self.engine = opts;
-        self
-    }
-
     /// The largest event accepted, in encoded bytes (default 1 MiB).
     pub fn max_event_bytes(mut self, n: usize) -> Self {
         self.max_event_bytes = n;
@@ -116,7 +103,7 @@ impl RheoBuilder {
     /// (see [`crate::backends`] for every scheme and
     /// [`crate::backends::native`] for the native options).
     pub async fn open(self, url: &str) -> Result<Rheo> {
-        let cx = crate::backends::OpenContext { clock: self.clock.clone(), engine: self.engine.clone() };
+        let cx = crate::backends::OpenContext { clock: self.clock.clone() };
         let backend = crate::backends::open(url, &cx).await?;
         backend.ensure_schema().await?;
         self.with_backend(backend)

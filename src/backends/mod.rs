@@ -29,8 +29,6 @@ pub mod native;
 pub(crate) struct OpenContext {
     /// The clock the backend reads.
     pub clock: Arc<dyn Clock>,
-    /// The native engine's settings before the URL's query applies.
-    pub engine: EngineOptions,
 }
 
 /// The database backends still to come: (schemes, cargo feature, name).
@@ -49,7 +47,7 @@ pub(crate) async fn open(url: &str, cx: &OpenContext) -> Result<Arc<dyn Backend>
     match scheme {
         "memory" => Ok(Arc::new(memory::MemoryBackend::with_clock(cx.clock.clone()))),
         "native" => {
-            let (path, opts) = native::parse_url(rest, cx.engine.clone())?;
+            let (path, opts) = native::parse_url(rest, EngineOptions::default())?;
             Ok(Arc::new(native::NativeBackend::open(&path, opts, cx.clock.clone()).await?))
         }
         _ => match PLANNED.iter().find(|(schemes, _, _)| schemes.contains(&scheme)) {
@@ -77,7 +75,7 @@ mod tests {
     use crate::model::time::SystemClock;
 
     fn cx() -> OpenContext {
-        OpenContext { clock: Arc::new(SystemClock), engine: EngineOptions::default() }
+        OpenContext { clock: Arc::new(SystemClock) }
     }
 
     #[tokio::test]
@@ -97,5 +95,12 @@ mod tests {
         }
         let Err(e) = open("kafka://h", &cx()).await else { panic!("opened an unknown scheme") };
         assert!(e.to_string().contains("unknown backend scheme \"kafka\""), "{e}");
+        // The native backend's own options are checked before anything opens.
+        for (query, says) in [("inline_io=maybe", "expected true or false"), ("colour=red", "unknown native option")] {
+            let url = format!("native:./never-created?{query}");
+            let Err(e) = open(&url, &cx()).await else { panic!("{url}: opened") };
+            assert!(matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains(says), "{url}: {e}");
+        }
+        assert!(!std::path::Path::new("./never-created").exists());
     }
 }

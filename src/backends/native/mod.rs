@@ -1,7 +1,10 @@
 //! The `native` backend: the [`Backend`] trait over our own storage engine.
 //!
-//! Open it with `Rheo::open("native:./data")`. Optional settings go in the
-//! URL query: `native:./data?durability=sync|batched|none&max_delay_ms=5&segment_bytes=67108864&recovery=strict`.
+//! Open it with `Rheo::open("native:./data")`. The backend owns its
+//! settings: they go in the URL query
+//! (`native:./data?durability=batched&max_delay_ms=5&recovery=strict`, every
+//! key in [`parse_url`]), or, from code, in the [`EngineOptions`] given to
+//! [`NativeBackend::open`], wrapped with [`RheoBuilder::with_backend`](crate::RheoBuilder::with_backend).
 //!
 //! The engine is synchronous. Appends encode and buffer their records on the
 //! calling task (microseconds) and then await the group commit without
@@ -50,7 +53,29 @@ pub struct NativeBackend {
     clock: Arc<dyn Clock>,
 }
 
-/// Parses `PATH[?key=value&...]` of a `native:` URL into a path and options.
+fn boolean(k: &str, v: &str) -> Result<bool> {
+    match v {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(Error::invalid("url", format!("{k}={v:?}: expected true or false"))),
+    }
+}
+
+/// Parses `PATH[?key=value&...]` of a `native:` URL into a path and options
+/// (applied over `opts`). The keys, each setting the [`EngineOptions`]
+/// field of the same meaning: `durability=sync|batched|none`,
+/// `max_delay_ms` (of `batched`, default 5), `segment_bytes`,
+/// `preallocate_bytes`, `checkpoint_bytes`, `checkpoint_interval_ms`,
+/// `recovery=strict|tolerate_torn_tail|truncate_at_first_damage`,
+/// `background_indexing=true|false`, `inline_io=true|false`.
+///
+/// ```
+/// use rheo::{Durability, EngineOptions};
+/// let (path, opts) =
+///     rheo::backends::native::parse_url("./data?durability=none&inline_io=true", EngineOptions::default())?;
+/// assert_eq!((path.as_str(), opts.durability, opts.inline_io), ("./data", Durability::None, true));
+/// # Ok::<(), rheo::Error>(())
+/// ```
 pub fn parse_url(rest: &str, mut opts: EngineOptions) -> Result<(String, EngineOptions)> {
     let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
     let path = path.strip_prefix("//").unwrap_or(path);
@@ -72,6 +97,8 @@ pub fn parse_url(rest: &str, mut opts: EngineOptions) -> Result<(String, EngineO
             "preallocate_bytes" => opts.preallocate_bytes = number(v)?,
             "checkpoint_bytes" => opts.checkpoint_bytes = number(v)?.max(4096),
             "checkpoint_interval_ms" => opts.checkpoint_interval = Duration::from_millis(number(v)?),
+            "background_indexing" => opts.background_indexing = boolean(k, v)?,
+            "inline_io" => opts.inline_io = boolean(k, v)?,
             "recovery" => {
                 opts.recovery = match v {
                     "strict" => RecoveryMode::Strict,
