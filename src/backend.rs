@@ -7,7 +7,7 @@
 //! bounds, and every [`NewEvent`] is within the size limit.
 //!
 //! Rules every implementation obeys (the conformance suite in `tests/` checks
-//! each one, see `SEMANTICS.md`):
+//! each one, see `docs/semantics.md`):
 //! - `StreamNotFound` is checked before `GroupNotFound`;
 //! - every settle (`renew`, `ack`, `retry`, `reject`) fails with `StaleLease`
 //!   unless the delivery is still held under that lease id; a backend with

@@ -24,7 +24,7 @@
 //! # Ok(()) }) }
 //! ```
 //!
-//! See `SEMANTICS.md` (summarized in the README) for the exact rules every
+//! See `docs/semantics.md` (summarized in the README) for the exact rules every
 //! backend obeys, and [`Backend`] for the contract a backend implements.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]

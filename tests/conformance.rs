@@ -1,4 +1,4 @@
-//! The conformance suite: every rule of `SEMANTICS.md` as a named case, run
+//! The conformance suite: every rule of `docs/semantics.md` as a named case, run
 //! against every backend.
 //!
 //! Each case is written once, as `pub async fn rule_name(f: Fixture)` in the
@@ -276,7 +276,7 @@ macro_rules! suite {
     };
 }
 
-/// The whole suite for a backend that implements all of SEMANTICS.md.
+/// The whole suite for a backend that implements all of docs/semantics.md.
 macro_rules! conformance {
     ($backend:ident, $factory:path) => {
         suite!(full, $backend, $factory);

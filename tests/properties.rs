@@ -1,4 +1,4 @@
-//! Property tests (proptest) of the rules in `SEMANTICS.md`, each run against
+//! Property tests (proptest) of the rules in `docs/semantics.md`, each run against
 //! every backend listed in `common::backends!` (as `<backend>::<property>`).
 //!
 //! Every case builds a fresh fixture (backend + manual clock) and a
@@ -1197,7 +1197,7 @@ fn backoff_ms(backoff: &Backoff, attempt: u32) -> i64 {
 
 /// The reference model of one group over a stream.
 ///
-/// Rules (SEMANTICS.md and the API docs):
+/// Rules (docs/semantics.md and the API docs):
 /// - the frontier starts at `start_after`; sequences at or below it are never
 ///   delivered; F = the largest n with every sequence in start..=n acked or
 ///   dead-lettered, `lag = max(HW - F, 0)`;

@@ -1,6 +1,6 @@
 //! The consumer-group core shared by backends that keep group state in
 //! process (memory now, the native delivery table next): every rule of
-//! SEMANTICS.md about fetch, settles, retries, dead letters, the frontier,
+//! `docs/semantics.md` about fetch, settles, retries, dead letters, the frontier,
 //! replay, reset and lag, over any [`EventSource`].
 //!
 //! Costs (n = materialized, unsettled deliveries of a partition): a claim,

@@ -27,7 +27,7 @@ pub struct Group;
 
 impl Group {
     /// A builder for a consumer of `group` on `stream`, with the defaults of
-    /// SEMANTICS.md: concurrency 1, max_demand 10, lease 30 s, poll 200 ms,
+    /// `docs/semantics.md`: concurrency 1, max_demand 10, lease 30 s, poll 200 ms,
     /// drain timeout 5 s.
     ///
     /// ```

@@ -5,8 +5,8 @@
 //! `concurrency` at once, at most `max_demand` leases held), renews in-flight
 //! leases every `lease / 2`, settles outcomes in batches (`ack_many`), backs
 //! off on backend errors and drains gracefully on
-//! [`GroupHandle::shutdown`]. Defaults follow SEMANTICS.md ("Consumer runtime
-//! defaults").
+//! [`GroupHandle::shutdown`]. Defaults follow `docs/semantics.md`
+//! ("Consumer runtime").
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {

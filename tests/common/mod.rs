@@ -86,7 +86,7 @@ pub fn native_disk() -> BoxFuture<'static, Fixture> {
 }
 
 /// Expands `$callback!(name, factory)` once per backend that implements the
-/// whole of SEMANTICS.md. Adding a backend = one line here.
+/// whole of docs/semantics.md. Adding a backend = one line here.
 #[macro_export]
 macro_rules! backends {
     ($callback:ident) => {

@@ -1,4 +1,4 @@
-//! The `memory` backend: every rule of `SEMANTICS.md` over in-process maps.
+//! The `memory` backend: every rule of `docs/semantics.md` over in-process maps.
 //!
 //! Ephemeral (nothing survives the process), single-process, and fast: one
 //! mutex per stream. Group state is the shared core in the private `delivery` module
