@@ -16,7 +16,7 @@ use crate::model::group::{
     ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
 };
 use crate::model::lease::{FetchReport, Lease, LeaseRef, RetryOutcome};
-use crate::model::names::{
+use crate::model::limits::{
     DEFAULT_MAX_EVENT_BYTES, MAX_BATCH_EVENTS, MAX_NAME_BYTES, MAX_REASON_BYTES, validate_lease, validate_limit,
     validate_name,
 };

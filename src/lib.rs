@@ -33,9 +33,9 @@
 pub mod backend;
 pub mod backends;
 pub mod client;
-mod delivery;
 pub mod engine;
 pub mod error;
+mod groups;
 pub mod model;
 mod msgpack;
 pub mod observe;
@@ -59,7 +59,7 @@ pub use model::group::{
     MAX_INDEXES, PartitionLag, ReplayOptions, ResetOptions, StartPosition, StreamInfo, StreamOptions,
 };
 pub use model::lease::{FetchReport, Lease, LeaseId, LeaseRef, RetryOutcome};
-pub use model::names::{
+pub use model::limits::{
     DEFAULT_MAX_EVENT_BYTES, MAX_ATTEMPTS, MAX_BATCH_EVENTS, MAX_LEASE, MAX_LIMIT, MAX_NAME_BYTES, MAX_PARTITIONS,
     MAX_QUERY_TERMS, MAX_REASON_BYTES, validate_name,
 };

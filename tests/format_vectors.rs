@@ -1541,7 +1541,7 @@ fn the_stated_sizes_hold() {
 //
 // The delivery WAL (`format/delivery-wal.md`) and the checkpoint
 // (`format/checkpoint.md`). Their MessagePack payloads are private types of
-// the crate (`Op`, `GroupSnapshot`), so this file carries its own
+// the crate (`Transition`, `GroupSnapshot`), so this file carries its own
 // implementation of the spec: a MessagePack reader and writer, and the schema
 // of every payload. The vectors are built with it, byte by byte; the tests
 // check that the engine decodes them as the spec says (`Engine::open` and the
@@ -1996,7 +1996,7 @@ fn billing_created() -> Value {
     json!({"summary": billing_summary(), "backoff": billing_backoff(), "next_dead_order": 0, "parts": [empty_part(0, 0)]})
 }
 
-/// One transitions record with every `Op` variant, in an order a live group
+/// One transitions record with every `Transition` variant, in an order a live group
 /// could not produce in one call but each step consistent with the state
 /// before it (see `format/vectors/README.md`).
 fn billing_ops() -> Value {
@@ -2204,7 +2204,7 @@ fn recovery_json(checkpoint: Option<(u64, u64)>, replayed: u64, torn_bytes: usiz
 }
 
 /// `delivery-wal.log`: generation 1 with `billing` created, its transitions
-/// (every `Op` variant), and `audit` created.
+/// (every `Transition` variant), and `audit` created.
 fn build_delivery_wal(files: &mut BTreeMap<&'static str, Vec<u8>>) {
     let records = [
         json!({"lsn": 1, "group": "billing", "create": billing_created()}),

@@ -7,7 +7,7 @@ use rheo::{FetchOptions, GroupOptions, StreamOptions};
 use serde_json::json;
 
 use super::output::{line, print_json};
-use super::{CliError, CliResult, Ctx};
+use super::{CliError, CliResult, Globals};
 
 /// Events per append batch and per fetch.
 const BATCH: usize = 500;
@@ -28,7 +28,7 @@ fn rate(n: usize, d: Duration) -> f64 {
 }
 
 /// Runs the bench on a new stream `bench-<random>` of the backend.
-pub async fn run(ctx: &Ctx, a: BenchArgs) -> CliResult {
+pub async fn run(ctx: &Globals, a: BenchArgs) -> CliResult {
     if a.events == 0 {
         return Err(CliError::new("--events must be at least 1"));
     }

@@ -8,7 +8,7 @@ use rheo::{AppendOptions, Event, OrderBy, Query, Rheo};
 use serde_json::{Value, json};
 
 use super::output::{Table, line, print_json, print_json_line, short_json};
-use super::{CliError, CliResult, Ctx, parse};
+use super::{CliError, CliResult, Globals, parse};
 
 /// The most events `append` sends in one batch.
 const APPEND_BATCH_MAX: usize = 1000;
@@ -120,7 +120,7 @@ const APPEND_TABLE_MAX: usize = 50;
 /// Runs `rheo append`. Arguments are all checked before anything is
 /// appended; stdin is appended in batches as it is read, so a bad line stops
 /// the run after the batches before it (the error says how many).
-pub async fn append(ctx: &Ctx, a: AppendArgs) -> CliResult {
+pub async fn append(ctx: &Globals, a: AppendArgs) -> CliResult {
     let mut opts = AppendOptions::new();
     if let Some(k) = &a.key {
         opts = opts.key(k.clone());
@@ -200,7 +200,7 @@ fn payload(text: &str, what: &str, event_type: Option<&str>) -> Result<Value, Cl
 }
 
 /// Runs `rheo read`.
-pub async fn read(ctx: &Ctx, a: ReadArgs) -> CliResult {
+pub async fn read(ctx: &Globals, a: ReadArgs) -> CliResult {
     let rheo = ctx.open().await?;
     let events = rheo.read(&a.stream, a.partition, a.after, a.limit).await?;
     print_events(ctx, &events, "no events")?;
@@ -208,7 +208,7 @@ pub async fn read(ctx: &Ctx, a: ReadArgs) -> CliResult {
 }
 
 /// Prints events as JSON lines or a table.
-fn print_events(ctx: &Ctx, events: &[Event], empty: &str) -> Result<(), CliError> {
+fn print_events(ctx: &Globals, events: &[Event], empty: &str) -> Result<(), CliError> {
     if ctx.json {
         for e in events {
             print_json_line(e)?;
@@ -245,7 +245,7 @@ pub fn build_query(stream: &str, conditions: &[String]) -> Result<Query, CliErro
 }
 
 /// Runs `rheo query`.
-pub async fn query(ctx: &Ctx, a: QueryArgs) -> CliResult {
+pub async fn query(ctx: &Globals, a: QueryArgs) -> CliResult {
     let mut q = build_query(&a.stream, &a.conditions)?;
     if let Some(t) = &a.from {
         q = q.from(parse::time(t)?);
@@ -307,7 +307,7 @@ const TAIL_BATCH: usize = 500;
 /// Runs `rheo tail`: polls every followed partition, waiting on
 /// `wait_for_events` between rounds that found nothing; stops at `--count`
 /// or on Ctrl-C.
-pub async fn tail(ctx: &Ctx, a: TailArgs) -> CliResult {
+pub async fn tail(ctx: &Globals, a: TailArgs) -> CliResult {
     let rheo = ctx.open().await?;
     let info = rheo
         .list_streams()
@@ -336,7 +336,7 @@ pub async fn tail(ctx: &Ctx, a: TailArgs) -> CliResult {
     }
 }
 
-async fn follow(ctx: &Ctx, rheo: &Rheo, a: &TailArgs, partitions: &[u32], after: &mut [u64]) -> CliResult {
+async fn follow(ctx: &Globals, rheo: &Rheo, a: &TailArgs, partitions: &[u32], after: &mut [u64]) -> CliResult {
     let mut printed = 0u64;
     if !ctx.json {
         line(format!("following {} (Ctrl-C to stop)", a.stream))?;

@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::output::{line, print_json};
-use super::{CliError, CliResult, Ctx};
+use super::{CliError, CliResult, Globals};
 
 fn get_u16(b: &[u8], at: usize) -> u16 {
     b.get(at..at + 2).map_or(0, |x| u16::from_le_bytes([x[0], x[1]]))
@@ -605,7 +605,7 @@ impl<'de> serde::de::Visitor<'de> for AnyVisitor {
 }
 
 /// Runs `rheo inspect FILE`.
-pub fn inspect(ctx: &Ctx, a: InspectArgs) -> CliResult {
+pub fn inspect(ctx: &Globals, a: InspectArgs) -> CliResult {
     let kind = kind_of(&a.file).ok_or_else(|| {
         CliError::new(format!(
             "{}: not a data file this tool knows (.log, .idx, .six, wal-*.log, .ckpt, MANIFEST, txn)",
@@ -662,7 +662,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), CliError> {
 /// `--json` one document); exit 1 when a problem was found. Warnings are
 /// what the next open repairs on its own (a torn tail). A directory with no
 /// data file is a failure (a wrong path).
-pub fn verify(ctx: &Ctx, a: VerifyArgs) -> CliResult {
+pub fn verify(ctx: &Globals, a: VerifyArgs) -> CliResult {
     let dir = match a.dir {
         Some(d) => d,
         None => native_dir(&ctx.backend)?,

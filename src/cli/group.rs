@@ -10,7 +10,7 @@ use rheo::{
 use serde_json::{Value, json};
 
 use super::output::{Table, line, print_json, short_json};
-use super::{CliError, CliResult, Ctx, events, parse};
+use super::{CliError, CliResult, Globals, events, parse};
 
 /// `rheo group ...`
 #[derive(Debug, Subcommand)]
@@ -185,7 +185,7 @@ pub struct AckArgs {
 }
 
 /// Runs `rheo group ...`.
-pub async fn run_group(ctx: &Ctx, command: GroupCommand) -> CliResult {
+pub async fn run_group(ctx: &Globals, command: GroupCommand) -> CliResult {
     match command {
         GroupCommand::Create(a) => {
             let mut opts = GroupOptions::new().start(a.start.position()?);
@@ -292,7 +292,7 @@ pub async fn run_group(ctx: &Ctx, command: GroupCommand) -> CliResult {
 /// consumed, the stretch ends at or before the high watermark), so that a
 /// position the group already settled (acknowledged, or dead) is counted as
 /// such instead of stopping the stretch.
-async fn skip_range(ctx: &Ctx, a: &SkipArgs) -> Result<(), CliError> {
+async fn skip_range(ctx: &Globals, a: &SkipArgs) -> Result<(), CliError> {
     let (first, last) = (a.sequence, a.through.unwrap_or(a.sequence));
     if first == 0 || last < first || last - first >= SKIP_RANGE_MAX {
         return Err(CliError::new(format!(
@@ -368,7 +368,7 @@ fn lag_table(lag: &Lag) -> Table {
 }
 
 /// Runs `rheo dlq list`.
-pub async fn run_dlq(ctx: &Ctx, command: DlqCommand) -> CliResult {
+pub async fn run_dlq(ctx: &Globals, command: DlqCommand) -> CliResult {
     let DlqCommand::List(a) = command;
     let mut opts = DeadLetterOptions::new().limit(a.limit);
     if let Some(id) = a.after {
@@ -410,7 +410,7 @@ pub async fn run_dlq(ctx: &Ctx, command: DlqCommand) -> CliResult {
 
 /// Runs `rheo fetch`: each lease with its reference (`ref`), which `rheo
 /// ack` takes.
-pub async fn fetch(ctx: &Ctx, a: FetchArgs) -> CliResult {
+pub async fn fetch(ctx: &Globals, a: FetchArgs) -> CliResult {
     let opts = FetchOptions::new().limit(a.limit).lease(Duration::from_secs(a.lease));
     let report = ctx.open().await?.fetch_report(&a.at.stream, &a.at.group, opts).await?;
     // Damage goes to stderr, so that stdout stays the leases alone.
@@ -453,7 +453,7 @@ pub async fn fetch(ctx: &Ctx, a: FetchArgs) -> CliResult {
 }
 
 /// Runs `rheo ack`: every reference is tried; exit 1 when any failed.
-pub async fn ack(ctx: &Ctx, a: AckArgs) -> CliResult {
+pub async fn ack(ctx: &Globals, a: AckArgs) -> CliResult {
     let mut refs = Vec::with_capacity(a.leases.len());
     for text in &a.leases {
         let r: LeaseRef = text.parse()?;

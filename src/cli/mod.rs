@@ -108,14 +108,14 @@ pub type CliResult = Result<bool, CliError>;
 
 /// The global options every command sees.
 #[derive(Debug, Clone)]
-pub struct Ctx {
+pub struct Globals {
     /// The backend URL.
     pub backend: String,
     /// JSON output.
     pub json: bool,
 }
 
-impl Ctx {
+impl Globals {
     /// Opens the backend.
     pub async fn open(&self) -> Result<rheo::Rheo, CliError> {
         Ok(rheo::Rheo::open(&self.backend).await?)
@@ -157,7 +157,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let ctx = Ctx { backend: args.backend, json: args.json };
+    let ctx = Globals { backend: args.backend, json: args.json };
     let result = runtime.block_on(dispatch(&ctx, args.command));
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -169,7 +169,7 @@ pub fn main() -> ExitCode {
     }
 }
 
-async fn dispatch(ctx: &Ctx, command: Command) -> CliResult {
+async fn dispatch(ctx: &Globals, command: Command) -> CliResult {
     match command {
         Command::Demo => demo_command(ctx).await,
         Command::Stream(c) => stream::run_stream(ctx, c).await,
@@ -190,7 +190,7 @@ async fn dispatch(ctx: &Ctx, command: Command) -> CliResult {
 
 /// `rheo demo`: the narration on stdout, or under `--json` its lines as
 /// `{"backend": .., "lines": [..]}`.
-async fn demo_command(ctx: &Ctx) -> CliResult {
+async fn demo_command(ctx: &Globals) -> CliResult {
     if !ctx.json {
         demo::run(&ctx.backend, &mut std::io::stdout()).await?;
         return Ok(true);

@@ -6,7 +6,7 @@ use clap::{Args, Subcommand};
 use rheo::{IndexStatus, StreamInfo, StreamOptions};
 
 use super::output::{Table, line, print_json};
-use super::{CliResult, Ctx};
+use super::{CliResult, Globals};
 
 /// `rheo stream ...`
 #[derive(Debug, Subcommand)]
@@ -48,7 +48,7 @@ pub enum IndexCommand {
 }
 
 /// Runs `rheo stream ...`.
-pub async fn run_stream(ctx: &Ctx, command: StreamCommand) -> CliResult {
+pub async fn run_stream(ctx: &Globals, command: StreamCommand) -> CliResult {
     let rheo = ctx.open().await?;
     match command {
         StreamCommand::Create(a) => {
@@ -87,7 +87,7 @@ fn stream_table(streams: &[StreamInfo]) -> Table {
 }
 
 /// Runs `rheo index ...`.
-pub async fn run_index(ctx: &Ctx, command: IndexCommand) -> CliResult {
+pub async fn run_index(ctx: &Globals, command: IndexCommand) -> CliResult {
     let rheo = ctx.open().await?;
     match command {
         IndexCommand::Create { stream, field } => {

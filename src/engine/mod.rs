@@ -23,7 +23,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Error, ObjectKind, Result};
 use commit::{Committer, Poison, Ticket};
-use delivery::{Ctx, DeliveryRecovery, DeliveryTable};
+use delivery::{DeliveryRecovery, DeliveryTable, EngineParts};
 use log::manifest::{self, ManifestBody, StreamEntry, io_err, sync_err};
 use log::partition::Truncation;
 use log::stream::{Routed, StreamLog, stream_dir};
@@ -210,8 +210,8 @@ impl Engine {
     }
 
     /// What a delivery table writes through.
-    pub(crate) fn ctx(&self) -> Ctx<'_> {
-        Ctx { opts: &self.inner.opts, committer: &self.inner.committer, poison: &self.inner.poison }
+    pub(crate) fn ctx(&self) -> EngineParts<'_> {
+        EngineParts { opts: &self.inner.opts, committer: &self.inner.committer, poison: &self.inner.poison }
     }
 
     /// Checkpoints a stream's consumer-group state now (normally triggered

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::event::Event;
-use super::names::{MAX_ATTEMPTS, MAX_PARTITIONS, validate_lease};
+use super::limits::{MAX_ATTEMPTS, MAX_PARTITIONS, validate_lease};
 use super::query::Query;
 use super::time::Timestamp;
 use crate::error::{Error, Result};

@@ -6,7 +6,7 @@ pub mod event;
 pub mod group;
 pub(crate) mod ids;
 pub mod lease;
-pub mod names;
+pub mod limits;
 pub mod query;
 pub mod routing;
 pub mod time;

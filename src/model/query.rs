@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::event::Event;
-use super::names::{MAX_QUERY_TERMS, validate_limit};
+use super::limits::{MAX_QUERY_TERMS, validate_limit};
 use super::time::Timestamp;
 use crate::error::{Error, Result};
 

@@ -19,7 +19,7 @@ use crate::client::Rheo;
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::group::FetchOptions;
 use crate::model::lease::Lease;
-use crate::model::names::{MAX_LIMIT, validate_name};
+use crate::model::limits::{MAX_LIMIT, validate_name};
 
 /// Entry point of the managed consumer: see [`Group::builder`].
 #[derive(Debug)]
@@ -142,7 +142,7 @@ impl GroupBuilder {
                 ),
             ));
         }
-        let day = crate::model::names::MAX_LEASE;
+        let day = crate::model::limits::MAX_LEASE;
         for (name, d) in [
             ("poll", Some(self.poll)),
             ("drain_timeout", Some(self.drain_timeout)),
@@ -186,7 +186,7 @@ impl GroupBuilder {
         // running (a `concurrency` above it acts as `max_demand`).
         let slots = self.max_demand;
         let running = Arc::new(Semaphore::new(self.concurrency));
-        let ctx = Arc::new(Ctx {
+        let ctx = Arc::new(Running {
             running,
             stop: stop_rx.clone(),
             fetch: FetchOptions {
@@ -276,7 +276,7 @@ impl GroupHandle {
     }
 }
 
-struct Ctx {
+struct Running {
     /// Permits to run a handler (`concurrency` of them).
     running: Arc<Semaphore>,
     /// Set when a shutdown is asked.
@@ -295,7 +295,7 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 }
 
 async fn run(
-    ctx: Arc<Ctx>,
+    ctx: Arc<Running>,
     slots: Arc<Semaphore>,
     max_slots: usize,
     mut stop: watch::Receiver<bool>,
@@ -307,7 +307,7 @@ async fn run(
 }
 
 async fn fetch_loop(
-    ctx: &Arc<Ctx>,
+    ctx: &Arc<Running>,
     slots: &Arc<Semaphore>,
     max_slots: usize,
     stop: &mut watch::Receiver<bool>,
@@ -405,7 +405,7 @@ const GAUGE_REFRESH: Duration = Duration::from_secs(1);
 /// How long queued settles may still run once the drain timeout is spent.
 const SETTLE_GRACE: Duration = Duration::from_secs(1);
 
-async fn drain(ctx: Arc<Ctx>, mut tasks: JoinSet<()>, mut settler: tokio::task::JoinHandle<()>) -> RunSummary {
+async fn drain(ctx: Arc<Running>, mut tasks: JoinSet<()>, mut settler: tokio::task::JoinHandle<()>) -> RunSummary {
     let deadline = Instant::now() + ctx.config.drain_timeout;
     let stats = ctx.stats.clone();
     // The settler ends once every sender (ours and the handler tasks') is gone.
@@ -434,7 +434,7 @@ async fn drain(ctx: Arc<Ctx>, mut tasks: JoinSet<()>, mut settler: tokio::task::
 /// settle (which keeps the demand slot until it is done). A lease fetched
 /// ahead that has not started when a shutdown comes, or that is lost while
 /// it waits, is not handled: it is released (a 1 ms renew) or dropped.
-async fn run_handler(ctx: Arc<Ctx>, lease: Lease, permit: OwnedSemaphorePermit) {
+async fn run_handler(ctx: Arc<Running>, lease: Lease, permit: OwnedSemaphorePermit) {
     let lref = lease.to_ref();
     let cfg = &ctx.config;
     let started = AtomicBool::new(false);
@@ -485,7 +485,7 @@ async fn run_handler(ctx: Arc<Ctx>, lease: Lease, permit: OwnedSemaphorePermit) 
         Ok(Some(Outcome::Ack)) => SettleKind::Ack,
         Ok(Some(Outcome::Retry(reason))) => SettleKind::Retry(reason, cfg.retry_backoff),
         Ok(Some(Outcome::RetryAfter(reason, d))) => {
-            SettleKind::Retry(reason, Some(d.min(crate::model::names::MAX_LEASE)))
+            SettleKind::Retry(reason, Some(d.min(crate::model::limits::MAX_LEASE)))
         }
         Ok(Some(Outcome::Reject(reason))) => SettleKind::Reject(reason),
         Err(panic) => {

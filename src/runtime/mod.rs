@@ -44,7 +44,7 @@ use async_trait::async_trait;
 
 use crate::error::{Error, Result};
 use crate::model::lease::Lease;
-use crate::model::names::MAX_REASON_BYTES;
+use crate::model::limits::MAX_REASON_BYTES;
 
 pub use group::{Group, GroupBuilder, GroupHandle, RunSummary};
 pub use stream::{LeaseStream, LeaseStreamOptions, StreamLease};
@@ -218,13 +218,13 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 
 /// Checks the numeric options shared by the group and the stream.
 pub(crate) fn check_bounds(stream: &str, group: &str, max_demand: usize, lease: Duration) -> Result<()> {
-    if max_demand == 0 || max_demand > crate::model::names::MAX_LIMIT {
+    if max_demand == 0 || max_demand > crate::model::limits::MAX_LIMIT {
         return Err(Error::invalid(
             "max_demand",
-            format!("{max_demand} for {stream:?}/{group:?} is outside 1..={}", crate::model::names::MAX_LIMIT),
+            format!("{max_demand} for {stream:?}/{group:?} is outside 1..={}", crate::model::limits::MAX_LIMIT),
         ));
     }
-    if lease.is_zero() || lease > crate::model::names::MAX_LEASE {
+    if lease.is_zero() || lease > crate::model::limits::MAX_LEASE {
         return Err(Error::invalid("lease", format!("{lease:?} for {stream:?}/{group:?} is outside (0, 24h]")));
     }
     Ok(())

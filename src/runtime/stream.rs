@@ -17,7 +17,7 @@ use crate::client::Rheo;
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::group::FetchOptions;
 use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
-use crate::model::names::validate_name;
+use crate::model::limits::validate_name;
 
 /// Settings of a [`LeaseStream`].
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
 //! The `memory` backend: every rule of `docs/semantics.md` over in-process maps.
 //!
 //! Ephemeral (nothing survives the process), single-process, and fast: one
-//! mutex per stream. Group state is the shared core in the private `delivery` module
+//! mutex per stream. Group state is the shared core in the private `groups` module
 //! (a fetch costs O(limit · log n) where n is the number of unsettled
 //! deliveries of the partitions it visits; a settle costs O(log n)).
 //! Queries scan the stream's partitions in scope (bounded by the sequence
@@ -17,8 +17,8 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
 use crate::backend::Backend;
-use crate::delivery::{EventSource, GroupState};
 use crate::error::{Error, ObjectKind, Result};
+use crate::groups::{EventSource, GroupState};
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, NewEvent};
 use crate::model::group::{

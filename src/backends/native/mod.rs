@@ -23,12 +23,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::Backend;
-use crate::delivery::{DAMAGE_PER_PARTITION, EventSource, GroupState, query_matches, spent_budget};
 use crate::engine::delivery::LogSource;
 use crate::engine::delivery::room;
 use crate::engine::log::stream::{Routed, StreamLog};
 use crate::engine::{Durability, Engine, EngineOptions, RecoveryMode};
 use crate::error::{Error, Result};
+use crate::groups::{DAMAGE_PER_PARTITION, EventSource, GroupState, query_matches, spent_budget};
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, NewEvent};
 use crate::model::group::{
@@ -531,7 +531,7 @@ mod tests {
         assert!(flat.windows(2).all(|w| w[0] < w[1]));
         assert_eq!(replay_steps(Vec::new()), vec![Vec::new()], "one (empty) step: the group is still checked");
         // One step's WAL record stays far below the record limit.
-        let bound = room::reopen(crate::model::names::MAX_PARTITIONS, REPLAY_STEP);
+        let bound = room::reopen(crate::model::limits::MAX_PARTITIONS, REPLAY_STEP);
         assert!(bound < u64::from(crate::engine::delivery::wal::WAL_MAX_BODY) / 4, "{bound}");
     }
 }

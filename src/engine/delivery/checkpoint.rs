@@ -7,8 +7,8 @@
 //! u32, header CRC32 u32 (over bytes 0..44). The body is MessagePack: the
 //! list of every group's `GroupSnapshot`.
 
-use crate::delivery::journal::GroupSnapshot;
 use crate::engine::segment::format::{get_u16, get_u32, get_u64};
+use crate::groups::journal::GroupSnapshot;
 
 /// Magic of a checkpoint file.
 pub const CKPT_MAGIC: [u8; 8] = *b"RHEOCKP\0";

@@ -3,7 +3,7 @@
 //!
 //! Files, in `streams/<id>/groups/`: `wal-<generation>.log` (the WAL,
 //! [`wal`]) and `checkpoint-<generation>.ckpt` ([`checkpoint`]). The group
-//! rules are the shared core (`crate::delivery::GroupState`, the memory
+//! rules are the shared core (`crate::groups::GroupState`, the memory
 //! backend's too); this module logs the transitions each call makes and
 //! replays them on open. ADR 0004 records the decisions:
 //!
@@ -43,9 +43,9 @@ use super::log::manifest::{io_err, sync_err};
 use super::log::stream::StreamLog;
 use super::options::{Durability, EngineOptions, RecoveryMode};
 use super::vfs::{StickySync, Vfs, VfsFile};
-use crate::delivery::journal::Op;
-use crate::delivery::{EventSource, GroupState};
 use crate::error::{Error, ObjectKind, Result};
+use crate::groups::journal::Transition;
+use crate::groups::{EventSource, GroupState};
 use crate::model::event::Event;
 use crate::model::group::{GroupOptions, GroupSummary};
 use crate::model::query::Query;
@@ -62,7 +62,7 @@ const MAX_RESERVE_STEP: u64 = 4 << 20;
 /// `with_group` reserves before the call (generous MessagePack sizes: a
 /// record's fixed part and group name, then per transition).
 pub(crate) mod room {
-    use crate::model::names::MAX_NAME_BYTES;
+    use crate::model::limits::MAX_NAME_BYTES;
 
     /// LSN, kind, name length, the name, the list and its framing.
     const BASE: u64 = 8 + 1 + 2 + MAX_NAME_BYTES as u64 + 64;
@@ -113,7 +113,7 @@ pub(crate) mod room {
 }
 
 /// The shared pieces of the engine a table writes through.
-pub(crate) struct Ctx<'a> {
+pub(crate) struct EngineParts<'a> {
     pub(crate) opts: &'a EngineOptions,
     pub(crate) committer: &'a Committer,
     pub(crate) poison: &'a Poison,
@@ -137,7 +137,7 @@ struct PendingCheckpoint {
     next: u64,
     old_generation: u64,
     lsn: u64,
-    snaps: Vec<crate::delivery::journal::GroupSnapshot>,
+    snaps: Vec<crate::groups::journal::GroupSnapshot>,
 }
 
 #[derive(Debug)]
@@ -188,10 +188,15 @@ fn corrupt(vfs: &dyn Vfs, path: &str, offset: u64, reason: impl Into<String>) ->
 const MAX_COUNTER: u64 = 1 << 62;
 
 /// Records that must be durable before the call returns (under `Sync`).
-fn needs_sync(ops: &[Op]) -> bool {
+fn needs_sync(ops: &[Transition]) -> bool {
     // A lost claim, cursor move or pass changes nothing a caller was told
     // is done (the position is claimable again, or fresh again).
-    ops.iter().any(|op| !matches!(op, Op::Claim { .. } | Op::Cursor { .. } | Op::Renew { .. } | Op::Pass { .. }))
+    ops.iter().any(|op| {
+        !matches!(
+            op,
+            Transition::Claim { .. } | Transition::Cursor { .. } | Transition::Renew { .. } | Transition::Pass { .. }
+        )
+    })
 }
 
 impl WalFile {
@@ -530,7 +535,7 @@ impl DeliveryTable {
     /// Creates a group; durable once the ticket resolves.
     pub(crate) fn create(
         &self,
-        ctx: &Ctx<'_>,
+        ctx: &EngineParts<'_>,
         log: &StreamLog,
         group: &str,
         opts: &GroupOptions,
@@ -541,10 +546,14 @@ impl DeliveryTable {
         if t.groups.contains_key(group) {
             return Err(Error::AlreadyExists { kind: ObjectKind::Group, name: format!("{}/{group}", log.name) });
         }
-        if group.is_empty() || group.len() > crate::model::names::MAX_NAME_BYTES {
+        if group.is_empty() || group.len() > crate::model::limits::MAX_NAME_BYTES {
             return Err(Error::invalid(
                 "group",
-                format!("a group name must be 1 to {} bytes, got {}", crate::model::names::MAX_NAME_BYTES, group.len()),
+                format!(
+                    "a group name must be 1 to {} bytes, got {}",
+                    crate::model::limits::MAX_NAME_BYTES,
+                    group.len()
+                ),
             ));
         }
         let g = GroupState::create(&LogSource(log), group, opts, now)?;
@@ -569,7 +578,7 @@ impl DeliveryTable {
     /// changed nothing, and nothing is logged.
     pub(crate) fn with_group<T>(
         &self,
-        ctx: &Ctx<'_>,
+        ctx: &EngineParts<'_>,
         log: &StreamLog,
         group: &str,
         room: u64,
@@ -599,7 +608,15 @@ impl DeliveryTable {
     /// Writes one record at the WAL's end. A failure here comes after the
     /// state changed in memory, so it poisons. The record fits the `room`
     /// reserved for it (a bound each caller computes; see [`Room`]).
-    fn write(&self, t: &mut Table, ctx: &Ctx<'_>, group: &str, body: &Body, room: u64, sync: bool) -> Result<Ticket> {
+    fn write(
+        &self,
+        t: &mut Table,
+        ctx: &EngineParts<'_>,
+        group: &str,
+        body: &Body,
+        room: u64,
+        sync: bool,
+    ) -> Result<Ticket> {
         let lsn = t.next_lsn;
         let mut buf = std::mem::take(&mut t.buf);
         buf.clear();
@@ -637,7 +654,7 @@ impl DeliveryTable {
     /// and the WAL switched under the table's lock (`t`, released here),
     /// the file written after it, so other calls on the stream's groups
     /// wait only for the snapshot, not for the writes and syncs.
-    fn maybe_checkpoint(&self, mut t: parking_lot::MutexGuard<'_, Table>, ctx: &Ctx<'_>) {
+    fn maybe_checkpoint(&self, mut t: parking_lot::MutexGuard<'_, Table>, ctx: &EngineParts<'_>) {
         let size = t.wal.len.saturating_sub(WAL_HEADER_LEN as u64);
         let due = size >= ctx.opts.checkpoint_bytes
             || (size > 0 && t.last_checkpoint.elapsed() >= ctx.opts.checkpoint_interval);

@@ -10,9 +10,9 @@ use serde_json::json;
 
 use crate::backend::Backend;
 use crate::backends::native::NativeBackend;
-use crate::delivery::journal::GroupSnapshot;
 use crate::engine::vfs::{MemVfs, Vfs};
 use crate::engine::{Durability, Engine, EngineOptions};
+use crate::groups::journal::GroupSnapshot;
 use crate::model::event::{AppendOptions, NewEvent};
 use crate::model::group::{FetchOptions, GroupOptions, ReplayOptions, ResetOptions, StreamOptions};
 use crate::model::lease::Lease;
@@ -81,7 +81,7 @@ fn state(b: &NativeBackend, now: Timestamp) -> Vec<GroupSnapshot> {
     t.groups
         .values()
         .map(|g| {
-            let mut copy = crate::delivery::GroupState::restore(&g.snapshot());
+            let mut copy = crate::groups::GroupState::restore(&g.snapshot());
             let _ = copy.info(&super::LogSource(&log), now);
             copy.snapshot()
         })

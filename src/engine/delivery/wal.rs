@@ -7,10 +7,10 @@
 //! body u32, body. A length of zero ends the log (the file is zero-filled
 //! ahead of writes). The body: LSN u64, kind u8 (1 = group created, 2 =
 //! transitions), group name length u16, the name (UTF-8), then MessagePack:
-//! a `GroupSnapshot` for kind 1, a list of `Op` for kind 2.
+//! a `GroupSnapshot` for kind 1, a list of `Transition` for kind 2.
 
-use crate::delivery::journal::{GroupSnapshot, Op};
 use crate::engine::segment::format::{get_u16, get_u32, get_u64};
+use crate::groups::journal::{GroupSnapshot, Transition};
 
 /// Magic of a delivery WAL file.
 pub const WAL_MAGIC: [u8; 8] = *b"RHEOWAL\0";
@@ -47,7 +47,7 @@ pub(crate) enum Body {
     /// A group was created with this state.
     Create(GroupSnapshot),
     /// A group made these transitions.
-    Ops(Vec<Op>),
+    Ops(Vec<Transition>),
 }
 
 /// One decoded record.

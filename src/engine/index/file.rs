@@ -178,15 +178,15 @@ pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 
 /// A cursor over bytes that reads varints and slices, checked.
 #[derive(Debug, Clone, Copy)]
-pub struct Bytes<'a> {
+pub struct VarintReader<'a> {
     b: &'a [u8],
     pos: usize,
 }
 
-impl<'a> Bytes<'a> {
+impl<'a> VarintReader<'a> {
     /// Reads `b` from the start.
     pub fn new(b: &'a [u8]) -> Self {
-        Bytes { b, pos: 0 }
+        VarintReader { b, pos: 0 }
     }
     /// True when everything was read.
     pub fn is_empty(&self) -> bool {
@@ -398,7 +398,7 @@ pub fn decode_dir(header: SixHeader, dir: &[u8], dir_offset: u64, crc: u32) -> R
     if crc32fast::hash(dir) != crc {
         return Err(damaged("index directory checksum mismatch"));
     }
-    let mut r = Bytes::new(dir);
+    let mut r = VarintReader::new(dir);
     let nfields = r.len(MAX_FIELDS, "field count")?;
     let mut fields: Vec<String> = Vec::with_capacity(nfields);
     let mut spans = Vec::with_capacity(nfields);
@@ -472,7 +472,7 @@ impl SixMeta {
         if bytes.len() != b.len as usize || crc32fast::hash(bytes) != b.crc {
             return Err(damaged(format!("block at offset {} checksum mismatch", b.offset)));
         }
-        Ok(BlockIter { r: Bytes::new(bytes), left: b.terms, max_count: self.header.count() })
+        Ok(BlockIter { r: VarintReader::new(bytes), left: b.terms, max_count: self.header.count() })
     }
 
     /// The first block that may hold `key` or a later key.
@@ -525,7 +525,7 @@ impl SixMeta {
 /// The terms of a checked block.
 #[derive(Debug)]
 pub struct BlockIter<'b> {
-    r: Bytes<'b>,
+    r: VarintReader<'b>,
     left: u32,
     max_count: u64,
 }
@@ -562,7 +562,7 @@ impl Entry<'_> {
     /// The sequences, checked: ascending, within `base..=last`, exactly
     /// `count` of them filling the posting bytes.
     pub fn sequences(&self, header: &SixHeader, out: &mut Vec<u64>) -> Result<(), SixError> {
-        let mut r = Bytes::new(self.postings);
+        let mut r = VarintReader::new(self.postings);
         let mut seq = header.base_seq;
         for i in 0..self.count {
             let d = r.varint()?;
@@ -841,9 +841,9 @@ mod tests {
         for v in [0, 1, 127, 128, 300, u64::from(u32::MAX), u64::MAX] {
             let mut b = Vec::new();
             put_varint(&mut b, v);
-            assert_eq!(Bytes::new(&b).varint().expect("varint"), v);
+            assert_eq!(VarintReader::new(&b).varint().expect("varint"), v);
         }
-        assert!(Bytes::new(&[0xff; 10]).varint().is_err());
-        assert!(Bytes::new(&[0x80]).varint().is_err());
+        assert!(VarintReader::new(&[0xff; 10]).varint().is_err());
+        assert!(VarintReader::new(&[0x80]).varint().is_err());
     }
 }

@@ -22,7 +22,7 @@ use super::{FieldSet, PartitionIndex, SixFile};
 use crate::engine::log::partition::{Partition, Segment};
 use crate::engine::log::stream::StreamLog;
 use crate::error::Result;
-use crate::model::names::MAX_LIMIT;
+use crate::model::limits::MAX_LIMIT;
 use crate::model::query::{Access, Explain, Filter, Op, OrderBy, Page, PageBuilder, Query};
 use crate::model::time::Timestamp;
 

@@ -27,7 +27,7 @@ use crate::model::group::{
 use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef, RetryOutcome};
 use crate::model::query::Query;
 use crate::model::time::Timestamp;
-use journal::Op;
+use journal::Transition;
 use state::{Delivery, PartState};
 
 /// What the group core needs from a stream's log.
@@ -120,7 +120,7 @@ pub(crate) struct GroupState {
     dead_order: BTreeMap<u64, (u32, u64)>,
     next_dead_order: u64,
     /// Transitions made since the last `take_ops`, when journaling.
-    journal: Option<Vec<Op>>,
+    journal: Option<Vec<Transition>>,
 }
 
 /// The frontier a group starts at in one partition.
@@ -181,7 +181,7 @@ impl GroupState {
 
     fn dead_letter(&mut self, p: u32, seq: u64, reason: String, now: Timestamp) {
         if self.journal.is_some() {
-            self.log(Op::DeadLetter { p, seq, reason: reason.clone(), at: now });
+            self.log(Transition::DeadLetter { p, seq, reason: reason.clone(), at: now });
         }
         self.dead_letter_now(p, seq, reason, now);
     }
@@ -316,10 +316,10 @@ impl GroupState {
             }
             if self.journal.is_some() {
                 if !leased.is_empty() {
-                    self.log(Op::Claim { p, consumer: consumer_id.clone(), expires_at, leases: leased });
+                    self.log(Transition::Claim { p, consumer: consumer_id.clone(), expires_at, leases: leased });
                 }
                 if !passed.is_empty() {
-                    self.log(Op::Pass { p, seqs: passed });
+                    self.log(Transition::Pass { p, seqs: passed });
                 }
             }
             // Settled positions examined past the last claim: move the cursor
@@ -328,7 +328,7 @@ impl GroupState {
                 && walked > part.cursor
             {
                 part.cursor = walked;
-                self.log(Op::Cursor { p, cursor: walked });
+                self.log(Transition::Cursor { p, cursor: walked });
             }
         }
         report
@@ -355,7 +355,7 @@ impl GroupState {
         if let Some(part) = self.parts.get_mut(&lease.partition) {
             part.renew(lease.sequence, expires_at);
         }
-        self.log(Op::Renew { p: lease.partition, seq: lease.sequence, expires_at });
+        self.log(Transition::Renew { p: lease.partition, seq: lease.sequence, expires_at });
         Ok(expires_at)
     }
 
@@ -366,7 +366,7 @@ impl GroupState {
             part.ack(lease.sequence);
         }
         if self.journal.is_some() {
-            self.log(Op::Ack { p: lease.partition, seqs: vec![lease.sequence] });
+            self.log(Transition::Ack { p: lease.partition, seqs: vec![lease.sequence] });
         }
         Ok(())
     }
@@ -389,7 +389,7 @@ impl GroupState {
         if let Some(part) = self.parts.get_mut(&lease.partition) {
             part.reschedule(lease.sequence, now, available_at);
         }
-        self.log(Op::Reschedule { p: lease.partition, seq: lease.sequence, now, ready_at: available_at });
+        self.log(Transition::Reschedule { p: lease.partition, seq: lease.sequence, now, ready_at: available_at });
         Ok(RetryOutcome::Scheduled { available_at })
     }
 
@@ -440,7 +440,7 @@ impl GroupState {
                 let (n, dead) = part.reopen_after(after, src.high_watermark(p));
                 reopened += n;
                 dead_orders.extend(dead);
-                self.log(Op::ReopenAfter { p, after });
+                self.log(Transition::ReopenAfter { p, after });
             }
         }
         for order in dead_orders {
@@ -484,7 +484,7 @@ impl GroupState {
             }
             reopened += done.len() as u64;
             if !done.is_empty() && self.journal.is_some() {
-                self.log(Op::ReopenOne { p: *p, seqs: done });
+                self.log(Transition::ReopenOne { p: *p, seqs: done });
             }
         }
         (reopened, dead_orders)
@@ -504,7 +504,7 @@ impl GroupState {
         let frontiers = scope.iter().map(|&p| start_frontier(src, &opts.start, p)).collect::<Result<Vec<_>>>()?;
         for (p, frontier) in scope.into_iter().zip(frontiers) {
             self.reset_part(p, frontier);
-            self.log(Op::Reset { p, frontier });
+            self.log(Transition::Reset { p, frontier });
         }
         Ok(())
     }

@@ -25,7 +25,7 @@ use crate::rangeset::RangeSet;
 
 /// One primitive transition of a group's state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum Op {
+pub(crate) enum Transition {
     /// Claims of partition `p` by one consumer until `expires_at`:
     /// (sequence, lease id) in claim order. Each claim adds one attempt.
     Claim { p: u32, consumer: String, expires_at: Timestamp, leases: Vec<(u64, u128)> },
@@ -113,22 +113,24 @@ impl GroupState {
     }
 
     /// The transitions made since the last call.
-    pub(crate) fn take_ops(&mut self) -> Vec<Op> {
+    pub(crate) fn take_ops(&mut self) -> Vec<Transition> {
         self.journal.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Records a transition, merging claims and acks into the previous one
     /// where they extend it.
-    pub(super) fn log(&mut self, op: Op) {
+    pub(super) fn log(&mut self, op: Transition) {
         let Some(journal) = self.journal.as_mut() else { return };
         match (journal.last_mut(), op) {
             (
-                Some(Op::Claim { p, consumer, expires_at, leases }),
-                Op::Claim { p: p2, consumer: c2, expires_at: e2, leases: l2 },
+                Some(Transition::Claim { p, consumer, expires_at, leases }),
+                Transition::Claim { p: p2, consumer: c2, expires_at: e2, leases: l2 },
             ) if *p == p2 && *consumer == c2 && *expires_at == e2 => leases.extend(l2),
-            (Some(Op::Ack { p, seqs }), Op::Ack { p: p2, seqs: s2 }) if *p == p2 => seqs.extend(s2),
-            (Some(Op::ReopenOne { p, seqs }), Op::ReopenOne { p: p2, seqs: s2 }) if *p == p2 => seqs.extend(s2),
-            (Some(Op::Pass { p, seqs }), Op::Pass { p: p2, seqs: s2 }) if *p == p2 => seqs.extend(s2),
+            (Some(Transition::Ack { p, seqs }), Transition::Ack { p: p2, seqs: s2 }) if *p == p2 => seqs.extend(s2),
+            (Some(Transition::ReopenOne { p, seqs }), Transition::ReopenOne { p: p2, seqs: s2 }) if *p == p2 => {
+                seqs.extend(s2)
+            }
+            (Some(Transition::Pass { p, seqs }), Transition::Pass { p: p2, seqs: s2 }) if *p == p2 => seqs.extend(s2),
             (_, op) => journal.push(op),
         }
     }
@@ -139,9 +141,9 @@ impl GroupState {
     /// call lacked would make a replayed state differ from the live one
     /// whenever the state is odd (a fuzzer's hand-made WAL found one). Every
     /// call is total: odd input changes nothing it should not.
-    pub(crate) fn apply(&mut self, op: &Op) {
+    pub(crate) fn apply(&mut self, op: &Transition) {
         match op {
-            Op::Claim { p, consumer, expires_at, leases } => {
+            Transition::Claim { p, consumer, expires_at, leases } => {
                 let Some(part) = self.parts.get_mut(p) else { return };
                 let consumer: Arc<str> = Arc::from(consumer.as_str());
                 for &(seq, lease_id) in leases {
@@ -149,30 +151,30 @@ impl GroupState {
                     part.lease(seq, lease_id, consumer.clone(), *expires_at);
                 }
             }
-            Op::Cursor { p, cursor } => {
+            Transition::Cursor { p, cursor } => {
                 if let Some(part) = self.parts.get_mut(p) {
                     part.cursor = part.cursor.max(*cursor);
                 }
             }
-            Op::Renew { p, seq, expires_at } => {
+            Transition::Renew { p, seq, expires_at } => {
                 if let Some(part) = self.parts.get_mut(p) {
                     part.renew(*seq, *expires_at);
                 }
             }
-            Op::Ack { p, seqs } => {
+            Transition::Ack { p, seqs } => {
                 if let Some(part) = self.parts.get_mut(p) {
                     for &seq in seqs {
                         part.ack(seq);
                     }
                 }
             }
-            Op::Reschedule { p, seq, now, ready_at } => {
+            Transition::Reschedule { p, seq, now, ready_at } => {
                 if let Some(part) = self.parts.get_mut(p) {
                     part.reschedule(*seq, *now, *ready_at);
                 }
             }
-            Op::DeadLetter { p, seq, reason, at } => self.dead_letter_now(*p, *seq, reason.clone(), *at),
-            Op::ReopenAfter { p, after } => {
+            Transition::DeadLetter { p, seq, reason, at } => self.dead_letter_now(*p, *seq, reason.clone(), *at),
+            Transition::ReopenAfter { p, after } => {
                 if let Some(part) = self.parts.get_mut(p) {
                     let (_, dead) = part.reopen_after(*after, u64::MAX);
                     for order in dead {
@@ -180,7 +182,7 @@ impl GroupState {
                     }
                 }
             }
-            Op::ReopenOne { p, seqs } => {
+            Transition::ReopenOne { p, seqs } => {
                 if let Some(part) = self.parts.get_mut(p) {
                     for &seq in seqs {
                         if seq == 0 {
@@ -192,8 +194,8 @@ impl GroupState {
                     }
                 }
             }
-            Op::Reset { p, frontier } => self.reset_part(*p, *frontier),
-            Op::Pass { p, seqs } => {
+            Transition::Reset { p, frontier } => self.reset_part(*p, *frontier),
+            Transition::Pass { p, seqs } => {
                 if let Some(part) = self.parts.get_mut(p) {
                     for &seq in seqs {
                         part.pass(seq);
