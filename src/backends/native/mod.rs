@@ -17,10 +17,12 @@
 //! which reads the claimed events after the lock, does so on the calling task
 //! up to 256 deliveries and on the blocking pool beyond.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::Notify;
 
 use crate::backend::Backend;
 use crate::engine::delivery::LogSource;
@@ -51,6 +53,10 @@ const INLINE_FETCH: usize = 256;
 pub struct NativeBackend {
     engine: Engine,
     clock: Arc<dyn Clock>,
+    /// One wakeup per stream (created on first use, at most one per stream
+    /// the engine has): appends notify it, `wait_for_events` waits on it.
+    /// The engine stays free of any async runtime.
+    wakeups: Arc<parking_lot::Mutex<HashMap<Arc<str>, Arc<Notify>>>>,
 }
 
 fn boolean(k: &str, v: &str) -> Result<bool> {
@@ -134,12 +140,17 @@ impl NativeBackend {
         } else {
             blocking(move || Engine::open_dir(&path, opts)).await?
         };
-        Ok(NativeBackend { engine, clock })
+        Ok(NativeBackend::with_engine(engine, clock))
     }
 
     /// Wraps an open engine (tests use a `MemVfs` or `FaultyVfs` engine).
     pub fn with_engine(engine: Engine, clock: Arc<dyn Clock>) -> Self {
-        NativeBackend { engine, clock }
+        NativeBackend { engine, clock, wakeups: Arc::default() }
+    }
+
+    /// The wakeup of a stream the engine has (see `wakeups`).
+    fn wakeup(&self, log: &StreamLog) -> Arc<Notify> {
+        self.wakeups.lock().entry(log.name.clone()).or_default().clone()
     }
 
     /// The engine underneath.
@@ -306,8 +317,9 @@ impl Backend for NativeBackend {
             // Wake every waiter, and leave a permit for the next one: a consumer
             // whose fetch came back empty just before this append returns at once
             // from its wait instead of sleeping until its poll.
-            log.appended.notify_waiters();
-            log.appended.notify_one();
+            let wakeup = self.wakeup(&log);
+            wakeup.notify_waiters();
+            wakeup.notify_one();
         }
         Ok(out)
     }
@@ -495,7 +507,8 @@ impl Backend for NativeBackend {
 
     async fn wait_for_events(&self, stream: &str, timeout: Duration) -> Result<()> {
         let log = self.engine.stream(stream)?;
-        let _ = tokio::time::timeout(timeout, log.appended.notified()).await;
+        let wakeup = self.wakeup(&log);
+        let _ = tokio::time::timeout(timeout, wakeup.notified()).await;
         Ok(())
     }
 

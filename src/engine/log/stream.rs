@@ -41,9 +41,6 @@ pub struct StreamLog {
     write: Mutex<u64>,
     /// Its secondary indexes.
     pub index: StreamIndex,
-    /// Woken when appended events become visible (the backend's
-    /// `wait_for_events`); a plain synchronization primitive, no runtime.
-    pub appended: tokio::sync::Notify,
 }
 
 /// The directory of a stream.
@@ -88,7 +85,6 @@ impl StreamLog {
             txn,
             write: Mutex::new(next_txn),
             index: StreamIndex::new(partition_count, indexes),
-            appended: tokio::sync::Notify::new(),
         })
     }
 
