@@ -86,6 +86,22 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     /// Extends a lease to now + `lease`; returns the new expiry. `StaleLease`.
     async fn renew(&self, lease: &LeaseRef, lease_duration: Duration) -> Result<Timestamp>;
 
+    /// Extends many leases to now + `lease_duration`; one result per lease,
+    /// in order (the new expiry, or the lease's own error such as
+    /// `StaleLease`). The outer error is for failures of the whole call.
+    /// Backends override this to renew the batch in one round trip or one
+    /// commit.
+    async fn renew_many(&self, leases: &[LeaseRef], lease_duration: Duration) -> Result<Vec<Result<Timestamp>>> {
+        let mut out = Vec::with_capacity(leases.len());
+        for lease in leases {
+            match self.renew(lease, lease_duration).await {
+                Err(e) if e.is_transient() || matches!(e, Error::Failed { .. }) => return Err(e),
+                r => out.push(r),
+            }
+        }
+        Ok(out)
+    }
+
     /// Acknowledges a delivery. `StaleLease` (also for a second ack).
     async fn ack(&self, lease: &LeaseRef) -> Result<()>;
 

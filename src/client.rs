@@ -140,6 +140,40 @@ fn check_lease_ref(lease: &LeaseRef) -> Result<()> {
     check_group(&lease.stream, &lease.group)
 }
 
+/// The leases of a batch call, each checked, at most [`MAX_BATCH_EVENTS`].
+fn batch_of_leases<L: Into<LeaseRef>>(
+    call: &'static str,
+    leases: impl IntoIterator<Item = L>,
+) -> Result<Vec<LeaseRef>> {
+    let leases: Vec<LeaseRef> = leases.into_iter().map(Into::into).collect();
+    if leases.len() > MAX_BATCH_EVENTS {
+        return Err(Error::invalid(call, format!("more than {MAX_BATCH_EVENTS} leases in one call")));
+    }
+    leases.iter().try_for_each(check_lease_ref)?;
+    Ok(leases)
+}
+
+/// The stream and group a batch call is observed under (its first lease's).
+fn batch_names(leases: &[LeaseRef]) -> (&str, &str) {
+    leases.first().map_or(("", ""), |l| (&*l.stream, &*l.group))
+}
+
+/// A backend's batch answer has one result per lease.
+fn check_batch_results<T>(call: &'static str, leases: &[LeaseRef], results: &[Result<T>]) -> Result<()> {
+    if results.len() == leases.len() {
+        return Ok(());
+    }
+    let (stream, group) = batch_names(leases);
+    Err(Error::failed(
+        call,
+        format!(
+            "the backend returned {} results for {} leases (stream {stream:?}, group {group:?})",
+            results.len(),
+            leases.len()
+        ),
+    ))
+}
+
 impl Rheo {
     /// Opens a backend with default settings (see [`RheoBuilder::open`]).
     pub async fn open(url: &str) -> Result<Rheo> {
@@ -498,6 +532,37 @@ impl Rheo {
         Ok(())
     }
 
+    /// Extends many leases by `lease_duration` in one call (one WAL record
+    /// and one sync per stream and group on `native:`); one result per
+    /// lease, in order: its new expiry, or its own error (a stale lease
+    /// fails alone). The outer error is for the whole call: a bad argument,
+    /// more than [`MAX_BATCH_EVENTS`] leases, an unavailable backend.
+    ///
+    /// ```
+    /// # async fn f(rheo: &rheo::Rheo, leases: &[rheo::Lease]) -> rheo::Result<()> {
+    /// use std::time::Duration;
+    /// for (lease, r) in leases.iter().zip(rheo.renew_many(leases, Duration::from_secs(30)).await?) {
+    ///     match r {
+    ///         Ok(expiry) => println!("#{} held until {expiry}", lease.sequence()),
+    ///         Err(e) => println!("#{} lost: {e}", lease.sequence()),
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn renew_many<L, I>(&self, leases: I, lease_duration: Duration) -> Result<Vec<Result<Timestamp>>>
+    where
+        L: Into<LeaseRef>,
+        I: IntoIterator<Item = L>,
+    {
+        validate_lease("lease", lease_duration)?;
+        let leases = batch_of_leases("renew_many", leases)?;
+        let (stream, group) = batch_names(&leases);
+        let results =
+            observed("renew_many", stream, group, self.inner.backend.renew_many(&leases, lease_duration)).await?;
+        check_batch_results("renew_many", &leases, &results)?;
+        Ok(results)
+    }
+
     /// Acknowledges many deliveries in one call; one result per lease, in
     /// order (a stale lease fails alone).
     pub async fn ack_many<L, I>(&self, leases: I) -> Result<Vec<Result<()>>>
@@ -505,26 +570,10 @@ impl Rheo {
         L: Into<LeaseRef>,
         I: IntoIterator<Item = L>,
     {
-        let leases: Vec<LeaseRef> = leases.into_iter().map(Into::into).collect();
-        if leases.len() > MAX_BATCH_EVENTS {
-            return Err(Error::invalid("ack_many", format!("more than {MAX_BATCH_EVENTS} leases in one call")));
-        }
-        for lease in &leases {
-            check_lease_ref(lease)?;
-        }
-        let first = leases.first();
-        let (stream, group) = (first.map_or("", |l| &*l.stream), first.map_or("", |l| &*l.group));
+        let leases = batch_of_leases("ack_many", leases)?;
+        let (stream, group) = batch_names(&leases);
         let results = observed("ack_many", stream, group, self.inner.backend.ack_many(&leases)).await?;
-        if results.len() != leases.len() {
-            return Err(Error::failed(
-                "ack_many",
-                format!(
-                    "the backend returned {} results for {} leases (stream {stream:?}, group {group:?})",
-                    results.len(),
-                    leases.len()
-                ),
-            ));
-        }
+        check_batch_results("ack_many", &leases, &results)?;
         for (lease, r) in leases.iter().zip(&results) {
             if r.is_ok() {
                 observe::settled(observe::ACKED, &lease.stream, &lease.group, 1);

@@ -220,6 +220,7 @@ macro_rules! suite {
                     settle::renew_extends_lease_past_old_expiry,
                     settle::renew_of_stale_lease_is_stale_lease,
                     settle::ack_many_returns_one_result_per_lease_and_a_stale_one_fails_alone,
+                    settle::renew_many_extends_each_lease_and_a_stale_one_fails_alone,
                     retry::retry_makes_delivery_claimable_again_with_next_attempt,
                     retry::retry_at_max_attempts_dead_letters_with_reason,
                     retry::retry_with_max_attempts_one_dead_letters_at_once,

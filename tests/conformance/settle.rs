@@ -162,3 +162,25 @@ pub async fn ack_many_returns_one_result_per_lease_and_a_stale_one_fails_alone(f
     assert!(again.iter().all(|r| matches!(r, Err(Error::StaleLease { .. }))), "{again:?}");
     assert!(f.rheo.ack_many(Vec::<LeaseRef>::new()).await.expect("empty call").is_empty());
 }
+
+/// `renew_many` extends every live lease in one call, one result per lease
+/// in order (the new expiry); a stale lease fails alone; a batch of
+/// bad input fails as a whole before anything changes.
+pub async fn renew_many_extends_each_lease_and_a_stale_one_fails_alone(f: Fixture) {
+    setup(&f, 1).await;
+    append_to(&f, 0, 3).await;
+    let leases = fetch_leased(&f, 3, 10).await;
+    f.rheo.ack(&leases[1]).await.expect("ack the second one");
+    f.clock.advance(secs(8));
+    let results = f.rheo.renew_many(&leases, secs(10)).await.expect("the call itself succeeds");
+    assert_eq!(results.len(), 3);
+    assert_eq!(results[0].as_ref().ok(), Some(&at(18)), "{results:?}");
+    assert!(matches!(results[1], Err(Error::StaleLease { sequence: 2, .. })), "{:?}", results[1]);
+    assert_eq!(results[2].as_ref().ok(), Some(&at(18)), "{results:?}");
+    f.clock.advance(secs(5)); // t13: past the old expiries
+    assert!(fetch(&f, 10).await.is_empty(), "both renewed leases still hold");
+    f.clock.advance(secs(6)); // t19: past the renewed ones
+    assert_eq!(positions(&fetch(&f, 10).await), vec![(0, 1), (0, 3)]);
+    assert!(f.rheo.renew_many(Vec::<LeaseRef>::new(), secs(10)).await.expect("empty call").is_empty());
+    assert_err!(f.rheo.renew_many(&leases, std::time::Duration::ZERO).await, Error::InvalidArgument { .. });
+}

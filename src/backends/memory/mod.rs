@@ -257,6 +257,14 @@ impl Backend for MemoryBackend {
         self.with_group(&lease.stream, &lease.group, |g, _| g.ack(lease))
     }
 
+    async fn renew_many(&self, leases: &[LeaseRef], lease_duration: Duration) -> Result<Vec<Result<Timestamp>>> {
+        let mut out = Vec::with_capacity(leases.len());
+        for lease in leases {
+            out.push(self.renew(lease, lease_duration).await);
+        }
+        Ok(out)
+    }
+
     async fn ack_many(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
         let mut out = Vec::with_capacity(leases.len());
         for lease in leases {

@@ -202,6 +202,38 @@ impl NativeBackend {
         Ok(out)
     }
 
+    /// One settle per lease, with one WAL record and one sync per (stream,
+    /// group) run of the batch; one result per lease, in order. `room`
+    /// bounds the record of a run of `n` leases.
+    async fn settle_many<T: Clone>(
+        &self,
+        call: &'static str,
+        leases: &[LeaseRef],
+        room: fn(usize) -> u64,
+        settle: impl Fn(&mut GroupState, &LeaseRef) -> Result<T>,
+    ) -> Result<Vec<Result<T>>> {
+        let mut out: Vec<Option<Result<T>>> = (0..leases.len()).map(|_| None).collect();
+        let mut runs: Vec<(&str, &str, Vec<usize>)> = Vec::new();
+        for (i, l) in leases.iter().enumerate() {
+            match runs.iter_mut().find(|(s, g, _)| *s == &*l.stream && *g == &*l.group) {
+                Some(run) => run.2.push(i),
+                None => runs.push((&l.stream, &l.group, vec![i])),
+            }
+        }
+        for (stream, group, idx) in runs {
+            let results = self
+                .group_op(stream, group, room(idx.len()), |g, _| {
+                    Ok(idx.iter().map(|&i| settle(g, &leases[i])).collect::<Vec<_>>())
+                })
+                .await;
+            match results {
+                Ok(rs) => idx.iter().zip(rs).for_each(|(&i, r)| out[i] = Some(r)),
+                Err(e) => idx.iter().for_each(|&i| out[i] = Some(Err(e.clone()))),
+            }
+        }
+        Ok(out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::failed(call, "lease not settled")))).collect())
+    }
+
     fn stream_info(&self, entry: &crate::engine::log::manifest::StreamEntry, log: &StreamLog) -> StreamInfo {
         StreamInfo {
             name: entry.name.clone(),
@@ -374,28 +406,13 @@ impl Backend for NativeBackend {
         self.group_op(&lease.stream, &lease.group, room::settle(0), |g, _| g.ack(lease)).await
     }
 
+    async fn renew_many(&self, leases: &[LeaseRef], d: Duration) -> Result<Vec<Result<Timestamp>>> {
+        let now = self.clock.now();
+        self.settle_many("renew_many", leases, room::renews, |g, lease| g.renew(lease, d, now)).await
+    }
+
     async fn ack_many(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
-        // One WAL record and one sync per (stream, group) run of the batch.
-        let mut out: Vec<Option<Result<()>>> = (0..leases.len()).map(|_| None).collect();
-        let mut runs: Vec<(&str, &str, Vec<usize>)> = Vec::new();
-        for (i, l) in leases.iter().enumerate() {
-            match runs.iter_mut().find(|(s, g, _)| *s == &*l.stream && *g == &*l.group) {
-                Some(run) => run.2.push(i),
-                None => runs.push((&l.stream, &l.group, vec![i])),
-            }
-        }
-        for (stream, group, idx) in runs {
-            let results = self
-                .group_op(stream, group, room::acks(idx.len()), |g, _| {
-                    Ok(idx.iter().map(|&i| g.ack(&leases[i])).collect::<Vec<_>>())
-                })
-                .await;
-            match results {
-                Ok(rs) => idx.iter().zip(rs).for_each(|(&i, r)| out[i] = Some(r)),
-                Err(e) => idx.iter().for_each(|&i| out[i] = Some(Err(e.clone()))),
-            }
-        }
-        Ok(out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::failed("ack_many", "lease not settled")))).collect())
+        self.settle_many("ack_many", leases, room::acks, |g, lease| g.ack(lease)).await
     }
 
     async fn retry(&self, lease: &LeaseRef, reason: &str, delay: Option<Duration>) -> Result<RetryOutcome> {

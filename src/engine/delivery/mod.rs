@@ -83,6 +83,11 @@ pub(crate) mod room {
         BASE + OP + 16 + reason_bytes as u64
     }
 
+    /// `n` renewals (`renew_many`): one `Renew` each.
+    pub(crate) const fn renews(n: usize) -> u64 {
+        BASE + OP * n as u64
+    }
+
     /// `n` acknowledgements (`ack_many`): at worst one `Ack` each.
     pub(crate) const fn acks(n: usize) -> u64 {
         BASE + (OP + SEQ) * n as u64
