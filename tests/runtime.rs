@@ -34,6 +34,8 @@ struct Spy {
     ack_calls: AtomicUsize,
     ack_many_calls: AtomicUsize,
     ack_many_leases: AtomicUsize,
+    renew_calls: AtomicUsize,
+    renew_many_sizes: Mutex<Vec<usize>>,
     /// When set, every `ack_many` call fails with this error.
     failing_acks: Mutex<Option<rheo::Error>>,
 }
@@ -47,6 +49,8 @@ impl Spy {
             ack_calls: AtomicUsize::new(0),
             ack_many_calls: AtomicUsize::new(0),
             ack_many_leases: AtomicUsize::new(0),
+            renew_calls: AtomicUsize::new(0),
+            renew_many_sizes: Mutex::new(Vec::new()),
             failing_acks: Mutex::new(None),
         })
     }
@@ -93,7 +97,12 @@ impl Backend for Spy {
         self.inner.fetch(stream, group, opts).await
     }
     async fn renew(&self, lease: &LeaseRef, d: Duration) -> Result<Timestamp> {
+        self.renew_calls.fetch_add(1, Ordering::SeqCst);
         self.inner.renew(lease, d).await
+    }
+    async fn renew_many(&self, leases: &[LeaseRef], d: Duration) -> Result<Vec<Result<Timestamp>>> {
+        self.renew_many_sizes.lock().push(leases.len());
+        self.inner.renew_many(leases, d).await
     }
     async fn ack(&self, lease: &LeaseRef) -> Result<()> {
         self.ack_calls.fetch_add(1, Ordering::SeqCst);
@@ -537,11 +546,12 @@ async fn lease_stream_renews_held_leases(f: Fixture) {
 }
 
 /// Leases fetched ahead and not yet yielded are renewed too: taken late,
-/// they are still ours.
+/// they are still ours. All held leases are renewed in one `renew_many`.
 async fn lease_stream_renews_leases_it_has_not_yielded_yet(f: Fixture) {
     setup(&f, 3, GroupOptions::new()).await;
+    let (rheo, spy) = spied(&f, vec![]);
     let opts = LeaseStreamOptions::new().max_demand(3).lease(Duration::from_secs(1));
-    let mut leases = f.rheo.lease_stream(S, G, opts).expect("lease stream");
+    let mut leases = rheo.lease_stream(S, G, opts).expect("lease stream");
     let first = leases.next().await.expect("item").expect("lease");
     assert_eq!(leases.outstanding(), 3, "all three fetched at once");
     for _ in 0..4 {
@@ -554,6 +564,11 @@ async fn lease_stream_renews_leases_it_has_not_yielded_yet(f: Fixture) {
     for _ in 0..2 {
         leases.next().await.expect("item").expect("lease").ack().await.expect("ack after renewals");
     }
+    let sizes = spy.renew_many_sizes.lock().clone();
+    // While all three were held (the ticks before the acks), each tick
+    // renewed them together.
+    assert!(sizes.len() >= 3 && sizes[..3].iter().all(|&n| n == 3), "one renew_many of all 3 per tick: {sizes:?}");
+    assert_eq!(spy.renew_calls.load(Ordering::SeqCst), 0, "no single renews");
 }
 
 /// A shutdown lets go of leases fetched ahead whose handler never started

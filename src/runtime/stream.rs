@@ -17,7 +17,7 @@ use crate::client::Rheo;
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::group::FetchOptions;
 use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
-use crate::model::limits::validate_name;
+use crate::model::limits::{MAX_BATCH_EVENTS, validate_name};
 
 /// Settings of a [`LeaseStream`].
 #[derive(Debug, Clone)]
@@ -318,17 +318,28 @@ async fn renew_loop(shared: Weak<Shared>, every: Duration) {
         tokio::time::sleep(every).await;
         let Some(this) = shared.upgrade() else { return };
         let held: Vec<(u64, LeaseRef)> = this.held.lock().iter().map(|(id, l)| (*id, l.clone())).collect();
-        let (rheo, duration) = (&this.rheo, this.lease);
-        let renewals = held.iter().map(|(id, lease)| async move { (*id, rheo.renew(lease, duration).await) });
-        for (id, r) in futures::future::join_all(renewals).await {
-            if let Err(e) = r {
-                if e.is_stale_lease() {
-                    // Lost: stop renewing; its settle will say StaleLease.
-                    this.held.lock().remove(&id);
-                } else {
+        // One `renew_many` per batch: one WAL record and one sync per tick
+        // on `native:`, however many leases are held.
+        for chunk in held.chunks(MAX_BATCH_EVENTS) {
+            let results = match this.rheo.renew_many(chunk.iter().map(|(_, l)| l), this.lease).await {
+                Ok(results) => results,
+                Err(e) => {
                     tracing::warn!(
                         "lease renewal failed (stream and group in the error), retrying at the next tick: {e}"
                     );
+                    continue;
+                }
+            };
+            for ((id, _), r) in chunk.iter().zip(results) {
+                match r {
+                    // Lost: stop renewing; its settle will say StaleLease.
+                    Err(e) if e.is_stale_lease() => {
+                        this.held.lock().remove(id);
+                    }
+                    Err(e) => tracing::warn!(
+                        "lease renewal failed (stream and group in the error), retrying at the next tick: {e}"
+                    ),
+                    Ok(_) => {}
                 }
             }
         }
