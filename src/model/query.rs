@@ -593,11 +593,11 @@ impl<'q> PageBuilder<'q> {
     /// `sequence`) ranks after everything kept (see [`PageBuilder::past_end`]);
     /// always false for the timestamp order, whose key needs the event.
     pub fn past_end_at(&self, partition: u32, sequence: u64) -> bool {
-        let key = match self.query.order_by {
-            OrderBy::Sequence => (0, sequence, u64::from(partition)),
-            OrderBy::Partition => (0, u64::from(partition), sequence),
-            OrderBy::Timestamp => return false,
-        };
+        if self.query.order_by == OrderBy::Timestamp {
+            return false;
+        }
+        // The sequence and partition orders do not read the timestamp.
+        let key = self.query.key_at(partition, sequence, Timestamp::from_millis(0));
         self.heap.len() >= self.keep
             && self.heap.peek().is_some_and(|top| self.query.compare_keys(key, top.0) == Ordering::Greater)
     }
