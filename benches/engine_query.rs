@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use rheo::engine::index::planner;
-use rheo::engine::log::stream::{Routed, StreamLog};
+use rheo::engine::log::stream::Routed;
+use rheo::engine::stream::Stream;
 use rheo::engine::{Durability, Engine, EngineOptions};
 use rheo::{AppendOptions, NewEvent, Query};
 use serde_json::json;
@@ -47,15 +47,15 @@ fn event(n: u64) -> NewEvent {
 }
 
 /// A new engine in `dir` with the stream "q" and its declared indexes.
-fn create(dir: &Path, background: bool) -> (Engine, Arc<StreamLog>) {
+fn create(dir: &Path, background: bool) -> (Engine, Arc<Stream>) {
     let engine = Engine::open_dir(dir, opts(background)).expect("open");
     engine.create_stream("q", PARTITIONS, &["customer".into(), "currency".into()], 0).expect("stream");
-    let log = engine.stream("q").expect("stream");
-    (engine, log)
+    let stream = engine.stream("q").expect("stream");
+    (engine, stream)
 }
 
 /// Appends one batch (to the partitions its events name) and waits.
-fn append(engine: &Engine, log: &StreamLog, batch: &[NewEvent]) {
+fn append(engine: &Engine, log: &Stream, batch: &[NewEvent]) {
     let routed: Vec<Routed<'_>> =
         batch.iter().map(|e| Routed { partition: e.partition.unwrap_or(0), ts: 1_700_000_000_000, event: e }).collect();
     let (_, ticket) = engine.append(log, &routed).expect("append");
@@ -77,11 +77,11 @@ fn fill(dir: &Path) -> Vec<String> {
     ids
 }
 
-fn open(dir: &Path) -> (Engine, Arc<StreamLog>) {
+fn open(dir: &Path) -> (Engine, Arc<Stream>) {
     let engine = Engine::open_dir(dir, opts(false)).expect("open");
     engine.build_indexes().expect("build");
-    let log = engine.stream("q").expect("stream");
-    (engine, log)
+    let stream = engine.stream("q").expect("stream");
+    (engine, stream)
 }
 
 fn six_files(dir: &Path) -> Vec<std::path::PathBuf> {
@@ -113,7 +113,7 @@ fn queries(c: &mut Criterion) {
     g.bench_function("eq_100_of_1M_indexed", |b| {
         b.iter(|| {
             let q = Query::new("q").eq("customer", next_customer()).limit(100);
-            let page = planner::query_page(&log, &q).expect("query");
+            let page = log.query_page(&q).expect("query");
             assert_eq!(page.events.len(), 100);
         })
     });
@@ -121,14 +121,14 @@ fn queries(c: &mut Criterion) {
         b.iter(|| {
             let vals = [next_customer(), next_customer(), next_customer()];
             let q = Query::new("q").is_in("customer", vals).limit(300);
-            let page = planner::query_page(&log, &q).expect("query");
+            let page = log.query_page(&q).expect("query");
             assert_eq!(page.events.len(), 300);
         })
     });
     g.bench_function("eq_and_range_indexed", |b| {
         b.iter(|| {
             let q = Query::new("q").eq("customer", next_customer()).gte("amount", 500_000).limit(100);
-            let page = planner::query_page(&log, &q).expect("query");
+            let page = log.query_page(&q).expect("query");
             assert_eq!(page.events.len(), 50);
         })
     });
@@ -136,7 +136,7 @@ fn queries(c: &mut Criterion) {
     g.bench_function("id_lookup", |b| {
         b.iter(|| {
             i = (i + 17) % ids.len();
-            let found = planner::position_of(&log, &ids[i]).expect("lookup");
+            let found = log.position_of(&ids[i]).expect("lookup");
             assert!(found.is_some());
         })
     });
@@ -145,7 +145,7 @@ fn queries(c: &mut Criterion) {
     g.bench_function("eq_100_of_1M_scan", |b| {
         b.iter(|| {
             let q = Query::new("q").eq("shard", next_customer()).limit(100);
-            let page = planner::query_page(&log, &q).expect("query");
+            let page = log.query_page(&q).expect("query");
             assert_eq!(page.events.len(), 100);
         })
     });

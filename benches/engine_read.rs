@@ -18,7 +18,7 @@ use support::{engine, event};
 
 const EVENTS: u64 = 200_000;
 
-fn fill(engine: &Engine, log: &rheo::engine::log::stream::StreamLog, n: u64) {
+fn fill(engine: &Engine, log: &rheo::engine::stream::Stream, n: u64) {
     let mut done = 0;
     while done < n {
         let batch: Vec<_> = (done..(done + 1000).min(n)).map(event).collect();
@@ -106,7 +106,8 @@ fn sequential_read(c: &mut Criterion) {
     g.bench_function("decoded_events", |b| {
         b.iter(|| {
             let mut n = 0u64;
-            log.partition(0)
+            log.log
+                .partition(0)
                 .expect("p")
                 .scan(0, u64::MAX, |_| {
                     n += 1;
@@ -117,7 +118,7 @@ fn sequential_read(c: &mut Criterion) {
         })
     });
     g.bench_function("raw_crc_scan", |b| {
-        let part = log.partition(0).expect("p");
+        let part = log.log.partition(0).expect("p");
         b.iter(|| {
             let mut n = 0u64;
             for seg in part.segments() {

@@ -63,9 +63,8 @@ pub use model::limits::{
     DEFAULT_MAX_EVENT_BYTES, MAX_ATTEMPTS, MAX_BATCH_EVENTS, MAX_LEASE, MAX_LIMIT, MAX_NAME_BYTES, MAX_PARTITIONS,
     MAX_QUERY_TERMS, MAX_REASON_BYTES, validate_name,
 };
-pub use model::query::{
-    Access, Cursor, Explain, Filter, Op, OrderBy, Page, Query, canonical_path, compare_values, is_valid_path,
-};
+pub use model::path::{canonical_path, is_valid_path};
+pub use model::query::{Access, Cursor, Explain, Filter, Op, OrderBy, Page, Query, compare_values};
 pub use model::routing::{partition_for_key, phash2, phash2_range};
 pub use model::time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use runtime::{

@@ -106,7 +106,8 @@ fn pick(
     target: Target,
     rng: &mut Rng,
 ) -> Option<(String, std::ops::Range<usize>, bool)> {
-    let log = engine.stream(S).ok()?;
+    let stream = engine.stream(S).ok()?;
+    let log = &stream.log;
     if target == Target::Checkpoint {
         let dir = format!("{}/groups", log.dir());
         let name = mem.list(&dir).ok()?.into_iter().find(|n| n.ends_with(".ckpt"))?;
@@ -206,7 +207,7 @@ async fn scenario(seed: u64) -> Result<(&'static str, u64), String> {
         let part = engine.stream(S).map_err(|e| e.to_string())?;
         let seqs: Vec<u64> = log[p as usize].keys().copied().collect();
         let read =
-            part.partition(p).map_err(|e| e.to_string())?.read_each(&seqs).map_err(|e| format!("{what}: {e}"))?;
+            part.log.partition(p).map_err(|e| e.to_string())?.read_each(&seqs).map_err(|e| format!("{what}: {e}"))?;
         for (seq, r) in seqs.iter().zip(read) {
             let (id, payload) = &log[p as usize][seq];
             match r {

@@ -464,7 +464,8 @@ fn check_recovered(engine: &Engine, model: &Model) -> Result<(), String> {
         if !model.streams.contains_key(&entry.name) {
             return Err(format!("stream {} was never created", entry.name));
         }
-        let log = engine.stream(&entry.name).map_err(|e| e.to_string())?;
+        let stream = engine.stream(&entry.name).map_err(|e| e.to_string())?;
+        let log = &stream.log;
         for p in 0..entry.partition_count {
             let records = log.read(p, 0, usize::MAX).map_err(|e| format!("(c) reading {}/{p}: {e}", entry.name))?;
             let seqs: Vec<u64> = records.iter().map(|r| r.header.seq).collect();
@@ -582,7 +583,8 @@ fn check_append(i: usize, a: &Attempt, present: &[&Found]) -> Result<(), String>
 /// continue at n+1 and are acknowledged.
 fn append_after_recovery(engine: &Engine, model: &mut Model, trace: &mut Trace) -> Result<(), String> {
     for entry in engine.stream_entries() {
-        let log = engine.stream(&entry.name).map_err(|e| e.to_string())?;
+        let stream = engine.stream(&entry.name).map_err(|e| e.to_string())?;
+        let log = &stream.log;
         let hw: Vec<u64> = (0..entry.partition_count).map(|p| log.high_watermark(p)).collect();
         let n = model.attempts.len();
         let planned = |p: u32, j: usize| Planned {
@@ -621,7 +623,8 @@ fn append_after_recovery(engine: &Engine, model: &mut Model, trace: &mut Trace) 
 fn count_rolled(engine: &Engine) -> u64 {
     let mut n = 0;
     for entry in engine.stream_entries() {
-        let log = engine.stream(&entry.name).expect("stream");
+        let stream = engine.stream(&entry.name).expect("stream");
+        let log = &stream.log;
         for p in 0..entry.partition_count {
             n += log.partition(p).expect("partition").segments().len() as u64 - 1;
         }
@@ -632,7 +635,8 @@ fn count_rolled(engine: &Engine) -> u64 {
 fn present_failed(engine: &Engine, model: &Model) -> u64 {
     let mut ids = std::collections::HashSet::new();
     for entry in engine.stream_entries() {
-        let log = engine.stream(&entry.name).expect("stream");
+        let stream = engine.stream(&entry.name).expect("stream");
+        let log = &stream.log;
         for p in 0..entry.partition_count {
             ids.extend(log.read(p, 0, usize::MAX).expect("read").into_iter().map(|r| r.doc.id().to_owned()));
         }
@@ -665,7 +669,8 @@ fn acked(engine: &Engine, events: &[Planned]) -> Vec<(u32, u64)> {
 }
 
 fn ids(engine: &Engine, p: u32) -> Vec<String> {
-    let log = engine.stream("s").expect("stream");
+    let stream = engine.stream("s").expect("stream");
+    let log = &stream.log;
     log.read(p, 0, usize::MAX).expect("read").into_iter().map(|r| r.doc.id().to_owned()).collect()
 }
 

@@ -48,7 +48,7 @@ use rheo::engine::delivery::{checkpoint, wal};
 use rheo::engine::index::file::{
     self as six, SIX_HEADER_LEN, SIX_MAGIC, SIX_TRAILER_LEN, SIX_VERSION, SixError, SixHeader,
 };
-use rheo::engine::index::{FieldSet, planner, term};
+use rheo::engine::index::{FieldSet, term};
 use rheo::engine::log::manifest::{self, ManifestBody, StreamEntry};
 use rheo::engine::log::stream::Routed;
 use rheo::engine::log::txn;
@@ -941,7 +941,7 @@ fn open(mem: &MemVfs, recovery: RecoveryMode) -> rheo::Result<Engine> {
 /// them with the records listed in `expected` whose sequences are in `seqs`.
 fn check_engine_records(engine: &Engine, expected: &Value, seqs: &[u64], name: &str) {
     let log = engine.stream(STREAM).expect("stream");
-    let got = log.read(0, 0, 1000).unwrap_or_else(|e| panic!("{name}: read: {e}"));
+    let got = log.log.read(0, 0, 1000).unwrap_or_else(|e| panic!("{name}: read: {e}"));
     assert_eq!(got.iter().map(|r| r.header.seq).collect::<Vec<_>>(), seqs, "{name}: recovered sequences");
     let listed = expected["records"].as_array().expect("records");
     for r in got {
@@ -1069,7 +1069,7 @@ fn a_sealed_segment_index_is_kept_or_rebuilt_byte_for_byte() {
     // A valid index is used as it is.
     let mem = data_dir(&segment, Some(&index));
     let engine = open(&mem, RecoveryMode::TolerateTornTail).expect("open");
-    engine.stream(STREAM).expect("stream").read(0, 2, 10).expect("read");
+    engine.stream(STREAM).expect("stream").log.read(0, 2, 10).expect("read");
     assert_eq!(mem.read_file(INDEX_PATH).as_deref(), Some(&index[..]), "a valid index is kept");
     // The next segment starts after the footer's last sequence.
     assert!(mem.read_file(&format!("{STREAM_DIR}/00000/00000000000000000008.log")).is_some());
@@ -1078,7 +1078,7 @@ fn a_sealed_segment_index_is_kept_or_rebuilt_byte_for_byte() {
     for damaged in [None, Some(b"RHEOIDX\0garbage".to_vec())] {
         let mem = data_dir(&segment, damaged.as_deref());
         let engine = open(&mem, RecoveryMode::TolerateTornTail).expect("open");
-        engine.stream(STREAM).expect("stream").read(0, 0, 10).expect("read");
+        engine.stream(STREAM).expect("stream").log.read(0, 0, 10).expect("read");
         assert_eq!(mem.read_file(INDEX_PATH).as_deref(), Some(&index[..]), "the rebuilt index");
     }
 }
@@ -1092,7 +1092,7 @@ fn a_flipped_byte_in_a_sealed_segment_is_reported_on_read() {
     segment[to_usize(ju(damage, "byte_offset"))] ^= 0x01;
     let mem = data_dir(&segment, None);
     let engine = open(&mem, RecoveryMode::TolerateTornTail).expect("a sealed segment is not scanned at open");
-    match engine.stream(STREAM).expect("stream").read(0, 0, 10) {
+    match engine.stream(STREAM).expect("stream").log.read(0, 0, 10) {
         Err(Error::Corrupt { file, offset, reason }) => {
             assert!(file.ends_with(SEGMENT_PATH), "{}", file.display());
             assert_eq!(offset, ju(damage, "record_offset"), "{reason}");
@@ -1137,7 +1137,7 @@ fn damage_followed_by_valid_records_is_found_whatever_field_it_hits() {
         // The same bytes with the operator's mode: cut at record 2.
         let mem = data_dir(bytes, None);
         let engine = open(&mem, RecoveryMode::TruncateAtFirstDamage).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let got = engine.stream(STREAM).expect("stream").read(0, 0, 10).expect("read");
+        let got = engine.stream(STREAM).expect("stream").log.read(0, 0, 10).expect("read");
         assert_eq!(got.iter().map(|r| r.header.seq).collect::<Vec<_>>(), [1], "{name}: recovered");
         let report = engine.recovery_report();
         assert_eq!(report.len(), 1, "{name}: {report:?}");
@@ -1187,7 +1187,7 @@ fn a_torn_last_transaction_entry_is_dropped() {
     bytes.extend_from_slice(&txn::encode_entry(3)[..7]);
     let mem = with_txn(&read_vector("uncommitted-multi.log"), &bytes);
     let engine = open(&mem, RecoveryMode::TolerateTornTail).expect("open");
-    let got = engine.stream(STREAM).expect("stream").read(0, 0, 10).expect("read");
+    let got = engine.stream(STREAM).expect("stream").log.read(0, 0, 10).expect("read");
     assert_eq!(got.iter().map(|r| r.header.seq).collect::<Vec<_>>(), (1..=7).collect::<Vec<_>>(), "batch 3 dropped");
     // Rewritten to the committed state: the header and the last id.
     let mut rewritten = txn_header().to_vec();
@@ -1231,7 +1231,7 @@ fn a_cut_short_segment_creation_is_removed() {
     for (name, bytes) in only {
         let mem = data_dir(&bytes, Some(b"RHEOIDX\0torn"));
         let engine = open(&mem, RecoveryMode::Strict).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(engine.stream(STREAM).expect("stream").read(0, 0, 10).expect("read").is_empty(), "{name}");
+        assert!(engine.stream(STREAM).expect("stream").log.read(0, 0, 10).expect("read").is_empty(), "{name}");
         assert!(engine.recovery_report().is_empty(), "{name}");
         let created = mem.read_file(SEGMENT_PATH).expect("segment created again");
         let h = SegmentHeader::decode(&created).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -1248,7 +1248,7 @@ fn a_cut_short_segment_creation_is_removed() {
     mem.write_file(&next_log, &vec![0; PREALLOCATED_LEN]).expect("torn segment");
     mem.write_file(&next_idx, b"").expect("torn index");
     let engine = open(&mem, RecoveryMode::Strict).expect("open");
-    let got = engine.stream(STREAM).expect("stream").read(0, 0, 10).expect("read");
+    let got = engine.stream(STREAM).expect("stream").log.read(0, 0, 10).expect("read");
     assert_eq!(got.iter().map(|r| r.header.seq).collect::<Vec<_>>(), (1..=7).collect::<Vec<_>>());
     let created = mem.read_file(&next_log).expect("created again");
     assert_eq!(SegmentHeader::decode(&created).map(|h| h.base_seq), Ok(8));
@@ -3534,20 +3534,20 @@ fn six_queries() -> Vec<Query> {
 }
 
 /// Every event of the vector stream, read record by record.
-fn six_all_events(log: &rheo::engine::log::stream::StreamLog) -> Vec<Event> {
-    let records = log.read(0, 0, 100_000).expect("read");
+fn six_all_events(log: &rheo::engine::stream::Stream) -> Vec<Event> {
+    let records = log.log.read(0, 0, 100_000).expect("read");
     records.into_iter().map(|r| r.into_event(&STREAM.into(), 0)).collect()
 }
 
 /// The queries through the planner give what a filtered read of every event
 /// gives; returns, per query, the explain of its page.
-fn six_check_queries(log: &rheo::engine::log::stream::StreamLog, when: &str) -> Vec<Vec<rheo::Explain>> {
+fn six_check_queries(log: &rheo::engine::stream::Stream, when: &str) -> Vec<Vec<rheo::Explain>> {
     let all = six_all_events(log);
     assert_eq!(all.len() as u64, SIX_RECORDS, "{when}: every event is there");
     six_queries()
         .into_iter()
         .map(|q| {
-            let got = planner::query_page(log, &q).unwrap_or_else(|e| panic!("{when}: {q:?}: {e}"));
+            let got = log.query_page(&q).unwrap_or_else(|e| panic!("{when}: {q:?}: {e}"));
             let want = q.page_from(all.iter().cloned());
             assert_eq!(got.events, want.events, "{when}: events of {q:?}");
             assert_eq!(got.next_cursor, want.next_cursor, "{when}: cursor of {q:?}");
@@ -3592,7 +3592,7 @@ fn secondary_index_files_are_built_refused_and_rebuilt() {
     let names = FieldSet::new(&six_declared()).names().to_vec();
     let all = six_all_events(&log);
     let sealed: Vec<_> =
-        log.partition(0).expect("p0").segments().into_iter().filter(|s| s.footer().is_some()).collect();
+        log.log.partition(0).expect("p0").segments().into_iter().filter(|s| s.footer().is_some()).collect();
     assert!(sealed.len() >= 4, "several sealed segments: {}", sealed.len());
     let mut built = Vec::new();
     for seg in &sealed {
@@ -3663,7 +3663,7 @@ fn secondary_index_files_are_built_refused_and_rebuilt() {
             }
         }
     }
-    let explain = planner::query_page(&log, &point).expect("query").explain;
+    let explain = log.query_page(&point).expect("query").explain;
     for seg in [garbage, other, gone] {
         let reason = "the segment's index is not built yet";
         let want = rheo::Access::Scan { reason: reason.into() };
@@ -3793,12 +3793,12 @@ fn fields_of_a_payload_that_is_an_array_are_indexed() {
         ticket.wait().expect("durable");
     }
     engine.build_indexes().expect("build");
-    let sealed = log.partition(0).expect("p0").segments().iter().filter(|s| s.footer().is_some()).count();
+    let sealed = log.log.partition(0).expect("p0").segments().iter().filter(|s| s.footer().is_some()).count();
     assert!(sealed >= 2, "sealed segments: {sealed}");
     let all = six_all_events(&log);
     for q in [Query::new(STREAM).eq("0.sku", "s1"), Query::new(STREAM).eq("1", true), Query::new(STREAM).exists("0")] {
         let q = q.limit(rheo::MAX_LIMIT);
-        let got = planner::query_page(&log, &q).unwrap_or_else(|e| panic!("{q:?}: {e}"));
+        let got = log.query_page(&q).unwrap_or_else(|e| panic!("{q:?}: {e}"));
         let want = q.page_from(all.iter().cloned());
         assert!(!want.events.is_empty(), "{q:?} matches some events");
         assert_eq!(got.events, want.events, "{q:?}: the planner and a filtered read");

@@ -66,7 +66,8 @@ impl Dir {
 
     /// The segment file and byte offset of the record `seq` of partition `p`.
     fn locate(&self, engine: &Engine, p: u32, seq: u64) -> (String, usize) {
-        let log = engine.stream(S).expect("stream");
+        let stream = engine.stream(S).expect("stream");
+        let log = &stream.log;
         for seg in log.partition(p).expect("partition").segments() {
             let bytes = self.mem.read_file(seg.path()).expect("segment");
             let mut at = HEADER_LEN;
@@ -115,7 +116,7 @@ async fn a_damaged_record_blocks_only_its_own_position() {
     let (engine, rheo) = dir.open();
     dir.fill(&rheo, 2, 40, 2).await;
     let (path, offset) = dir.damage(&engine, 0, 6);
-    let seg = engine.stream(S).expect("stream").partition(0).expect("p0").segments()[0].clone();
+    let seg = engine.stream(S).expect("stream").log.partition(0).expect("p0").segments()[0].clone();
     assert!(seg.footer().is_some(), "record 6 is in a sealed segment");
 
     let lease = Duration::from_secs(1);
@@ -255,7 +256,7 @@ async fn damage_in_the_active_segment_is_contained() {
     let dir = Dir::new();
     let (engine, rheo) = dir.open();
     dir.fill(&rheo, 1, 10, 5).await;
-    let seg = engine.stream(S).expect("stream").partition(0).expect("p0").segments();
+    let seg = engine.stream(S).expect("stream").log.partition(0).expect("p0").segments();
     let (path, _) = dir.locate(&engine, 0, 10);
     assert!(seg.last().is_some_and(|s| s.path() == path && s.footer().is_none()), "10 is in the active segment");
     let (_, at) = dir.locate(&engine, 0, 9);
@@ -371,7 +372,7 @@ async fn a_damaged_header_or_footer_of_a_sealed_segment_loses_nothing() {
     let dir = Dir::new();
     let (engine, rheo) = dir.open();
     dir.fill(&rheo, 1, 80, 5).await;
-    let segs = engine.stream(S).expect("stream").partition(0).expect("p0").segments();
+    let segs = engine.stream(S).expect("stream").log.partition(0).expect("p0").segments();
     assert!(segs.len() >= 3 && segs[1].footer().is_some(), "two sealed segments: {}", segs.len());
     let (head, foot) = (segs[0].path().to_owned(), segs[1].path().to_owned());
     drop((segs, engine, rheo));

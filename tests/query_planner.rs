@@ -34,8 +34,8 @@ use proptest::option;
 use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 use proptest::test_runner::TestCaseError;
-use rheo::engine::index::planner;
-use rheo::engine::log::stream::{Routed, StreamLog};
+use rheo::engine::log::stream::Routed;
+use rheo::engine::stream::Stream;
 use rheo::engine::vfs::{MemVfs, Vfs};
 use rheo::engine::{Durability, Engine, EngineOptions};
 use rheo::model::query::Access;
@@ -448,7 +448,7 @@ struct Db {
     vfs: Arc<dyn Vfs>,
     opts: EngineOptions,
     engine: Engine,
-    log: Arc<StreamLog>,
+    log: Arc<Stream>,
 }
 
 impl Db {
@@ -472,7 +472,7 @@ impl Db {
     }
 
     fn append(&self, specs: &[EventSpec]) -> CaseResult {
-        let n = self.log.partition_count();
+        let n = self.log.log.partition_count();
         let prepared: Vec<(u32, NewEvent)> = specs.iter().map(|s| s.prepare(n)).collect();
         let routed: Vec<Routed<'_>> = prepared
             .iter()
@@ -485,11 +485,11 @@ impl Db {
 }
 
 /// Every event of the stream, partition by partition, ascending.
-fn all_events(log: &StreamLog) -> Result<Vec<Event>, TestCaseError> {
+fn all_events(log: &Stream) -> Result<Vec<Event>, TestCaseError> {
     let mut all = Vec::new();
-    for p in 0..log.partition_count() {
-        let records = ok(log.read(p, 0, usize::MAX), format!("read partition {p}"))?;
-        all.extend(records.into_iter().map(|r| r.into_event(&log.name, p)));
+    for p in 0..log.log.partition_count() {
+        let records = ok(log.log.read(p, 0, usize::MAX), format!("read partition {p}"))?;
+        all.extend(records.into_iter().map(|r| r.into_event(log.name(), p)));
     }
     Ok(all)
 }
@@ -520,7 +520,7 @@ fn sorted_matches(all: &[Event], q: &Query) -> Vec<(u32, u64)> {
 }
 
 /// The planner's pages against the reference's, from the first to the last.
-fn check_query(log: &StreamLog, q: &Query) -> CaseResult {
+fn check_query(log: &Stream, q: &Query) -> CaseResult {
     let all = all_events(log)?;
     // Only events matching the query without a cursor can be on any page.
     let candidates: Vec<Event> = all.iter().filter(|e| q.matches(e)).cloned().collect();
@@ -528,7 +528,7 @@ fn check_query(log: &StreamLog, q: &Query) -> CaseResult {
     let mut seen: Vec<(u32, u64)> = Vec::new();
     for page_no in 0.. {
         let want = q.page_from(candidates.iter().cloned());
-        let got = ok(planner::query_page(log, &q), format!("query_page {q:?}"))?;
+        let got = ok(log.query_page(&q), format!("query_page {q:?}"))?;
         same_page(&got, &want, &format!("page {page_no}"), &q)?;
         check_matching(log, &q, &all)?;
         seen.extend(positions(&want.events));
@@ -545,18 +545,18 @@ fn check_query(log: &StreamLog, q: &Query) -> CaseResult {
 }
 
 /// `planner::matching` yields exactly the matching sequences, ascending.
-fn check_matching(log: &StreamLog, q: &Query, all: &[Event]) -> CaseResult {
-    for p in 0..log.partition_count() {
+fn check_matching(log: &Stream, q: &Query, all: &[Event]) -> CaseResult {
+    for p in 0..log.log.partition_count() {
         let want: Vec<u64> = all.iter().filter(|e| e.partition() == p && q.matches(e)).map(|e| e.sequence()).collect();
         let mut got = Vec::new();
-        ok(planner::matching(log, p, q, &mut |s| got.push(s)), format!("matching partition {p}"))?;
+        ok(log.matching(p, q, &mut |s| got.push(s)), format!("matching partition {p}"))?;
         prop_assert_eq!(got, want, "matching partition {} of {:?}", p, q);
     }
     Ok(())
 }
 
 /// `planner::position_of` finds the first event with each id.
-fn check_positions(log: &StreamLog) -> CaseResult {
+fn check_positions(log: &Stream) -> CaseResult {
     let all = all_events(log)?;
     let mut ids: Vec<String> = IDS.iter().map(|s| (*s).to_owned()).collect();
     ids.extend(all.iter().step_by(7).map(|e| e.id().to_owned()));
@@ -564,7 +564,7 @@ fn check_positions(log: &StreamLog) -> CaseResult {
     for id in ids {
         // `all` is in (partition, sequence) order.
         let want = all.iter().find(|e| e.id() == id).map(|e| (e.partition(), e.sequence()));
-        let got = ok(planner::position_of(log, &id), format!("position_of {id}"))?;
+        let got = ok(log.position_of(&id), format!("position_of {id}"))?;
         prop_assert_eq!(got, want, "position_of {:?}", id);
     }
     Ok(())
@@ -640,7 +640,7 @@ fn a_bound_at_a_float_in_minus_one_to_zero_finds_the_values_sharing_its_key() {
 
 /// A stream of one partition with 120 events of types a/b/c in small
 /// segments (`type` and `payload.n` indexed).
-fn typed_stream() -> (Arc<dyn Vfs>, Engine, Arc<StreamLog>) {
+fn typed_stream() -> (Arc<dyn Vfs>, Engine, Arc<Stream>) {
     let vfs: Arc<dyn Vfs> = Arc::new(MemVfs::new());
     let engine = Engine::open(vfs.clone(), options(2048)).expect("open");
     engine.create_stream(STREAM, 1, &["n".to_owned()], 0).expect("create");
@@ -655,19 +655,19 @@ fn typed_stream() -> (Arc<dyn Vfs>, Engine, Arc<StreamLog>) {
     (vfs, engine, log)
 }
 
-fn reference(log: &StreamLog, q: &Query) -> Page {
+fn reference(log: &Stream, q: &Query) -> Page {
     q.page_from(all_events(log).expect("read"))
 }
 
 #[test]
 fn an_equality_on_an_indexed_field_reads_index_files_and_the_in_memory_index() {
     let (vfs, engine, log) = typed_stream();
-    let sealed = log.partition(0).expect("partition").segments().len() - 1;
+    let sealed = log.log.partition(0).expect("partition").segments().len() - 1;
     assert!(sealed >= 3, "small segments roll: {sealed} sealed");
     let q = Query::new(STREAM).eq("type", "b").limit(100);
 
     // Before any index file is built, sealed segments are scanned.
-    let page = planner::query_page(&log, &q).expect("query");
+    let page = log.query_page(&q).expect("query");
     assert_eq!(page.events, reference(&log, &q).events);
     let scans = page.explain.iter().filter(|x| matches!(x.access, Access::Scan { .. })).count();
     assert_eq!(scans, sealed, "{:#?}", page.explain);
@@ -687,7 +687,7 @@ fn an_equality_on_an_indexed_field_reads_index_files_and_the_in_memory_index() {
             assert_eq!(*candidates, u64::try_from(in_run).expect("small"), "run {i}: {x}");
         }
     };
-    let page = planner::query_page(&log, &q).expect("query");
+    let page = log.query_page(&q).expect("query");
     assert_eq!(page.events, reference(&log, &q).events);
     assert_eq!(page.events.len(), 40);
     expect_indexed(&page);
@@ -697,7 +697,7 @@ fn an_equality_on_an_indexed_field_reads_index_files_and_the_in_memory_index() {
     drop(engine);
     let engine = Engine::open(vfs, options(2048)).expect("reopen");
     let log = engine.stream(STREAM).expect("stream");
-    let page = planner::query_page(&log, &q).expect("query");
+    let page = log.query_page(&q).expect("query");
     assert_eq!(page.events, reference(&log, &q).events);
     expect_indexed(&page);
 }
@@ -714,7 +714,7 @@ fn a_query_without_an_indexable_filter_scans() {
         Query::new(STREAM).limit(100),
     ];
     for q in queries {
-        let page = planner::query_page(&log, &q).expect("query");
+        let page = log.query_page(&q).expect("query");
         assert_eq!(page.events, reference(&log, &q).events, "{q:?}");
         assert!(!page.explain.is_empty(), "{q:?}");
         for x in &page.explain {
@@ -737,7 +737,7 @@ fn a_range_over_an_index_file_of_several_blocks_finds_every_match() {
         ticket.wait().expect("durable");
     }
     engine.build_indexes().expect("build");
-    let sealed = log.partition(0).expect("partition").segments()[0].clone();
+    let sealed = log.log.partition(0).expect("partition").segments()[0].clone();
     let six = mem.read_file(&sealed.six_path()).expect("the sealed segment's index file");
     assert!(six.len() > 3 * 4096, "{} bytes", six.len());
     let last = sealed.footer().expect("sealed").last_seq;
@@ -745,7 +745,7 @@ fn a_range_over_an_index_file_of_several_blocks_finds_every_match() {
     // within the range lookup's cap (a quarter of the segment).
     assert!(last >= 240, "the first segment holds {last} events");
     let q = Query::new(STREAM).gte("s", format!("{:03}", last - 60)).limit(MAX_EVENTS);
-    let page = planner::query_page(&log, &q).expect("query");
+    let page = log.query_page(&q).expect("query");
     assert_eq!(page.events, reference(&log, &q).events);
     assert_eq!(page.events.len(), usize::try_from(460 - last).expect("small"));
     let first = &page.explain[0];
@@ -771,10 +771,10 @@ fn descending_pages_over_runs_of_more_than_a_chunk_of_candidates_are_exact() {
             engine.build_indexes().expect("build");
         }
     }
-    assert!(log.partition(0).expect("partition").segments().len() >= 3);
+    assert!(log.log.partition(0).expect("partition").segments().len() >= 3);
     for order in [OrderBy::Sequence, OrderBy::Partition, OrderBy::Timestamp] {
         let q = Query::new(STREAM).eq("type", "a").order_by(order).descending().limit(25);
-        let first = planner::query_page(&log, &q).expect("query");
+        let first = log.query_page(&q).expect("query");
         let big =
             |x: &rheo::model::query::Explain| matches!(x.access, Access::Index { candidates, .. } if candidates > 64);
         if order == OrderBy::Timestamp {

@@ -4,18 +4,19 @@
 
 use std::sync::Arc;
 
-use rheo::engine::log::stream::{Routed, StreamLog};
+use rheo::engine::log::stream::Routed;
+use rheo::engine::stream::Stream;
 use rheo::engine::{Engine, EngineOptions};
 use rheo::{AppendOptions, NewEvent};
 use serde_json::json;
 
 /// A fresh engine in a temporary directory (kept alive by the returned guard).
-pub fn engine(opts: EngineOptions, partitions: u32) -> (Engine, Arc<StreamLog>, tempfile::TempDir) {
+pub fn engine(opts: EngineOptions, partitions: u32) -> (Engine, Arc<Stream>, tempfile::TempDir) {
     let dir = tempfile::tempdir_in(bench_dir()).expect("temporary directory");
     let engine = Engine::open_dir(dir.path(), opts).expect("open");
     engine.create_stream("s", partitions, &[], 0).expect("stream");
-    let log = engine.stream("s").expect("stream");
-    (engine, log, dir)
+    let stream = engine.stream("s").expect("stream");
+    (engine, stream, dir)
 }
 
 /// Where bench data lives: `RHEO_BENCH_DIR`, else the target directory (a
@@ -36,7 +37,7 @@ pub fn event(n: u64) -> NewEvent {
 }
 
 /// Appends `events` to partition 0 as one atomic batch and waits until durable.
-pub fn append(engine: &Engine, log: &StreamLog, events: &[NewEvent]) {
+pub fn append(engine: &Engine, log: &Stream, events: &[NewEvent]) {
     let routed: Vec<Routed<'_>> =
         events.iter().map(|e| Routed { partition: 0, ts: 1_700_000_000_000, event: e }).collect();
     let (_, ticket) = engine.append(log, &routed).expect("append");

@@ -62,14 +62,14 @@ fn read_all(engine: &Engine) -> rheo::Result<Vec<(u64, String)>> {
     let mut out: Vec<(u64, String)> = Vec::new();
     let mut after = 0;
     loop {
-        let page = stream.read(0, after, PAGE)?;
+        let page = stream.log.read(0, after, PAGE)?;
         assert!(page.len() <= PAGE, "a page of {} records", page.len());
         let Some(last) = page.last() else { return Ok(out) };
         for r in &page {
             assert!(r.header.seq > after, "sequence {} after {after}", r.header.seq);
             after = r.header.seq;
         }
-        assert!(last.header.seq <= stream.high_watermark(0), "a record above the high watermark");
+        assert!(last.header.seq <= stream.log.high_watermark(0), "a record above the high watermark");
         out.extend(page.into_iter().map(|r| (r.header.seq, r.doc.id().to_owned())));
     }
 }
@@ -155,7 +155,7 @@ fuzz_target!(|data: &[u8]| {
     let first = read_all(&engine);
     if let (Ok(records), Ok(log)) = (&first, engine.stream(STREAM)) {
         let q = rheo::Query::new(STREAM).exists("id").limit(rheo::MAX_LIMIT);
-        if let Ok(page) = rheo::engine::index::planner::query_page(&log, &q) {
+        if let Ok(page) = log.query_page(&q) {
             let got: Vec<u64> = page.events.iter().map(|e| e.sequence()).collect();
             let want: Vec<u64> = records.iter().map(|r| r.0).take(rheo::MAX_LIMIT).collect();
             assert_eq!(got, want, "an indexed query differs from a read");

@@ -33,8 +33,6 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::log::partition::Partition;
-use super::log::txn::TxnLog;
 use super::options::Durability;
 use super::vfs::VfsFile;
 use crate::error::{Error, Result};
@@ -83,17 +81,34 @@ impl Poison {
     }
 }
 
+/// A writer whose appends the commit thread finishes: it writes what was
+/// deferred, and publishes sequences once they are durable (a log
+/// partition). The committer knows writers only through this trait, so
+/// that the log depends on the committer and not the other way round.
+pub trait Deferred: Send + Sync {
+    /// Writes the records deferred so far; returns the file to sync.
+    fn flush(&self) -> Result<Arc<dyn VfsFile>>;
+    /// Makes every sequence up to `seq` visible to readers.
+    fn publish(&self, seq: u64);
+}
+
+/// A record of multi-partition transactions (a stream's transaction log).
+pub trait TxnRecord: Send + Sync {
+    /// Records `txn` as committed, synced.
+    fn commit(&self, txn: u64) -> Result<()>;
+}
+
 /// Something to make durable.
 #[derive(Default)]
 pub struct Job {
     /// Files to `fdatasync`.
     pub files: Vec<Arc<dyn VfsFile>>,
-    /// Partitions whose deferred records to write (then sync their file).
-    pub flush: Vec<Arc<Partition>>,
+    /// Writers whose deferred records to write (then sync their file).
+    pub flush: Vec<Arc<dyn Deferred>>,
     /// A multi-partition transaction to record as committed after the files.
-    pub txn: Option<(Arc<TxnLog>, u64)>,
+    pub txn: Option<(Arc<dyn TxnRecord>, u64)>,
     /// Sequences to publish once durable.
-    pub publish: Vec<(Arc<Partition>, u64)>,
+    pub publish: Vec<(Arc<dyn Deferred>, u64)>,
 }
 
 /// The outcome of commit rounds, shared by the commit thread and tickets.
@@ -540,13 +555,14 @@ fn commit_inline(s: &Shared, round: u64) {
 fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
     s.poison.check("storage")?;
     // One write per partition for everything its writers deferred.
-    let mut flushed: Vec<*const Partition> = Vec::new();
+    let mut flushed: Vec<*const ()> = Vec::new();
     let mut files: Vec<Arc<dyn VfsFile>> = Vec::new();
     for p in jobs.iter().flat_map(|j| &j.flush) {
-        if flushed.contains(&Arc::as_ptr(p)) {
+        let key = Arc::as_ptr(p).cast::<()>();
+        if flushed.contains(&key) {
             continue;
         }
-        flushed.push(Arc::as_ptr(p));
+        flushed.push(key);
         files.push(p.flush().inspect_err(|e| s.poison.set(e.to_string()))?);
     }
     let mut seen: Vec<*const ()> = Vec::new();
@@ -558,15 +574,15 @@ fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
         seen.push(key);
         f.sync_data().map_err(|e| poisoned(s, format!("fdatasync failed: {e}")))?;
     }
-    let mut txns: Vec<(&Arc<TxnLog>, u64)> = Vec::new();
+    let mut txns: Vec<(&Arc<dyn TxnRecord>, u64)> = Vec::new();
     for (log, txn) in jobs.iter().filter_map(|j| j.txn.as_ref()) {
-        match txns.iter_mut().find(|(l, _)| Arc::ptr_eq(l, log)) {
+        match txns.iter_mut().find(|(l, _)| std::ptr::addr_eq(Arc::as_ptr(l), Arc::as_ptr(log))) {
             Some(entry) => entry.1 = entry.1.max(*txn),
             None => txns.push((log, *txn)),
         }
     }
     for (log, txn) in txns {
-        log.commit(txn, true).map_err(|e| poisoned(s, format!("committing transaction {txn}: {e}")))?;
+        log.commit(txn).map_err(|e| poisoned(s, format!("committing transaction {txn}: {e}")))?;
     }
     // A sync elsewhere (a roll's barrier) may have failed meanwhile: publish
     // nothing after a poisoning.

@@ -14,6 +14,7 @@ pub mod index;
 pub mod log;
 pub mod options;
 pub mod segment;
+pub mod stream;
 pub mod vfs;
 
 use std::collections::HashMap;
@@ -23,11 +24,12 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Error, ObjectKind, Result};
 use commit::{Committer, Poison, Ticket};
-use delivery::{DeliveryRecovery, DeliveryTable, EngineParts};
+use delivery::{DeliveryRecovery, EngineParts};
 use log::manifest::{self, ManifestBody, StreamEntry, io_err, sync_err};
 use log::partition::Truncation;
-use log::stream::{Routed, StreamLog, stream_dir};
+use log::stream::{Routed, stream_dir};
 pub use options::{Durability, EngineOptions, RecoveryMode};
+use stream::Stream;
 use vfs::{StdVfs, Vfs, VfsLock};
 
 const LOCK: &str = "LOCK";
@@ -44,11 +46,10 @@ struct Inner {
     vfs: Arc<dyn Vfs>,
     opts: EngineOptions,
     manifest: Mutex<ManifestBody>,
-    streams: Arc<RwLock<HashMap<String, Arc<StreamLog>>>>,
+    /// Every stream: its log, indexes and groups.
+    streams: Arc<RwLock<HashMap<String, Arc<Stream>>>>,
     /// The background index builder (when enabled).
     builder: Option<index::Builder>,
-    /// Each stream's consumer groups.
-    tables: RwLock<HashMap<String, Arc<DeliveryTable>>>,
     delivery_recovery: Vec<(String, DeliveryRecovery)>,
     committer: Committer,
     poison: Arc<Poison>,
@@ -86,14 +87,11 @@ impl Engine {
         let now = log::stream::now_ms();
         let mut truncations = Vec::new();
         let mut streams = HashMap::new();
-        let mut tables = HashMap::new();
         let mut delivery_recovery = Vec::new();
         for s in &body.streams {
-            let log = StreamLog::open(vfs.clone(), &opts, s, now, &mut truncations)?;
-            let (table, report) = DeliveryTable::open(vfs.clone(), &opts, &log)?;
+            let (stream, report) = Stream::open(vfs.clone(), &opts, s, now, &mut truncations)?;
             delivery_recovery.push((s.name.clone(), report));
-            tables.insert(s.name.clone(), Arc::new(table));
-            streams.insert(s.name.clone(), Arc::new(log));
+            streams.insert(s.name.clone(), Arc::new(stream));
         }
         let poison = Arc::new(Poison::default());
         let committer = if opts.inline_io {
@@ -102,7 +100,22 @@ impl Engine {
             Committer::start(opts.durability, poison.clone())?
         };
         let streams = Arc::new(RwLock::new(streams));
-        let builder = if opts.background_indexing { Some(index::Builder::start(streams.clone())?) } else { None };
+        let builder = if opts.background_indexing {
+            let streams = streams.clone();
+            Some(index::Builder::start(move |stop: &std::sync::atomic::AtomicBool| {
+                let all: Vec<Arc<Stream>> = streams.read().values().cloned().collect();
+                let mut more = false;
+                for s in all {
+                    if stop.load(std::sync::atomic::Ordering::Acquire) {
+                        break;
+                    }
+                    more |= s.build_step(&mut Vec::new());
+                }
+                more
+            })?)
+        } else {
+            None
+        };
         Ok(Engine {
             inner: Arc::new(Inner {
                 vfs,
@@ -110,7 +123,6 @@ impl Engine {
                 manifest: Mutex::new(body),
                 streams,
                 builder,
-                tables: RwLock::new(tables),
                 delivery_recovery,
                 committer,
                 poison,
@@ -183,30 +195,22 @@ impl Engine {
             }
         }
         let entry = StreamEntry { id, name: name.to_owned(), partition_count, indexes: declared, created_ms };
-        let log = StreamLog::open(inner.vfs.clone(), &inner.opts, &entry, created_ms, &mut truncations)?;
-        let (table, _) = DeliveryTable::open(inner.vfs.clone(), &inner.opts, &log)?;
-        inner.vfs.sync_dir(log.dir()).map_err(|e| sync_err(&*inner.vfs, log.dir(), e))?;
+        let (stream, _) = Stream::open(inner.vfs.clone(), &inner.opts, &entry, created_ms, &mut truncations)?;
+        let dir = stream.log.dir();
+        inner.vfs.sync_dir(dir).map_err(|e| sync_err(&*inner.vfs, dir, e))?;
         inner.vfs.sync_dir(STREAMS).map_err(|e| sync_err(&*inner.vfs, STREAMS, e))?;
         let mut next = m.clone();
         next.next_stream_id = id + 1;
         next.streams.push(entry.clone());
         manifest::store(&*inner.vfs, &next)?;
         *m = next;
-        inner.tables.write().insert(name.to_owned(), Arc::new(table));
-        inner.streams.write().insert(name.to_owned(), Arc::new(log));
+        inner.streams.write().insert(name.to_owned(), Arc::new(stream));
         Ok(entry)
     }
 
-    /// A stream's log. `StreamNotFound`.
-    pub fn stream(&self, name: &str) -> Result<Arc<StreamLog>> {
+    /// A stream: its log, indexes and groups. `StreamNotFound`.
+    pub fn stream(&self, name: &str) -> Result<Arc<Stream>> {
         self.inner.streams.read().get(name).cloned().ok_or_else(|| Error::stream_not_found(name))
-    }
-
-    /// A stream's log and consumer groups. `StreamNotFound`.
-    pub(crate) fn groups(&self, name: &str) -> Result<(Arc<StreamLog>, Arc<DeliveryTable>)> {
-        let log = self.stream(name)?;
-        let table = self.inner.tables.read().get(name).cloned().ok_or_else(|| Error::stream_not_found(name))?;
-        Ok((log, table))
     }
 
     /// What a delivery table writes through.
@@ -217,8 +221,7 @@ impl Engine {
     /// Checkpoints a stream's consumer-group state now (normally triggered
     /// by WAL size or age) and deletes the WAL it covers.
     pub fn checkpoint(&self, stream: &str) -> Result<()> {
-        let (_, table) = self.groups(stream)?;
-        table.checkpoint(&self.inner.poison)
+        self.stream(stream)?.groups.checkpoint(&self.inner.poison)
     }
 
     /// Every stream's manifest entry, in creation order.
@@ -226,10 +229,10 @@ impl Engine {
         self.inner.manifest.lock().streams.clone()
     }
 
-    /// Appends events atomically (see [`StreamLog::append`]).
-    pub fn append(&self, stream: &StreamLog, items: &[Routed<'_>]) -> Result<(Vec<(u32, u64)>, Ticket)> {
+    /// Appends events atomically (see [`log::stream::StreamLog::append`]).
+    pub fn append(&self, stream: &Stream, items: &[Routed<'_>]) -> Result<(Vec<(u32, u64)>, Ticket)> {
         let inner = &*self.inner;
-        stream.append(items, &inner.opts, &inner.committer, &inner.poison)
+        stream.log.append(items, &inner.opts, &inner.committer, &inner.poison)
     }
 
     /// The file system underneath.
@@ -244,7 +247,7 @@ impl Engine {
         let canonical = crate::model::query::check_index_field(stream, field)?;
         let inner = &*self.inner;
         inner.poison.check(stream)?;
-        let log = self.stream(stream)?;
+        let s = self.stream(stream)?;
         // Under the manifest lock from the check to the new field set, so
         // that concurrent calls neither lose a field nor record one twice.
         let mut m = inner.manifest.lock();
@@ -265,7 +268,7 @@ impl Engine {
         let declared = entry.indexes.clone();
         manifest::store(&*inner.vfs, &next).map_err(|e| inner.poison.absorb(e))?;
         *m = next;
-        log.index.set_declared(&declared);
+        s.index.set_declared(&declared);
         drop(m);
         if let Some(b) = &inner.builder {
             b.wake();
@@ -275,8 +278,7 @@ impl Engine {
 
     /// How far each indexed field of a stream is built.
     pub fn index_status(&self, stream: &str) -> Result<Vec<index::IndexStatus>> {
-        let log = self.stream(stream)?;
-        Ok(log.index.status(&log))
+        Ok(self.stream(stream)?.index_status())
     }
 
     /// Runs index building to completion on the calling thread (what the
@@ -285,10 +287,10 @@ impl Engine {
     /// Returns the first error met (a segment that could not be read is
     /// left to be scanned, and retried after a while).
     pub fn build_indexes(&self) -> Result<()> {
-        let logs: Vec<Arc<StreamLog>> = self.inner.streams.read().values().cloned().collect();
+        let all: Vec<Arc<Stream>> = self.inner.streams.read().values().cloned().collect();
         let mut errors = Vec::new();
-        for log in logs {
-            while log.index.build_step(&log, &mut errors) {}
+        for s in all {
+            while s.build_step(&mut errors) {}
         }
         match errors.into_iter().next() {
             Some(e) => Err(e),
@@ -338,14 +340,14 @@ mod tests {
     }
 
     fn append(engine: &Engine, stream: &str, partitions: &[u32]) -> Result<Vec<(u32, u64)>> {
-        let log = engine.stream(stream)?;
+        let stream = engine.stream(stream)?;
         let events: Vec<NewEvent> = partitions
             .iter()
             .map(|&p| NewEvent::prepare(json!({"p": p, "pad": "x".repeat(100)}), AppendOptions::new().partition(p)))
             .collect();
         let routed: Vec<Routed<'_>> =
             events.iter().map(|e| Routed { partition: e.partition.unwrap_or(0), ts: 1, event: e }).collect();
-        let (assigned, ticket) = engine.append(&log, &routed)?;
+        let (assigned, ticket) = engine.append(&stream, &routed)?;
         ticket.wait()?;
         Ok(assigned)
     }
@@ -360,7 +362,8 @@ mod tests {
     }
 
     fn seqs(engine: &Engine, stream: &str, p: u32) -> Vec<u64> {
-        let log = engine.stream(stream).expect("stream");
+        let stream = engine.stream(stream).expect("stream");
+        let log = &stream.log;
         log.read(p, 0, 100_000).expect("read").iter().map(|r| r.header.seq).collect()
     }
 
@@ -372,11 +375,12 @@ mod tests {
         }
         assert_eq!(seqs(&engine, "s", 0), (1..=100).collect::<Vec<_>>());
         assert_eq!(seqs(&engine, "s", 1), (1..=200).collect::<Vec<_>>());
-        let log = engine.stream("s").expect("stream");
+        let stream = engine.stream("s").expect("stream");
+        let log = &stream.log;
         assert!(log.partition(1).expect("p").segments().len() > 3, "small segments roll");
         let mid: Vec<u64> = log.read(1, 150, 5).expect("read").iter().map(|r| r.header.seq).collect();
         assert_eq!(mid, vec![151, 152, 153, 154, 155]);
-        drop(log);
+        drop(stream);
         drop(engine);
         mem.crash();
         let engine = Engine::open(vfs, small()).expect("reopen");
@@ -439,7 +443,8 @@ mod tests {
         let engine = Engine::open(vfs.clone(), none).expect("open");
         append(&engine, "s", &[0, 1, 2]).expect("unsynced batch");
         for p in 0..3 {
-            let log = engine.stream("s").expect("stream");
+            let stream = engine.stream("s").expect("stream");
+            let log = &stream.log;
             let part = log.partition(p).expect("partition");
             let file = Partition::active_file(&part.lock_writer());
             file.sync_data().expect("sync the data only");
@@ -462,7 +467,8 @@ mod tests {
         for _ in 0..40 {
             append(&engine, "s", &[0]).expect("append");
         }
-        let log = engine.stream("s").expect("stream");
+        let stream = engine.stream("s").expect("stream");
+        let log = &stream.log;
         for n in 1..=3 {
             faulty.fail_read_after(n);
             match log.read(0, 0, 1000) {
@@ -473,7 +479,7 @@ mod tests {
         assert_eq!(seqs(&engine, "s", 0), (1..=40).collect::<Vec<_>>(), "a later read sees everything");
         assert!(engine.poisoned().is_none(), "a failed read does not poison");
         append(&engine, "s", &[0]).expect("writes go on");
-        drop(log);
+        drop(stream);
         drop(engine);
         faulty.fail_read_after(3);
         assert!(Engine::open(vfs.clone(), small()).is_err(), "a read failing during recovery fails the open");
@@ -486,13 +492,14 @@ mod tests {
         let vfs: Arc<dyn Vfs> = Arc::new(MemVfs::new());
         let engine = Engine::open(vfs, small()).expect("open");
         engine.create_stream("s", 1, &[], 0).expect("create");
-        let log = engine.stream("s").expect("stream");
+        let stream = engine.stream("s").expect("stream");
+        let log = &stream.log;
         // Timestamps go up by 10 with a dip: 10, 20, ..., except that every
         // 7th event is stamped 5 (producer-supplied times need not be ordered).
         let ts = |n: u64| if n.is_multiple_of(7) { 5 } else { i64::try_from(n).expect("small") * 10 };
         for n in 1..=300u64 {
             let e = NewEvent::prepare(json!({"n": n, "pad": "x".repeat(100)}), AppendOptions::new());
-            let (_, ticket) = engine.append(&log, &[Routed { partition: 0, ts: ts(n), event: &e }]).expect("append");
+            let (_, ticket) = engine.append(&stream, &[Routed { partition: 0, ts: ts(n), event: &e }]).expect("append");
             ticket.wait().expect("durable");
         }
         assert!(log.partition(0).expect("p").segments().len() > 3);
@@ -530,7 +537,7 @@ mod tests {
         mem.write_file(path, &bytes).expect("write");
         let engine = Engine::open(vfs, big).expect("reopen");
         assert_eq!(seqs(&engine, "s", 0), (1..=19).collect::<Vec<_>>(), "nothing after the hole is kept");
-        assert_eq!(engine.stream("s").expect("stream").high_watermark(0), 19);
+        assert_eq!(engine.stream("s").expect("stream").log.high_watermark(0), 19);
         assert_eq!(append(&engine, "s", &[0]).expect("append"), vec![(0, 20)]);
     }
 

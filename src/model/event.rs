@@ -625,7 +625,7 @@ impl Event {
     /// resolve). A path with an empty dotted segment names no value
     /// ([`crate::is_valid_path`]); a payload that does not decode has none.
     pub fn field(&self, path: &str) -> Option<Value> {
-        if !crate::model::query::is_valid_path(path) {
+        if !super::path::is_valid_path(path) {
             return None;
         }
         match path {
@@ -756,8 +756,7 @@ fn lookup<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
     })
 }
 
-/// The lineage metadata keys.
-pub const LINEAGE_FIELDS: [&str; 5] = ["correlation_id", "causation_id", "producer", "schema", "schema_version"];
+pub use super::path::LINEAGE_FIELDS;
 
 /// Where an event came from: stored in its metadata under the keys of
 /// [`LINEAGE_FIELDS`].

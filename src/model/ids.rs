@@ -7,6 +7,7 @@
 //! a fetch. Both generators here read it once per process, for a random
 //! part that tells processes apart, and count the rest.
 
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -63,6 +64,58 @@ pub(crate) fn new_lease_id() -> u128 {
     // The variant (0b10) in the top bits of the lower half.
     let low = (COUNTER.fetch_add(1, Ordering::Relaxed) & (u64::MAX >> 2)) | (1 << 63);
     (u128::from(prefix) << 64) | u128::from(low)
+}
+
+/// The fencing token of one claim: 128 bits, unique per claim, written in
+/// UUID form (`Display`, `FromStr`, serde). Copying and comparing one costs
+/// nothing; settles compare the bits, never text.
+///
+/// ```
+/// use rheo::LeaseId;
+/// let id: LeaseId = "0193a5b2-7c1d-4e8f-9a0b-1c2d3e4f5a6b".parse()?;
+/// assert_eq!(id.to_string(), "0193a5b2-7c1d-4e8f-9a0b-1c2d3e4f5a6b");
+/// assert_eq!(LeaseId::from_u128(id.as_u128()), id);
+/// # Ok::<(), rheo::Error>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseId(u128);
+
+impl LeaseId {
+    /// The id with these bits.
+    pub const fn from_u128(bits: u128) -> Self {
+        LeaseId(bits)
+    }
+    /// Its bits.
+    pub const fn as_u128(self) -> u128 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut buf = uuid::Uuid::encode_buffer();
+        f.write_str(uuid::Uuid::from_u128(self.0).hyphenated().encode_lower(&mut buf))
+    }
+}
+
+impl std::fmt::Debug for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LeaseId({self})")
+    }
+}
+
+impl Serialize for LeaseId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut buf = uuid::Uuid::encode_buffer();
+        s.serialize_str(uuid::Uuid::from_u128(self.0).hyphenated().encode_lower(&mut buf))
+    }
+}
+
+impl<'de> Deserialize<'de> for LeaseId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 #[cfg(test)]

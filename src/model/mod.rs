@@ -7,6 +7,7 @@ pub mod group;
 pub(crate) mod ids;
 pub mod lease;
 pub mod limits;
+pub mod path;
 pub mod query;
 pub mod routing;
 pub mod time;

@@ -26,7 +26,8 @@ use crate::model::group::{
     ReplayOptions, ResetOptions, StreamInfo, StreamOptions, check_partitions,
 };
 use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
-use crate::model::query::{ALWAYS_INDEXED, Page, Query, canonical_path, check_index_field};
+use crate::model::path::canonical_path;
+use crate::model::query::{ALWAYS_INDEXED, Page, Query, check_index_field};
 use crate::model::routing::route;
 use crate::model::time::{Clock, SystemClock, Timestamp};
 

@@ -25,9 +25,9 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::backend::Backend;
-use crate::engine::delivery::LogSource;
 use crate::engine::delivery::room;
 use crate::engine::log::stream::{Routed, StreamLog};
+use crate::engine::stream::Stream;
 use crate::engine::{Durability, Engine, EngineOptions, RecoveryMode};
 use crate::error::{Error, Result};
 use crate::groups::{DAMAGE_PER_PARTITION, EventSource, GroupState, query_matches, spent_budget};
@@ -149,8 +149,8 @@ impl NativeBackend {
     }
 
     /// The wakeup of a stream the engine has (see `wakeups`).
-    fn wakeup(&self, log: &StreamLog) -> Arc<Notify> {
-        self.wakeups.lock().entry(log.name.clone()).or_default().clone()
+    fn wakeup(&self, s: &Stream) -> Arc<Notify> {
+        self.wakeups.lock().entry(s.name().clone()).or_default().clone()
     }
 
     /// The engine underneath.
@@ -179,8 +179,8 @@ impl NativeBackend {
         room: u64,
         f: impl FnOnce(&mut GroupState, &dyn EventSource) -> Result<T>,
     ) -> Result<T> {
-        let (log, table) = self.engine.groups(stream)?;
-        let (out, ticket) = table.with_group(&self.engine.ctx(), &log, group, room, f)?;
+        let s = self.engine.stream(stream)?;
+        let (out, ticket) = s.with_group(&self.engine.ctx(), group, room, f)?;
         ticket.resolved().await?;
         Ok(out)
     }
@@ -194,10 +194,10 @@ impl NativeBackend {
         room: u64,
         f: impl FnOnce(&mut GroupState, &dyn EventSource) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let (log, table) = self.engine.groups(stream)?;
+        let s = self.engine.stream(stream)?;
         let engine = self.engine.clone();
         let group = group.to_owned();
-        let (out, ticket) = self.blocking(move || table.with_group(&engine.ctx(), &log, &group, room, f)).await?;
+        let (out, ticket) = self.blocking(move || s.with_group(&engine.ctx(), &group, room, f)).await?;
         ticket.resolved().await?;
         Ok(out)
     }
@@ -249,7 +249,8 @@ impl NativeBackend {
         stream: &str,
         events: Vec<NewEvent>,
     ) -> Result<(Vec<Event>, crate::engine::commit::Ticket)> {
-        let log = self.engine.stream(stream)?;
+        let s = self.engine.stream(stream)?;
+        let log = &s.log;
         let count = log.partition_count();
         let now = self.clock.now();
         let routed = events
@@ -258,7 +259,7 @@ impl NativeBackend {
                 Ok(Routed { partition: route(stream, e, count)?, ts: e.timestamp.unwrap_or(now).as_millis(), event: e })
             })
             .collect::<Result<Vec<_>>>()?;
-        let (assigned, ticket) = self.engine.append(&log, &routed)?;
+        let (assigned, ticket) = self.engine.append(&s, &routed)?;
         let out = events.into_iter().zip(assigned).map(|(e, (p, seq))| e.into_event(&log.name, p, seq, now)).collect();
         Ok((out, ticket))
     }
@@ -324,14 +325,14 @@ impl Backend for NativeBackend {
         let (name, o) = (stream.to_owned(), opts.clone());
         let now = self.clock.now().as_millis();
         let entry = self.blocking(move || engine.create_stream(&name, o.partition_count, &o.indexes, now)).await?;
-        let log = self.engine.stream(stream)?;
-        Ok(self.stream_info(&entry, &log))
+        let s = self.engine.stream(stream)?;
+        Ok(self.stream_info(&entry, &s.log))
     }
 
     async fn create_group(&self, stream: &str, group: &str, opts: &GroupOptions) -> Result<GroupSummary> {
-        let (log, table) = self.engine.groups(stream)?;
+        let s = self.engine.stream(stream)?;
         let now = self.clock.now();
-        let (summary, ticket) = table.create(&self.engine.ctx(), &log, group, opts, now)?;
+        let (summary, ticket) = s.groups.create(&self.engine.ctx(), s.source(), group, opts, now)?;
         ticket.resolved().await?;
         Ok(summary)
     }
@@ -345,11 +346,11 @@ impl Backend for NativeBackend {
         let (out, ticket) = self.append_events(stream, events)?;
         ticket.resolved().await?;
         // Visible now (published before the ticket resolves): wake waiters.
-        if let Ok(log) = self.engine.stream(stream) {
+        if let Ok(s) = self.engine.stream(stream) {
             // Wake every waiter, and leave a permit for the next one: a consumer
             // whose fetch came back empty just before this append returns at once
             // from its wait instead of sleeping until its poll.
-            let wakeup = self.wakeup(&log);
+            let wakeup = self.wakeup(&s);
             wakeup.notify_waiters();
             wakeup.notify_one();
         }
@@ -357,25 +358,25 @@ impl Backend for NativeBackend {
     }
 
     async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
-        let log = self.engine.stream(stream)?;
+        let s = self.engine.stream(stream)?;
         // Disk reads and decoding run on the blocking pool, not on a worker.
         self.blocking(move || {
-            let records = log.read(partition, after, limit)?;
-            Ok(records.into_iter().map(|r| r.into_event(&log.name, partition)).collect())
+            let records = s.log.read(partition, after, limit)?;
+            Ok(records.into_iter().map(|r| r.into_event(s.name(), partition)).collect())
         })
         .await
     }
 
     async fn query(&self, query: &Query) -> Result<Page> {
-        let log = self.engine.stream(&query.stream)?;
+        let s = self.engine.stream(&query.stream)?;
         let query = query.clone();
         // Reading may touch the disk: keep it off the workers.
-        self.blocking(move || crate::engine::index::planner::query_page(&log, &query)).await
+        self.blocking(move || s.query_page(&query)).await
     }
 
     async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
         let now = self.clock.now();
-        let partitions = self.engine.stream(stream)?.partition_count();
+        let partitions = self.engine.stream(stream)?.log.partition_count();
         let consumer = opts.consumer_id.as_deref().map_or(0, str::len);
         let room = room::fetch(
             opts.limit,
@@ -438,7 +439,7 @@ impl Backend for NativeBackend {
     }
 
     async fn replay(&self, stream: &str, group: &str, opts: &ReplayOptions) -> Result<u64> {
-        let partitions = self.engine.stream(stream)?.partition_count();
+        let partitions = self.engine.stream(stream)?.log.partition_count();
         let ReplayMode::Query(q) = opts.mode(stream, group)? else {
             let opts = opts.clone();
             // Replaying by time reads the log.
@@ -451,8 +452,8 @@ impl Backend for NativeBackend {
         // The matches are read without the table's lock (published events
         // never change), then reopened in steps of at most
         // `REPLAY_STEP` events, each one WAL record.
-        let (log, q) = (self.engine.stream(stream)?, q.clone());
-        let matched = self.blocking(move || query_matches(&LogSource(&log), &q)).await?;
+        let (s, q) = (self.engine.stream(stream)?, q.clone());
+        let matched = self.blocking(move || query_matches(&s.source(), &q)).await?;
         let total: usize = matched.iter().map(|(_, seqs)| seqs.len()).sum();
         let mut reopened = 0;
         let mut looked_at = 0;
@@ -478,7 +479,7 @@ impl Backend for NativeBackend {
 
     async fn reset_group(&self, stream: &str, group: &str, opts: &ResetOptions) -> Result<()> {
         opts.check_confirmed(stream, group)?;
-        let partitions = self.engine.stream(stream)?.partition_count();
+        let partitions = self.engine.stream(stream)?.log.partition_count();
         let opts = opts.clone();
         self.group_op_blocking(stream, group, room::reopen(partitions, 0), move |g, src| g.reset(src, &opts)).await
     }
@@ -488,8 +489,7 @@ impl Backend for NativeBackend {
     }
 
     async fn list_groups(&self, stream: &str) -> Result<Vec<GroupSummary>> {
-        let (_, table) = self.engine.groups(stream)?;
-        Ok(table.list())
+        Ok(self.engine.stream(stream)?.groups.list())
     }
 
     async fn dead_letters(&self, stream: &str, group: &str, opts: &DeadLetterOptions) -> Result<Vec<DeadLetter>> {
@@ -523,8 +523,8 @@ impl Backend for NativeBackend {
     }
 
     async fn wait_for_events(&self, stream: &str, timeout: Duration) -> Result<()> {
-        let log = self.engine.stream(stream)?;
-        let wakeup = self.wakeup(&log);
+        let s = self.engine.stream(stream)?;
+        let wakeup = self.wakeup(&s);
         let _ = tokio::time::timeout(timeout, wakeup.notified()).await;
         Ok(())
     }
@@ -532,8 +532,8 @@ impl Backend for NativeBackend {
     async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
         let mut out = Vec::new();
         for entry in self.engine.stream_entries() {
-            let log = self.engine.stream(&entry.name)?;
-            out.push(self.stream_info(&entry, &log));
+            let s = self.engine.stream(&entry.name)?;
+            out.push(self.stream_info(&entry, &s.log));
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)

@@ -39,6 +39,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::commit::{Committer, Job, Poison, Ticket};
+use super::index::StreamIndex;
 use super::log::manifest::{io_err, sync_err};
 use super::log::stream::StreamLog;
 use super::options::{Durability, EngineOptions, RecoveryMode};
@@ -270,40 +271,46 @@ impl WalFile {
     }
 }
 
-/// The native log as the group core's event source.
-pub(crate) struct LogSource<'a>(pub(crate) &'a StreamLog);
+/// A native stream's log and indexes as the group core's event source.
+#[derive(Clone, Copy)]
+pub(crate) struct LogSource<'a> {
+    /// The stream's log.
+    pub(crate) log: &'a StreamLog,
+    /// Its secondary indexes (the planner reads through them).
+    pub(crate) index: &'a StreamIndex,
+}
 
 impl EventSource for LogSource<'_> {
     fn stream(&self) -> &str {
-        &self.0.name
+        &self.log.name
     }
     fn partition_count(&self) -> u32 {
-        self.0.partition_count()
+        self.log.partition_count()
     }
     fn high_watermark(&self, p: u32) -> u64 {
-        self.0.high_watermark(p)
+        self.log.high_watermark(p)
     }
     fn event(&self, p: u32, seq: u64) -> Result<Event> {
         self.read_each(p, &[seq])?.pop().ok_or_else(|| self.missing(p, seq))?
     }
     fn read_each(&self, p: u32, seqs: &[u64]) -> Result<Vec<Result<Event>>> {
-        let records = self.0.partition(p)?.read_each(seqs)?;
-        Ok(records.into_iter().map(|r| r.map(|r| r.into_event(&self.0.name, p))).collect())
+        let records = self.log.partition(p)?.read_each(seqs)?;
+        Ok(records.into_iter().map(|r| r.map(|r| r.into_event(&self.log.name, p))).collect())
     }
     fn first_at_or_after(&self, p: u32, t: Timestamp) -> Result<Option<u64>> {
-        self.0.seek_time(p, t.as_millis())
+        self.log.seek_time(p, t.as_millis())
     }
     fn matching(&self, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> Result<()> {
-        crate::engine::index::planner::matching(self.0, p, q, f)
+        crate::engine::index::planner::matching(self.log, self.index, p, q, f)
     }
     fn position_of(&self, id: &str) -> Result<Option<(u32, u64)>> {
-        crate::engine::index::planner::position_of(self.0, id)
+        crate::engine::index::planner::position_of(self.log, self.index, id)
     }
 }
 
 impl LogSource<'_> {
     fn missing(&self, p: u32, seq: u64) -> Error {
-        Error::failed("read", format!("stream {:?} partition {p} has no sequence {seq}", self.0.name))
+        Error::failed("read", format!("stream {:?} partition {p} has no sequence {seq}", self.log.name))
     }
 }
 
@@ -541,15 +548,15 @@ impl DeliveryTable {
     pub(crate) fn create(
         &self,
         ctx: &EngineParts<'_>,
-        log: &StreamLog,
+        src: LogSource<'_>,
         group: &str,
         opts: &GroupOptions,
         now: Timestamp,
     ) -> Result<(GroupSummary, Ticket)> {
         let mut t = self.inner.lock();
-        ctx.poison.check(&log.name)?;
+        ctx.poison.check(&src.log.name)?;
         if t.groups.contains_key(group) {
-            return Err(Error::AlreadyExists { kind: ObjectKind::Group, name: format!("{}/{group}", log.name) });
+            return Err(Error::AlreadyExists { kind: ObjectKind::Group, name: format!("{}/{group}", src.log.name) });
         }
         if group.is_empty() || group.len() > crate::model::limits::MAX_NAME_BYTES {
             return Err(Error::invalid(
@@ -561,7 +568,7 @@ impl DeliveryTable {
                 ),
             ));
         }
-        let g = GroupState::create(&LogSource(log), group, opts, now)?;
+        let g = GroupState::create(&src, group, opts, now)?;
         let snap = g.snapshot();
         // A new group's snapshot: a fixed part per partition.
         let room = CREATE_ROOM + 64 * snap.parts.len() as u64;
@@ -584,19 +591,19 @@ impl DeliveryTable {
     pub(crate) fn with_group<T>(
         &self,
         ctx: &EngineParts<'_>,
-        log: &StreamLog,
+        src: LogSource<'_>,
         group: &str,
         room: u64,
         f: impl FnOnce(&mut GroupState, &dyn EventSource) -> Result<T>,
     ) -> Result<(T, Ticket)> {
         let mut t = self.inner.lock();
-        ctx.poison.check(&log.name)?;
+        ctx.poison.check(&src.log.name)?;
         if !t.groups.contains_key(group) {
-            return Err(Error::group_not_found(&log.name, group));
+            return Err(Error::group_not_found(&src.log.name, group));
         }
         t.wal.reserve(&*self.vfs, &self.dir, ctx.opts.preallocate_bytes, room).map_err(|e| ctx.poison.absorb(e))?;
-        let Some(g) = t.groups.get_mut(group) else { return Err(Error::group_not_found(&log.name, group)) };
-        let out = f(g, &LogSource(log));
+        let Some(g) = t.groups.get_mut(group) else { return Err(Error::group_not_found(&src.log.name, group)) };
+        let out = f(g, &src);
         let ops = g.take_ops();
         debug_assert!(out.is_ok() || ops.is_empty(), "a failed group call changed state: {ops:?}");
         let ticket = if ops.is_empty() {

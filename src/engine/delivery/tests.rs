@@ -76,13 +76,13 @@ fn open(vfs: &Arc<dyn Vfs>, clock: &ManualClock, checkpoint_bytes: u64) -> Nativ
 /// Every group's state, with due timers fired (a replayed state fires them
 /// on its next fetch; the live one may have fired them already).
 fn state(b: &NativeBackend, now: Timestamp) -> Vec<GroupSnapshot> {
-    let (log, table) = b.engine().groups("s").expect("stream");
-    let t = table.inner.lock();
+    let stream = b.engine().stream("s").expect("stream");
+    let t = stream.groups.inner.lock();
     t.groups
         .values()
         .map(|g| {
             let mut copy = crate::groups::GroupState::restore(&g.snapshot());
-            let _ = copy.info(&super::LogSource(&log), now);
+            let _ = copy.info(&stream.source(), now);
             copy.snapshot()
         })
         .collect()

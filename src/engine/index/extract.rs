@@ -30,7 +30,7 @@ pub enum FieldPath {
 impl FieldPath {
     /// Splits a canonical field name (see [`super::term::canonical`]).
     pub fn parse(canonical: &str) -> FieldPath {
-        if !crate::model::query::is_valid_path(canonical) {
+        if !crate::model::path::is_valid_path(canonical) {
             return FieldPath::Nothing;
         }
         let split = |s: &str| s.split('.').map(str::to_owned).collect();

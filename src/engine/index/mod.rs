@@ -857,8 +857,11 @@ pub struct Builder {
 const IDLE: Duration = Duration::from_millis(20);
 
 impl Builder {
-    /// Starts the thread over the engine's streams.
-    pub fn start(streams: Arc<RwLock<HashMap<String, Arc<StreamLog>>>>) -> Result<Builder> {
+    /// Starts the thread. Each round it calls `step` (one round of
+    /// [`StreamIndex::build_step`] over every stream; true when work
+    /// remains, and it checks `stop` between streams); it sleeps while
+    /// there is nothing to do.
+    pub fn start(step: impl Fn(&AtomicBool) -> bool + Send + 'static) -> Result<Builder> {
         let shared = Arc::new((Mutex::new(false), Condvar::new()));
         let stopped = Arc::new(AtomicBool::new(false));
         let (s, stop) = (shared.clone(), stopped.clone());
@@ -866,15 +869,7 @@ impl Builder {
             .name("rheo-index".into())
             .spawn(move || {
                 while !stop.load(Ordering::Acquire) {
-                    let logs: Vec<Arc<StreamLog>> = streams.read().values().cloned().collect();
-                    let mut more = false;
-                    for log in logs {
-                        if stop.load(Ordering::Acquire) {
-                            return;
-                        }
-                        more |= log.index.build_step(&log, &mut Vec::new());
-                    }
-                    if !more {
+                    if !step(&stop) {
                         let mut woken = s.0.lock();
                         if !*woken {
                             s.1.wait_for(&mut woken, IDLE);
@@ -918,21 +913,22 @@ mod tests {
     }
 
     fn append(engine: &Engine, from: u64, n: u64) {
-        let log = engine.stream("s").expect("stream");
+        let stream = engine.stream("s").expect("stream");
         for i in from..from + n {
             let e = NewEvent::prepare(
                 json!({"type": format!("t{}", i % 5), "n": i, "pad": "x".repeat(60)}),
                 AppendOptions::new(),
             );
-            let (_, ticket) = engine.append(&log, &[Routed { partition: 0, ts: 1, event: &e }]).expect("append");
+            let (_, ticket) = engine.append(&stream, &[Routed { partition: 0, ts: 1, event: &e }]).expect("append");
             ticket.wait().expect("durable");
         }
     }
 
     /// The page of `q` by the planner, and by a filtered read of everything.
     fn both(engine: &Engine, q: &Query) -> (Vec<u64>, Vec<u64>, Vec<Access>) {
-        let log = engine.stream("s").expect("stream");
-        let page = planner::query_page(&log, q).expect("query");
+        let stream = engine.stream("s").expect("stream");
+        let log = &stream.log;
+        let page = stream.query_page(q).expect("query");
         let all = log.read(0, 0, usize::MAX).expect("read").into_iter().map(|r| r.into_event(&"s".into(), 0));
         let want = q.page_from(all);
         let seqs = |p: &crate::model::query::Page| p.events.iter().map(|e| e.sequence()).collect::<Vec<_>>();
@@ -947,7 +943,7 @@ mod tests {
         engine.create_stream("s", 1, &["n".into()], 0).expect("create");
         append(&engine, 0, 150);
         engine.build_indexes().expect("build");
-        let sealed = engine.stream("s").expect("s").partition(0).expect("p").segments().len() - 1;
+        let sealed = engine.stream("s").expect("s").log.partition(0).expect("p").segments().len() - 1;
         assert!(sealed >= 3, "{sealed} sealed segments");
         // More appends roll segments, which syncs the directory: the index
         // files' names become durable, their (never synced) bytes do not.
@@ -991,7 +987,8 @@ mod tests {
                 std::thread::spawn(move || append(&engine, t * 1000, 250))
             })
             .collect();
-        let log = engine.stream("s").expect("stream");
+        let stream = engine.stream("s").expect("stream");
+        let log = &stream.log;
         let mut checked = 0;
         while producers.iter().any(|p| !p.is_finished()) || checked < 5 {
             let hw = log.high_watermark(0);

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use super::prefilter::Prefilter;
 use super::term::{KeyRange, canonical, ranges};
-use super::{FieldSet, PartitionIndex, SixFile};
+use super::{FieldSet, PartitionIndex, SixFile, StreamIndex};
 use crate::engine::log::partition::{Partition, Segment};
 use crate::engine::log::stream::StreamLog;
 use crate::error::Result;
@@ -142,8 +142,8 @@ fn intersect(small: &[u64], large: &[u64]) -> Vec<u64> {
 }
 
 /// Runs a query over a native stream: one page, with how it was read.
-pub fn query_page(log: &StreamLog, q: &Query) -> Result<Page> {
-    let fields = log.index.fields();
+pub fn query_page(log: &StreamLog, index: &StreamIndex, q: &Query) -> Result<Page> {
+    let fields = index.fields();
     let plan = Plan::new(q, &fields);
     let mut builder = q.page_builder();
     let mut explain = Vec::new();
@@ -151,7 +151,7 @@ pub fn query_page(log: &StreamLog, q: &Query) -> Result<Page> {
     let ordered_desc = q.descending && matches!(q.order_by, OrderBy::Sequence | OrderBy::Partition);
     for p in q.partitions(log.partition_count()) {
         let part = log.partition(p)?;
-        let Some(pix) = log.index.partition(p) else { continue };
+        let Some(pix) = index.partition(p) else { continue };
         let (mut after, until) = q.narrowed_bounds(p);
         let until = until.min(part.visible());
         if after >= until {
@@ -397,7 +397,7 @@ impl Run<'_, '_> {
 
 /// The sequences of partition `p` whose events match `q`, ascending, through
 /// the planner (replay by query, by ids): pages of the largest size.
-pub fn matching(log: &StreamLog, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> Result<()> {
+pub fn matching(log: &StreamLog, index: &StreamIndex, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> Result<()> {
     // Pages of this partition in ascending order; the given query's own
     // cursor and order (if any) still decide what matches.
     let mut pages = q.clone();
@@ -407,7 +407,7 @@ pub fn matching(log: &StreamLog, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> R
     pages.limit = MAX_LIMIT;
     pages.cursor = None;
     loop {
-        let page = query_page(log, &pages)?;
+        let page = query_page(log, index, &pages)?;
         for e in page.events.iter().filter(|e| q.matches(e)) {
             f(e.sequence());
         }
@@ -420,11 +420,11 @@ pub fn matching(log: &StreamLog, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> R
 
 /// The first (partition, sequence) holding the event `id` (the lowest
 /// partition, then sequence), through the id index (the dead-letter cursor).
-pub fn position_of(log: &StreamLog, id: &str) -> Result<Option<(u32, u64)>> {
+pub fn position_of(log: &StreamLog, index: &StreamIndex, id: &str) -> Result<Option<(u32, u64)>> {
     // Partition by partition, so the search stops at the first that has it.
     for p in 0..log.partition_count() {
         let q = Query::new(log.name.to_string()).eq("id", id).partition(p).limit(1);
-        if let Some(e) = query_page(log, &q)?.events.first() {
+        if let Some(e) = query_page(log, index, &q)?.events.first() {
             return Ok(Some((p, e.sequence())));
         }
     }

@@ -52,7 +52,7 @@ const EXACT_LIMIT: f64 = 9_007_199_254_740_992.0; // 2^53
 
 pub use crate::model::query::ALWAYS_INDEXED;
 
-pub use crate::model::query::canonical_path as canonical;
+pub use crate::model::path::canonical_path as canonical;
 
 pub use crate::msgpack::Scalar;
 

@@ -197,6 +197,15 @@ fn corrupt(vfs: &dyn Vfs, path: &str, offset: u64, reason: impl Into<String>) ->
     Error::Corrupt { file: vfs.describe(path), offset, reason: reason.into() }
 }
 
+impl crate::engine::commit::Deferred for Partition {
+    fn flush(&self) -> Result<Arc<dyn VfsFile>> {
+        Partition::flush(self)
+    }
+    fn publish(&self, seq: u64) {
+        Partition::publish(self, seq);
+    }
+}
+
 impl Partition {
     /// Opens (recovering) or creates the partition at `at`. Multi-partition
     /// batches above `committed_txn` are dropped from the tail.

@@ -7,8 +7,7 @@ use parking_lot::Mutex;
 use super::manifest::StreamEntry;
 use super::partition::{Location, Partition, StoredRecord, Truncation};
 use super::txn::TxnLog;
-use crate::engine::commit::{Committer, Job, Poison, Ticket};
-use crate::engine::index::StreamIndex;
+use crate::engine::commit::{Committer, Deferred, Job, Poison, Ticket, TxnRecord};
 use crate::engine::options::{Durability, EngineOptions};
 use crate::engine::segment::format::{FLAG_END, FLAG_MULTI};
 use crate::engine::segment::record::{DocRef, RecordHeader, encode_record, set_flags};
@@ -39,8 +38,6 @@ pub struct StreamLog {
     txn: Arc<TxnLog>,
     /// Serializes appends; holds the next transaction id.
     write: Mutex<u64>,
-    /// Its secondary indexes.
-    pub index: StreamIndex,
 }
 
 /// The directory of a stream.
@@ -57,7 +54,7 @@ impl StreamLog {
         now_ms: i64,
         truncations: &mut Vec<(String, Truncation)>,
     ) -> Result<StreamLog> {
-        let StreamEntry { id, ref name, partition_count, ref indexes, .. } = *entry;
+        let StreamEntry { id, ref name, partition_count, .. } = *entry;
         let dir = stream_dir(id);
         vfs.create_dir_all(&dir).map_err(|e| super::manifest::io_err(&*vfs, &dir, "create", e))?;
         let txn = Arc::new(TxnLog::open(vfs.clone(), &dir)?);
@@ -77,15 +74,7 @@ impl StreamLog {
                 reason: "the last transaction id is the largest possible".into(),
             });
         };
-        Ok(StreamLog {
-            id,
-            name: Arc::from(name.as_str()),
-            dir,
-            partitions,
-            txn,
-            write: Mutex::new(next_txn),
-            index: StreamIndex::new(partition_count, indexes),
-        })
+        Ok(StreamLog { id, name: Arc::from(name.as_str()), dir, partitions, txn, write: Mutex::new(next_txn) })
     }
 
     /// The stream's directory.
@@ -213,13 +202,16 @@ impl StreamLog {
         if multi {
             *next_txn += 1;
         }
-        let publish: Vec<(Arc<Partition>, u64)> =
-            writers.iter().zip(&guards).map(|((_, part), g)| (part.clone(), g.next_seq - 1)).collect();
+        let publish: Vec<(Arc<dyn Deferred>, u64)> = writers
+            .iter()
+            .zip(&guards)
+            .map(|((_, part), g)| (part.clone() as Arc<dyn Deferred>, g.next_seq - 1))
+            .collect();
         let ticket = match opts.durability {
             Durability::Sync => {
-                let txn = multi.then(|| (self.txn.clone(), txn));
+                let txn = multi.then(|| (self.txn.clone() as Arc<dyn TxnRecord>, txn));
                 let (files, flush) = if defer {
-                    (Vec::new(), writers.iter().map(|(_, part)| part.clone()).collect())
+                    (Vec::new(), writers.iter().map(|(_, part)| part.clone() as Arc<dyn Deferred>).collect())
                 } else {
                     (files, Vec::new())
                 };
@@ -240,7 +232,7 @@ impl StreamLog {
                     part.publish(*seq);
                 }
                 if matches!(opts.durability, Durability::Batched { .. }) {
-                    let txn_job = multi.then(|| (self.txn.clone(), txn));
+                    let txn_job = multi.then(|| (self.txn.clone() as Arc<dyn TxnRecord>, txn));
                     let _ = committer.submit(Job { files, flush: Vec::new(), txn: txn_job, publish: Vec::new() });
                 }
                 Ticket::ready()

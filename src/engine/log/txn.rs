@@ -102,6 +102,12 @@ pub struct TxnLog {
     state: Mutex<TxnState>,
 }
 
+impl crate::engine::commit::TxnRecord for TxnLog {
+    fn commit(&self, txn: u64) -> Result<()> {
+        TxnLog::commit(self, txn, true)
+    }
+}
+
 impl TxnLog {
     /// Opens (creating when missing) the log at `dir/txn`.
     pub fn open(vfs: Arc<dyn Vfs>, dir: &str) -> Result<Self> {
