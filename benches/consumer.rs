@@ -7,7 +7,7 @@
 //!
 //! `consumer/latency` measures append→handler latency on an idle stream, with
 //! the backend's wakeups and with polling (the same backend behind
-//! [`Polling`], which hides its `wait_for_events`): events are appended one at
+//! [`Polling`], which hides its `subscribe`): events are appended one at
 //! a time, a few milliseconds apart, to a `Group` at concurrency 1 and the
 //! default 200 ms poll. Criterion reports the mean latency per run; the
 //! percentiles over every event of every run are printed to stderr.
@@ -26,8 +26,8 @@ use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_grou
 use rheo::{
     AppendOptions, Backend, Capabilities, DeadLetter, DeadLetterOptions, Durability, EngineOptions, Error, Event,
     FetchOptions, Group, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, LeaseRef, MemoryBackend,
-    NativeBackend, NewEvent, Outcome, Page, Query, ReplayOptions, ResetOptions, Result, RetryOutcome, Rheo, StreamInfo,
-    StreamOptions, SystemClock, Timestamp, handler_fn,
+    NativeBackend, NewEvent, Outcome, Page, Query, Result, RetryOutcome, Rheo, StreamInfo, StreamOptions, SystemClock,
+    Timestamp, handler_fn,
 };
 use serde_json::json;
 use tokio::runtime::Runtime;
@@ -123,14 +123,17 @@ const APPEND_GAP: Duration = Duration::from_millis(2);
 /// A run that has not seen every event handled by then is a failure.
 const LATENCY_RUN_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Forwards every call to the inner backend except `wait_for_events`, left to
-/// the trait's default (sleep for the timeout: polling), and reports
+/// Forwards every call to the inner backend except `subscribe`, left to
+/// the trait's default (a subscription whose waits sleep: polling), and reports
 /// `wakeups: false`.
 #[derive(Debug)]
 struct Polling(Arc<dyn Backend>);
 
 #[async_trait]
 impl Backend for Polling {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
     fn capabilities(&self) -> Capabilities {
         let mut capabilities = self.0.capabilities();
         capabilities.wakeups = false;
@@ -148,10 +151,7 @@ impl Backend for Polling {
     async fn create_group(&self, stream: &str, group: &str, opts: &GroupOptions) -> Result<GroupSummary> {
         self.0.create_group(stream, group, opts).await
     }
-    async fn append(&self, stream: &str, event: NewEvent) -> Result<Event> {
-        self.0.append(stream, event).await
-    }
-    async fn append_batch(&self, stream: &str, events: Vec<NewEvent>) -> Result<Vec<Event>> {
+    async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<rheo::Position>> {
         self.0.append_batch(stream, events).await
     }
     async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
@@ -178,10 +178,10 @@ impl Backend for Polling {
     async fn reject(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
         self.0.reject(lease, reason).await
     }
-    async fn replay(&self, stream: &str, group: &str, opts: &ReplayOptions) -> Result<u64> {
+    async fn replay(&self, stream: &str, group: &str, opts: &rheo::Replay) -> Result<u64> {
         self.0.replay(stream, group, opts).await
     }
-    async fn reset_group(&self, stream: &str, group: &str, opts: &ResetOptions) -> Result<()> {
+    async fn reset_group(&self, stream: &str, group: &str, opts: &rheo::Reset) -> Result<()> {
         self.0.reset_group(stream, group, opts).await
     }
     async fn lag(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {

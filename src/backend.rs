@@ -1,10 +1,15 @@
 //! The `Backend` trait: the contract every storage backend fulfils.
 //!
 //! Users hold a [`crate::Rheo`]; backends implement this trait and are held as
-//! `Arc<dyn Backend>`. The facade validates names and limits and normalizes
-//! appended events before a backend sees them, so a backend may assume:
-//! stream and group names are valid, limits and lease durations are within
-//! bounds, and every [`NewEvent`] is within the size limit.
+//! `Arc<dyn Backend>`. Data flows one way: a URL picks a backend
+//! (`backends::open`), the facade validates, the backend stores. So a
+//! backend may assume: stream and group names are valid, limits and lease
+//! durations are within bounds, every [`NewEvent`] is within the size limit,
+//! a replay names exactly one start ([`Replay`]) and a reset was confirmed
+//! ([`Reset`]). It returns where appended events went ([`Position`]) and
+//! the facade builds the events. Rules that need no storage (whether a
+//! delivery has attempts left, a retry's backoff, dead-letter reasons) live
+//! in one place, the crate's group rules, which every backend calls.
 //!
 //! Rules every implementation obeys (the conformance suite in `tests/` checks
 //! each one, see `docs/semantics.md`):
@@ -22,10 +27,10 @@ use async_trait::async_trait;
 
 use crate::error::{Error, Result};
 use crate::model::capabilities::Capabilities;
-use crate::model::event::{Event, NewEvent};
+use crate::model::event::{Event, NewEvent, Position};
 use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag,
-    ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, Replay,
+    Reset, StreamInfo, StreamOptions,
 };
 use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
@@ -34,6 +39,10 @@ use crate::model::time::Timestamp;
 /// A storage backend. Object-safe; see the module docs for the shared rules.
 #[async_trait]
 pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
+    /// The backend's name, as errors and metrics give it (`"native"`,
+    /// `"memory"`, `"postgres"`...).
+    fn name(&self) -> &'static str;
+
     /// What this backend guarantees and how it works.
     fn capabilities(&self) -> Capabilities;
 
@@ -53,14 +62,13 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     /// The group's frontier starts at its start position minus one.
     async fn create_group(&self, stream: &str, group: &str, opts: &GroupOptions) -> Result<GroupSummary>;
 
-    /// Appends one event. Partition: explicit (else `InvalidPartition` when
-    /// out of range), else `phash2(key, partition_count)`, else 0. The next
-    /// sequence of that partition is assigned. `StreamNotFound`.
-    async fn append(&self, stream: &str, event: NewEvent) -> Result<Event>;
-
-    /// Appends events atomically: all or none. Per partition the sequences
-    /// are contiguous and in input order. Returns events in input order.
-    async fn append_batch(&self, stream: &str, events: Vec<NewEvent>) -> Result<Vec<Event>>;
+    /// Appends events atomically: all or none. Each event's partition is
+    /// explicit (else `InvalidPartition` when out of range), else
+    /// `phash2(key, partition_count)`, else 0; it gets the next sequence of
+    /// that partition, so per partition the sequences are contiguous and in
+    /// input order. Returns where each event went, in input order (the
+    /// facade builds the events from them). `StreamNotFound`.
+    async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>>;
 
     /// Events of one partition with sequence > `after`, ascending, at most
     /// `limit`. Never touches group state. `StreamNotFound`,
@@ -140,13 +148,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         Err(self.unsupported("skip"))
     }
 
-    /// Reopens deliveries (see [`ReplayOptions`]); returns how many events
-    /// were reopened. `InvalidReplayOpts`, `NoEventsInRange`.
-    async fn replay(&self, stream: &str, group: &str, opts: &ReplayOptions) -> Result<u64>;
+    /// Reopens deliveries (see [`Replay`], validated by the facade);
+    /// returns how many events were reopened. `NoEventsInRange` when a
+    /// replay by time finds no event at or after the time.
+    async fn replay(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64>;
 
-    /// Clears the group's state in scope and restarts it at `opts.start`.
-    /// `ConfirmRequired` unless `opts.confirm`.
-    async fn reset_group(&self, stream: &str, group: &str, opts: &ResetOptions) -> Result<()>;
+    /// Clears the group's state in scope and restarts it at `reset.start`
+    /// (the facade has checked the caller confirmed it).
+    async fn reset_group(&self, stream: &str, group: &str, reset: &Reset) -> Result<()>;
 
     /// Lag per partition (the group's partitions, or `partitions`).
     async fn lag(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag>;
@@ -186,15 +195,88 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         Err(self.unsupported("index_status"))
     }
 
-    /// Returns when new events may be claimable on `stream`, or after
-    /// `timeout`. The default just sleeps: polling. `StreamNotFound`.
-    async fn wait_for_events(&self, _stream: &str, timeout: Duration) -> Result<()> {
-        tokio::time::sleep(timeout).await;
-        Ok(())
+    /// A subscription to appends on `stream`: its [`Subscription::wait`]
+    /// returns when new events may be claimable. A backend serves one
+    /// source per stream (its own append path, one Postgres `LISTEN`, one
+    /// change stream) and hands every subscriber a receiver of it
+    /// ([`Wakeups::subscribe`]); the default is polling (the wait just
+    /// sleeps), and callers keep polling as the safety net either way.
+    /// `StreamNotFound`.
+    async fn subscribe(&self, _stream: &str) -> Result<Subscription> {
+        Ok(Subscription::polling())
     }
 
     /// The error for an operation this backend does not implement.
     fn unsupported(&self, operation: &'static str) -> Error {
-        Error::Unsupported { backend: "unknown", operation }
+        Error::Unsupported { backend: self.name(), operation }
+    }
+}
+
+/// The source of one stream's wakeups, kept by a backend: every append
+/// (seen by this process, or reported by the database) calls
+/// [`Wakeups::appended`], and every subscriber's [`Subscription`] sees it.
+#[derive(Debug)]
+pub struct Wakeups(tokio::sync::watch::Sender<u64>);
+
+impl Default for Wakeups {
+    fn default() -> Self {
+        Wakeups(tokio::sync::watch::Sender::new(0))
+    }
+}
+
+impl Wakeups {
+    /// Tells every subscriber that events were appended.
+    pub fn appended(&self) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A new subscriber: it sees the appends from now on.
+    pub fn subscribe(&self) -> Subscription {
+        Subscription { rx: Some(self.0.subscribe()) }
+    }
+}
+
+/// A subscription to one stream's appends (see [`Backend::subscribe`]).
+///
+/// Appends between two waits are not lost: a wait returns at once when
+/// anything was appended since the previous one returned (or since the
+/// subscription was made). Keep one per consumer loop rather than
+/// subscribing for each wait.
+#[derive(Debug)]
+pub struct Subscription {
+    /// None: polling (the backend has no wakeups, or its source is gone).
+    rx: Option<tokio::sync::watch::Receiver<u64>>,
+}
+
+impl Subscription {
+    /// A subscription that never wakes early: each wait sleeps its timeout.
+    pub fn polling() -> Self {
+        Subscription { rx: None }
+    }
+
+    /// True when appends wake it (false: it polls).
+    pub fn wakes(&self) -> bool {
+        self.rx.is_some()
+    }
+
+    /// Returns when events were appended since the last wait (true), or
+    /// after `timeout` (false).
+    pub async fn wait(&mut self, timeout: Duration) -> bool {
+        let Some(rx) = &mut self.rx else {
+            tokio::time::sleep(timeout).await;
+            return false;
+        };
+        match tokio::time::timeout(timeout, rx.changed()).await {
+            Ok(Ok(())) => {
+                rx.borrow_and_update();
+                true
+            }
+            // The backend dropped its source (it was closed): poll from now.
+            Ok(Err(_)) => {
+                self.rx = None;
+                false
+            }
+            Err(_) => false,
+        }
     }
 }

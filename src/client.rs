@@ -6,13 +6,13 @@ use std::time::Duration;
 use futures::{Stream, StreamExt, TryStreamExt};
 use serde::Serialize;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Subscription};
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::capabilities::Capabilities;
 use crate::model::damage::Damage;
 use crate::model::event::{AppendOptions, Event, NewEvent, Payload};
 use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag,
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, ReplayFrom,
     ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
 };
 use crate::model::lease::{FetchReport, Lease, LeaseRef, RetryOutcome};
@@ -344,9 +344,8 @@ impl Rheo {
     pub async fn append_encoded(&self, stream: &str, payload: Payload, opts: AppendOptions) -> Result<Event> {
         check_stream(stream)?;
         let event = self.prepare(stream, payload, opts)?;
-        let e = observed("append", stream, "", self.inner.backend.append(stream, event)).await?;
-        observe::appended(stream, 1);
-        Ok(e)
+        let mut out = self.store("append", stream, vec![event]).await?;
+        out.pop().ok_or_else(|| Error::failed("append", format!("stream {stream:?}: the backend stored no event")))
     }
 
     /// Appends payloads atomically (all or none), each with default options.
@@ -379,9 +378,31 @@ impl Rheo {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        let out = observed("append_batch", stream, "", self.inner.backend.append_batch(stream, events)).await?;
-        observe::appended(stream, out.len());
-        Ok(out)
+        self.store("append_batch", stream, events).await
+    }
+
+    /// Hands prepared events to the backend and builds the appended events
+    /// from the positions it returns.
+    async fn store(&self, call: &'static str, stream: &str, events: Vec<NewEvent>) -> Result<Vec<Event>> {
+        let positions = observed(call, stream, "", self.inner.backend.append_batch(stream, &events)).await?;
+        if positions.len() != events.len() {
+            // The events are stored, but which went where is unknown.
+            return Err(Error::ambiguous(
+                call,
+                format!(
+                    "stream {stream:?}: the backend returned {} positions for {} events",
+                    positions.len(),
+                    events.len()
+                ),
+            ));
+        }
+        observe::appended(stream, events.len());
+        let name: Arc<str> = Arc::from(stream);
+        Ok(events
+            .into_iter()
+            .zip(positions)
+            .map(|(e, at)| e.into_event(&name, at.partition, at.sequence, at.timestamp))
+            .collect())
     }
 
     /// Events of one partition after a sequence, ascending; no group state.
@@ -629,18 +650,18 @@ impl Rheo {
     /// Reopens deliveries; returns how many events were reopened.
     pub async fn replay(&self, stream: &str, group: &str, opts: ReplayOptions) -> Result<u64> {
         check_group(stream, group)?;
-        opts.mode(stream, group)?;
-        if let Some(q) = &opts.query {
+        let replay = opts.validate(stream, group)?;
+        if let ReplayFrom::Query(q) = &replay.from {
             q.validate()?;
         }
-        observed("replay", stream, group, self.inner.backend.replay(stream, group, &opts)).await
+        observed("replay", stream, group, self.inner.backend.replay(stream, group, &replay)).await
     }
 
     /// Clears and restarts a group; `opts.confirm` must be true.
     pub async fn reset_group(&self, stream: &str, group: &str, opts: ResetOptions) -> Result<()> {
         check_group(stream, group)?;
-        opts.check_confirmed(stream, group)?;
-        observed("reset_group", stream, group, self.inner.backend.reset_group(stream, group, &opts)).await
+        let reset = opts.confirmed_for(stream, group)?;
+        observed("reset_group", stream, group, self.inner.backend.reset_group(stream, group, &reset)).await
     }
 
     /// Lag of a group over all its partitions.
@@ -685,10 +706,31 @@ impl Rheo {
         Ok(info)
     }
 
-    /// Waits until new events may be claimable on `stream`, or `timeout`.
-    pub async fn wait_for_events(&self, stream: &str, timeout: Duration) -> Result<()> {
+    /// A subscription to appends on `stream` (see [`Subscription`]): keep
+    /// one per consumer loop and wait on it between fetches that came back
+    /// empty. On a backend without wakeups its waits just sleep (polling).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {
+    /// # let rheo = rheo::Rheo::open("memory:").await?;
+    /// # rheo.create_stream("orders", rheo::StreamOptions::new()).await?;
+    /// let mut appends = rheo.subscribe("orders").await?;
+    /// rheo.append("orders", &serde_json::json!({"n": 1}), rheo::AppendOptions::new()).await?;
+    /// // Appended since subscribing: returns at once.
+    /// assert!(appends.wait(std::time::Duration::from_secs(60)).await);
+    /// # Ok::<(), rheo::Error>(()) }).expect("example");
+    /// ```
+    pub async fn subscribe(&self, stream: &str) -> Result<Subscription> {
         check_stream(stream)?;
-        observed("wait_for_events", stream, "", self.inner.backend.wait_for_events(stream, timeout)).await
+        observed("subscribe", stream, "", self.inner.backend.subscribe(stream)).await
+    }
+
+    /// Waits until events are appended to `stream`, or `timeout` (a
+    /// subscription made for this one wait: appends before the call are not
+    /// seen; a loop keeps one from [`Rheo::subscribe`] instead).
+    pub async fn wait_for_events(&self, stream: &str, timeout: Duration) -> Result<()> {
+        self.subscribe(stream).await?.wait(timeout).await;
+        Ok(())
     }
 }
 

@@ -42,7 +42,7 @@ pub mod observe;
 mod rangeset;
 pub mod runtime;
 
-pub use backend::Backend;
+pub use backend::{Backend, Subscription, Wakeups};
 pub use backends::memory::MemoryBackend;
 pub use backends::native::NativeBackend;
 pub use client::{IndexBuild, Rheo, RheoBuilder};
@@ -52,11 +52,12 @@ pub use model::capabilities::Capabilities;
 pub use model::damage::Damage;
 pub use model::event::{
     AppendOptions, Event, EventParts, LINEAGE_FIELDS, Lineage, MAX_PAYLOAD_DEPTH, Metadata, NewEvent, Payload,
-    PayloadFormat,
+    PayloadFormat, Position,
 };
 pub use model::group::{
     Backoff, DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag,
-    MAX_INDEXES, PartitionLag, ReplayOptions, ResetOptions, StartPosition, StreamInfo, StreamOptions,
+    MAX_INDEXES, PartitionLag, Replay, ReplayFrom, ReplayOptions, Reset, ResetOptions, StartPosition, StreamInfo,
+    StreamOptions,
 };
 pub use model::lease::{FetchReport, Lease, LeaseId, LeaseRef, RetryOutcome};
 pub use model::limits::{

@@ -114,6 +114,7 @@ macro_rules! suite {
                     names::stream_name_over_255_bytes_is_invalid_name,
                     names::names_with_nul_or_control_chars_are_invalid_name,
                     wakeups::wait_for_events_wakes_on_append,
+                    wakeups::a_subscription_sees_appends_made_between_its_waits,
                     indexes::create_index_backfills_and_queries_stay_exact,
                     indexes::create_index_refuses_log_fields_bad_paths_and_unknown_streams,
                     indexes::indexed_values_match_by_type,

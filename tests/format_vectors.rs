@@ -2807,19 +2807,34 @@ fn engine_writes_the_specified_records() {
         b.reject(&l[2].to_ref(), "bad").await.expect("reject");
         expected.push(json!({"group": "live", "ops": [{"DeadLetter": {"p": 0, "seq": 3, "reason": "bad", "at": t}}]}));
         let q = Query::new(STREAM).eq("id", "evt-0001");
-        assert_eq!(b.replay(STREAM, "live", &ReplayOptions::query(q)).await.expect("replay"), 1);
+        assert_eq!(
+            b.replay(STREAM, "live", &ReplayOptions::query(q).validate(STREAM, "live").expect("valid"))
+                .await
+                .expect("replay"),
+            1
+        );
         expected.push(json!({"group": "live", "ops": [{"ReopenOne": {"p": 0, "seqs": [1]}}]}));
-        b.replay(STREAM, "live", &ReplayOptions::from_sequence(0)).await.expect("replay");
+        b.replay(STREAM, "live", &ReplayOptions::from_sequence(0).validate(STREAM, "live").expect("valid"))
+            .await
+            .expect("replay");
         expected.push(json!({"group": "live", "ops": [{"ReopenAfter": {"p": 0, "after": 0}}]}));
         let l = b.fetch(STREAM, "live", &fetch(10, "c2")).await.expect("fetch").leases;
         assert_eq!(l.iter().map(Lease::sequence).collect::<Vec<_>>(), [1, 3, 4, 5, 6, 7], "2 waits for its retry");
         expected.push(json!({"group": "live", "ops": claim("c2", &l)}));
         // Everything in flight: a fetch moves the cursor over it and claims nothing.
-        b.replay(STREAM, "live", &ReplayOptions::from_sequence(0)).await.expect("replay");
+        b.replay(STREAM, "live", &ReplayOptions::from_sequence(0).validate(STREAM, "live").expect("valid"))
+            .await
+            .expect("replay");
         expected.push(json!({"group": "live", "ops": [{"ReopenAfter": {"p": 0, "after": 0}}]}));
         assert!(b.fetch(STREAM, "live", &fetch(10, "c2")).await.expect("fetch").leases.is_empty());
         expected.push(json!({"group": "live", "ops": [{"Cursor": {"p": 0, "cursor": 7}}]}));
-        b.reset_group(STREAM, "live", &ResetOptions::confirmed().start_after(2)).await.expect("reset");
+        b.reset_group(
+            STREAM,
+            "live",
+            &ResetOptions::confirmed().start_after(2).confirmed_for(STREAM, "live").expect("confirmed"),
+        )
+        .await
+        .expect("reset");
         expected.push(json!({"group": "live", "ops": [{"Reset": {"p": 0, "frontier": 2}}]}));
         let l = b.fetch(STREAM, "live", &fetch(2, "c3")).await.expect("fetch").leases;
         expected.push(json!({"group": "live", "ops": claim("c3", &l)}));

@@ -58,6 +58,9 @@ impl Spy {
 
 #[async_trait]
 impl Backend for Spy {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
@@ -73,10 +76,7 @@ impl Backend for Spy {
     async fn create_group(&self, stream: &str, group: &str, opts: &GroupOptions) -> Result<rheo::GroupSummary> {
         self.inner.create_group(stream, group, opts).await
     }
-    async fn append(&self, stream: &str, event: NewEvent) -> Result<Event> {
-        self.inner.append(stream, event).await
-    }
-    async fn append_batch(&self, stream: &str, events: Vec<NewEvent>) -> Result<Vec<Event>> {
+    async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<rheo::Position>> {
         self.inner.append_batch(stream, events).await
     }
     async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
@@ -122,10 +122,10 @@ impl Backend for Spy {
     async fn reject(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
         self.inner.reject(lease, reason).await
     }
-    async fn replay(&self, stream: &str, group: &str, opts: &rheo::ReplayOptions) -> Result<u64> {
+    async fn replay(&self, stream: &str, group: &str, opts: &rheo::Replay) -> Result<u64> {
         self.inner.replay(stream, group, opts).await
     }
-    async fn reset_group(&self, stream: &str, group: &str, opts: &rheo::ResetOptions) -> Result<()> {
+    async fn reset_group(&self, stream: &str, group: &str, opts: &rheo::Reset) -> Result<()> {
         self.inner.reset_group(stream, group, opts).await
     }
     async fn lag(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
@@ -134,8 +134,8 @@ impl Backend for Spy {
     async fn dead_letters(&self, stream: &str, group: &str, opts: &DeadLetterOptions) -> Result<Vec<rheo::DeadLetter>> {
         self.inner.dead_letters(stream, group, opts).await
     }
-    async fn wait_for_events(&self, stream: &str, timeout: Duration) -> Result<()> {
-        self.inner.wait_for_events(stream, timeout).await
+    async fn subscribe(&self, stream: &str) -> Result<rheo::Subscription> {
+        self.inner.subscribe(stream).await
     }
 }
 

@@ -722,17 +722,17 @@ impl Run {
         match (call, expect) {
             (Call::Append { p, n }, _) => {
                 let first = self.m.events[*p as usize].len() as u64 + 1;
-                let events = (0..u64::from(*n))
+                let events: Vec<NewEvent> = (0..u64::from(*n))
                     .map(|i| {
                         let opts = AppendOptions::new().partition(*p).id(event_id(*p, first + i));
                         NewEvent::prepare(serde_json::json!({"i": first + i, "tag": (first + i) % TAGS}), opts)
                     })
                     .collect();
-                let out = self.b().append_batch(STREAM, events).await.expect("append");
-                let seqs: Vec<u64> = out.iter().map(|e| e.sequence()).collect();
+                let out = self.b().append_batch(STREAM, &events).await.expect("append");
+                let seqs: Vec<u64> = out.iter().map(|e| e.sequence).collect();
                 assert_eq!(seqs, (first..first + u64::from(*n)).collect::<Vec<_>>(), "appended sequences");
                 for e in &out {
-                    self.m.append(*p, e.timestamp(), e.sequence() % TAGS);
+                    self.m.append(*p, e.timestamp, e.sequence % TAGS);
                 }
                 return false;
             }
@@ -844,7 +844,8 @@ impl Run {
                 if let Some(p) = only {
                     opts = opts.partitions(vec![*p]);
                 }
-                let r = answer!(self.b().replay(STREAM, GROUPS[*g], &opts).await);
+                let replay = opts.validate(STREAM, GROUPS[*g]).expect("one start");
+                let r = answer!(self.b().replay(STREAM, GROUPS[*g], &replay).await);
                 match want {
                     Ok(n) => assert_eq!(r.ok(), Some(n), "step {step} ({call:?}): events reopened"),
                     Err(true) => assert!(
@@ -866,7 +867,8 @@ impl Run {
                 if let Some(p) = only {
                     opts = opts.partitions(vec![*p]);
                 }
-                let r = answer!(self.b().reset_group(STREAM, GROUPS[*g], &opts).await);
+                let reset = opts.confirmed_for(STREAM, GROUPS[*g]).expect("confirmed");
+                let r = answer!(self.b().reset_group(STREAM, GROUPS[*g], &reset).await);
                 assert_eq!(r.is_ok(), ok, "step {step} ({call:?}): reset: {r:?}");
                 self.m.live = state;
             }

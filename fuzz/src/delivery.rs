@@ -115,9 +115,9 @@ async fn build_base() -> Base {
     b.create_group(STREAM, "g", &GroupOptions::new().max_attempts(3)).await.expect("group g");
     let h = GroupOptions::new().partitions(vec![1]).retry_backoff(Backoff::Fixed(Duration::from_millis(500)));
     b.create_group(STREAM, "h", &h).await.expect("group h");
-    let events =
-        (0..6u32).map(|i| NewEvent::prepare(serde_json::json!({"i": i}), AppendOptions::new().partition(i % 2)));
-    b.append_batch(STREAM, events.collect()).await.expect("append");
+    let events: Vec<NewEvent> =
+        (0..6u32).map(|i| NewEvent::prepare(serde_json::json!({"i": i}), AppendOptions::new().partition(i % 2))).collect();
+    b.append_batch(STREAM, &events).await.expect("append");
     let fetch = FetchOptions::new().limit(4).consumer("c").lease(Duration::from_secs(5));
     let leases = b.fetch(STREAM, "g", &fetch).await.expect("fetch").leases;
     b.ack(&leases[0].to_ref()).await.expect("ack");
@@ -128,7 +128,7 @@ async fn build_base() -> Base {
     b.ack_many(&[hl[0].to_ref(), hl[1].to_ref()]).await.expect("ack_many");
     clock.advance(Duration::from_secs(6));
     b.retry(&hl[2].to_ref(), "later", None).await.expect("retry h");
-    b.replay(STREAM, "g", &ReplayOptions::from_sequence(2).partitions(vec![0])).await.expect("replay");
+    b.replay(STREAM, "g", &ReplayOptions::from_sequence(2).partitions(vec![0]).validate(STREAM, "g").expect("valid")).await.expect("replay");
     let _ = b.fetch(STREAM, "g", &fetch).await.expect("fetch again").leases;
     let tree = copy_tree(&mem);
     let wal = mem.read_file(WAL1).expect("WAL generation 1");
@@ -211,7 +211,8 @@ pub fn open_and_exercise(vfs: &MemVfs, opts: &EngineOptions) -> bool {
                     let _ = b.reject(&l, "fuzz").await;
                 }
             }
-            let _ = b.replay(STREAM, &g.name, &ReplayOptions::from_sequence(1)).await;
+            let replay = ReplayOptions::from_sequence(1).validate(STREAM, &g.name).expect("valid");
+            let _ = b.replay(STREAM, &g.name, &replay).await;
             clock.advance(Duration::from_secs(2));
             let _ = b.fetch(STREAM, &g.name, &fetch).await;
         }

@@ -11,6 +11,7 @@
 //! replaying from a time costs what the source's `first_at_or_after` costs.
 
 pub(crate) mod journal;
+pub(crate) mod rules;
 pub(crate) mod state;
 
 use std::collections::BTreeMap;
@@ -22,7 +23,7 @@ use crate::model::damage::Damage;
 use crate::model::event::Event;
 use crate::model::group::{
     Backoff, DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, PartitionLag,
-    ReplayMode, ReplayOptions, ResetOptions, StartPosition, check_partitions,
+    Replay, ReplayFrom, Reset, StartPosition, check_partitions,
 };
 use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef, RetryOutcome};
 use crate::model::query::Query;
@@ -286,7 +287,7 @@ impl GroupState {
                     Planned::Spent => {
                         // A lease that expired on its last attempt: the consumer
                         // died holding it (a poison pill); stop redelivering.
-                        self.dead_letter(p, seq, "max_attempts: lease expired".to_owned(), now);
+                        self.dead_letter(p, seq, rules::EXPIRED_ON_LAST_ATTEMPT.to_owned(), now);
                     }
                     Planned::Claim(event) => {
                         let Some(part) = self.parts.get_mut(&p) else { continue };
@@ -380,39 +381,42 @@ impl GroupState {
         now: Timestamp,
     ) -> Result<RetryOutcome> {
         let delivery = self.held(lease)?;
-        if delivery.attempt >= self.summary.max_attempts {
-            self.dead_letter(lease.partition, lease.sequence, format!("max_attempts: {reason}"), now);
-            return Ok(RetryOutcome::DeadLettered);
+        let decision = rules::retry(delivery.attempt, self.summary.max_attempts, reason, delay, &self.backoff, now);
+        let outcome = decision.outcome();
+        match decision {
+            rules::RetryDecision::DeadLetter { reason } => {
+                self.dead_letter(lease.partition, lease.sequence, reason, now);
+            }
+            rules::RetryDecision::Reschedule { available_at } => {
+                if let Some(part) = self.parts.get_mut(&lease.partition) {
+                    part.reschedule(lease.sequence, now, available_at);
+                }
+                let (p, seq) = (lease.partition, lease.sequence);
+                self.log(Transition::Reschedule { p, seq, now, ready_at: available_at });
+            }
         }
-        let wait = delay.unwrap_or_else(|| self.backoff.delay(delivery.attempt));
-        let available_at = now.saturating_add(wait);
-        if let Some(part) = self.parts.get_mut(&lease.partition) {
-            part.reschedule(lease.sequence, now, available_at);
-        }
-        self.log(Transition::Reschedule { p: lease.partition, seq: lease.sequence, now, ready_at: available_at });
-        Ok(RetryOutcome::Scheduled { available_at })
+        Ok(outcome)
     }
 
     /// Dead-letters a delivery.
     pub(crate) fn reject(&mut self, lease: &LeaseRef, reason: &str, now: Timestamp) -> Result<()> {
         self.held(lease)?;
-        self.dead_letter(lease.partition, lease.sequence, reason.to_owned(), now);
+        self.dead_letter(lease.partition, lease.sequence, rules::rejected(reason), now);
         Ok(())
     }
 
     /// Reopens deliveries; returns how many settled events were reopened.
-    pub(crate) fn replay(&mut self, src: &dyn EventSource, opts: &ReplayOptions) -> Result<u64> {
+    pub(crate) fn replay(&mut self, src: &dyn EventSource, replay: &Replay) -> Result<u64> {
         let (stream, group) = (src.stream(), self.summary.name.clone());
-        let mode = opts.mode(stream, &group)?;
-        let scope = self.scope(src, opts.partitions.as_deref())?;
+        let scope = self.scope(src, replay.partitions.as_deref())?;
         let mut reopened = 0;
         let mut dead_orders = Vec::new();
-        let starts: Vec<(u32, u64)> = match mode {
-            ReplayMode::Sequence(from) => scope.iter().map(|&p| (p, from)).collect(),
-            ReplayMode::Time(t) => {
+        let starts: Vec<(u32, u64)> = match &replay.from {
+            ReplayFrom::Sequence(from) => scope.iter().map(|&p| (p, *from)).collect(),
+            ReplayFrom::Time(t) => {
                 let mut starts = Vec::new();
                 for &p in &scope {
-                    if let Some(seq) = src.first_at_or_after(p, t)? {
+                    if let Some(seq) = src.first_at_or_after(p, *t)? {
                         starts.push((p, seq - 1));
                     }
                 }
@@ -425,7 +429,7 @@ impl GroupState {
                 }
                 starts
             }
-            ReplayMode::Query(q) => {
+            ReplayFrom::Query(q) => {
                 // Every match is read before anything changes: a query that
                 // fails (damage, an I/O error) reopens nothing.
                 let matched = query_matches(src, q)?;
@@ -456,10 +460,10 @@ impl GroupState {
     pub(crate) fn replay_matches(
         &mut self,
         src: &dyn EventSource,
-        opts: &ReplayOptions,
+        partitions: Option<&[u32]>,
         matched: &[(u32, Vec<u64>)],
     ) -> Result<u64> {
-        let scope = self.scope(src, opts.partitions.as_deref())?;
+        let scope = self.scope(src, partitions)?;
         let (reopened, dead) = self.reopen_matches(&scope, matched);
         for order in dead {
             self.dead_order.remove(&order);
@@ -496,7 +500,7 @@ impl GroupState {
     }
 
     /// Clears the group's state in scope and restarts it at `opts.start`.
-    pub(crate) fn reset(&mut self, src: &dyn EventSource, opts: &ResetOptions) -> Result<()> {
+    pub(crate) fn reset(&mut self, src: &dyn EventSource, opts: &Reset) -> Result<()> {
         if let StartPosition::AfterPerPartition(m) = &opts.start {
             check_partitions(src.stream(), &m.keys().copied().collect::<Vec<_>>(), src.partition_count())?;
         }
@@ -633,7 +637,7 @@ impl GroupState {
                 ),
             ));
         }
-        self.dead_letter(p, seq, format!("skipped: {reason}"), now);
+        self.dead_letter(p, seq, rules::skipped(reason), now);
         Ok(true)
     }
 }

@@ -157,7 +157,7 @@ impl PartState {
             };
             match (ready.peek().copied(), fresh) {
                 (Some(r), f) if f.is_none_or(|f| r < f) => {
-                    let spent = self.deliveries.get(&r).is_some_and(|d| d.attempt >= max_attempts);
+                    let spent = self.deliveries.get(&r).is_some_and(|d| super::rules::spent(d.attempt, max_attempts));
                     if spent {
                         if *spent_left == 0 {
                             return walked;

@@ -18,8 +18,8 @@ pub struct Capabilities {
     pub distributed: bool,
     /// The backend has a native claim receipt distinct from the lease id.
     pub native_receipts: bool,
-    /// `wait_for_events` returns as soon as new events are appended, rather
-    /// than polling.
+    /// A [`Subscription`](crate::Subscription) wakes as soon as events are
+    /// appended, rather than polling.
     pub wakeups: bool,
     /// Queries use secondary indexes (otherwise they scan).
     pub indexed_query: bool,

@@ -478,6 +478,19 @@ impl std::fmt::Debug for Document {
     }
 }
 
+/// Where a backend stored an appended event: what
+/// [`Backend::append_batch`](crate::Backend::append_batch) returns for each
+/// event, from which the facade builds the [`Event`] it hands back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// The partition it went to.
+    pub partition: u32,
+    /// Its sequence in that partition.
+    pub sequence: u64,
+    /// Its timestamp: the one given to the append, else the backend's clock.
+    pub timestamp: Timestamp,
+}
+
 /// Everything an [`Event`] holds, to build one by hand (tests, tools,
 /// bridges); backends build events themselves.
 #[derive(Debug, Clone, PartialEq)]

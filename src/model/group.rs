@@ -344,34 +344,64 @@ impl ReplayOptions {
         self
     }
 
-    /// Which of the three modes is chosen; `InvalidReplayOpts` unless exactly one.
-    pub(crate) fn mode(&self, stream: &str, group: &str) -> Result<ReplayMode<'_>> {
+    /// The replay a backend receives: `InvalidReplayOpts` unless exactly
+    /// one of the three starts is chosen (and a query names this stream).
+    pub fn validate(self, stream: &str, group: &str) -> Result<Replay> {
         let invalid = |reason: &str| Error::InvalidReplayOpts {
             stream: stream.to_owned(),
             group: group.to_owned(),
             reason: reason.to_owned(),
         };
-        match (self.from_sequence, self.from, &self.query) {
-            (Some(s), None, None) => Ok(ReplayMode::Sequence(s)),
-            (None, Some(t), None) => Ok(ReplayMode::Time(t)),
+        let from = match (self.from_sequence, self.from, self.query) {
+            (Some(s), None, None) => ReplayFrom::Sequence(s),
+            (None, Some(t), None) => ReplayFrom::Time(t),
             (None, None, Some(q)) => {
                 if q.stream != stream {
                     return Err(invalid("the replay query names another stream"));
                 }
-                Ok(ReplayMode::Query(q))
+                ReplayFrom::Query(q)
             }
-            (None, None, None) => Err(invalid("give one of from_sequence, from or query")),
-            _ => Err(invalid("give only one of from_sequence, from or query")),
-        }
+            (None, None, None) => return Err(invalid("give one of from_sequence, from or query")),
+            _ => return Err(invalid("give only one of from_sequence, from or query")),
+        };
+        Ok(Replay { from, partitions: self.partitions })
     }
 }
 
-/// The validated form of [`ReplayOptions`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum ReplayMode<'a> {
+/// A validated replay, as a backend receives it: the facade builds it from
+/// [`ReplayOptions`], so a backend never sees an ambiguous request.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Replay {
+    /// Where the replay starts.
+    pub from: ReplayFrom,
+    /// The partitions it covers (None: all of the group's). Not yet checked
+    /// against the stream: a backend answers `InvalidPartition`.
+    pub partitions: Option<Vec<u32>>,
+}
+
+/// Which settled deliveries a [`Replay`] reopens.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ReplayFrom {
+    /// Every sequence above this one, per partition.
     Sequence(u64),
+    /// Per partition, from the first event at or after this time.
     Time(Timestamp),
-    Query(&'a Query),
+    /// Exactly the events matching this query (of the group's stream).
+    Query(Query),
+}
+
+/// A confirmed reset, as a backend receives it: the facade builds it from
+/// [`ResetOptions`] once `confirm` is checked, so backends never check it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reset {
+    /// Where the group restarts.
+    pub start: StartPosition,
+    /// The partitions reset (None: all of the group's). Not yet checked
+    /// against the stream: a backend answers `InvalidPartition`.
+    pub partitions: Option<Vec<u32>>,
 }
 
 /// Options of `reset_group`; `confirm` must be true.
@@ -391,17 +421,17 @@ impl ResetOptions {
         ResetOptions { confirm: true, ..Self::default() }
     }
 
-    /// `ConfirmRequired` unless `confirm` is set (every backend checks it
-    /// before anything else).
-    pub fn check_confirmed(&self, stream: &str, group: &str) -> crate::error::Result<()> {
-        if self.confirm {
-            return Ok(());
+    /// The reset a backend receives; `ConfirmRequired` unless `confirm` is
+    /// set (checked by the facade before anything else).
+    pub fn confirmed_for(self, stream: &str, group: &str) -> Result<Reset> {
+        if !self.confirm {
+            return Err(Error::ConfirmRequired {
+                operation: "reset_group",
+                stream: stream.to_owned(),
+                group: group.to_owned(),
+            });
         }
-        Err(crate::error::Error::ConfirmRequired {
-            operation: "reset_group",
-            stream: stream.to_owned(),
-            group: group.to_owned(),
-        })
+        Ok(Reset { start: self.start, partitions: self.partitions })
     }
     /// Sets the start position.
     pub fn start(mut self, start: StartPosition) -> Self {

@@ -317,6 +317,9 @@ async fn fetch_loop(
     let mut backoff = ErrorBackoff::new();
     // When the group's lag and in-flight gauges were last refreshed.
     let mut gauges_at: Option<Instant> = None;
+    // Appends wake the idle loop; made before the first fetch so that none
+    // is missed (on failure, made again when idle; polling meanwhile).
+    let mut appends = cfg.rheo.subscribe(&cfg.stream).await.ok();
     loop {
         while tasks.try_join_next().is_some() {}
         let first = tokio::select! {
@@ -380,8 +383,15 @@ async fn fetch_loop(
                             tracing::debug!(stream = %cfg.stream, group = %cfg.group, "refreshing the gauges: {e}");
                         }
                     }
-                    if cfg.rheo.wait_for_events(&cfg.stream, cfg.poll).await.is_err() {
-                        tokio::time::sleep_until(started + cfg.poll).await;
+                    if appends.is_none() {
+                        appends = cfg.rheo.subscribe(&cfg.stream).await.ok();
+                    }
+                    match &mut appends {
+                        Some(s) => {
+                            let left = (started + cfg.poll).saturating_duration_since(Instant::now());
+                            s.wait(left).await;
+                        }
+                        None => tokio::time::sleep_until(started + cfg.poll).await,
                     }
                 }
             }

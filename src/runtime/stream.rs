@@ -13,6 +13,7 @@ use futures::{FutureExt, Stream};
 use parking_lot::Mutex;
 
 use super::{DEFAULT_LEASE, DEFAULT_MAX_DEMAND, DEFAULT_POLL, ErrorBackoff, check_bounds, clip_reason, renew_interval};
+use crate::backend::Subscription;
 use crate::client::Rheo;
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::group::FetchOptions;
@@ -93,7 +94,8 @@ struct Shared {
 enum State {
     Idle,
     Fetching(BoxFuture<'static, Result<Vec<Lease>>>),
-    Waiting(BoxFuture<'static, ()>),
+    /// Waiting out a backoff or for appends; gives the subscription back.
+    Waiting(BoxFuture<'static, Option<Subscription>>),
 }
 
 /// Leases of one group as a [`futures::Stream`]: at most `max_demand`
@@ -136,6 +138,9 @@ pub struct LeaseStream {
     buffer: VecDeque<(u64, Lease)>,
     state: State,
     backoff: ErrorBackoff,
+    /// Appends to the stream wake an idle stream (None until made, or
+    /// while a wait holds it).
+    appends: Option<Subscription>,
 }
 
 impl std::fmt::Debug for LeaseStream {
@@ -193,6 +198,7 @@ impl LeaseStream {
             buffer: VecDeque::new(),
             state: State::Idle,
             backoff: ErrorBackoff::new(),
+            appends: None,
         })
     }
 
@@ -213,14 +219,23 @@ impl LeaseStream {
         let rheo = self.shared.rheo.clone();
         let stream = self.stream.clone();
         let poll = self.poll;
+        let appends = self.appends.take();
         self.state = State::Waiting(
             async move {
                 match backoff {
-                    Some(d) => tokio::time::sleep(d).await,
+                    Some(d) => {
+                        tokio::time::sleep(d).await;
+                        appends
+                    }
                     None => {
-                        if rheo.wait_for_events(&stream, poll).await.is_err() {
-                            tokio::time::sleep(poll).await;
-                        }
+                        // The first idle wait subscribes: from then on no
+                        // append between two waits is missed.
+                        let mut appends = match appends {
+                            Some(s) => s,
+                            None => rheo.subscribe(&stream).await.unwrap_or_else(|_| Subscription::polling()),
+                        };
+                        appends.wait(poll).await;
+                        Some(appends)
                     }
                 }
             }
@@ -282,7 +297,10 @@ impl Stream for LeaseStream {
                 }
                 State::Waiting(fut) => match fut.as_mut().poll(cx) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(()) => this.state = State::Idle,
+                    Poll::Ready(appends) => {
+                        this.appends = appends;
+                        this.state = State::Idle;
+                    }
                 },
                 State::Idle => {
                     let mut out = this.outstanding();

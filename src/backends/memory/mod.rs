@@ -14,16 +14,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
-use tokio::sync::Notify;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Subscription, Wakeups};
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::{EventSource, GroupState};
 use crate::model::capabilities::Capabilities;
-use crate::model::event::{Event, NewEvent};
+use crate::model::event::{Event, NewEvent, Position};
 use crate::model::group::{
     DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, MAX_INDEXES,
-    ReplayOptions, ResetOptions, StreamInfo, StreamOptions, check_partitions,
+    Replay, Reset, StreamInfo, StreamOptions, check_partitions,
 };
 use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::path::canonical_path;
@@ -43,7 +42,7 @@ pub struct MemoryBackend {
 #[derive(Debug)]
 struct Slot {
     state: Mutex<StreamState>,
-    appended: Notify,
+    appended: Wakeups,
 }
 
 #[derive(Debug)]
@@ -135,19 +134,19 @@ impl MemoryBackend {
         })
     }
 
-    fn append_locked(&self, log: &mut MemLog, events: Vec<NewEvent>) -> Result<Vec<Event>> {
+    fn append_locked(&self, log: &mut MemLog, events: &[NewEvent]) -> Result<Vec<Position>> {
         let count = log.opts.partition_count;
         // Route every event first so that a bad partition appends nothing.
-        let routed = events.into_iter().map(|e| Ok((route(&log.name, &e, count)?, e))).collect::<Result<Vec<_>>>()?;
+        let routed = events.iter().map(|e| Ok((route(&log.name, e, count)?, e))).collect::<Result<Vec<_>>>()?;
         let now = self.clock.now();
         let mut out = Vec::with_capacity(routed.len());
         for (p, e) in routed {
             let events = &mut log.partitions[p as usize];
             let seq = events.len() as u64 + 1;
-            let event = e.into_event(&log.name, p, seq, now);
+            let event = e.clone().into_event(&log.name, p, seq, now);
             log.ids.entry(event.id().to_owned()).or_insert((p, seq));
-            events.push(event.clone());
-            out.push(event);
+            out.push(Position { partition: p, sequence: seq, timestamp: event.timestamp() });
+            events.push(event);
         }
         Ok(out)
     }
@@ -155,6 +154,10 @@ impl MemoryBackend {
 
 #[async_trait]
 impl Backend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
     fn capabilities(&self) -> Capabilities {
         let mut c = Capabilities::new(BACKEND);
         c.wakeups = true;
@@ -185,7 +188,7 @@ impl Backend for MemoryBackend {
         };
         let info = stream_info(&log);
         let state = StreamState { log, groups: BTreeMap::new() };
-        streams.insert(stream.to_owned(), Arc::new(Slot { state: Mutex::new(state), appended: Notify::new() }));
+        streams.insert(stream.to_owned(), Arc::new(Slot { state: Mutex::new(state), appended: Wakeups::default() }));
         Ok(info)
     }
 
@@ -202,22 +205,13 @@ impl Backend for MemoryBackend {
         })
     }
 
-    async fn append(&self, stream: &str, event: NewEvent) -> Result<Event> {
-        let mut out = self.append_batch(stream, vec![event]).await?;
-        out.pop().ok_or_else(|| Error::failed("append", "the batch returned no event"))
-    }
-
-    async fn append_batch(&self, stream: &str, events: Vec<NewEvent>) -> Result<Vec<Event>> {
+    async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
         let slot = self.slot(stream)?;
         let out = {
             let mut state = slot.state.lock();
             self.append_locked(&mut state.log, events)?
         };
-        // Wake every waiter, and leave a permit for the next one: a consumer
-        // whose fetch came back empty just before this append returns at once
-        // from its wait instead of sleeping until its poll.
-        slot.appended.notify_waiters();
-        slot.appended.notify_one();
+        slot.appended.appended();
         Ok(out)
     }
 
@@ -289,14 +283,12 @@ impl Backend for MemoryBackend {
         self.with_group(stream, group, |g, log| g.skip(log, partition, sequence, reason, now))
     }
 
-    async fn replay(&self, stream: &str, group: &str, opts: &ReplayOptions) -> Result<u64> {
-        opts.mode(stream, group)?;
-        self.with_group(stream, group, |g, log| g.replay(log, opts))
+    async fn replay(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64> {
+        self.with_group(stream, group, |g, log| g.replay(log, replay))
     }
 
-    async fn reset_group(&self, stream: &str, group: &str, opts: &ResetOptions) -> Result<()> {
-        opts.check_confirmed(stream, group)?;
-        self.with_group(stream, group, |g, log| g.reset(log, opts))
+    async fn reset_group(&self, stream: &str, group: &str, reset: &Reset) -> Result<()> {
+        self.with_group(stream, group, |g, log| g.reset(log, reset))
     }
 
     async fn lag(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
@@ -356,14 +348,8 @@ impl Backend for MemoryBackend {
         })
     }
 
-    async fn wait_for_events(&self, stream: &str, timeout: Duration) -> Result<()> {
-        let slot = self.slot(stream)?;
-        let _ = tokio::time::timeout(timeout, slot.appended.notified()).await;
-        Ok(())
-    }
-
-    fn unsupported(&self, operation: &'static str) -> Error {
-        Error::Unsupported { backend: BACKEND, operation }
+    async fn subscribe(&self, stream: &str) -> Result<Subscription> {
+        Ok(self.slot(stream)?.appended.subscribe())
     }
 }
 

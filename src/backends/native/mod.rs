@@ -22,9 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::Notify;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Subscription, Wakeups};
 use crate::engine::delivery::room;
 use crate::engine::log::stream::{Routed, StreamLog};
 use crate::engine::stream::Stream;
@@ -32,10 +31,10 @@ use crate::engine::{Durability, Engine, EngineOptions, RecoveryMode};
 use crate::error::{Error, Result};
 use crate::groups::{DAMAGE_PER_PARTITION, EventSource, GroupState, query_matches, spent_budget};
 use crate::model::capabilities::Capabilities;
-use crate::model::event::{Event, NewEvent};
+use crate::model::event::{Event, NewEvent, Position};
 use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, ReplayMode,
-    ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, Replay,
+    ReplayFrom, Reset, StreamInfo, StreamOptions,
 };
 use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
@@ -56,7 +55,7 @@ pub struct NativeBackend {
     /// One wakeup per stream (created on first use, at most one per stream
     /// the engine has): appends notify it, `wait_for_events` waits on it.
     /// The engine stays free of any async runtime.
-    wakeups: Arc<parking_lot::Mutex<HashMap<Arc<str>, Arc<Notify>>>>,
+    wakeups: Arc<parking_lot::Mutex<HashMap<Arc<str>, Arc<Wakeups>>>>,
 }
 
 fn boolean(k: &str, v: &str) -> Result<bool> {
@@ -149,7 +148,7 @@ impl NativeBackend {
     }
 
     /// The wakeup of a stream the engine has (see `wakeups`).
-    fn wakeup(&self, s: &Stream) -> Arc<Notify> {
+    fn wakeup(&self, s: &Stream) -> Arc<Wakeups> {
         self.wakeups.lock().entry(s.name().clone()).or_default().clone()
     }
 
@@ -247,8 +246,8 @@ impl NativeBackend {
     fn append_events(
         &self,
         stream: &str,
-        events: Vec<NewEvent>,
-    ) -> Result<(Vec<Event>, crate::engine::commit::Ticket)> {
+        events: &[NewEvent],
+    ) -> Result<(Vec<Position>, crate::engine::commit::Ticket)> {
         let s = self.engine.stream(stream)?;
         let log = &s.log;
         let count = log.partition_count();
@@ -260,7 +259,11 @@ impl NativeBackend {
             })
             .collect::<Result<Vec<_>>>()?;
         let (assigned, ticket) = self.engine.append(&s, &routed)?;
-        let out = events.into_iter().zip(assigned).map(|(e, (p, seq))| e.into_event(&log.name, p, seq, now)).collect();
+        let out = events
+            .iter()
+            .zip(assigned)
+            .map(|(e, (partition, sequence))| Position { partition, sequence, timestamp: e.timestamp.unwrap_or(now) })
+            .collect();
         Ok((out, ticket))
     }
 }
@@ -299,6 +302,10 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 
 #[async_trait]
 impl Backend for NativeBackend {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
     fn capabilities(&self) -> Capabilities {
         let mut c = Capabilities::new(BACKEND);
         c.durable = true;
@@ -337,22 +344,12 @@ impl Backend for NativeBackend {
         Ok(summary)
     }
 
-    async fn append(&self, stream: &str, event: NewEvent) -> Result<Event> {
-        let mut out = self.append_batch(stream, vec![event]).await?;
-        out.pop().ok_or_else(|| Error::failed("append", "the batch returned no event"))
-    }
-
-    async fn append_batch(&self, stream: &str, events: Vec<NewEvent>) -> Result<Vec<Event>> {
+    async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
         let (out, ticket) = self.append_events(stream, events)?;
         ticket.resolved().await?;
         // Visible now (published before the ticket resolves): wake waiters.
         if let Ok(s) = self.engine.stream(stream) {
-            // Wake every waiter, and leave a permit for the next one: a consumer
-            // whose fetch came back empty just before this append returns at once
-            // from its wait instead of sleeping until its poll.
-            let wakeup = self.wakeup(&s);
-            wakeup.notify_waiters();
-            wakeup.notify_one();
+            self.wakeup(&s).appended();
         }
         Ok(out)
     }
@@ -438,17 +435,18 @@ impl Backend for NativeBackend {
         .await
     }
 
-    async fn replay(&self, stream: &str, group: &str, opts: &ReplayOptions) -> Result<u64> {
+    async fn replay(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64> {
         let partitions = self.engine.stream(stream)?.log.partition_count();
-        let ReplayMode::Query(q) = opts.mode(stream, group)? else {
-            let opts = opts.clone();
+        let ReplayFrom::Query(q) = &replay.from else {
+            let replay = replay.clone();
             // Replaying by time reads the log.
             let room = room::reopen(partitions, 0);
-            return self.group_op_blocking(stream, group, room, move |g, src| g.replay(src, &opts)).await;
+            return self.group_op_blocking(stream, group, room, move |g, src| g.replay(src, &replay)).await;
         };
         // The group and the partitions first, so that a wrong name does not
         // wait for the query.
-        self.group_op(stream, group, room::NONE, |g, src| g.partitions_in(src, opts.partitions.as_deref())).await?;
+        let scope = replay.partitions.as_deref();
+        self.group_op(stream, group, room::NONE, |g, src| g.partitions_in(src, scope)).await?;
         // The matches are read without the table's lock (published events
         // never change), then reopened in steps of at most
         // `REPLAY_STEP` events, each one WAL record.
@@ -460,7 +458,7 @@ impl Backend for NativeBackend {
         for (i, step) in replay_steps(matched).into_iter().enumerate() {
             let n: usize = step.iter().map(|(_, seqs)| seqs.len()).sum();
             let room = room::reopen(partitions, n);
-            match self.group_op(stream, group, room, |g, src| g.replay_matches(src, opts, &step)).await {
+            match self.group_op(stream, group, room, |g, src| g.replay_matches(src, scope, &step)).await {
                 Ok(k) => reopened += k,
                 Err(e) if i == 0 => return Err(e),
                 Err(e) => {
@@ -477,11 +475,10 @@ impl Backend for NativeBackend {
         Ok(reopened)
     }
 
-    async fn reset_group(&self, stream: &str, group: &str, opts: &ResetOptions) -> Result<()> {
-        opts.check_confirmed(stream, group)?;
+    async fn reset_group(&self, stream: &str, group: &str, reset: &Reset) -> Result<()> {
         let partitions = self.engine.stream(stream)?.log.partition_count();
-        let opts = opts.clone();
-        self.group_op_blocking(stream, group, room::reopen(partitions, 0), move |g, src| g.reset(src, &opts)).await
+        let reset = reset.clone();
+        self.group_op_blocking(stream, group, room::reopen(partitions, 0), move |g, src| g.reset(src, &reset)).await
     }
 
     async fn lag(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
@@ -522,11 +519,9 @@ impl Backend for NativeBackend {
         self.blocking(move || engine.index_status(&stream)).await
     }
 
-    async fn wait_for_events(&self, stream: &str, timeout: Duration) -> Result<()> {
+    async fn subscribe(&self, stream: &str) -> Result<Subscription> {
         let s = self.engine.stream(stream)?;
-        let wakeup = self.wakeup(&s);
-        let _ = tokio::time::timeout(timeout, wakeup.notified()).await;
-        Ok(())
+        Ok(self.wakeup(&s).subscribe())
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
@@ -537,10 +532,6 @@ impl Backend for NativeBackend {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
-    }
-
-    fn unsupported(&self, operation: &'static str) -> Error {
-        Error::Unsupported { backend: BACKEND, operation }
     }
 }
 

@@ -102,9 +102,9 @@ async fn run(calls: Vec<Call>, checkpoint_bytes: u64) -> Result<(), TestCaseErro
         let now = clock.now();
         match c {
             Call::Append(p, n) => {
-                let events =
+                let events: Vec<NewEvent> =
                     (0..n).map(|i| NewEvent::prepare(json!({"n": i % 3}), AppendOptions::new().partition(p))).collect();
-                b.append_batch("s", events).await.expect("append");
+                b.append_batch("s", &events).await.expect("append");
             }
             Call::Fetch { limit, consumer, lease_ms } => {
                 let group = if consumer == 2 { "h" } else { "g" };
@@ -140,19 +140,33 @@ async fn run(calls: Vec<Call>, checkpoint_bytes: u64) -> Result<(), TestCaseErro
             }
             Call::Advance(ms) => clock.advance(Duration::from_millis(ms)),
             Call::ReplaySeq(s) => {
-                b.replay("s", "g", &ReplayOptions::from_sequence(s)).await.expect("replay");
+                b.replay("s", "g", &ReplayOptions::from_sequence(s).validate("s", "g").expect("valid"))
+                    .await
+                    .expect("replay");
             }
             Call::ReplayTime(ms) => {
                 let _ = b
-                    .replay("s", "g", &ReplayOptions::from_time(START.saturating_add(Duration::from_millis(ms))))
+                    .replay(
+                        "s",
+                        "g",
+                        &ReplayOptions::from_time(START.saturating_add(Duration::from_millis(ms)))
+                            .validate("s", "g")
+                            .expect("valid"),
+                    )
                     .await;
             }
             Call::ReplayQuery(n) => {
                 let q = Query::new("s").eq("n", u64::from(n));
-                b.replay("s", "g", &ReplayOptions::query(q)).await.expect("replay");
+                b.replay("s", "g", &ReplayOptions::query(q).validate("s", "g").expect("valid")).await.expect("replay");
             }
             Call::Reset(s) => {
-                b.reset_group("s", "g", &ResetOptions::confirmed().start_after(s)).await.expect("reset");
+                b.reset_group(
+                    "s",
+                    "g",
+                    &ResetOptions::confirmed().start_after(s).confirmed_for("s", "g").expect("confirmed"),
+                )
+                .await
+                .expect("reset");
             }
             Call::Checkpoint => b.engine().checkpoint("s").expect("checkpoint"),
             Call::Reopen => {
@@ -201,8 +215,8 @@ fn an_ack_that_returned_survives_power_loss_and_claims_may_not() {
         let b = open(&vfs, &clock, u64::MAX);
         b.create_stream("s", &StreamOptions::new().partitions(1)).await.expect("stream");
         b.create_group("s", "g", &GroupOptions::new()).await.expect("group");
-        let events = (0..5).map(|_| NewEvent::prepare(json!({}), AppendOptions::new())).collect();
-        b.append_batch("s", events).await.expect("append");
+        let events: Vec<NewEvent> = (0..5).map(|_| NewEvent::prepare(json!({}), AppendOptions::new())).collect();
+        b.append_batch("s", &events).await.expect("append");
         let leases = b.fetch("s", "g", &FetchOptions::new().limit(3)).await.expect("fetch").leases;
         b.ack(&leases[0].to_ref()).await.expect("ack");
         // Claims of 4 and 5 are written but ride on the next sync: lost here.
