@@ -438,7 +438,7 @@ impl Rheo {
         futures::stream::try_unfold(Some(query), move |state| {
             let rheo = rheo.clone();
             async move {
-                let Some(q) = state else { return Ok(None) };
+                let Some(q) = state else { return Ok::<_, Error>(None) };
                 let page = rheo.query_page(&q).await?;
                 let next = page.next_cursor.map(|c| q.clone().cursor(c));
                 Ok(Some((futures::stream::iter(page.events.into_iter().map(Ok)), next)))

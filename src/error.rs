@@ -208,6 +208,7 @@ pub enum Error {
         /// The operation.
         operation: &'static str,
         /// The underlying cause.
+        #[source]
         cause: Cause,
     },
     /// The operation definitely failed and changed nothing.
@@ -215,7 +216,9 @@ pub enum Error {
     Failed {
         /// The operation.
         operation: &'static str,
-        /// The underlying cause.
+        /// The underlying cause (for storage failures, the engine's typed
+        /// error, whose own source is the `io::Error`).
+        #[source]
         cause: Cause,
     },
     /// The operation may or may not have taken effect (e.g. a connection lost
@@ -225,6 +228,7 @@ pub enum Error {
         /// The operation.
         operation: &'static str,
         /// The underlying cause.
+        #[source]
         cause: Cause,
     },
     /// On-disk data failed a check.
@@ -236,6 +240,9 @@ pub enum Error {
         offset: u64,
         /// What check failed.
         reason: String,
+        /// The typed error underneath, when the engine found it (a
+        /// storage error whose source is the decoder's error).
+        source: Option<Cause>,
     },
     /// A file was written by a newer (or unknown) format version.
     #[error("{} has format version {found}; this build reads version {supported}", file.display())]
@@ -257,6 +264,8 @@ pub enum Error {
         file: PathBuf,
         /// What the write was and what the system said.
         reason: String,
+        /// The storage error underneath (its source is the `io::Error`).
+        source: Option<Cause>,
     },
     /// The data directory is open in another process (or handle).
     #[error("data directory {} is in use by another process (its LOCK file is held)", path.display())]
@@ -272,6 +281,8 @@ pub enum Error {
         scope: String,
         /// The original failure.
         reason: String,
+        /// The `io::Error` of the failed write or sync, when there was one.
+        source: Option<Cause>,
     },
 }
 
@@ -294,6 +305,40 @@ impl Error {
     /// True when the error says the disk is full (see [`Error::NoSpace`]).
     pub fn is_no_space(&self) -> bool {
         matches!(self, Error::NoSpace { .. })
+    }
+
+    /// The kind of the operating system's error underneath, when an I/O
+    /// call failed: found by walking the [`source`](std::error::Error::source)
+    /// chain down to its `io::Error`. A full disk is
+    /// `Some(ErrorKind::StorageFull)` whether it was met before a change
+    /// ([`Error::NoSpace`]) or by a sync after one ([`Error::Poisoned`]).
+    pub fn io_error_kind(&self) -> Option<std::io::ErrorKind> {
+        let mut next: Option<&(dyn std::error::Error + 'static)> = self.cause().map(|c| c as _);
+        while let Some(e) = next {
+            // A shared cause (`Cause`) hides its inner error's type.
+            let e = e.downcast_ref::<Cause>().map_or(e, |c| &**c as &(dyn std::error::Error + 'static));
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                return Some(io.kind());
+            }
+            next = e.source();
+        }
+        None
+    }
+
+    /// The typed error underneath, to downcast: for a storage failure the
+    /// engine's `StorageError` (whose source is the `io::Error`), for a
+    /// poisoning the `io::Error` of the failed sync, for a driver failure
+    /// the driver's error. `source()` reaches the same error's own source.
+    pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match self {
+            Error::BackendUnavailable { cause, .. } | Error::Failed { cause, .. } | Error::Ambiguous { cause, .. } => {
+                Some(&**cause)
+            }
+            Error::Corrupt { source, .. } | Error::NoSpace { source, .. } | Error::Poisoned { source, .. } => {
+                source.as_deref()
+            }
+            _ => None,
+        }
     }
 
     /// True when the error says a lease no longer holds its delivery.

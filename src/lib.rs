@@ -33,6 +33,7 @@
 pub mod backend;
 pub mod backends;
 pub mod client;
+mod decode;
 pub mod engine;
 pub mod error;
 mod groups;

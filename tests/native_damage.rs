@@ -353,7 +353,7 @@ async fn strict_recovery_refuses_a_damaged_sealed_segment_at_open() {
     drop((engine, rheo));
     let strict = EngineOptions { recovery: RecoveryMode::Strict, ..Dir::opts() };
     match dir.open_with(Arc::new(dir.mem.clone()), strict) {
-        Err(Error::Corrupt { file, offset: o, reason }) => {
+        Err(Error::Corrupt { file, offset: o, reason, .. }) => {
             assert!(file.to_string_lossy().ends_with(&path), "{file:?}");
             assert_eq!(o, offset, "{reason}");
         }

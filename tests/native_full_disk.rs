@@ -55,7 +55,11 @@ async fn work(rheo: &Rheo, engine: &Engine, seen: &mut Acknowledged, rounds: usi
                 Ok(events) => {
                     events.iter().for_each(|e| seen.appended.entry(e.partition()).or_default().push(e.sequence()))
                 }
-                Err(Error::NoSpace { .. }) => seen.no_space += 1,
+                Err(e @ Error::NoSpace { .. }) => {
+                    // The cause is recognisable down to the system's error.
+                    assert_eq!(e.io_error_kind(), Some(std::io::ErrorKind::StorageFull), "round {round}: {e}");
+                    seen.no_space += 1;
+                }
                 Err(e) => panic!("round {round}: an append failed with {e:?}, not NoSpace"),
             }
         }

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use rheo::engine::delivery::{checkpoint, wal};
+use rheo::engine::error::DecodeError;
 use rheo::engine::index::file as six;
 use rheo::engine::log::{manifest, txn};
-use rheo::engine::segment::file::{Footer, HeaderError, IndexEntry, SegmentHeader};
+use rheo::engine::segment::file::{Footer, IndexEntry, SegmentHeader};
 use rheo::engine::segment::format::{
     ENTRY_LEN, FLAG_END, FOOTER_LEN, FORMAT_VERSION, HDR_BASE_SEQ, HEADER_LEN, IDX_BASE_SEQ, IDX_CRC, IDX_HEADER_LEN,
     IDX_VERSION, INDEX_MAGIC,
@@ -105,11 +106,11 @@ struct Report {
 }
 
 impl Report {
-    fn problem(&mut self, offset: u64, reason: impl Into<String>) {
-        self.problems.push(Problem { offset, reason: reason.into() });
+    fn problem(&mut self, offset: u64, reason: impl std::fmt::Display) {
+        self.problems.push(Problem { offset, reason: reason.to_string() });
     }
-    fn warning(&mut self, offset: u64, reason: impl Into<String>) {
-        self.warnings.push(Problem { offset, reason: reason.into() });
+    fn warning(&mut self, offset: u64, reason: impl std::fmt::Display) {
+        self.warnings.push(Problem { offset, reason: reason.to_string() });
     }
     fn record(&mut self, limit: usize, v: impl FnOnce() -> Value) {
         if self.records.len() < limit {
@@ -158,7 +159,7 @@ fn segment(b: &[u8], name: &str, r: &mut Report, limit: usize) {
                 "created_ms": h.created_ms, "created": rheo::Timestamp::from_millis(h.created_ms).to_string()});
             h
         }
-        Err(e @ HeaderError::Damaged(_)) if b.len() >= HEADER_LEN => {
+        Err(e) if b.len() >= HEADER_LEN && !matches!(e, DecodeError::Version { .. }) => {
             // The records are still checked, from the base sequence the
             // file's name gives (as the engine reads a sealed segment).
             r.problem(0, e.to_string());
@@ -266,7 +267,7 @@ fn segment(b: &[u8], name: &str, r: &mut Report, limit: usize) {
 fn footer(b: &[u8], off: usize, base_seq: u64, r: &mut Report) {
     let f = match Footer::decode(&b[off..]) {
         Ok(f) => f,
-        Err(e) => return r.problem(off as u64, e),
+        Err(e) => return r.problem(off as u64, e.to_string()),
     };
     r.trailer = json!({"offset": off, "records_end": f.records_end, "first_seq": f.first_seq,
         "last_seq": f.last_seq, "count": f.count, "max_ts": f.max_ts});

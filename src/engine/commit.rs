@@ -52,7 +52,7 @@ impl Poison {
     /// Fails with `Poisoned` once poisoned.
     pub fn check(&self, scope: &str) -> Result<()> {
         match &*self.reason.lock() {
-            Some(reason) => Err(Error::Poisoned { scope: scope.to_owned(), reason: reason.clone() }),
+            Some(reason) => Err(Error::Poisoned { scope: scope.to_owned(), reason: reason.clone(), source: None }),
             None => Ok(()),
         }
     }
@@ -455,7 +455,7 @@ impl Drop for Committing<'_> {
             let wakers = {
                 let mut r = s.rounds.lock();
                 if r.failed.is_none() {
-                    r.failed = Some((self.round, Error::Poisoned { scope: "storage".into(), reason }));
+                    r.failed = Some((self.round, Error::Poisoned { scope: "storage".into(), reason, source: None }));
                 }
                 std::mem::take(&mut r.wakers)
             };
@@ -572,7 +572,7 @@ fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
             continue;
         }
         seen.push(key);
-        f.sync_data().map_err(|e| poisoned(s, format!("fdatasync failed: {e}")))?;
+        f.sync_data().map_err(|e| poisoned(s, crate::engine::error::poisoned("storage", "fdatasync failed", e)))?;
     }
     let mut txns: Vec<(&Arc<dyn TxnRecord>, u64)> = Vec::new();
     for (log, txn) in jobs.iter().filter_map(|j| j.txn.as_ref()) {
@@ -582,7 +582,10 @@ fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
         }
     }
     for (log, txn) in txns {
-        log.commit(txn).map_err(|e| poisoned(s, format!("committing transaction {txn}: {e}")))?;
+        log.commit(txn).map_err(|e| {
+            let reason = format!("committing transaction {txn}: {e}");
+            poisoned(s, Error::Poisoned { scope: "storage".into(), reason, source: Some(Arc::new(e)) })
+        })?;
     }
     // A sync elsewhere (a roll's barrier) may have failed meanwhile: publish
     // nothing after a poisoning.
@@ -595,9 +598,13 @@ fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
     Ok(())
 }
 
-fn poisoned(s: &Shared, reason: String) -> Error {
-    s.poison.set(reason.clone());
-    Error::Poisoned { scope: "storage".into(), reason }
+/// Poisons the engine with `e`'s reason (`e` is `Error::Poisoned`) and
+/// returns it.
+fn poisoned(s: &Shared, e: Error) -> Error {
+    if let Error::Poisoned { reason, .. } = &e {
+        s.poison.set(reason.clone());
+    }
+    e
 }
 
 #[cfg(test)]

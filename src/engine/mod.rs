@@ -10,6 +10,7 @@
 
 pub mod commit;
 pub mod delivery;
+pub mod error;
 pub mod index;
 pub mod log;
 pub mod options;
@@ -25,7 +26,8 @@ use parking_lot::{Mutex, RwLock};
 use crate::error::{Error, ObjectKind, Result};
 use commit::{Committer, Poison, Ticket};
 use delivery::{DeliveryRecovery, EngineParts};
-use log::manifest::{self, ManifestBody, StreamEntry, io_err, sync_err};
+use error::{io_err, sync_err};
+use log::manifest::{self, ManifestBody, StreamEntry};
 use log::partition::Truncation;
 use log::stream::{Routed, stream_dir};
 pub use options::{Durability, EngineOptions, RecoveryMode};

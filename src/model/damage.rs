@@ -39,7 +39,7 @@ impl Damage {
     /// None for any other error (which is not damage: an I/O failure, say).
     pub(crate) fn from_error(stream: &str, partition: u32, sequence: u64, e: &Error) -> Option<Damage> {
         match e {
-            Error::Corrupt { file, offset, reason } => Some(Damage {
+            Error::Corrupt { file, offset, reason, .. } => Some(Damage {
                 stream: stream.to_owned(),
                 partition,
                 sequence,
@@ -53,7 +53,7 @@ impl Damage {
 
     /// The same damage as an [`Error::Corrupt`] naming the position.
     pub fn to_error(&self) -> Error {
-        Error::Corrupt { file: self.file.clone(), offset: self.offset, reason: self.to_string() }
+        Error::Corrupt { file: self.file.clone(), offset: self.offset, reason: self.to_string(), source: None }
     }
 }
 

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use super::time::Timestamp;
+use crate::decode::DecodeError;
 use crate::error::{Error, Result};
 use crate::msgpack::{Item, Reader, Scalar};
 
@@ -398,21 +399,22 @@ impl Document {
     /// payload]`, sharing its bytes. The shape, the strings and the
     /// metadata are checked here, the payload when it is decoded. `Err`
     /// says what is wrong.
-    pub fn parse(doc: Bytes) -> std::result::Result<Document, String> {
+    pub fn parse(doc: Bytes) -> std::result::Result<Document, DecodeError> {
         let mut r = Reader::new(&doc);
         if !matches!(r.item(), Some(Item::Array(5))) {
-            return Err("record document: not an array of 5".to_owned());
+            return Err(DecodeError::invalid("record document: not an array of 5"));
         }
-        let mut text = |what: &str, optional: bool| -> std::result::Result<Option<Text>, String> {
+        let mut text = |what: &str, optional: bool| -> std::result::Result<Option<Text>, DecodeError> {
             let start = r.pos();
             match r.item() {
                 Some(Item::Scalar(Scalar::Str(s))) => {
-                    std::str::from_utf8(s).map_err(|_| format!("record document: {what} is not UTF-8"))?;
+                    std::str::from_utf8(s)
+                        .map_err(|_| DecodeError::invalid(format!("record document: {what} is not UTF-8")))?;
                     let end = r.pos();
                     Ok(Some(Text(doc.slice(end - s.len()..end))))
                 }
                 Some(Item::Scalar(Scalar::Null)) if optional => Ok(None),
-                _ => Err(format!("record document: bad {what} at byte {start}")),
+                _ => Err(DecodeError::invalid(format!("record document: bad {what} at byte {start}"))),
             }
         };
         let id = text("id", false)?.unwrap_or(Text(Bytes::new()));
@@ -424,16 +426,19 @@ impl Document {
             Metadata::new()
         } else {
             r.skip().ok_or("record document: bad metadata")?;
-            rmp_serde::from_slice(&doc[start..r.pos()]).map_err(|e| format!("record document: metadata: {e}"))?
+            rmp_serde::from_slice(&doc[start..r.pos()])
+                .map_err(|e| DecodeError::invalid(format!("record document: metadata: {e}")))?
         };
         if r.pos() >= doc.len() {
-            return Err("record document: no payload".to_owned());
+            return Err(DecodeError::invalid("record document: no payload"));
         }
         // Checked once here, so that what reads the record and what indexes
         // it agree, and a payload that can't be decoded is damage reported
         // at its record, not an error in a consumer.
         if !json_compatible(&doc[r.pos()..]) {
-            return Err("record document: the payload is not one JSON-compatible MessagePack value".to_owned());
+            return Err(DecodeError::invalid(
+                "record document: the payload is not one JSON-compatible MessagePack value",
+            ));
         }
         let payload = Payload::from_checked_msgpack(doc.slice(r.pos()..));
         Ok(Document { id, key, event_type, metadata, payload })

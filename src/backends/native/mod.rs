@@ -317,7 +317,7 @@ impl Backend for NativeBackend {
 
     async fn ping(&self) -> Result<()> {
         match self.engine.poisoned() {
-            Some(reason) => Err(Error::Poisoned { scope: "native data directory".into(), reason }),
+            Some(reason) => Err(Error::Poisoned { scope: "native data directory".into(), reason, source: None }),
             None => Ok(()),
         }
     }

@@ -7,6 +7,7 @@
 //! u32, header CRC32 u32 (over bytes 0..44). The body is MessagePack: the
 //! list of every group's `GroupSnapshot`.
 
+use crate::engine::error::DecodeError;
 use crate::engine::segment::format::{get_u16, get_u32, get_u64};
 use crate::groups::journal::GroupSnapshot;
 
@@ -59,16 +60,16 @@ pub fn other_version(b: &[u8]) -> Option<u16> {
 
 /// Checks the header (magic, version, checksum, reserved bytes):
 /// (generation, LSN, body length).
-pub fn check_header(b: &[u8]) -> Result<(u64, u64, u64), String> {
+pub fn check_header(b: &[u8]) -> Result<(u64, u64, u64), DecodeError> {
     if b.len() < CKPT_HEADER_LEN || b[..8] != CKPT_MAGIC {
-        return Err("not a checkpoint (bad magic or shorter than its header)".into());
+        return Err(DecodeError::NotThisKind { kind: "checkpoint" });
     }
     let version = get_u16(b, 8);
     if version != CKPT_VERSION {
-        return Err(format!("checkpoint version {version} is not supported (this build reads {CKPT_VERSION})"));
+        return Err(DecodeError::Version { kind: "checkpoint", found: version, supported: CKPT_VERSION });
     }
     if crc32fast::hash(&b[..CKPT_HDR_CRC]) != get_u32(b, CKPT_HDR_CRC) {
-        return Err("checkpoint header checksum mismatch".into());
+        return Err(DecodeError::Checksum { what: "checkpoint header" });
     }
     if b[10..CKPT_HDR_GEN].iter().any(|&x| x != 0) {
         return Err("checkpoint header reserved bytes are not zero".into());
@@ -77,21 +78,24 @@ pub fn check_header(b: &[u8]) -> Result<(u64, u64, u64), String> {
 }
 
 /// Decodes a whole checkpoint file.
-pub(crate) fn decode(b: &[u8]) -> Result<Checkpoint, String> {
+pub(crate) fn decode(b: &[u8]) -> Result<Checkpoint, DecodeError> {
     let (generation, lsn, body_len) = check_header(b)?;
     let body = &b[CKPT_HEADER_LEN..];
     if body.len() as u64 != body_len {
-        return Err(format!("checkpoint body is {} bytes, its header says {body_len}", body.len()));
+        return Err(DecodeError::truncated(format!(
+            "checkpoint body is {} bytes, its header says {body_len}",
+            body.len()
+        )));
     }
     if crc32fast::hash(body) != get_u32(b, CKPT_HDR_BODY_CRC) {
-        return Err("checkpoint body checksum mismatch".into());
+        return Err(DecodeError::Checksum { what: "checkpoint body" });
     }
-    let groups = rmp_serde::from_slice(body).map_err(|e| format!("checkpoint body: {e}"))?;
+    let groups = rmp_serde::from_slice(body).map_err(|e| DecodeError::invalid(format!("checkpoint body: {e}")))?;
     Ok(Checkpoint { generation, lsn, groups })
 }
 
 /// A summary of a checkpoint file's bytes, for tools and fuzzing:
 /// (generation, LSN, group count). Never panics on any input.
-pub fn inspect(b: &[u8]) -> Result<(u64, u64, usize), String> {
+pub fn inspect(b: &[u8]) -> Result<(u64, u64, usize), DecodeError> {
     decode(b).map(|c| (c.generation, c.lsn, c.groups.len()))
 }

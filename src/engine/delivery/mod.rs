@@ -39,8 +39,8 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::commit::{Committer, Job, Poison, Ticket};
+use super::error::{DecodeError, corrupt, io_err, sync_err};
 use super::index::StreamIndex;
-use super::log::manifest::{io_err, sync_err};
 use super::log::stream::StreamLog;
 use super::options::{Durability, EngineOptions, RecoveryMode};
 use super::vfs::{StickySync, Vfs, VfsFile};
@@ -51,7 +51,7 @@ use crate::model::event::Event;
 use crate::model::group::{GroupOptions, GroupSummary};
 use crate::model::query::Query;
 use crate::model::time::Timestamp;
-use wal::{Body, End, HeaderError, WAL_FRAME_LEN, WAL_HEADER_LEN};
+use wal::{Body, End, WAL_FRAME_LEN, WAL_HEADER_LEN};
 
 /// Room a group creation reserves beyond its snapshot's bound.
 const CREATE_ROOM: u64 = 1 << 10;
@@ -183,10 +183,6 @@ fn generation_of(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
     name.strip_prefix(prefix)?.strip_suffix(suffix).filter(|g| g.len() == 20)?.parse().ok()
 }
 
-fn corrupt(vfs: &dyn Vfs, path: &str, offset: u64, reason: impl Into<String>) -> Error {
-    Error::Corrupt { file: vfs.describe(path), offset, reason: reason.into() }
-}
-
 /// Generations and LSNs stay below this (2^62): a file that says otherwise
 /// is damaged or crafted, and the next one's number must not overflow. A
 /// table writing a million records a second takes 146,000 years to get
@@ -264,7 +260,7 @@ impl WalFile {
         let zeros = vec![0u8; usize::try_from(target - from).unwrap_or(0)];
         if let Err(e) = self.file.write_all_at(&zeros, from) {
             // Nothing changed yet: zeros past the end are not records.
-            return Err(crate::engine::log::manifest::io_err(vfs, &self.path, "reserve space in", e));
+            return Err(crate::engine::error::io_err(vfs, &self.path, "reserve space in", e));
         }
         self.prealloc_end = target;
         Ok(())
@@ -398,7 +394,10 @@ impl DeliveryTable {
             let path = format!("{dir}/{}", wal_name(g));
             let bytes = read_all(v, &path)?;
             match wal::check_header(&bytes) {
-                Err(HeaderError::Bad(reason)) if bytes.len() <= WAL_HEADER_LEN + WAL_FRAME_LEN => {
+                Err(reason)
+                    if bytes.len() <= WAL_HEADER_LEN + WAL_FRAME_LEN
+                        && !matches!(reason, DecodeError::Version { .. }) =>
+                {
                     if opts.recovery == RecoveryMode::Strict {
                         return Err(corrupt(v, &path, 0, reason));
                     }
@@ -418,11 +417,7 @@ impl DeliveryTable {
             match wal::check_header(&bytes) {
                 Ok(h) if h == g => {}
                 Ok(h) => return Err(corrupt(v, &path, 0, format!("header says generation {h}"))),
-                Err(HeaderError::Version(found)) => {
-                    let supported = wal::WAL_VERSION;
-                    return Err(Error::UnsupportedVersion { file: v.describe(&path), found, supported });
-                }
-                Err(HeaderError::Bad(reason)) => return Err(corrupt(v, &path, 0, reason)),
+                Err(reason) => return Err(corrupt(v, &path, 0, reason)),
             }
             let (records, valid, end) = wal::decode_records(&bytes);
             for r in records {
@@ -645,7 +640,11 @@ impl DeliveryTable {
             let reason = format!("delivery state of group {group:?} changed but its WAL record failed: {e}");
             ctx.poison.set(reason.clone());
             t.buf = buf;
-            return Err(Error::Poisoned { scope: self.vfs.describe(&t.wal.path).display().to_string(), reason });
+            return Err(Error::Poisoned {
+                scope: self.vfs.describe(&t.wal.path).display().to_string(),
+                reason,
+                source: None,
+            });
         }
         t.wal.len += buf.len() as u64;
         t.wal.prealloc_end = t.wal.prealloc_end.max(t.wal.len);

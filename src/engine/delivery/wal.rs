@@ -9,6 +9,7 @@
 //! transitions), group name length u16, the name (UTF-8), then MessagePack:
 //! a `GroupSnapshot` for kind 1, a list of `Transition` for kind 2.
 
+use crate::engine::error::DecodeError;
 use crate::engine::segment::format::{get_u16, get_u32, get_u64};
 use crate::groups::journal::{GroupSnapshot, Transition};
 
@@ -71,29 +72,6 @@ pub fn header(generation: u64) -> [u8; WAL_HEADER_LEN] {
     b
 }
 
-/// Why a header does not check out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HeaderError {
-    /// Short, bad magic, bad checksum or non-zero reserved bytes.
-    Bad(String),
-    /// A well-formed header of another version.
-    Version(u16),
-}
-
-impl std::fmt::Display for HeaderError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            HeaderError::Bad(why) => f.write_str(why),
-            HeaderError::Version(v) => {
-                write!(
-                    f,
-                    "delivery WAL version {v} is not supported (this build reads {WAL_MIN_VERSION} to {WAL_VERSION})"
-                )
-            }
-        }
-    }
-}
-
 /// The version a header states (unchecked), when it has the magic.
 pub fn version_of(b: &[u8]) -> Option<u16> {
     (b.len() >= WAL_HEADER_LEN && b[..8] == WAL_MAGIC).then(|| get_u16(b, 8))
@@ -102,19 +80,19 @@ pub fn version_of(b: &[u8]) -> Option<u16> {
 /// Checks a header (magic, then version, then checksum, then reserved
 /// bytes); returns its generation. Versions `WAL_MIN_VERSION..=WAL_VERSION`
 /// are read.
-pub fn check_header(b: &[u8]) -> Result<u64, HeaderError> {
+pub fn check_header(b: &[u8]) -> Result<u64, DecodeError> {
     if b.len() < WAL_HEADER_LEN || b[..8] != WAL_MAGIC {
-        return Err(HeaderError::Bad("not a delivery WAL (bad magic or shorter than its header)".into()));
+        return Err(DecodeError::NotThisKind { kind: "delivery WAL" });
     }
     let version = get_u16(b, 8);
     if !(WAL_MIN_VERSION..=WAL_VERSION).contains(&version) {
-        return Err(HeaderError::Version(version));
+        return Err(DecodeError::Version { kind: "delivery WAL", found: version, supported: WAL_VERSION });
     }
     if crc32fast::hash(&b[..WAL_HDR_CRC]) != get_u32(b, WAL_HDR_CRC) {
-        return Err(HeaderError::Bad("delivery WAL header checksum mismatch".into()));
+        return Err(DecodeError::Checksum { what: "delivery WAL header" });
     }
     if b[10..WAL_HDR_GEN].iter().chain(&b[WAL_HDR_GEN + 8..WAL_HDR_CRC]).any(|&x| x != 0) {
-        return Err(HeaderError::Bad("delivery WAL header reserved bytes are not zero".into()));
+        return Err(DecodeError::invalid("delivery WAL header reserved bytes are not zero"));
     }
     Ok(get_u64(b, WAL_HDR_GEN))
 }
@@ -152,28 +130,36 @@ pub enum End {
     /// zero-filled space ahead of the writes): the log ends cleanly.
     Clean,
     /// A frame that does not check out (torn or damaged), and why.
-    Damaged(String),
+    Damaged(DecodeError),
     /// A frame whose checksum is right but whose body this build can't
     /// decode (written whole, so not a torn write), and why.
-    Undecodable(String),
+    Undecodable(DecodeError),
 }
 
 /// Decodes one record's body (its CRC already checked).
-pub(crate) fn decode_body(body: &[u8]) -> Result<WalRecord, String> {
+pub(crate) fn decode_body(body: &[u8]) -> Result<WalRecord, DecodeError> {
     if body.len() < WAL_BODY_NAME {
-        return Err(format!("record body of {} bytes is shorter than its fixed fields", body.len()));
+        return Err(DecodeError::truncated(format!(
+            "record body of {} bytes is shorter than its fixed fields",
+            body.len()
+        )));
     }
     let lsn = get_u64(body, 0);
     let kind = body[WAL_BODY_KIND];
     let name_len = usize::from(get_u16(body, WAL_BODY_NAME_LEN));
     let name_end = WAL_BODY_NAME + name_len;
-    let name = body.get(WAL_BODY_NAME..name_end).ok_or("group name runs past the record")?;
-    let group = std::str::from_utf8(name).map_err(|_| "group name is not UTF-8")?.to_owned();
+    let name =
+        body.get(WAL_BODY_NAME..name_end).ok_or_else(|| DecodeError::truncated("group name runs past the record"))?;
+    let group = std::str::from_utf8(name).map_err(|_| DecodeError::invalid("group name is not UTF-8"))?.to_owned();
     let payload = &body[name_end..];
     let body = match kind {
-        KIND_CREATE => Body::Create(rmp_serde::from_slice(payload).map_err(|e| format!("group snapshot: {e}"))?),
-        KIND_OPS => Body::Ops(rmp_serde::from_slice(payload).map_err(|e| format!("transitions: {e}"))?),
-        k => return Err(format!("unknown record kind {k}")),
+        KIND_CREATE => Body::Create(
+            rmp_serde::from_slice(payload).map_err(|e| DecodeError::invalid(format!("group snapshot: {e}")))?,
+        ),
+        KIND_OPS => {
+            Body::Ops(rmp_serde::from_slice(payload).map_err(|e| DecodeError::invalid(format!("transitions: {e}")))?)
+        }
+        k => return Err(DecodeError::invalid(format!("unknown record kind {k}"))),
     };
     Ok(WalRecord { offset: 0, lsn, group, body })
 }
@@ -182,38 +168,38 @@ pub(crate) fn decode_body(body: &[u8]) -> Result<WalRecord, String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum FrameError {
     /// Cut short or its checksum is wrong.
-    Damaged(String),
+    Damaged(DecodeError),
     /// Checksum right, body not understood.
-    Undecodable(String),
+    Undecodable(DecodeError),
 }
 
 /// Checks the frame at `off`: Ok(None) at a clean end (a zero length or
 /// fewer bytes than a frame, zeros only, to the end), Ok(Some((body, next
 /// offset))) when its checksum is right, Err when damaged.
-fn frame_at(b: &[u8], off: usize) -> Result<Option<(&[u8], usize)>, String> {
+fn frame_at(b: &[u8], off: usize) -> Result<Option<(&[u8], usize)>, DecodeError> {
     let rest = b.get(off..).unwrap_or(&[]);
     let Some(frame) = rest.get(..WAL_FRAME_LEN) else {
         return if rest.iter().all(|&x| x == 0) {
             Ok(None)
         } else {
-            Err("a frame cut short by the end of the file".into())
+            Err(DecodeError::truncated("a frame cut short by the end of the file"))
         };
     };
     let len = get_u32(frame, 0);
     if len == 0 {
         return match rest.iter().position(|&x| x != 0) {
             None => Ok(None),
-            Some(i) => Err(format!("non-zero bytes at offset {} after the log's end", off + i)),
+            Some(i) => Err(DecodeError::invalid(format!("non-zero bytes at offset {} after the log's end", off + i))),
         };
     }
     if len > WAL_MAX_BODY {
-        return Err(format!("record length {len} exceeds {WAL_MAX_BODY}"));
+        return Err(DecodeError::invalid(format!("record length {len} exceeds {WAL_MAX_BODY}")));
     }
     let start = off + WAL_FRAME_LEN;
     let end = start + len as usize;
-    let body = b.get(start..end).ok_or("a record cut short by the end of the file")?;
+    let body = b.get(start..end).ok_or_else(|| DecodeError::truncated("a record cut short by the end of the file"))?;
     if crc32fast::hash(body) != get_u32(rest, 4) {
-        return Err("record checksum mismatch".into());
+        return Err(DecodeError::Checksum { what: "record" });
     }
     Ok(Some((body, end)))
 }
@@ -271,8 +257,8 @@ pub(crate) fn valid_record_after(b: &[u8], from: usize, after: u64) -> bool {
 /// A summary of a delivery WAL file's bytes, for tools and fuzzing: the
 /// generation, how many records decode, the last LSN, and the damage that
 /// stopped the scan, if any. Never panics on any input.
-pub fn inspect(b: &[u8]) -> Result<(u64, usize, u64, End), String> {
-    let generation = check_header(b).map_err(|e| e.to_string())?;
+pub fn inspect(b: &[u8]) -> Result<(u64, usize, u64, End), DecodeError> {
+    let generation = check_header(b)?;
     let (records, _, end) = decode_records(b);
     let last = records.last().map_or(0, |r| r.lsn);
     Ok((generation, records.len(), last, end))

@@ -8,6 +8,7 @@
 use std::ops::Bound;
 
 use super::term::KeyRange;
+use crate::engine::error::DecodeError;
 use crate::engine::segment::format::MAX_BODY_LEN;
 
 /// Magic of a secondary-index file (first and last 8 bytes).
@@ -83,7 +84,7 @@ pub struct SixHeader {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SixError {
     /// Damaged, or not an index file: rebuild it.
-    Damaged(String),
+    Damaged(DecodeError),
     /// Written by another format version: rebuild it.
     Version(u16),
 }
@@ -91,13 +92,13 @@ pub enum SixError {
 impl std::fmt::Display for SixError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SixError::Damaged(r) => f.write_str(r),
+            SixError::Damaged(r) => r.fmt(f),
             SixError::Version(v) => write!(f, "index format version {v} (this build reads {SIX_VERSION})"),
         }
     }
 }
 
-fn damaged(r: impl Into<String>) -> SixError {
+fn damaged(r: impl Into<DecodeError>) -> SixError {
     SixError::Damaged(r.into())
 }
 

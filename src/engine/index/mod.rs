@@ -369,7 +369,7 @@ pub struct SixFile {
 impl SixFile {
     /// Opens and checks an index file against the segment it must describe.
     fn open(vfs: &dyn Vfs, path: &str, expect: &SixHeader) -> std::result::Result<SixFile, SixError> {
-        let damaged = |r: String| SixError::Damaged(r);
+        let damaged = |r: String| SixError::Damaged(r.into());
         let f = vfs.open(path, false).map_err(|e| damaged(format!("open: {e}")))?;
         let len = f.len().map_err(|e| damaged(format!("stat: {e}")))?;
         if len < (file::SIX_HEADER_LEN + file::SIX_TRAILER_LEN) as u64 {
@@ -438,7 +438,7 @@ impl SixFile {
             }
             Source::File(f) => read_exact(&**f, b.offset, b.len as usize)
                 .map(std::borrow::Cow::Owned)
-                .map_err(|e| SixError::Damaged(format!("read: {e}"))),
+                .map_err(|e| SixError::Damaged(format!("read: {e}").into())),
         }
     }
 

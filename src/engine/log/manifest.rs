@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::error::{DecodeError, corrupt, io_err, sync_err};
 use crate::engine::segment::format::{FORMAT_VERSION, get_u16, get_u32, get_u64};
 use crate::engine::vfs::Vfs;
 use crate::error::{Error, Result};
@@ -71,29 +72,36 @@ pub fn encode(body: &ManifestBody) -> Result<Vec<u8>> {
 }
 
 /// Decodes a manifest file; the error says what is wrong and at which offset.
-pub fn decode(b: &[u8]) -> Result<ManifestBody, (u64, String)> {
+pub fn decode(b: &[u8]) -> Result<ManifestBody, (u64, DecodeError)> {
     if b.len() < MAN_HEADER_LEN {
-        return Err((0, format!("manifest is {} bytes, shorter than its header", b.len())));
+        return Err((0, DecodeError::truncated(format!("manifest is {} bytes, shorter than its header", b.len()))));
     }
     if b[..8] != MANIFEST_MAGIC {
-        return Err((0, "not a manifest (bad magic)".into()));
+        return Err((0, DecodeError::NotThisKind { kind: "manifest" }));
     }
     let version = get_u16(b, MAN_VERSION);
     if version != FORMAT_VERSION {
-        return Err((MAN_VERSION as u64, format!("manifest version {version} is not supported")));
+        return Err((
+            MAN_VERSION as u64,
+            DecodeError::Version { kind: "manifest", found: version, supported: FORMAT_VERSION },
+        ));
     }
     if crc32fast::hash(&b[..MAN_HEADER_CRC]) != get_u32(b, MAN_HEADER_CRC) {
-        return Err((MAN_HEADER_CRC as u64, "manifest header checksum mismatch".into()));
+        return Err((MAN_HEADER_CRC as u64, DecodeError::Checksum { what: "manifest header" }));
     }
     let len = get_u64(b, MAN_BODY_LEN);
     if len > MAX_MANIFEST_BODY || len != (b.len() - MAN_HEADER_LEN) as u64 {
-        return Err((MAN_BODY_LEN as u64, format!("manifest body length {len} does not match the file")));
+        return Err((
+            MAN_BODY_LEN as u64,
+            DecodeError::invalid(format!("manifest body length {len} does not match the file")),
+        ));
     }
     let body = &b[MAN_HEADER_LEN..];
     if crc32fast::hash(body) != get_u32(b, MAN_BODY_CRC) {
-        return Err((MAN_HEADER_LEN as u64, "manifest body checksum mismatch".into()));
+        return Err((MAN_HEADER_LEN as u64, DecodeError::Checksum { what: "manifest body" }));
     }
-    rmp_serde::from_slice(body).map_err(|e| (MAN_HEADER_LEN as u64, format!("manifest body: {e}")))
+    rmp_serde::from_slice(body)
+        .map_err(|e| (MAN_HEADER_LEN as u64, DecodeError::invalid(format!("manifest body: {e}"))))
 }
 
 /// Reads the manifest; None when the data directory has none yet.
@@ -104,11 +112,7 @@ pub fn load(vfs: &dyn Vfs) -> Result<Option<ManifestBody>> {
     let f = vfs.open(MANIFEST, false).map_err(|e| io_err(vfs, MANIFEST, "open", e))?;
     let len = f.len().map_err(|e| io_err(vfs, MANIFEST, "stat", e))?;
     if len > MAX_MANIFEST_BODY + MAN_HEADER_LEN as u64 {
-        return Err(Error::Corrupt {
-            file: vfs.describe(MANIFEST),
-            offset: 0,
-            reason: format!("manifest of {len} bytes is too large"),
-        });
+        return Err(corrupt(vfs, MANIFEST, 0, format!("manifest of {len} bytes is too large")));
     }
     let mut buf = vec![0u8; usize::try_from(len).unwrap_or(0)];
     let n = f.read_at(&mut buf, 0).map_err(|e| io_err(vfs, MANIFEST, "read", e))?;
@@ -119,7 +123,7 @@ pub fn load(vfs: &dyn Vfs) -> Result<Option<ManifestBody>> {
             return Err(Error::UnsupportedVersion { file: vfs.describe(MANIFEST), found, supported: FORMAT_VERSION });
         }
     }
-    decode(&buf).map(Some).map_err(|(offset, reason)| Error::Corrupt { file: vfs.describe(MANIFEST), offset, reason })
+    decode(&buf).map(Some).map_err(|(offset, reason)| corrupt(vfs, MANIFEST, offset, reason))
 }
 
 /// Replaces the manifest atomically and durably.
@@ -131,28 +135,6 @@ pub fn store(vfs: &dyn Vfs, body: &ManifestBody) -> Result<()> {
     tmp.sync_data().map_err(|e| sync_err(vfs, MANIFEST_TMP, e))?;
     vfs.rename(MANIFEST_TMP, MANIFEST).map_err(|e| io_err(vfs, MANIFEST, "rename", e))?;
     vfs.sync_dir("").map_err(|e| sync_err(vfs, "", e))
-}
-
-/// A failed sync of `path`: the kernel may have dropped the dirty pages, so
-/// the caller must poison the engine (see `VfsFile::sync_data`).
-pub(crate) fn sync_err(vfs: &dyn Vfs, path: &str, e: std::io::Error) -> Error {
-    Error::Poisoned { scope: vfs.describe(path).display().to_string(), reason: format!("fsync failed: {e}") }
-}
-
-/// An I/O failure on `path` as a definite failure naming the file: a full
-/// disk or quota is `Error::NoSpace`, anything else `Error::Failed`.
-pub(crate) fn io_err(vfs: &dyn Vfs, path: &str, what: &str, e: std::io::Error) -> Error {
-    let file = vfs.describe(path);
-    if is_no_space(&e) {
-        return Error::NoSpace { file, reason: format!("{what}: {e}") };
-    }
-    Error::failed("storage", format!("{what} {}: {e}", file.display()))
-}
-
-/// True for a full disk or quota (`ENOSPC`, `EDQUOT`).
-pub(crate) fn is_no_space(e: &std::io::Error) -> bool {
-    use std::io::ErrorKind;
-    matches!(e.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded) || matches!(e.raw_os_error(), Some(28 | 122))
 }
 
 #[cfg(test)]

@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, MutexGuard, RwLock};
 
-use super::manifest::{io_err, sync_err};
+use crate::engine::error::{DecodeError, corrupt, io_err, sync_err};
 use crate::engine::options::{EngineOptions, RecoveryMode};
-use crate::engine::segment::file::{Footer, HeaderError, IndexEntry, SegmentHeader, decode_index, encode_index_header};
+use crate::engine::segment::file::{Footer, IndexEntry, SegmentHeader, decode_index, encode_index_header};
 use crate::engine::segment::format::*;
 use crate::engine::segment::record::{PROBE, RecordHeader, decode_doc, plausible_frame};
 use crate::engine::segment::scan::{Scanner, Step};
@@ -191,10 +191,6 @@ fn write_zeros(file: &dyn VfsFile, from: u64, to: u64) -> std::io::Result<()> {
 
 fn log_name(base_seq: u64) -> String {
     format!("{base_seq:020}.log")
-}
-
-fn corrupt(vfs: &dyn Vfs, path: &str, offset: u64, reason: impl Into<String>) -> Error {
-    Error::Corrupt { file: vfs.describe(path), offset, reason: reason.into() }
 }
 
 impl crate::engine::commit::Deferred for Partition {
@@ -437,9 +433,9 @@ impl Partition {
             return Ok(());
         }
         let at = w.end - w.pending.len() as u64;
-        w.active.log.write_all_at(&w.pending, at).map_err(|e| Error::Poisoned {
-            scope: self.vfs.describe(&w.active.log_path).display().to_string(),
-            reason: format!("writing committed records failed: {e}"),
+        w.active.log.write_all_at(&w.pending, at).map_err(|e| {
+            let scope = self.vfs.describe(&w.active.log_path).display().to_string();
+            crate::engine::error::poisoned(scope, "writing committed records failed", e)
         })?;
         w.pending.clear();
         Ok(())
@@ -477,6 +473,7 @@ impl Partition {
             Err(e2) => Error::Poisoned {
                 scope: self.vfs.describe(path).display().to_string(),
                 reason: format!("write failed ({e}) and could not be undone ({e2})"),
+                source: None,
             },
         }
     }
@@ -488,6 +485,7 @@ impl Partition {
             return Err(Error::Poisoned {
                 scope: self.vfs.describe(&self.dir).display().to_string(),
                 reason: "a failed batch spanned a segment roll and cannot be rolled back".into(),
+                source: None,
             });
         }
         let deferred = w.pending.len() as u64;
@@ -500,9 +498,9 @@ impl Partition {
             // crash could bring the rolled-back records back.
             w.pending.clear();
             let file = &*w.active.log;
-            write_zeros(file, mark.end, w.end).and_then(|()| file.sync_data()).map_err(|e| Error::Poisoned {
-                scope: self.vfs.describe(&w.active.log_path).display().to_string(),
-                reason: format!("rolling back a failed batch: {e}"),
+            write_zeros(file, mark.end, w.end).and_then(|()| file.sync_data()).map_err(|e| {
+                let scope = self.vfs.describe(&w.active.log_path).display().to_string();
+                crate::engine::error::poisoned(scope, "rolling back a failed batch", e)
             })?;
         }
         w.end = mark.end;
@@ -543,9 +541,9 @@ impl Partition {
     pub fn roll(&self, w: &mut Writer, now_ms: i64) -> Result<()> {
         let vfs = &*self.vfs;
         let seg = w.active.clone();
-        let poisoned = |what: &str, e: std::io::Error| Error::Poisoned {
-            scope: vfs.describe(&seg.log_path).display().to_string(),
-            reason: format!("sealing the segment failed at {what}: {e}"),
+        let poisoned = |what: &str, e: std::io::Error| {
+            let scope = vfs.describe(&seg.log_path).display().to_string();
+            crate::engine::error::poisoned(scope, &format!("sealing the segment failed at {what}"), e)
         };
         self.write_pending(w)?;
         let footer = Footer {
@@ -570,6 +568,7 @@ impl Partition {
                 Err(e2) => Error::Poisoned {
                     scope: vfs.describe(&seg.log_path).display().to_string(),
                     reason: format!("sealing the segment failed ({e}) and it could not be reopened ({e2})"),
+                    source: None,
                 },
             }
         };
@@ -596,6 +595,7 @@ impl Partition {
                     gone.and_then(|()| vfs.sync_dir(&self.dir)).map_err(|e2| Error::Poisoned {
                         scope: vfs.describe(&self.dir).display().to_string(),
                         reason: format!("starting a new segment failed ({e}) and {path} could not be removed ({e2})"),
+                        source: None,
                     })?;
                 }
                 return Err(unseal(w, e));
@@ -1109,10 +1109,8 @@ fn open_segment(
     let n = log.read_at(&mut hdr, 0).map_err(|e| io_err(vfs, &log_path, "read", e))?;
     let h = match SegmentHeader::decode(&hdr[..n]) {
         Ok(h) => h,
-        Err(HeaderError::Version(found)) => {
-            return Err(Error::UnsupportedVersion { file: vfs.describe(&log_path), found, supported: FORMAT_VERSION });
-        }
-        Err(HeaderError::Damaged(reason)) if sealed_by_successor => {
+        Err(e @ DecodeError::Version { .. }) => return Err(corrupt(vfs, &log_path, 0, e)),
+        Err(reason) if sealed_by_successor => {
             tracing::warn!(
                 file = %vfs.describe(&log_path).display(),
                 %reason,
@@ -1120,7 +1118,7 @@ fn open_segment(
             );
             SegmentHeader { partition, stream_id, base_seq: base, created_ms: 0 }
         }
-        Err(HeaderError::Damaged(reason)) => return Err(corrupt(vfs, &log_path, 0, reason)),
+        Err(reason) => return Err(corrupt(vfs, &log_path, 0, reason)),
     };
     if h.base_seq != base || h.partition != partition || h.stream_id != stream_id {
         return Err(corrupt(

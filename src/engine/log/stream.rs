@@ -56,7 +56,7 @@ impl StreamLog {
     ) -> Result<StreamLog> {
         let StreamEntry { id, ref name, partition_count, .. } = *entry;
         let dir = stream_dir(id);
-        vfs.create_dir_all(&dir).map_err(|e| super::manifest::io_err(&*vfs, &dir, "create", e))?;
+        vfs.create_dir_all(&dir).map_err(|e| crate::engine::error::io_err(&*vfs, &dir, "create", e))?;
         let txn = Arc::new(TxnLog::open(vfs.clone(), &dir)?);
         let committed = txn.committed();
         let partitions = (0..partition_count)
@@ -65,13 +65,14 @@ impl StreamLog {
                 Partition::open(vfs.clone(), opts, at, now_ms, committed, truncations).map(Arc::new)
             })
             .collect::<Result<Vec<_>>>()?;
-        vfs.sync_dir(&dir).map_err(|e| super::manifest::sync_err(&*vfs, &dir, e))?;
+        vfs.sync_dir(&dir).map_err(|e| crate::engine::error::sync_err(&*vfs, &dir, e))?;
         let Some(next_txn) = committed.checked_add(1) else {
             let file = vfs.describe(&format!("{dir}/txn"));
             return Err(Error::Corrupt {
                 file,
                 offset: 0,
                 reason: "the last transaction id is the largest possible".into(),
+                source: None,
             });
         };
         Ok(StreamLog { id, name: Arc::from(name.as_str()), dir, partitions, txn, write: Mutex::new(next_txn) })
@@ -261,7 +262,7 @@ impl StreamLog {
             if let Err(e) = file.sync_data() {
                 let reason = format!("fdatasync before a segment roll failed: {e}");
                 poison.set(reason.clone());
-                return Err(Error::Poisoned { scope: self.name.to_string(), reason });
+                return Err(Error::Poisoned { scope: self.name.to_string(), reason, source: None });
             }
         }
         if last_txn > 0 {

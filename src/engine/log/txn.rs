@@ -15,10 +15,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::engine::log::manifest::{io_err, sync_err};
+use crate::engine::error::{DecodeError, corrupt, io_err, sync_err};
 use crate::engine::segment::format::{FORMAT_VERSION, get_u16, get_u32, get_u64};
 use crate::engine::vfs::{Vfs, VfsFile};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Magic of a transaction log.
 pub const TXN_MAGIC: [u8; 8] = *b"RHEOTXN\0";
@@ -67,16 +67,21 @@ pub fn decode(b: &[u8]) -> (u64, u64) {
 }
 
 /// Checks the 16-byte header: magic, then version, then checksum.
-pub fn check_header(b: &[u8]) -> Result<(), String> {
+pub fn check_header(b: &[u8]) -> Result<(), DecodeError> {
     if b.len() < TXN_RECORD_LEN || b[..8] != TXN_MAGIC {
-        return Err("not a transaction log (bad magic)".into());
+        return Err(DecodeError::NotThisKind { kind: "transaction log" });
     }
     let version = get_u16(b, 8);
     if version != FORMAT_VERSION {
-        return Err(format!("transaction log version {version} is not supported (this build reads {FORMAT_VERSION})"));
+        // Corrupt, not UnsupportedVersion (format/README.md): this file is
+        // only ever written by the build that wrote its stream's segments,
+        // whose own versions are checked first.
+        return Err(DecodeError::invalid(format!(
+            "transaction log version {version} is not supported (this build reads {FORMAT_VERSION})"
+        )));
     }
     if crc32fast::hash(&b[..12]) != get_u32(b, 12) {
-        return Err("transaction log header checksum mismatch".into());
+        return Err(DecodeError::Checksum { what: "transaction log header" });
     }
     Ok(())
 }
@@ -117,15 +122,14 @@ impl TxnLog {
         let mut buf = vec![0u8; usize::try_from(len.min(COMPACT_BYTES * 2)).unwrap_or(0)];
         let n = file.read_at(&mut buf, 0).map_err(|e| io_err(&*vfs, &path, "read", e))?;
         if len > COMPACT_BYTES * 2 {
-            let reason = format!("transaction log of {len} bytes is too large");
-            return Err(Error::Corrupt { file: vfs.describe(&path), offset: 0, reason });
+            return Err(corrupt(&*vfs, &path, 0, format!("transaction log of {len} bytes is too large")));
         }
         if n > 0
             && let Err(reason) = check_header(&buf[..n])
         {
             // Created only by an atomic rename, so a bad header is damage,
             // not a torn write: refuse rather than forget committed batches.
-            return Err(Error::Corrupt { file: vfs.describe(&path), offset: 0, reason });
+            return Err(corrupt(&*vfs, &path, 0, reason));
         }
         let (committed, valid) = decode(&buf[..n]);
         let state = TxnState { file, len: valid, zeroed_to: len.max(valid), committed, synced: committed };
@@ -256,7 +260,7 @@ mod tests {
         let mut bytes = mem.read_file("/txn").expect("file");
         bytes[3] ^= 1;
         mem.write_file("/txn", &bytes).expect("write");
-        assert!(matches!(TxnLog::open(vfs, ""), Err(Error::Corrupt { offset: 0, .. })));
+        assert!(matches!(TxnLog::open(vfs, ""), Err(crate::error::Error::Corrupt { offset: 0, .. })));
     }
 
     #[test]

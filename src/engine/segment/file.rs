@@ -1,26 +1,7 @@
 //! Segment header and footer, and the index file's header and entries.
 
 use super::format::*;
-
-/// Why a file header was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HeaderError {
-    /// Damaged or not a file of this kind.
-    Damaged(String),
-    /// A format version this build does not read.
-    Version(u16),
-}
-
-impl std::fmt::Display for HeaderError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            HeaderError::Damaged(reason) => f.write_str(reason),
-            HeaderError::Version(v) => {
-                write!(f, "format version {v} is not supported (this build reads {FORMAT_VERSION})")
-            }
-        }
-    }
-}
+use crate::engine::error::DecodeError;
 
 /// The header at the start of every segment file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,19 +33,19 @@ impl SegmentHeader {
 
     /// Decodes and checks a header: magic, then version (so that a newer
     /// format is reported as such, whatever its layout), then checksum.
-    pub fn decode(b: &[u8]) -> Result<Self, HeaderError> {
+    pub fn decode(b: &[u8]) -> Result<Self, DecodeError> {
         if b.len() < HEADER_LEN {
-            return Err(HeaderError::Damaged(format!("segment header is {} bytes, expected {HEADER_LEN}", b.len())));
+            return Err(DecodeError::truncated(format!("segment header is {} bytes, expected {HEADER_LEN}", b.len())));
         }
         if b[HDR_MAGIC..HDR_MAGIC + 8] != SEGMENT_MAGIC {
-            return Err(HeaderError::Damaged("not a segment file (bad magic)".into()));
+            return Err(DecodeError::NotThisKind { kind: "segment file" });
         }
         let version = get_u16(b, HDR_VERSION);
         if version != FORMAT_VERSION {
-            return Err(HeaderError::Version(version));
+            return Err(DecodeError::Version { kind: "segment", found: version, supported: FORMAT_VERSION });
         }
         if crc32fast::hash(&b[..HDR_CRC]) != get_u32(b, HDR_CRC) {
-            return Err(HeaderError::Damaged("segment header checksum mismatch".into()));
+            return Err(DecodeError::Checksum { what: "segment header" });
         }
         Ok(SegmentHeader {
             partition: get_u32(b, HDR_PARTITION),
@@ -106,15 +87,15 @@ impl Footer {
     }
 
     /// Decodes and checks a footer.
-    pub fn decode(b: &[u8]) -> Result<Self, String> {
+    pub fn decode(b: &[u8]) -> Result<Self, DecodeError> {
         if b.len() < FOOTER_LEN {
-            return Err(format!("footer is {} bytes, expected {FOOTER_LEN}", b.len()));
+            return Err(DecodeError::truncated(format!("footer is {} bytes, expected {FOOTER_LEN}", b.len())));
         }
         if b[FTR_MAGIC..FTR_MAGIC + 8] != FOOTER_MAGIC {
-            return Err("no footer magic".into());
+            return Err(DecodeError::NotThisKind { kind: "segment footer" });
         }
         if crc32fast::hash(&b[..FTR_CRC]) != get_u32(b, FTR_CRC) {
-            return Err("footer checksum mismatch".into());
+            return Err(DecodeError::Checksum { what: "footer" });
         }
         let f = Footer {
             records_end: get_u64(b, FTR_RECORDS_END),
@@ -131,7 +112,7 @@ impl Footer {
             && f.last_seq - f.first_seq == f.count - 1
             && f.records_end >= HEADER_LEN as u64;
         if !consistent {
-            return Err("footer sequence range is inconsistent".into());
+            return Err(DecodeError::invalid("footer sequence range is inconsistent"));
         }
         Ok(f)
     }
@@ -228,7 +209,7 @@ mod tests {
         b[HDR_VERSION] = 2;
         let crc = crc32fast::hash(&b[..HDR_CRC]);
         b[HDR_CRC..HDR_CRC + 4].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(SegmentHeader::decode(&b), Err(HeaderError::Version(2)));
+        assert_eq!(SegmentHeader::decode(&b), Err(DecodeError::Version { kind: "segment", found: 2, supported: 1 }));
     }
 
     #[test]

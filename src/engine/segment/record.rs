@@ -183,7 +183,7 @@ pub fn find_record(buf: &[u8], from: usize, lo: u64, hi: u64) -> Option<(usize, 
 
 /// Reads a record's MessagePack document (a copy of its bytes; see
 /// [`Document::parse`]).
-pub fn decode_doc(doc: &[u8]) -> Result<Document, String> {
+pub fn decode_doc(doc: &[u8]) -> Result<Document, crate::decode::DecodeError> {
     Document::parse(Bytes::copy_from_slice(doc))
 }
 
