@@ -216,7 +216,7 @@ async fn open_for_latency(backend: &str, dir: &std::path::Path, polling: bool) -
     let inner: Arc<dyn Backend> = match backend {
         "memory" => Arc::new(MemoryBackend::new()),
         _ => {
-            let opts = EngineOptions { durability: Durability::Sync, ..EngineOptions::default() };
+            let opts = EngineOptions::default().durability(Durability::Sync);
             let path = dir.to_str().expect("utf-8 bench directory");
             Arc::new(NativeBackend::open(path, opts, Arc::new(SystemClock)).await.expect("native"))
         }

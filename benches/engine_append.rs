@@ -17,7 +17,7 @@ use rheo::engine::{Durability, EngineOptions};
 use support::{append, engine, event};
 
 fn opts(durability: Durability) -> EngineOptions {
-    EngineOptions { durability, ..EngineOptions::default() }
+    EngineOptions::default().durability(durability)
 }
 
 const DURABILITIES: [(&str, Durability); 3] = [

@@ -188,7 +188,7 @@ fn reopen_and_memory(c: &mut Criterion) {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
-                let opts = EngineOptions { durability: Durability::None, ..EngineOptions::default() };
+                let opts = EngineOptions::default().durability(Durability::None);
                 let start = Instant::now();
                 let engine = rheo::engine::Engine::open_dir(dir.path(), opts).expect("reopen");
                 total += start.elapsed();
@@ -202,7 +202,7 @@ fn reopen_and_memory(c: &mut Criterion) {
     // A checkpoint of that state: the pause it imposes on the stream's
     // group calls (it runs under the stream's table lock).
     g.bench_function("checkpoint_1M_unsettled_deliveries", |b| {
-        let opts = EngineOptions { durability: Durability::Sync, ..EngineOptions::default() };
+        let opts = EngineOptions::default().durability(Durability::Sync);
         let engine = rheo::engine::Engine::open_dir(dir.path(), opts).expect("reopen");
         b.iter(|| engine.checkpoint("s").expect("checkpoint"));
     });

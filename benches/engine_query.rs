@@ -28,12 +28,7 @@ const PARTITIONS: u32 = 4;
 const CUSTOMERS: u64 = 10_000;
 
 fn opts(background: bool) -> EngineOptions {
-    EngineOptions {
-        durability: Durability::None,
-        segment_bytes: 16 << 20,
-        background_indexing: background,
-        ..EngineOptions::default()
-    }
+    EngineOptions::default().durability(Durability::None).segment_bytes(16 << 20).background_indexing(background)
 }
 
 fn event(n: u64) -> NewEvent {

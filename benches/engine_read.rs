@@ -95,7 +95,7 @@ fn api_read(c: &mut Criterion) {
 }
 
 fn none() -> EngineOptions {
-    EngineOptions { durability: Durability::None, ..EngineOptions::default() }
+    EngineOptions::default().durability(Durability::None)
 }
 
 fn sequential_read(c: &mut Criterion) {
@@ -153,7 +153,7 @@ fn reopen(c: &mut Criterion) {
         // `recovery=strict` reads every record of every sealed segment.
         let bytes: u64 = walk_bytes(dir.path());
         println!("engine_reopen/{n}_events: {:.1} MiB on disk", bytes as f64 / f64::from(1 << 20));
-        let strict = EngineOptions { recovery: rheo::RecoveryMode::Strict, ..EngineOptions::default() };
+        let strict = EngineOptions::default().recovery(rheo::RecoveryMode::Strict);
         g.bench_function(format!("{n}_events_strict"), |b| {
             b.iter(|| Engine::open_dir(dir.path(), strict.clone()).expect("strict reopen"))
         });

@@ -28,27 +28,43 @@
 //! backend obeys, and [`Backend`] for the contract a backend implements.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![cfg_attr(not(feature = "internals"), warn(unnameable_types))]
 #![warn(missing_docs)]
 
-pub mod backend;
+// Modules are private; the API is the flat list of re-exports below (plus
+// `backends`, one home per backend, `inspect`, the data-file reader, and
+// `observe`, the metric names). The engine is reachable only with the
+// `internals` feature, for this crate's tests, benches and fuzzers: it is not
+// part of the API and changes without notice.
+mod backend;
 pub mod backends;
-pub mod client;
+mod client;
 mod decode;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
 pub mod engine;
-pub mod error;
+// Without `internals`, what only tests and tools call is unused here.
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod engine;
+mod error;
 mod groups;
-pub mod model;
+pub use engine::inspect;
+mod model;
 mod msgpack;
 pub mod observe;
 mod rangeset;
-pub mod runtime;
+mod runtime;
 
 pub use backend::{Backend, Subscription, Wakeups};
 pub use backends::memory::MemoryBackend;
 pub use backends::native::NativeBackend;
+pub use backends::native::{Durability, EngineOptions, RecoveryMode};
 pub use client::{IndexBuild, Rheo, RheoBuilder};
-pub use engine::{Durability, EngineOptions, RecoveryMode};
-pub use error::{Error, ObjectKind, Result};
+pub use decode::DecodeError;
+pub use engine::error::StorageError;
+pub use error::{Cause, Error, ObjectKind, Result};
 pub use model::capabilities::Capabilities;
 pub use model::damage::Damage;
 pub use model::event::{
@@ -70,8 +86,8 @@ pub use model::query::{Access, Cursor, Explain, Filter, Op, OrderBy, Page, Query
 pub use model::routing::{partition_for_key, phash2, phash2_range};
 pub use model::time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use runtime::{
-    Group, GroupBuilder, GroupHandle, Handler, LeaseStream, LeaseStreamOptions, Outcome, RunSummary, StreamLease,
-    handler_fn,
+    Group, GroupBuilder, GroupHandle, Handler, HandlerFn, LeaseStream, LeaseStreamOptions, Outcome, RunSummary,
+    StreamLease, handler_fn,
 };
 
 /// The README's code blocks, compiled and run as doctests.

@@ -54,14 +54,12 @@ const TARGETS: [Target; 6] =
     [Target::Records, Target::Header, Target::Footer, Target::SparseIndex, Target::SecondaryIndex, Target::Checkpoint];
 
 fn opts(recovery: RecoveryMode) -> EngineOptions {
-    EngineOptions {
-        segment_bytes: 2048,
-        preallocate_bytes: 1024,
-        background_indexing: false,
-        inline_io: true,
-        recovery,
-        ..EngineOptions::default()
-    }
+    EngineOptions::default()
+        .segment_bytes(2048)
+        .preallocate_bytes(1024)
+        .background_indexing(false)
+        .inline_io(true)
+        .recovery(recovery)
 }
 
 fn open(mem: &MemVfs, recovery: RecoveryMode) -> rheo::Result<(Engine, Rheo)> {

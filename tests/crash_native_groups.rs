@@ -146,7 +146,7 @@ fn a_clamp_at_reopen_is_durable() {
     let mem = MemVfs::new();
     let clock = ManualClock::new(START);
     let open = |durability: Durability| {
-        let opts = EngineOptions { durability, background_indexing: false, ..EngineOptions::default() };
+        let opts = EngineOptions::default().durability(durability).background_indexing(false);
         let engine = Engine::open(Arc::new(mem.clone()), opts).expect("open");
         let backend = NativeBackend::with_engine(engine.clone(), Arc::new(clock.clone()));
         let rheo = Rheo::builder().clock(Arc::new(clock.clone())).with_backend(Arc::new(backend)).expect("rheo");
@@ -206,7 +206,7 @@ fn a_clamp_at_reopen_is_durable() {
 fn a_wal_torn_while_a_checkpoint_created_it_does_not_wipe_the_previous_one() {
     let rt = runtime();
     let clock = ManualClock::new(START);
-    let opts = EngineOptions { checkpoint_bytes: u64::MAX, background_indexing: false, ..EngineOptions::default() };
+    let opts = EngineOptions::default().checkpoint_bytes(u64::MAX).background_indexing(false);
     let groups_dir = "streams/0000000000000001/groups";
     let new_wal = format!("{groups_dir}/wal-00000000000000000002.log");
     let backend = |engine: &Engine| {
@@ -267,12 +267,7 @@ fn a_wal_torn_while_a_checkpoint_created_it_does_not_wipe_the_previous_one() {
 fn a_full_disk_while_reserving_wal_space_fails_the_call_cleanly() {
     let rt = runtime();
     let clock = ManualClock::new(START);
-    let opts = EngineOptions {
-        preallocate_bytes: 1024,
-        checkpoint_bytes: u64::MAX,
-        background_indexing: false,
-        ..EngineOptions::default()
-    };
+    let opts = EngineOptions::default().preallocate_bytes(1024).checkpoint_bytes(u64::MAX).background_indexing(false);
     // Appends, then fetch + ack one by one; returns each ack's first op and
     // how many ops it made (3 when it reserved: zeros, record, sync).
     let run = |faulty: &FaultyVfs, stop_at: Option<usize>| -> (Vec<(u64, u64)>, Vec<String>) {
@@ -352,7 +347,7 @@ fn a_torn_wal_tail_is_recovered_quickly() {
     let clock = ManualClock::new(START);
     let wal = "streams/0000000000000001/groups/wal-00000000000000000001.log";
     // The smallest zero-filled tail there is: 256 KiB of headroom + 1 KiB.
-    let opts = EngineOptions { preallocate_bytes: 1024, background_indexing: false, ..EngineOptions::default() };
+    let opts = EngineOptions::default().preallocate_bytes(1024).background_indexing(false);
     let mem = MemVfs::new();
     {
         let engine = Engine::open(Arc::new(mem.clone()), opts.clone()).expect("open");
@@ -519,15 +514,13 @@ fn plan(seed: u64, force_none: bool) -> Plan {
     let prealloc = true;
     let sync = !rng.chance(1, 8) && !force_none;
     let checkpoint_bytes = if rng.chance(1, 2) { rng.pick(&[512, 1024, 2048, 4096]) } else { 16 << 20 };
-    let opts = EngineOptions {
-        durability: if sync { Durability::Sync } else { Durability::None },
-        segment_bytes: rng.pick(&[4096, 8192, 1 << 20]),
-        preallocate_bytes: rng.pick(&[1024, 1024, 0]) * u64::from(prealloc),
-        checkpoint_bytes,
-        checkpoint_interval: Duration::from_secs(24 * 3600),
-        background_indexing: false,
-        ..EngineOptions::default()
-    };
+    let opts = EngineOptions::default()
+        .durability(if sync { Durability::Sync } else { Durability::None })
+        .segment_bytes(rng.pick(&[4096, 8192, 1 << 20]))
+        .preallocate_bytes(rng.pick(&[1024, 1024, 0]) * u64::from(prealloc))
+        .checkpoint_bytes(checkpoint_bytes)
+        .checkpoint_interval(Duration::from_secs(24 * 3600))
+        .background_indexing(false);
     let groups = vec![
         ("g1".to_owned(), u32::try_from(rng.range(2, 4)).expect("attempts")),
         ("g2".to_owned(), u32::try_from(rng.range(3, 6)).expect("attempts")),

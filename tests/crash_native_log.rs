@@ -168,13 +168,11 @@ struct Plan {
 
 fn plan(seed: u64) -> Plan {
     let mut rng = Rng::new(seed, 1);
-    let opts = EngineOptions {
-        durability: Durability::Sync,
-        segment_bytes: rng.pick(&[4096, 4096, 8192]),
-        preallocate_bytes: rng.pick(&[1024, 1024, 0]),
-        background_indexing: false,
-        ..EngineOptions::default()
-    };
+    let opts = EngineOptions::default()
+        .durability(Durability::Sync)
+        .segment_bytes(rng.pick(&[4096, 4096, 8192]))
+        .preallocate_bytes(rng.pick(&[1024, 1024, 0]))
+        .background_indexing(false);
     let streams: Vec<(String, u32)> =
         (0..rng.range(1, 2)).map(|i| (format!("s{i}"), u32::try_from(rng.range(1, 3)).expect("count"))).collect();
     let mut n = 0;
@@ -648,12 +646,7 @@ fn present_failed(engine: &Engine, model: &Model) -> u64 {
 // ------------------------------------------------------------------ torn tails
 
 fn small() -> EngineOptions {
-    EngineOptions {
-        segment_bytes: 4096,
-        preallocate_bytes: 1024,
-        background_indexing: false,
-        ..EngineOptions::default()
-    }
+    EngineOptions::default().segment_bytes(4096).preallocate_bytes(1024).background_indexing(false)
 }
 
 fn event(id: &str, p: u32, pad: usize) -> Planned {
@@ -894,7 +887,7 @@ fn a_failed_sync_while_creating_a_stream_poisons_the_engine() {
 /// as committed once the OS writes that page back: rollback must zero them.
 #[test]
 fn a_batch_rolled_back_after_a_full_disk_never_resurrects() {
-    let none = EngineOptions { durability: Durability::None, ..small() };
+    let none = small().durability(Durability::None);
     let setup = |engine: &Engine| {
         engine.create_stream("s", 3, &[], 0).expect("create");
         acked(engine, &[event("a0", 0, 50), event("a1", 1, 50)]);

@@ -719,7 +719,7 @@ fn check_doc(doc: &[u8], e: &Value, at: &str) {
 }
 
 /// A decoded document against the vector's description of it.
-fn check_document(d: &rheo::model::event::Document, e: &Value, at: &str) {
+fn check_document(d: &rheo::engine::Document, e: &Value, at: &str) {
     assert_eq!(d.id(), js(e, "id"), "{at}: id");
     assert_eq!(d.key(), e["key"].as_str(), "{at}: key");
     assert_eq!(d.event_type(), e["type"].as_str(), "{at}: type");
@@ -934,7 +934,7 @@ fn data_dir(segment: &[u8], index: Option<&[u8]>) -> MemVfs {
 
 fn open(mem: &MemVfs, recovery: RecoveryMode) -> rheo::Result<Engine> {
     let vfs: Arc<dyn Vfs> = Arc::new(mem.clone());
-    Engine::open(vfs, EngineOptions { recovery, ..EngineOptions::default() })
+    Engine::open(vfs, EngineOptions::default().recovery(recovery))
 }
 
 /// Reads every record of the vector stream through the engine and compares
@@ -2871,7 +2871,7 @@ fn engine_writes_the_specified_records() {
 fn records_after_power_loss(durability: Durability, calls: usize) -> u64 {
     let mem = delivery_dir(&[]);
     let vfs: Arc<dyn Vfs> = Arc::new(mem.clone());
-    let engine = Engine::open(vfs.clone(), EngineOptions { durability, ..EngineOptions::default() }).expect("open");
+    let engine = Engine::open(vfs.clone(), EngineOptions::default().durability(durability)).expect("open");
     let clock = ManualClock::new(Timestamp::from_millis(T0 + 200_000));
     let b = NativeBackend::with_engine(engine, Arc::new(clock));
     block_on(async {
@@ -3587,7 +3587,7 @@ fn six_access(explain: &[rheo::Explain], base: u64) -> Option<&rheo::Access> {
 }
 
 fn six_options() -> EngineOptions {
-    EngineOptions { segment_bytes: 4096, background_indexing: false, ..EngineOptions::default() }
+    EngineOptions::default().segment_bytes(4096).background_indexing(false)
 }
 
 #[test]

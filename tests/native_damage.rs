@@ -37,7 +37,7 @@ impl Dir {
     /// Small segments (4 KiB, about 25 of these events) so that most
     /// records are in sealed segments.
     fn opts() -> EngineOptions {
-        EngineOptions { segment_bytes: 4096, background_indexing: false, ..EngineOptions::default() }
+        EngineOptions::default().segment_bytes(4096).background_indexing(false)
     }
 
     fn open_with(&self, vfs: Arc<dyn Vfs>, opts: EngineOptions) -> rheo::Result<(Engine, Rheo)> {
@@ -351,7 +351,7 @@ async fn strict_recovery_refuses_a_damaged_sealed_segment_at_open() {
     dir.fill(&rheo, 1, 40, 5).await;
     let (path, offset) = dir.damage(&engine, 0, 6);
     drop((engine, rheo));
-    let strict = EngineOptions { recovery: RecoveryMode::Strict, ..Dir::opts() };
+    let strict = Dir::opts().recovery(RecoveryMode::Strict);
     match dir.open_with(Arc::new(dir.mem.clone()), strict) {
         Err(Error::Corrupt { file, offset: o, reason, .. }) => {
             assert!(file.to_string_lossy().ends_with(&path), "{file:?}");
@@ -385,7 +385,7 @@ async fn a_damaged_header_or_footer_of_a_sealed_segment_loses_nothing() {
     bytes[n - 30] ^= 0x01;
     dir.mem.write_file(&foot, &bytes).expect("write");
 
-    let strict = EngineOptions { recovery: RecoveryMode::Strict, ..Dir::opts() };
+    let strict = Dir::opts().recovery(RecoveryMode::Strict);
     match dir.open_with(Arc::new(dir.mem.clone()), strict) {
         Err(Error::Corrupt { file, .. }) => assert!(file.to_string_lossy().ends_with(&head), "{file:?}"),
         other => panic!("strict open: {:?}", other.map(|_| ())),

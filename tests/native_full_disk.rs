@@ -176,14 +176,12 @@ fn scenario(name: &str, opts: EngineOptions) {
 }
 
 fn opts(durability: Durability, preallocate_bytes: u64) -> EngineOptions {
-    EngineOptions {
-        durability,
-        preallocate_bytes,
-        segment_bytes: 8 << 10,
-        checkpoint_bytes: 16 << 10,
-        background_indexing: false,
-        ..EngineOptions::default()
-    }
+    EngineOptions::default()
+        .durability(durability)
+        .preallocate_bytes(preallocate_bytes)
+        .segment_bytes(8 << 10)
+        .checkpoint_bytes(16 << 10)
+        .background_indexing(false)
 }
 
 #[test]

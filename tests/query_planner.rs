@@ -34,11 +34,11 @@ use proptest::option;
 use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 use proptest::test_runner::TestCaseError;
+use rheo::Access;
 use rheo::engine::log::stream::Routed;
 use rheo::engine::stream::Stream;
 use rheo::engine::vfs::{MemVfs, Vfs};
 use rheo::engine::{Durability, Engine, EngineOptions};
-use rheo::model::query::Access;
 use rheo::{AppendOptions, Event, Filter, NewEvent, Op, OrderBy, Page, Query, Timestamp, partition_for_key};
 use serde_json::{Value, json};
 
@@ -440,7 +440,7 @@ fn case() -> BoxedStrategy<Case> {
 }
 
 fn options(segment_bytes: u64) -> EngineOptions {
-    EngineOptions { segment_bytes, background_indexing: false, durability: Durability::None, ..Default::default() }
+    EngineOptions::default().segment_bytes(segment_bytes).background_indexing(false).durability(Durability::None)
 }
 
 /// An engine over one `MemVfs`, reopened on demand.
@@ -775,12 +775,11 @@ fn descending_pages_over_runs_of_more_than_a_chunk_of_candidates_are_exact() {
     for order in [OrderBy::Sequence, OrderBy::Partition, OrderBy::Timestamp] {
         let q = Query::new(STREAM).eq("type", "a").order_by(order).descending().limit(25);
         let first = log.query_page(&q).expect("query");
-        let big =
-            |x: &rheo::model::query::Explain| matches!(x.access, Access::Index { candidates, .. } if candidates > 64);
+        let big = |x: &rheo::Explain| matches!(x.access, Access::Index { candidates, .. } if candidates > 64);
         if order == OrderBy::Timestamp {
             // That order can't stop early: reading nine in ten events one by
             // one would cost more than scanning them.
-            let scanned = |x: &rheo::model::query::Explain| matches!(x.access, Access::Scan { .. });
+            let scanned = |x: &rheo::Explain| matches!(x.access, Access::Scan { .. });
             assert!(first.explain.iter().all(scanned), "{:#?}", first.explain);
         } else {
             assert!(first.explain.iter().any(big), "{:#?}", first.explain);

@@ -38,16 +38,14 @@ mod crash;
 const STREAMS: [&str; 2] = ["a", "b"];
 
 fn options(durability: Durability, recovery: RecoveryMode, inline_io: bool) -> EngineOptions {
-    EngineOptions {
-        durability,
-        recovery,
-        segment_bytes: 4096,
-        preallocate_bytes: 2048,
-        checkpoint_bytes: 8192,
-        background_indexing: false,
-        inline_io,
-        ..EngineOptions::default()
-    }
+    EngineOptions::default()
+        .durability(durability)
+        .recovery(recovery)
+        .segment_bytes(4096)
+        .preallocate_bytes(2048)
+        .checkpoint_bytes(8192)
+        .background_indexing(false)
+        .inline_io(inline_io)
 }
 
 fn open(mem: &MemVfs, opts: &EngineOptions) -> rheo::Result<(Engine, Rheo)> {

@@ -31,7 +31,7 @@ use rheo::engine::delivery::checkpoint::{
     CKPT_VERSION,
 };
 use rheo::engine::vfs::Vfs;
-use rheo::engine::{EngineOptions, RecoveryMode};
+use rheo::engine::RecoveryMode;
 use rheo_fuzz::Cursor;
 use rheo_fuzz::delivery::{CKPT1, WAL1, base, open_and_exercise, restore_tree, small_options};
 
@@ -98,7 +98,7 @@ fuzz_target!(|data: &[u8]| {
         vfs.remove_file(WAL1).expect("remove the WAL");
     }
     let recovery = if mode & STRICT != 0 { RecoveryMode::Strict } else { RecoveryMode::TolerateTornTail };
-    let opts = EngineOptions { recovery, ..small_options() };
+    let opts = small_options().recovery(recovery);
     let opened = open_and_exercise(&vfs, &opts);
     // The newest checkpoint is the only copy of the state it covers: one
     // that does not decode, or names another generation, must not open.

@@ -51,8 +51,7 @@ use libfuzzer_sys::fuzz_target;
 use rheo::engine::vfs::{Fault, FaultyVfs, MemVfs, Vfs};
 use rheo::engine::{Engine, EngineOptions};
 use rheo::{
-    LeaseId,
-    AppendOptions, Backend, Backoff, Clock, DeadLetterOptions, Error, FetchOptions, GroupOptions, LeaseRef,
+    AppendOptions, Backend, Backoff, Clock, DeadLetterOptions, Error, FetchOptions, GroupOptions, LeaseId, LeaseRef,
     ManualClock, NativeBackend, NewEvent, Query, ReplayOptions, ResetOptions, RetryOutcome, StartPosition,
     StreamOptions, Timestamp,
 };
@@ -404,7 +403,7 @@ fn back_from(now: Timestamp, ms: u64) -> Timestamp {
 }
 
 fn options(checkpoint_bytes: u64, preallocate_bytes: u64) -> EngineOptions {
-    EngineOptions { checkpoint_bytes, preallocate_bytes, ..small_options() }
+    small_options().checkpoint_bytes(checkpoint_bytes).preallocate_bytes(preallocate_bytes)
 }
 
 fn open(vfs: &FaultyVfs, opts: &EngineOptions, clock: &ManualClock, what: &str) -> NativeBackend {
@@ -554,7 +553,11 @@ impl Run {
                 let (claims, dead) = m.fetch(*g, now, *limit, &scope);
                 let expires = now.saturating_add(Duration::from_millis(*lease_ms));
                 for &(p, seq, attempt) in &claims {
-                    m.set(*g, &lease_ref(*g, p, seq, LeaseId::from_u128(0)), Hold::Leased { id: LeaseId::from_u128(0), expires, attempt });
+                    m.set(
+                        *g,
+                        &lease_ref(*g, p, seq, LeaseId::from_u128(0)),
+                        Hold::Leased { id: LeaseId::from_u128(0), expires, attempt },
+                    );
                 }
                 (Expect::Claims(Some(claims)), dead)
             }
@@ -762,11 +765,7 @@ impl Run {
                     assert_eq!(l.event.id(), event_id(l.partition(), l.sequence()), "the delivered event");
                     assert_eq!(l.expires_at, now.saturating_add(lease), "the lease's expiry");
                     let r = l.to_ref();
-                    self.m.set(
-                        *g,
-                        &r,
-                        Hold::Leased { id: l.lease_id, expires: l.expires_at, attempt: l.attempt },
-                    );
+                    self.m.set(*g, &r, Hold::Leased { id: l.lease_id, expires: l.expires_at, attempt: l.attempt });
                     self.leases.push(r);
                 }
                 if self.leases.len() > MAX_LEASES {

@@ -146,7 +146,7 @@ fn build(data: &[u8]) -> (MemVfs, RecoveryMode) {
 
 fuzz_target!(|data: &[u8]| {
     let (vfs, recovery) = build(data);
-    let opts = EngineOptions { recovery, background_indexing: false, ..EngineOptions::default() };
+    let opts = EngineOptions::default().recovery(recovery).background_indexing(false);
     // Any `Err` here is a typed `rheo::Error`; a panic fails the target.
     let Ok(engine) = Engine::open(Arc::new(vfs.clone()), opts.clone()) else { return };
     // Index the recovered segments (hostile footers and records included):

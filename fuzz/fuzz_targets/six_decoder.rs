@@ -34,6 +34,7 @@
 use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
+use rheo::Timestamp;
 use rheo::engine::index::extract::{DocParts, Extractor, FieldPath};
 use rheo::engine::index::file::{
     self, SIX_DIR_CRC_AT, SIX_DIR_LEN_AT, SIX_DIR_OFFSET_AT, SIX_HEADER_CRC_AT, SIX_HEADER_LEN, SIX_MAGIC,
@@ -41,7 +42,6 @@ use rheo::engine::index::file::{
 };
 use rheo::engine::index::term::{self, Scalar};
 use rheo::engine::segment::record::decode_doc;
-use rheo::Timestamp;
 use rheo_fuzz::Cursor;
 
 const AS_IS: u8 = 0;

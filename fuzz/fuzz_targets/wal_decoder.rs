@@ -23,7 +23,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use rheo::engine::delivery::wal::{self, End};
-use rheo::engine::{EngineOptions, RecoveryMode};
+use rheo::engine::RecoveryMode;
 use rheo_fuzz::Cursor;
 use rheo_fuzz::delivery::{RECORDS_AT, WAL1, base, fix_wal_crcs, open_and_exercise, restore_tree, small_options};
 
@@ -100,7 +100,7 @@ fuzz_target!(|data: &[u8]| {
     } else {
         RecoveryMode::TolerateTornTail
     };
-    let opts = EngineOptions { recovery, ..small_options() };
+    let opts = small_options().recovery(recovery);
     let opened = open_and_exercise(&vfs, &opts);
     if recovery == RecoveryMode::Strict && opened {
         // Strict accepts only a whole, undamaged WAL of the right generation.

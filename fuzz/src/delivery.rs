@@ -34,18 +34,16 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
 
 /// Small files, no zero-filling, no automatic checkpoints: cheap to open.
 pub fn small_options() -> EngineOptions {
-    EngineOptions {
-        durability: Durability::Sync,
-        segment_bytes: 4096,
-        preallocate_bytes: 0,
-        checkpoint_bytes: u64::MAX,
-        checkpoint_interval: Duration::from_secs(1 << 40),
-        // No builder thread, no commit thread per input: deterministic and
-        // fast (commits run on the fuzzing thread).
-        background_indexing: false,
-        inline_io: true,
-        ..EngineOptions::default()
-    }
+    // No builder thread, no commit thread per input: deterministic and
+    // fast (commits run on the fuzzing thread).
+    EngineOptions::new()
+        .durability(Durability::Sync)
+        .segment_bytes(4096)
+        .preallocate_bytes(0)
+        .checkpoint_bytes(u64::MAX)
+        .checkpoint_interval(Duration::from_secs(1 << 40))
+        .background_indexing(false)
+        .inline_io(true)
 }
 
 /// Every directory (with `None`) and file (with its live content) of a
@@ -115,8 +113,9 @@ async fn build_base() -> Base {
     b.create_group(STREAM, "g", &GroupOptions::new().max_attempts(3)).await.expect("group g");
     let h = GroupOptions::new().partitions(vec![1]).retry_backoff(Backoff::Fixed(Duration::from_millis(500)));
     b.create_group(STREAM, "h", &h).await.expect("group h");
-    let events: Vec<NewEvent> =
-        (0..6u32).map(|i| NewEvent::prepare(serde_json::json!({"i": i}), AppendOptions::new().partition(i % 2))).collect();
+    let events: Vec<NewEvent> = (0..6u32)
+        .map(|i| NewEvent::prepare(serde_json::json!({"i": i}), AppendOptions::new().partition(i % 2)))
+        .collect();
     b.append_batch(STREAM, &events).await.expect("append");
     let fetch = FetchOptions::new().limit(4).consumer("c").lease(Duration::from_secs(5));
     let leases = b.fetch(STREAM, "g", &fetch).await.expect("fetch").leases;
@@ -128,7 +127,9 @@ async fn build_base() -> Base {
     b.ack_many(&[hl[0].to_ref(), hl[1].to_ref()]).await.expect("ack_many");
     clock.advance(Duration::from_secs(6));
     b.retry(&hl[2].to_ref(), "later", None).await.expect("retry h");
-    b.replay(STREAM, "g", &ReplayOptions::from_sequence(2).partitions(vec![0]).validate(STREAM, "g").expect("valid")).await.expect("replay");
+    b.replay(STREAM, "g", &ReplayOptions::from_sequence(2).partitions(vec![0]).validate(STREAM, "g").expect("valid"))
+        .await
+        .expect("replay");
     let _ = b.fetch(STREAM, "g", &fetch).await.expect("fetch again").leases;
     let tree = copy_tree(&mem);
     let wal = mem.read_file(WAL1).expect("WAL generation 1");

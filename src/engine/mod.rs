@@ -12,6 +12,7 @@ pub mod commit;
 pub mod delivery;
 pub mod error;
 pub mod index;
+pub mod inspect;
 pub mod log;
 pub mod options;
 pub mod segment;
@@ -30,9 +31,12 @@ use error::{io_err, sync_err};
 use log::manifest::{self, ManifestBody, StreamEntry};
 use log::partition::Truncation;
 use log::stream::{Routed, stream_dir};
-pub use options::{Durability, EngineOptions, RecoveryMode};
+pub use options::{Durability, EngineOptions};
 use stream::Stream;
 use vfs::{StdVfs, Vfs, VfsLock};
+/// Named by tests, benches and fuzzers (the `internals` feature).
+#[cfg(any(test, feature = "internals"))]
+pub use {crate::model::event::Document, options::RecoveryMode};
 
 const LOCK: &str = "LOCK";
 const STREAMS: &str = "streams";
@@ -333,12 +337,7 @@ mod tests {
     use vfs::MemVfs;
 
     fn small() -> EngineOptions {
-        EngineOptions {
-            segment_bytes: 4096,
-            preallocate_bytes: 1024,
-            background_indexing: false,
-            ..EngineOptions::default()
-        }
+        EngineOptions::default().segment_bytes(4096).preallocate_bytes(1024).background_indexing(false)
     }
 
     fn append(engine: &Engine, stream: &str, partitions: &[u32]) -> Result<Vec<(u32, u64)>> {
@@ -419,7 +418,7 @@ mod tests {
         drop(engine);
         // Strict mode refuses the same damage.
         mem.write_file(path, &torn).expect("write");
-        let strict = EngineOptions { recovery: RecoveryMode::Strict, ..small() };
+        let strict = small().recovery(RecoveryMode::Strict);
         assert!(matches!(Engine::open(vfs.clone(), strict), Err(Error::Corrupt { .. })));
         // A flipped byte in the middle record, followed by good records, is corruption.
         let mut flipped = bytes;
@@ -441,7 +440,7 @@ mod tests {
         // Sync partition files of a second batch but not its transaction:
         // simulate by writing it with Durability::None, then syncing only data.
         drop(engine);
-        let none = EngineOptions { durability: Durability::None, ..small() };
+        let none = small().durability(Durability::None);
         let engine = Engine::open(vfs.clone(), none).expect("open");
         append(&engine, "s", &[0, 1, 2]).expect("unsynced batch");
         for p in 0..3 {
@@ -518,7 +517,7 @@ mod tests {
         // lost, later ones (and their index points) persisted.
         let mem = MemVfs::new();
         let vfs: Arc<dyn Vfs> = Arc::new(mem.clone());
-        let big = EngineOptions { segment_bytes: 1 << 20, ..small() };
+        let big = small().segment_bytes(1 << 20);
         let engine = Engine::open(vfs.clone(), big.clone()).expect("open");
         engine.create_stream("s", 1, &[], 0).expect("create");
         for _ in 0..60 {

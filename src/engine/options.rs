@@ -51,6 +51,7 @@ pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
 
 /// Settings of a native data directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EngineOptions {
     /// When appends are durable (default `Sync`).
     pub durability: Durability,
@@ -79,8 +80,9 @@ pub struct EngineOptions {
     pub checkpoint_interval: Duration,
     /// Build secondary indexes on a background thread (default true).
     /// Without it, queries scan segments whose index file is missing until
-    /// [`Engine::build_indexes`](crate::engine::Engine::build_indexes) runs
-    /// (the fault-injection tests turn it off to stay deterministic).
+    /// the indexes are built (the native backend builds them when
+    /// `create_index` is called; the fault-injection tests turn the thread
+    /// off to stay deterministic).
     pub background_indexing: bool,
     /// Do the engine's work on the calling thread (default false): commits
     /// run on the threads that wait for durability (no group-commit thread,
@@ -106,5 +108,59 @@ impl Default for EngineOptions {
             background_indexing: true,
             inline_io: false,
         }
+    }
+}
+
+impl EngineOptions {
+    /// The defaults (see each field).
+    ///
+    /// ```
+    /// use rheo::{Durability, EngineOptions};
+    /// let opts = EngineOptions::new().durability(Durability::None).segment_bytes(8 << 20);
+    /// assert_eq!(opts.segment_bytes, 8 << 20);
+    /// ```
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets `durability`: When appends are durable.
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+    /// Sets `recovery`: The recovery policy.
+    pub fn recovery(mut self, recovery: RecoveryMode) -> Self {
+        self.recovery = recovery;
+        self
+    }
+    /// Sets `segment_bytes`: The size at which a segment rolls.
+    pub fn segment_bytes(mut self, segment_bytes: u64) -> Self {
+        self.segment_bytes = segment_bytes;
+        self
+    }
+    /// Sets `preallocate_bytes`: The zero-fill step ahead of writes (0 disables).
+    pub fn preallocate_bytes(mut self, preallocate_bytes: u64) -> Self {
+        self.preallocate_bytes = preallocate_bytes;
+        self
+    }
+    /// Sets `checkpoint_bytes`: The delivery WAL size that triggers a checkpoint.
+    pub fn checkpoint_bytes(mut self, checkpoint_bytes: u64) -> Self {
+        self.checkpoint_bytes = checkpoint_bytes;
+        self
+    }
+    /// Sets `checkpoint_interval`: The age that triggers a checkpoint of a non-empty WAL.
+    pub fn checkpoint_interval(mut self, checkpoint_interval: Duration) -> Self {
+        self.checkpoint_interval = checkpoint_interval;
+        self
+    }
+    /// Sets `background_indexing`: Whether secondary indexes build on a background thread.
+    pub fn background_indexing(mut self, background_indexing: bool) -> Self {
+        self.background_indexing = background_indexing;
+        self
+    }
+    /// Sets `inline_io`: Whether the engine's work runs on the calling thread.
+    pub fn inline_io(mut self, inline_io: bool) -> Self {
+        self.inline_io = inline_io;
+        self
     }
 }

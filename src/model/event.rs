@@ -837,6 +837,7 @@ impl Lineage {
 /// let opts = AppendOptions::new().key("customer-7").producer("checkout").metadata("region", "eu");
 /// ```
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct AppendOptions {
     pub(crate) id: Option<String>,
     pub(crate) key: Option<String>,

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 
 /// Options of `create_stream`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StreamOptions {
     /// How many partitions (1 to [`MAX_PARTITIONS`]) (default: 1).
     pub partition_count: u32,
@@ -69,6 +70,7 @@ impl StreamOptions {
 
 /// How far an index is built on a stream (see `Rheo::create_index`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct IndexStatus {
     /// The field, canonical (see [`crate::canonical_path`]).
     pub field: String,
@@ -94,6 +96,7 @@ pub const MAX_INDEXES: usize = 64;
 
 /// A stream as listed by `list_streams`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StreamInfo {
     /// Its name.
     pub name: String,
@@ -164,6 +167,7 @@ impl Backoff {
 ///     .retry_backoff(Backoff::Fixed(Duration::from_secs(1)));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct GroupOptions {
     /// Claims per delivery before a retry dead-letters it (default: 5).
     pub max_attempts: u32,
@@ -259,6 +263,7 @@ pub(crate) fn check_partitions(stream: &str, partitions: &[u32], partition_count
 
 /// Options of `fetch`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct FetchOptions {
     /// The most deliveries to claim (1 to [`crate::MAX_LIMIT`]) (default: 10).
     pub limit: usize,
@@ -310,6 +315,7 @@ impl FetchOptions {
 /// let replay = ReplayOptions::from_sequence(40).partitions([0, 2]);
 /// ```
 #[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
 pub struct ReplayOptions {
     /// Reopen deliveries with sequence > n (per partition).
     pub from_sequence: Option<u64>,
@@ -406,6 +412,7 @@ pub struct Reset {
 
 /// Options of `reset_group`; `confirm` must be true.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ResetOptions {
     /// Must be true, or the reset fails with `ConfirmRequired`.
     pub confirm: bool,
@@ -455,6 +462,7 @@ impl ResetOptions {
 
 /// Lag of one partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PartitionLag {
     /// The partition.
     pub partition: u32,
@@ -475,6 +483,7 @@ impl PartitionLag {
 
 /// Lag of a group over some partitions.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Lag {
     /// The stream.
     pub stream: String,
@@ -496,6 +505,7 @@ impl Lag {
 
 /// A group as listed by `list_groups`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct GroupSummary {
     /// The group name.
     pub name: String,
@@ -509,6 +519,7 @@ pub struct GroupSummary {
 
 /// Everything an operator wants to know about a group at a glance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct GroupInfo {
     /// The group's settings.
     pub summary: GroupSummary,
@@ -524,6 +535,7 @@ pub struct GroupInfo {
 
 /// A dead-lettered delivery.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct DeadLetter {
     /// The partition of the delivery.
     pub partition: u32,
@@ -547,6 +559,7 @@ pub struct DeadLetter {
 
 /// Options of `dead_letters`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct DeadLetterOptions {
     /// The most to return (default: 100).
     pub limit: usize,

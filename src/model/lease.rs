@@ -68,6 +68,7 @@ impl Lease {
 /// ([`crate::Rheo::skip`]) or its file restored. Other positions and
 /// partitions keep flowing.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct FetchReport {
     /// The deliveries claimed, in (partition, sequence) order.
     pub leases: Vec<Lease>,

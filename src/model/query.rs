@@ -357,7 +357,7 @@ impl Query {
     }
 
     /// The exclusive lower and inclusive upper sequence bound in a partition.
-    pub fn sequence_bounds(&self, partition: u32) -> (u64, u64) {
+    pub(crate) fn sequence_bounds(&self, partition: u32) -> (u64, u64) {
         let after = self.after_sequence.unwrap_or(0).max(self.after_sequences.get(&partition).copied().unwrap_or(0));
         (after, self.until_sequence.unwrap_or(u64::MAX))
     }
@@ -366,7 +366,7 @@ impl Query {
     /// implies one: the explicit bounds, `sequence` filters with integer
     /// values, and the cursor (for orders by sequence or partition). Events
     /// outside them cannot match; `after >= until` means none can.
-    pub fn narrowed_bounds(&self, partition: u32) -> (u64, u64) {
+    pub(crate) fn narrowed_bounds(&self, partition: u32) -> (u64, u64) {
         let (mut after, mut until) = self.sequence_bounds(partition);
         for f in self.filters.iter().filter(|f| f.path == "sequence") {
             let n = |v: &Value| v.as_u64();
@@ -405,7 +405,7 @@ impl Query {
 
     /// The partitions an event may match in, from `partition` equality
     /// filters; every partition when none restricts it.
-    pub fn partitions(&self, partition_count: u32) -> Vec<u32> {
+    pub(crate) fn partitions(&self, partition_count: u32) -> Vec<u32> {
         (0..partition_count)
             .filter(|&p| {
                 self.filters.iter().filter(|f| f.path == "partition").all(|f| {
@@ -429,7 +429,7 @@ impl Query {
     /// True when an event at this position and time is within the query's
     /// bounds and after its cursor: every check of [`Query::matches`] but
     /// the filters, which need the event's document.
-    pub fn matches_position(&self, partition: u32, sequence: u64, timestamp: Timestamp) -> bool {
+    pub(crate) fn matches_position(&self, partition: u32, sequence: u64, timestamp: Timestamp) -> bool {
         let (after, until) = self.sequence_bounds(partition);
         sequence > after
             && sequence <= until
@@ -460,6 +460,7 @@ impl Query {
     /// Builds a page from candidate events in any order: keeps those that
     /// match, sorts them, cuts at `limit` and sets `next_cursor` when more
     /// matches remain. Memory is bounded by the limit, not the candidates.
+    #[doc(hidden)]
     pub fn page_from<I>(&self, candidates: I) -> Page
     where
         I: IntoIterator<Item = Event>,
@@ -473,12 +474,12 @@ impl Query {
 
     /// True when, within one partition, ascending sequence is also this
     /// query's order (ascending by sequence or by partition).
-    pub fn scan_is_ordered(&self) -> bool {
+    pub(crate) fn scan_is_ordered(&self) -> bool {
         !self.descending && matches!(self.order_by, OrderBy::Sequence | OrderBy::Partition)
     }
 
     /// A builder that takes candidate events one at a time (see [`Query::page_from`]).
-    pub fn page_builder(&self) -> PageBuilder<'_> {
+    pub(crate) fn page_builder(&self) -> PageBuilder<'_> {
         let keep = self.limit.saturating_add(1);
         PageBuilder { query: self, keep, heap: BinaryHeap::with_capacity(keep.min(1024)) }
     }
@@ -506,7 +507,7 @@ impl Ord for Ranked<'_> {
 
 /// Collects the first `limit + 1` matches of a query, in its order, from
 /// candidates offered in any order.
-pub struct PageBuilder<'q> {
+pub(crate) struct PageBuilder<'q> {
     query: &'q Query,
     keep: usize,
     heap: BinaryHeap<Ranked<'q>>,
@@ -533,21 +534,12 @@ impl<'q> PageBuilder<'q> {
         }
     }
 
-    /// True when the page is full and `e` ranks after everything kept, so
-    /// it cannot be on the page. In a scan whose candidates come in the
-    /// query's order (see [`Query::scan_is_ordered`]), every later candidate
-    /// is past the end too and the scan may stop.
-    pub fn past_end(&self, e: &Event) -> bool {
-        self.heap.len() >= self.keep
-            && self
-                .heap
-                .peek()
-                .is_some_and(|top| self.query.compare_keys(self.query.sort_key(e), top.0) == Ordering::Greater)
-    }
-
     /// True when the page is full and the event at (`partition`,
-    /// `sequence`) ranks after everything kept (see [`PageBuilder::past_end`]);
-    /// always false for the timestamp order, whose key needs the event.
+    /// `sequence`) ranks after everything kept, so it cannot be on the page;
+    /// in a scan whose candidates come in the query's order (see
+    /// [`Query::scan_is_ordered`]) every later candidate is past the end too
+    /// and the scan may stop. Always false for the timestamp order, whose
+    /// key needs the event.
     pub fn past_end_at(&self, partition: u32, sequence: u64) -> bool {
         if self.query.order_by == OrderBy::Timestamp {
             return false;

@@ -216,6 +216,7 @@ pub struct GroupHandle {
 
 /// What a [`Group`] consumer did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RunSummary {
     /// Leases fetched.
     pub fetched: u64,

@@ -22,6 +22,7 @@ use crate::model::limits::{MAX_BATCH_EVENTS, validate_name};
 
 /// Settings of a [`LeaseStream`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct LeaseStreamOptions {
     /// Leases outstanding (yielded or buffered, not yet settled or dropped)
     /// at most (default 10).

@@ -52,12 +52,7 @@ pub fn native_mem() -> BoxFuture<'static, Fixture> {
     Box::pin(async {
         let clock = ManualClock::new(START);
         let vfs: Arc<dyn rheo::engine::vfs::Vfs> = Arc::new(rheo::engine::vfs::MemVfs::new());
-        let opts = rheo::EngineOptions {
-            segment_bytes: 4096,
-            preallocate_bytes: 1024,
-            inline_io: true,
-            ..rheo::EngineOptions::default()
-        };
+        let opts = rheo::EngineOptions::default().segment_bytes(4096).preallocate_bytes(1024).inline_io(true);
         let engine = rheo::engine::Engine::open(vfs, opts).expect("engine opens");
         let backend = rheo::NativeBackend::with_engine(engine, Arc::new(clock.clone()));
         let rheo = Rheo::builder()

@@ -119,10 +119,10 @@ pub async fn replay_with_several_options_is_invalid_replay_opts(f: Fixture) {
     append_to(&f, 0, 2).await;
     drain(&f, G).await;
     let several = [
-        ReplayOptions { from_sequence: Some(0), from: Some(at(0)), ..ReplayOptions::new() },
-        ReplayOptions { from_sequence: Some(0), query: Some(Query::new(S)), ..ReplayOptions::new() },
-        ReplayOptions { from: Some(at(0)), query: Some(Query::new(S)), ..ReplayOptions::new() },
-        ReplayOptions { from_sequence: Some(0), from: Some(at(0)), query: Some(Query::new(S)), partitions: None },
+        replay_of(Some(0), Some(at(0)), None),
+        replay_of(Some(0), None, Some(Query::new(S))),
+        replay_of(None, Some(at(0)), Some(Query::new(S))),
+        replay_of(Some(0), Some(at(0)), Some(Query::new(S))),
         ReplayOptions::query(Query::new("another-stream")),
     ];
     for opts in several {
@@ -173,4 +173,13 @@ pub async fn replay_counts_only_events_that_exist(f: Fixture) {
     assert_eq!(f.rheo.replay(S, G, ReplayOptions::query(by_id)).await.expect("replay by query"), 1);
     assert_eq!(sequences(&fetch(&f, 10).await), vec![2], "only the replayed event is due");
     assert_eq!(f.rheo.replay(S, G, ReplayOptions::from_sequence(0)).await.expect("replay"), 2, "events 1 and 3");
+}
+
+/// Replay options with these starts set, valid or not.
+fn replay_of(from_sequence: Option<u64>, from: Option<rheo::Timestamp>, query: Option<Query>) -> ReplayOptions {
+    let mut opts = ReplayOptions::new();
+    opts.from_sequence = from_sequence;
+    opts.from = from;
+    opts.query = query;
+    opts
 }

@@ -12,7 +12,8 @@ pub async fn reset_without_confirm_is_confirm_required(f: Fixture) {
     append_to(&f, 0, 2).await;
     let leases = fetch(&f, 2).await;
     f.rheo.ack(&leases[0]).await.expect("ack");
-    let unconfirmed = ResetOptions { confirm: false, ..ResetOptions::confirmed() };
+    let unconfirmed = ResetOptions::default();
+    assert!(!unconfirmed.confirm, "not confirmed by default");
     let e = assert_err!(
         f.rheo.reset_group(S, G, unconfirmed).await,
         Error::ConfirmRequired { ref stream, ref group, .. } if stream == S && group == G

@@ -24,10 +24,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::{Backend, Subscription, Wakeups};
+use crate::engine::Engine;
 use crate::engine::delivery::room;
 use crate::engine::log::stream::{Routed, StreamLog};
+pub use crate::engine::options::{Durability, EngineOptions, MAX_SEGMENT_BYTES, RecoveryMode};
 use crate::engine::stream::Stream;
-use crate::engine::{Durability, Engine, EngineOptions, RecoveryMode};
 use crate::error::{Error, Result};
 use crate::groups::{DAMAGE_PER_PARTITION, EventSource, GroupState, query_matches, spent_budget};
 use crate::model::capabilities::Capabilities;
@@ -139,12 +140,18 @@ impl NativeBackend {
         } else {
             blocking(move || Engine::open_dir(&path, opts)).await?
         };
-        Ok(NativeBackend::with_engine(engine, clock))
+        Ok(NativeBackend::from_engine(engine, clock))
+    }
+
+    fn from_engine(engine: Engine, clock: Arc<dyn Clock>) -> Self {
+        NativeBackend { engine, clock, wakeups: Arc::default() }
     }
 
     /// Wraps an open engine (tests use a `MemVfs` or `FaultyVfs` engine).
+    #[cfg(any(test, feature = "internals"))]
+    #[doc(hidden)]
     pub fn with_engine(engine: Engine, clock: Arc<dyn Clock>) -> Self {
-        NativeBackend { engine, clock, wakeups: Arc::default() }
+        NativeBackend::from_engine(engine, clock)
     }
 
     /// The wakeup of a stream the engine has (see `wakeups`).
@@ -153,6 +160,8 @@ impl NativeBackend {
     }
 
     /// The engine underneath.
+    #[cfg(any(test, feature = "internals"))]
+    #[doc(hidden)]
     pub fn engine(&self) -> &Engine {
         &self.engine
     }

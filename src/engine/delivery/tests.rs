@@ -59,13 +59,11 @@ fn call() -> impl Strategy<Value = Call> {
 }
 
 fn options(checkpoint_bytes: u64) -> EngineOptions {
-    EngineOptions {
-        segment_bytes: 4096,
-        preallocate_bytes: 8192,
-        checkpoint_bytes,
-        durability: Durability::Sync,
-        ..EngineOptions::default()
-    }
+    EngineOptions::default()
+        .segment_bytes(4096)
+        .preallocate_bytes(8192)
+        .checkpoint_bytes(checkpoint_bytes)
+        .durability(Durability::Sync)
 }
 
 fn open(vfs: &Arc<dyn Vfs>, clock: &ManualClock, checkpoint_bytes: u64) -> NativeBackend {

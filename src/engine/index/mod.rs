@@ -909,7 +909,7 @@ mod tests {
     use serde_json::json;
 
     fn opts() -> EngineOptions {
-        EngineOptions { segment_bytes: 4096, preallocate_bytes: 1024, background_indexing: false, ..Default::default() }
+        EngineOptions::default().segment_bytes(4096).preallocate_bytes(1024).background_indexing(false)
     }
 
     fn append(engine: &Engine, from: u64, n: u64) {
@@ -978,7 +978,7 @@ mod tests {
     #[test]
     fn concurrent_producers_under_sync_with_the_builder_stay_exact_and_get_indexed() {
         let vfs: Arc<dyn crate::engine::vfs::Vfs> = Arc::new(MemVfs::new());
-        let o = EngineOptions { durability: crate::engine::Durability::Sync, background_indexing: true, ..opts() };
+        let o = opts().durability(crate::engine::Durability::Sync).background_indexing(true);
         let engine = Engine::open(vfs, o).expect("open");
         engine.create_stream("s", 1, &["n".into()], 0).expect("create");
         let producers: Vec<_> = (0..4u64)

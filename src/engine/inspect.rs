@@ -1,25 +1,32 @@
-//! `rheo inspect` and `rheo verify`: read a native data directory's files
-//! directly (never through the engine, which would repair them), decode
-//! them, and check every checksum.
+//! Reading a native data directory's files directly, never through the
+//! engine (which would repair them): decode them, check every checksum, and
+//! say what is damaged and what the next open would repair. The `rheo
+//! inspect` and `rheo verify` commands render these reports.
+//!
+//! ```no_run
+//! let report = rheo::inspect::verify_dir(std::path::Path::new("./rheo-data"))?;
+//! for p in &report.problems {
+//!     eprintln!("{} at {}: {}", p.file.display(), p.offset, p.reason);
+//! }
+//! # Ok::<(), rheo::Error>(())
+//! ```
 
 use std::path::{Path, PathBuf};
 
-use clap::Args;
-use rheo::engine::delivery::{checkpoint, wal};
-use rheo::engine::error::DecodeError;
-use rheo::engine::index::file as six;
-use rheo::engine::log::{manifest, txn};
-use rheo::engine::segment::file::{Footer, IndexEntry, SegmentHeader};
-use rheo::engine::segment::format::{
-    ENTRY_LEN, FLAG_END, FOOTER_LEN, FORMAT_VERSION, HDR_BASE_SEQ, HEADER_LEN, IDX_BASE_SEQ, IDX_CRC, IDX_HEADER_LEN,
-    IDX_VERSION, INDEX_MAGIC,
-};
-use rheo::engine::segment::record::{Decoded, decode_doc, decode_record, find_record};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::output::{line, print_json};
-use super::{CliError, CliResult, Globals};
+use crate::engine::delivery::{checkpoint, wal};
+use crate::engine::error::{DecodeError, StorageError};
+use crate::engine::index::file as six;
+use crate::engine::log::{manifest, txn};
+use crate::engine::segment::file::{Footer, IndexEntry, SegmentHeader};
+use crate::engine::segment::format::{
+    ENTRY_LEN, FLAG_END, FOOTER_LEN, FORMAT_VERSION, HDR_BASE_SEQ, HEADER_LEN, IDX_BASE_SEQ, IDX_CRC, IDX_HEADER_LEN,
+    IDX_VERSION, INDEX_MAGIC,
+};
+use crate::engine::segment::record::{Decoded, decode_doc, decode_record, find_record};
+use crate::error::{Error, Result};
 
 fn get_u16(b: &[u8], at: usize) -> u16 {
     b.get(at..at + 2).map_or(0, |x| u16::from_le_bytes([x[0], x[1]]))
@@ -33,84 +40,80 @@ fn get_u64(b: &[u8], at: usize) -> u64 {
     b.get(at..at + 8).and_then(|x| x.try_into().ok()).map_or(0, u64::from_le_bytes)
 }
 
-/// The most records `inspect` lists from one file unless `--all`.
-const INSPECT_RECORDS_DEFAULT: usize = 1000;
-
-/// Arguments of `rheo inspect`.
-#[derive(Debug, Args)]
-pub struct InspectArgs {
-    /// A segment `.log`, sparse index `.idx`, secondary index `.six`,
-    /// delivery WAL `wal-*.log`, checkpoint `.ckpt`, `MANIFEST` or `txn`.
-    file: PathBuf,
-    /// The most records to list.
-    #[arg(long, default_value_t = INSPECT_RECORDS_DEFAULT)]
-    limit: usize,
-}
-
-/// Arguments of `rheo verify`.
-#[derive(Debug, Args)]
-pub struct VerifyArgs {
-    /// The data directory (default: the `--backend` path when it is
-    /// `native:PATH`).
-    dir: Option<PathBuf>,
-}
-
 /// The kinds of file of a data directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
-enum Kind {
+#[non_exhaustive]
+pub enum FileKind {
+    /// A segment of a partition's log (`<base>.log`).
     Segment,
+    /// A segment's sparse index (`.idx`).
     SparseIndex,
+    /// A segment's secondary index (`.six`).
     SecondaryIndex,
+    /// A stream's delivery WAL (`wal-<generation>.log`).
     DeliveryWal,
+    /// A stream's consumer-group checkpoint (`.ckpt`).
     Checkpoint,
+    /// The data directory's stream registry (`MANIFEST`).
     Manifest,
+    /// A stream's transaction log (`txn`).
     TxnLog,
 }
 
-fn kind_of(path: &Path) -> Option<Kind> {
+/// The kind of data file `path` names, by its name; None for any other
+/// file (a `LOCK`, a temporary file).
+pub fn file_kind(path: &Path) -> Option<FileKind> {
     let name = path.file_name()?.to_str()?;
     Some(match name {
-        "MANIFEST" => Kind::Manifest,
-        "txn" => Kind::TxnLog,
-        n if n.starts_with("wal-") && n.ends_with(".log") => Kind::DeliveryWal,
-        n if n.ends_with(".ckpt") => Kind::Checkpoint,
-        n if n.ends_with(".six") => Kind::SecondaryIndex,
-        n if n.ends_with(".idx") => Kind::SparseIndex,
-        n if n.ends_with(".log") => Kind::Segment,
+        "MANIFEST" => FileKind::Manifest,
+        "txn" => FileKind::TxnLog,
+        n if n.starts_with("wal-") && n.ends_with(".log") => FileKind::DeliveryWal,
+        n if n.ends_with(".ckpt") => FileKind::Checkpoint,
+        n if n.ends_with(".six") => FileKind::SecondaryIndex,
+        n if n.ends_with(".idx") => FileKind::SparseIndex,
+        n if n.ends_with(".log") => FileKind::Segment,
         _ => return None,
     })
 }
 
-/// One problem found in a file.
-#[derive(Debug, Serialize)]
-struct Problem {
-    offset: u64,
-    reason: String,
+/// One thing found wrong in a file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Finding {
+    /// Where in the file.
+    pub offset: u64,
+    /// What is wrong.
+    pub reason: String,
 }
 
 /// What reading one file found: its decoded parts and its problems.
-#[derive(Debug, Default)]
-struct Report {
-    header: Value,
-    records: Vec<Value>,
+#[derive(Debug, Default, Clone, Serialize)]
+#[non_exhaustive]
+pub struct FileReport {
+    /// The decoded header (JSON; null when there is none).
+    pub header: Value,
+    /// The records listed (at most the limit asked for), decoded.
+    pub records: Vec<Value>,
     /// Records seen (listed or not).
-    count: u64,
-    trailer: Value,
-    problems: Vec<Problem>,
+    pub count: u64,
+    /// The decoded trailer or footer (null when there is none).
+    pub trailer: Value,
+    /// Damage: what the engine refuses or reports as `Corrupt`.
+    pub problems: Vec<Finding>,
     /// What the engine's recovery would repair on its own at the next
     /// open: a torn tail it cuts (a crash mid-write), not damage.
-    warnings: Vec<Problem>,
+    pub warnings: Vec<Finding>,
     /// A segment that ends with a footer.
-    sealed: bool,
+    pub sealed: bool,
 }
 
-impl Report {
-    fn problem(&mut self, offset: u64, reason: impl std::fmt::Display) {
-        self.problems.push(Problem { offset, reason: reason.to_string() });
+impl FileReport {
+    pub(crate) fn problem(&mut self, offset: u64, reason: impl std::fmt::Display) {
+        self.problems.push(Finding { offset, reason: reason.to_string() });
     }
-    fn warning(&mut self, offset: u64, reason: impl std::fmt::Display) {
-        self.warnings.push(Problem { offset, reason: reason.to_string() });
+    pub(crate) fn warning(&mut self, offset: u64, reason: impl std::fmt::Display) {
+        self.warnings.push(Finding { offset, reason: reason.to_string() });
     }
     fn record(&mut self, limit: usize, v: impl FnOnce() -> Value) {
         if self.records.len() < limit {
@@ -120,20 +123,23 @@ impl Report {
     }
 }
 
-fn read_file(path: &Path) -> Result<Vec<u8>, CliError> {
-    std::fs::read(path).map_err(|e| CliError::new(format!("cannot read {}: {e}", path.display())))
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| StorageError::Io { op: "read", file: path.to_owned(), source }.into())
 }
 
-fn check(kind: Kind, b: &[u8], name: &str, limit: usize) -> Report {
-    let mut r = Report::default();
+/// Checks the bytes of a data file of `kind` named `name` (a segment's name
+/// gives its base sequence when its header is damaged), listing at most
+/// `limit` records.
+pub fn check(kind: FileKind, b: &[u8], name: &str, limit: usize) -> FileReport {
+    let mut r = FileReport::default();
     match kind {
-        Kind::Segment => segment(b, name, &mut r, limit),
-        Kind::SparseIndex => sparse_index(b, name, &mut r, limit),
-        Kind::SecondaryIndex => secondary_index(b, &mut r, limit),
-        Kind::DeliveryWal => delivery_wal(b, &mut r, limit),
-        Kind::Checkpoint => checkpoint_file(b, &mut r),
-        Kind::Manifest => manifest_file(b, &mut r),
-        Kind::TxnLog => txn_file(b, &mut r, limit),
+        FileKind::Segment => segment(b, name, &mut r, limit),
+        FileKind::SparseIndex => sparse_index(b, name, &mut r, limit),
+        FileKind::SecondaryIndex => secondary_index(b, &mut r, limit),
+        FileKind::DeliveryWal => delivery_wal(b, &mut r, limit),
+        FileKind::Checkpoint => checkpoint_file(b, &mut r),
+        FileKind::Manifest => manifest_file(b, &mut r),
+        FileKind::TxnLog => txn_file(b, &mut r, limit),
     }
     r
 }
@@ -151,12 +157,12 @@ fn non_zero_after(b: &[u8], from: usize) -> Option<u64> {
 /// bytes after the zeros that end the records, an append cut short) is a
 /// warning; damage followed by valid records is a problem (the open refuses
 /// it).
-fn segment(b: &[u8], name: &str, r: &mut Report, limit: usize) {
+fn segment(b: &[u8], name: &str, r: &mut FileReport, limit: usize) {
     let name_base = name.split('.').next().and_then(|n| n.parse::<u64>().ok());
     let h = match SegmentHeader::decode(b) {
         Ok(h) => {
             r.header = json!({"partition": h.partition, "stream_id": h.stream_id, "base_seq": h.base_seq,
-                "created_ms": h.created_ms, "created": rheo::Timestamp::from_millis(h.created_ms).to_string()});
+                "created_ms": h.created_ms, "created": crate::Timestamp::from_millis(h.created_ms).to_string()});
             h
         }
         Err(e) if b.len() >= HEADER_LEN && !matches!(e, DecodeError::Version { .. }) => {
@@ -192,7 +198,7 @@ fn segment(b: &[u8], name: &str, r: &mut Report, limit: usize) {
                 match decode_doc(doc) {
                     Ok(d) => r.record(limit, || {
                         json!({"offset": off, "size": size, "seq": header.seq, "ts": header.ts,
-                            "timestamp": rheo::Timestamp::from_millis(header.ts).to_string(),
+                            "timestamp": crate::Timestamp::from_millis(header.ts).to_string(),
                             "flags": header.flags, "txn": header.txn, "id": d.id(), "key": d.key(), "type": d.event_type(),
                             "metadata": d.metadata(), "payload": d.payload()})
                     }),
@@ -264,7 +270,7 @@ fn segment(b: &[u8], name: &str, r: &mut Report, limit: usize) {
     }
 }
 
-fn footer(b: &[u8], off: usize, base_seq: u64, r: &mut Report) {
+fn footer(b: &[u8], off: usize, base_seq: u64, r: &mut FileReport) {
     let f = match Footer::decode(&b[off..]) {
         Ok(f) => f,
         Err(e) => return r.problem(off as u64, e.to_string()),
@@ -285,7 +291,7 @@ fn footer(b: &[u8], off: usize, base_seq: u64, r: &mut Report) {
     }
 }
 
-fn sparse_index(b: &[u8], name: &str, r: &mut Report, limit: usize) {
+fn sparse_index(b: &[u8], name: &str, r: &mut FileReport, limit: usize) {
     if b.len() < IDX_HEADER_LEN || b[..8] != INDEX_MAGIC {
         return r.problem(0, "not a sparse index file (bad magic or shorter than its header)");
     }
@@ -323,7 +329,7 @@ fn sparse_index(b: &[u8], name: &str, r: &mut Report, limit: usize) {
     }
 }
 
-fn secondary_index(b: &[u8], r: &mut Report, limit: usize) {
+fn secondary_index(b: &[u8], r: &mut FileReport, limit: usize) {
     match six::decode_all(b) {
         Ok((meta, terms)) => {
             let h = meta.header;
@@ -361,7 +367,7 @@ fn secondary_index(b: &[u8], r: &mut Report, limit: usize) {
 /// warning; `verify` makes it a problem for an older one); damage followed
 /// by valid records, or a checksummed record that does not decode, is a
 /// problem.
-fn delivery_wal(b: &[u8], r: &mut Report, limit: usize) {
+fn delivery_wal(b: &[u8], r: &mut FileReport, limit: usize) {
     let generation = match wal::check_header(b) {
         Ok(g) => g,
         Err(e) => return r.problem(0, e.to_string()),
@@ -497,7 +503,7 @@ fn wal_body(body: &[u8]) -> Result<Value, String> {
     Ok(json!({"lsn": lsn, "kind": kind, "group": group, "payload": payload}))
 }
 
-fn checkpoint_file(b: &[u8], r: &mut Report) {
+fn checkpoint_file(b: &[u8], r: &mut FileReport) {
     let (generation, lsn, body_len) = match checkpoint::check_header(b) {
         Ok(h) => h,
         Err(e) => return r.problem(0, e),
@@ -515,7 +521,7 @@ fn checkpoint_file(b: &[u8], r: &mut Report) {
     }
 }
 
-fn manifest_file(b: &[u8], r: &mut Report) {
+fn manifest_file(b: &[u8], r: &mut FileReport) {
     match manifest::decode(b) {
         Ok(body) => {
             r.header = serde_json::to_value(&body).unwrap_or(Value::Null);
@@ -524,7 +530,7 @@ fn manifest_file(b: &[u8], r: &mut Report) {
     }
 }
 
-fn txn_file(b: &[u8], r: &mut Report, limit: usize) {
+fn txn_file(b: &[u8], r: &mut FileReport, limit: usize) {
     if let Err(e) = txn::check_header(b) {
         return r.problem(0, e);
     }
@@ -605,100 +611,121 @@ impl<'de> serde::de::Visitor<'de> for AnyVisitor {
     }
 }
 
-/// Runs `rheo inspect FILE`.
-pub fn inspect(ctx: &Globals, a: InspectArgs) -> CliResult {
-    let kind = kind_of(&a.file).ok_or_else(|| {
-        CliError::new(format!(
-            "{}: not a data file this tool knows (.log, .idx, .six, wal-*.log, .ckpt, MANIFEST, txn)",
-            a.file.display()
-        ))
+/// Reads and checks one data file (its kind by its name), listing at most
+/// `limit` records. `InvalidArgument` for a file whose name is not one of a
+/// data directory's; a read that fails names the file.
+pub fn inspect_file(path: &Path, limit: usize) -> Result<(FileKind, usize, FileReport)> {
+    let kind = file_kind(path).ok_or_else(|| {
+        Error::invalid(
+            "file",
+            format!(
+                "{}: not a data file this tool knows (.log, .idx, .six, wal-*.log, .ckpt, MANIFEST, txn)",
+                path.display()
+            ),
+        )
     })?;
-    let b = read_file(&a.file)?;
-    let name = a.file.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    let r = check(kind, &b, name, a.limit);
-    if ctx.json {
-        print_json(&json!({"file": a.file.display().to_string(), "kind": kind, "bytes": b.len(),
-            "header": r.header, "records": r.records, "record_count": r.count, "trailer": r.trailer,
-            "problems": r.problems, "warnings": r.warnings}))?;
-    } else {
-        line(format!("{} ({kind:?}, {} bytes)", a.file.display(), b.len()))?;
-        line(format!("header: {}", r.header))?;
-        for rec in &r.records {
-            line(format!("  {rec}"))?;
-        }
-        if r.count > r.records.len() as u64 {
-            line(format!("  ... {} more (use --limit)", r.count - r.records.len() as u64))?;
-        }
-        line(format!("records: {}", r.count))?;
-        if !r.trailer.is_null() {
-            line(format!("trailer: {}", r.trailer))?;
-        }
-        for p in &r.problems {
-            line(format!("problem at offset {}: {}", p.offset, p.reason))?;
-        }
-        for p in &r.warnings {
-            line(format!("warning at offset {}: {}", p.offset, p.reason))?;
-        }
+    let b = read_file(path)?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    Ok((kind, b.len(), check(kind, &b, name, limit)))
+}
+
+/// One finding of [`verify_dir`], with its file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct FileFinding {
+    /// The file.
+    pub file: PathBuf,
+    /// Its kind.
+    pub kind: FileKind,
+    /// Where in the file.
+    pub offset: u64,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// What [`verify_dir`] found in a data directory.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct DirReport {
+    /// The directory.
+    pub dir: PathBuf,
+    /// Data files checked.
+    pub files: usize,
+    /// Records seen in them.
+    pub records: u64,
+    /// Damage (the directory is not ok when there is any).
+    pub problems: Vec<FileFinding>,
+    /// What the next open repairs on its own (a torn tail).
+    pub warnings: Vec<FileFinding>,
+}
+
+impl DirReport {
+    /// True when nothing is damaged (warnings are repaired by the next open).
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
     }
-    Ok(r.problems.is_empty())
 }
 
 /// Every data file under `dir`, sorted, skipping temporary files.
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), CliError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| CliError::new(format!("cannot read {}: {e}", dir.display())))?;
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|source| Error::from(StorageError::Io { op: "list", file: dir.to_owned(), source }))?;
     let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
     paths.sort();
     for p in paths {
         if p.is_dir() {
             walk(&p, out)?;
-        } else if kind_of(&p).is_some() {
+        } else if file_kind(&p).is_some() {
             out.push(p);
         }
     }
     Ok(())
 }
 
-/// Runs `rheo verify [DIR]`: every problem on one line `file offset reason`
-/// and every warning on one line `file offset warning: reason` (or under
-/// `--json` one document); exit 1 when a problem was found. Warnings are
-/// what the next open repairs on its own (a torn tail). A directory with no
-/// data file is a failure (a wrong path).
-pub fn verify(ctx: &Globals, a: VerifyArgs) -> CliResult {
-    let dir = match a.dir {
-        Some(d) => d,
-        None => native_dir(&ctx.backend)?,
-    };
+/// Checks every data file under `dir`. Only the newest file of its kind in
+/// its directory may have a torn tail (the last segment of a partition, the
+/// newest WAL generation) and only the last segment may be unsealed: in any
+/// other file that is damage. `InvalidArgument` for a path that is not a
+/// directory, or a directory with no data file (a wrong path).
+pub fn verify_dir(dir: &Path) -> Result<DirReport> {
     if !dir.is_dir() {
-        return Err(CliError::new(format!("{} is not a directory", dir.display())));
+        return Err(Error::invalid("dir", format!("{} is not a directory", dir.display())));
     }
     let mut files = Vec::new();
-    walk(&dir, &mut files)?;
+    walk(dir, &mut files)?;
     if files.is_empty() {
-        return Err(CliError::new(format!(
-            "{} holds no Rheo data file (no MANIFEST, segments or WAL): is it a native data directory?",
-            dir.display()
-        )));
+        return Err(Error::invalid(
+            "dir",
+            format!(
+                "{} holds no Rheo data file (no MANIFEST, segments or WAL): is it a native data directory?",
+                dir.display()
+            ),
+        ));
     }
-    let mut problems = Vec::new();
-    let mut warnings = Vec::new();
-    let mut records = 0u64;
-    let entry = |path: &Path, kind: Kind, p: &Problem| json!({"file": path.display().to_string(), "kind": kind, "offset": p.offset, "reason": p.reason});
-    if !files.iter().any(|f| kind_of(f) == Some(Kind::Manifest)) {
-        problems.push(json!({"file": dir.join("MANIFEST").display().to_string(), "kind": Kind::Manifest,
-            "offset": 0, "reason": "missing: the directory has data files but no MANIFEST"}));
+    let mut report =
+        DirReport { dir: dir.to_owned(), files: files.len(), records: 0, problems: Vec::new(), warnings: Vec::new() };
+    let entry = |path: &Path, kind: FileKind, p: &Finding| FileFinding {
+        file: path.to_owned(),
+        kind,
+        offset: p.offset,
+        reason: p.reason.clone(),
+    };
+    if !files.iter().any(|f| file_kind(f) == Some(FileKind::Manifest)) {
+        report.problems.push(FileFinding {
+            file: dir.join("MANIFEST"),
+            kind: FileKind::Manifest,
+            offset: 0,
+            reason: "missing: the directory has data files but no MANIFEST".into(),
+        });
     }
     for path in &files {
-        let Some(kind) = kind_of(path) else { continue };
+        let Some(kind) = file_kind(path) else { continue };
         let b = read_file(path)?;
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let mut r = check(kind, &b, name, 0);
-        records += r.count;
-        // Only the newest file of its directory may have a torn tail that
-        // the open cuts (the last segment of a partition, the newest WAL
-        // generation); in an older one it is damage. And only the last
-        // segment may be unsealed.
+        report.records += r.count;
         let newest = is_newest_of_its_kind(path, kind, &files);
-        if matches!(kind, Kind::Segment) && !r.sealed && !newest {
+        if matches!(kind, FileKind::Segment) && !r.sealed && !newest {
             r.problem(
                 b.len().saturating_sub(FOOTER_LEN) as u64,
                 "no valid footer, though a later segment exists: the footer is damaged (the default open \
@@ -707,54 +734,26 @@ pub fn verify(ctx: &Globals, a: VerifyArgs) -> CliResult {
         }
         if !newest {
             let torn = std::mem::take(&mut r.warnings);
-            r.problems.extend(torn.into_iter().map(|w| Problem {
+            r.problems.extend(torn.into_iter().map(|w| Finding {
                 offset: w.offset,
                 reason: format!("{} (damage: not the newest file of its kind)", w.reason),
             }));
         }
-        problems.extend(r.problems.iter().map(|p| entry(path, kind, p)));
-        warnings.extend(r.warnings.iter().map(|p| entry(path, kind, p)));
+        report.problems.extend(r.problems.iter().map(|p| entry(path, kind, p)));
+        report.warnings.extend(r.warnings.iter().map(|p| entry(path, kind, p)));
     }
-    let ok = problems.is_empty();
-    if ctx.json {
-        print_json(&json!({"dir": dir.display().to_string(), "files": files.len(), "records": records,
-            "ok": ok, "problems": problems, "warnings": warnings}))?;
-    } else {
-        let s = |p: &Value, k: &str| p[k].as_str().unwrap_or("").to_owned();
-        for p in &problems {
-            line(format!("{} {} {}", s(p, "file"), p["offset"], s(p, "reason")))?;
-        }
-        for p in &warnings {
-            line(format!("{} {} warning: {}", s(p, "file"), p["offset"], s(p, "reason")))?;
-        }
-        let verdict = match (problems.len(), warnings.len()) {
-            (0, 0) => "ok".to_owned(),
-            (0, w) => format!("ok, {w} warning(s): the next open repairs them"),
-            (p, 0) => format!("{p} problem(s)"),
-            (p, w) => format!("{p} problem(s), {w} warning(s)"),
-        };
-        line(format!("checked {} files, {records} records in {}: {verdict}", files.len(), dir.display()))?;
-    }
-    Ok(ok)
+    Ok(report)
 }
 
 /// True when `path` is the last segment of its partition, or the newest WAL
 /// generation of its groups directory (names sort by number), or a file of
 /// another kind.
-fn is_newest_of_its_kind(path: &Path, kind: Kind, files: &[PathBuf]) -> bool {
-    if !matches!(kind, Kind::Segment | Kind::DeliveryWal) {
+fn is_newest_of_its_kind(path: &Path, kind: FileKind, files: &[PathBuf]) -> bool {
+    if !matches!(kind, FileKind::Segment | FileKind::DeliveryWal) {
         return true;
     }
     let parent = path.parent();
-    files.iter().filter(|f| f.parent() == parent && kind_of(f) == Some(kind)).max().is_none_or(|last| last == path)
-}
-
-/// The directory of a `native:PATH[?options]` URL.
-fn native_dir(backend: &str) -> Result<PathBuf, CliError> {
-    let path = backend.strip_prefix("native:").ok_or_else(|| {
-        CliError::new(format!("verify reads a native data directory; give DIR (the backend is {backend:?})"))
-    })?;
-    Ok(PathBuf::from(path.split('?').next().unwrap_or(path)))
+    files.iter().filter(|f| f.parent() == parent && file_kind(f) == Some(kind)).max().is_none_or(|last| last == path)
 }
 
 #[cfg(test)]
@@ -763,10 +762,10 @@ mod tests {
 
     #[test]
     fn file_kinds_by_name() {
-        assert_eq!(kind_of(Path::new("a/00001/00000000000000000001.log")), Some(Kind::Segment));
-        assert_eq!(kind_of(Path::new("groups/wal-00000000000000000001.log")), Some(Kind::DeliveryWal));
-        assert_eq!(kind_of(Path::new("x.six")), Some(Kind::SecondaryIndex));
-        assert_eq!(kind_of(Path::new("x.six.tmp")), None);
-        assert_eq!(kind_of(Path::new("LOCK")), None);
+        assert_eq!(file_kind(Path::new("a/00001/00000000000000000001.log")), Some(FileKind::Segment));
+        assert_eq!(file_kind(Path::new("groups/wal-00000000000000000001.log")), Some(FileKind::DeliveryWal));
+        assert_eq!(file_kind(Path::new("x.six")), Some(FileKind::SecondaryIndex));
+        assert_eq!(file_kind(Path::new("x.six.tmp")), None);
+        assert_eq!(file_kind(Path::new("LOCK")), None);
     }
 }

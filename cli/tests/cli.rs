@@ -374,7 +374,8 @@ fn inspect_dumps_segments_indexes_and_wal() {
 
     let text = cli.ok(&["inspect", segments[0].to_str().unwrap(), "--limit", "1"]);
     assert!(text.contains("more (use --limit)"), "{text}");
-    assert!(cli.fails(&["inspect", "/nonexistent/00000000000000000001.log"]).contains("cannot read"));
+    let missing = cli.fails(&["inspect", "/nonexistent/00000000000000000001.log"]);
+    assert!(missing.contains("read /nonexistent/00000000000000000001.log"), "{missing}");
     assert!(cli.fails(&["inspect", "Cargo.toml"]).contains("not a data file"));
 }
 
