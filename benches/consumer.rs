@@ -1,14 +1,14 @@
-//! The consumer runtime end to end: events/s through a `Group` with a no-op
+//! The consumer runtime end to end: events/s through `Rheo::consumer` with a no-op
 //! handler, at concurrency 1 and 8, on memory and on native (Durability::Sync,
 //! in a temporary directory under target/).
 //!
 //! Each sample appends a fresh batch to its own stream and group (outside the
-//! timing), then times a `Group` from spawn until every event is acked.
+//! timing), then times a consumer from spawn until every event is acked.
 //!
 //! `consumer/latency` measures append→handler latency on an idle stream, with
 //! the backend's wakeups and with polling (the same backend behind
 //! [`Polling`], which hides its `subscribe`): events are appended one at
-//! a time, a few milliseconds apart, to a `Group` at concurrency 1 and the
+//! a time, a few milliseconds apart, to a consumer at concurrency 1 and the
 //! default 200 ms poll. Criterion reports the mean latency per run; the
 //! percentiles over every event of every run are printed to stderr.
 //!
@@ -25,9 +25,9 @@ use async_trait::async_trait;
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use rheo::{
     AppendOptions, Backend, Capabilities, DeadLetter, DeadLetterOptions, Durability, EngineOptions, Error, Event,
-    FetchOptions, Group, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, LeaseRef, MemoryBackend,
-    NativeBackend, NewEvent, Outcome, Page, Query, Result, RetryOutcome, Rheo, StreamInfo, StreamOptions, SystemClock,
-    Timestamp, handler_fn,
+    FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, LeaseRef, MemoryBackend, NativeBackend,
+    NewEvent, Outcome, Page, Query, Result, RetryOutcome, Rheo, StreamInfo, StreamOptions, SystemClock, Timestamp,
+    handler_fn,
 };
 use serde_json::json;
 use tokio::runtime::Runtime;
@@ -64,7 +64,8 @@ async fn consume(rheo: &Rheo, stream: &str, concurrency: usize) -> Duration {
     let seen = Arc::new(AtomicU64::new(0));
     let s = seen.clone();
     let started = Instant::now();
-    let handle = Group::builder(rheo, stream, "g")
+    let handle = rheo
+        .consumer(stream, "g")
         .concurrency(concurrency)
         .max_demand(256)
         .poll(Duration::from_millis(1))
@@ -244,7 +245,8 @@ async fn latency_run(rheo: &Rheo, run: u64) -> Timings {
     rheo.create_group(&stream, "g", GroupOptions::new()).await.expect("group");
     let handled: Arc<Vec<OnceLock<Instant>>> = Arc::new((0..LATENCY_EVENTS).map(|_| OnceLock::new()).collect());
     let h = handled.clone();
-    let handle = Group::builder(rheo, &stream, "g")
+    let handle = rheo
+        .consumer(&stream, "g")
         .concurrency(1)
         .spawn(handler_fn(move |lease| {
             let now = Instant::now();

@@ -1,4 +1,4 @@
-//! A managed consumer: `Group` runs a handler on every event with 8 handlers
+//! A managed consumer: `Rheo::consumer` runs a handler on every event with 8 handlers
 //! at once, retries a flaky event, dead-letters a bad one, and drains on
 //! shutdown.
 //!
@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use rheo::{DeadLetterOptions, Group, GroupOptions, Handler, Lease, Outcome, Rheo, StreamOptions};
+use rheo::{DeadLetterOptions, GroupOptions, Handler, Lease, Outcome, Rheo, StreamOptions};
 use serde_json::json;
 
 /// Ships orders; counts what it saw.
@@ -66,7 +66,7 @@ async fn main() -> rheo::Result<()> {
 
     let started = Instant::now();
     let shipping = Shipping { handled: AtomicU64::new(0) };
-    let handle = Group::builder(&rheo, "orders", "shipping").concurrency(8).max_demand(64).spawn(shipping).await?;
+    let handle = rheo.consumer("orders", "shipping").concurrency(8).max_demand(64).spawn(shipping).await?;
     while rheo.lag("orders", "shipping").await?.total > 0 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

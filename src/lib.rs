@@ -86,8 +86,8 @@ pub use model::query::{Access, Cursor, Explain, Filter, Op, OrderBy, Page, Query
 pub use model::routing::{partition_for_key, phash2, phash2_range};
 pub use model::time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use runtime::{
-    Group, GroupBuilder, GroupHandle, Handler, HandlerFn, LeaseStream, LeaseStreamOptions, Outcome, RunSummary,
-    StreamLease, handler_fn,
+    GroupBuilder, GroupHandle, Handler, HandlerFn, LeaseStream, LeaseStreamOptions, Outcome, RunSummary, StreamLease,
+    handler_fn,
 };
 
 /// The README's code blocks, compiled and run as doctests.

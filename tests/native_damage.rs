@@ -182,7 +182,8 @@ async fn the_consumer_runtime_keeps_serving_healthy_partitions() {
     dir.damage(&engine, 0, 6);
     let handled = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let count = handled.clone();
-    let handle = rheo::Group::builder(&rheo, S, G)
+    let handle = rheo
+        .consumer(S, G)
         .concurrency(4)
         .max_demand(16)
         .poll(Duration::from_millis(10))

@@ -105,7 +105,8 @@ fn an_idle_group_consumer_refreshes_its_gauges() {
             rheo.create_stream("s", StreamOptions::new()).await.expect("stream");
             rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
             rheo.append_batch("s", (0..3).map(|i| json!({"i": i}))).await.expect("append");
-            let handle = rheo::Group::builder(&rheo, "s", "g")
+            let handle = rheo
+                .consumer("s", "g")
                 .spawn(rheo::handler_fn(|_lease| async { rheo::Outcome::Ack }))
                 .await
                 .expect("spawn");

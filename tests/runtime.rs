@@ -1,4 +1,4 @@
-//! The consumer runtime (`Group`, `LeaseStream`) on each backend: bounds,
+//! The consumer runtime (`Rheo::consumer`, `LeaseStream`) on each backend: bounds,
 //! renewal, drain, panics, fetch backoff, settle outcomes and batching.
 //!
 //! Lease expiry reads the fixture's manual clock; the runtime's own timers
@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use parking_lot::Mutex;
 use rheo::{
-    AppendOptions, Backend, Capabilities, DeadLetterOptions, Event, FetchOptions, Group, GroupOptions, Lag, Lease,
-    LeaseRef, LeaseStreamOptions, NewEvent, Outcome, Result, RetryOutcome, Rheo, StreamOptions, Timestamp, handler_fn,
+    AppendOptions, Backend, Capabilities, DeadLetterOptions, Event, FetchOptions, GroupOptions, Lag, Lease, LeaseRef,
+    LeaseStreamOptions, NewEvent, Outcome, Result, RetryOutcome, Rheo, StreamOptions, Timestamp, handler_fn,
 };
 use tokio::time::Instant;
 
@@ -217,7 +217,9 @@ async fn in_flight_bound(f: Fixture, concurrency: usize, max_demand: usize, expe
     setup(&f, 40, GroupOptions::new()).await;
     let gauge = Arc::new(Gauge::default());
     let g = gauge.clone();
-    let handle = Group::builder(&f.rheo, S, G)
+    let handle = f
+        .rheo
+        .consumer(S, G)
         .concurrency(concurrency)
         .max_demand(max_demand)
         .spawn(handler_fn(move |_lease| {
@@ -255,7 +257,9 @@ async fn one_blocked_handler(f: &Fixture) -> (rheo::GroupHandle, Arc<tokio::sync
     let release = Arc::new(tokio::sync::Notify::new());
     let gauge = Arc::new(Gauge::default());
     let (r, g) = (release.clone(), gauge.clone());
-    let handle = Group::builder(&f.rheo, S, G)
+    let handle = f
+        .rheo
+        .consumer(S, G)
         .lease(Duration::from_secs(1))
         .spawn(handler_fn(move |_lease| {
             let (r, g) = (r.clone(), g.clone());
@@ -292,7 +296,9 @@ async fn shutdown_drains_in_flight_handlers(f: Fixture) {
     setup(&f, 5, GroupOptions::new()).await;
     let gauge = Arc::new(Gauge::default());
     let g = gauge.clone();
-    let handle = Group::builder(&f.rheo, S, G)
+    let handle = f
+        .rheo
+        .consumer(S, G)
         .concurrency(5)
         .spawn(handler_fn(move |_lease| {
             let g = g.clone();
@@ -314,7 +320,9 @@ async fn drain_timeout_leaves_stuck_handlers_to_expiry(f: Fixture) {
     setup(&f, 2, GroupOptions::new()).await;
     let gauge = Arc::new(Gauge::default());
     let g = gauge.clone();
-    let handle = Group::builder(&f.rheo, S, G)
+    let handle = f
+        .rheo
+        .consumer(S, G)
         .concurrency(2)
         .drain_timeout(Duration::from_secs(1))
         .spawn(handler_fn(move |_lease| {
@@ -353,7 +361,7 @@ async fn a_definite_ack_failure_is_a_nack_and_an_ambiguous_one_is_left_to_expiry
     setup(&f, 1, GroupOptions::new().max_attempts(2)).await;
     let (rheo, spy) = spied(&f, vec![]);
     *spy.failing_acks.lock() = Some(rheo::Error::failed("ack_many", "disk full"));
-    let handle = Group::builder(&rheo, S, G).spawn(handler_fn(|_lease| async { Outcome::Ack })).await.expect("spawn");
+    let handle = rheo.consumer(S, G).spawn(handler_fn(|_lease| async { Outcome::Ack })).await.expect("spawn");
     // Attempt 1: ack fails, nacked; attempt 2: the same, and the nack dead-letters.
     until_consumed(&f.rheo).await;
     until_settled(&handle, 2).await;
@@ -364,7 +372,7 @@ async fn a_definite_ack_failure_is_a_nack_and_an_ambiguous_one_is_left_to_expiry
 
     append(&f.rheo, 1).await;
     *spy.failing_acks.lock() = Some(rheo::Error::ambiguous("ack_many", "connection lost after commit"));
-    let handle = Group::builder(&rheo, S, G).spawn(handler_fn(|_lease| async { Outcome::Ack })).await.expect("spawn");
+    let handle = rheo.consumer(S, G).spawn(handler_fn(|_lease| async { Outcome::Ack })).await.expect("spawn");
     until("the ambiguous ack", || handle.summary().left_to_expiry == 1).await;
     let summary = handle.shutdown().await.expect("shutdown");
     assert_eq!((summary.acked, summary.retried, summary.left_to_expiry), (0, 0, 1));
@@ -379,8 +387,7 @@ async fn dead_letter_reasons(rheo: &Rheo) -> Vec<String> {
 
 async fn a_panicking_handler_is_a_retry_with_the_reason(f: Fixture) {
     setup(&f, 1, GroupOptions::new().max_attempts(1)).await;
-    let handle =
-        Group::builder(&f.rheo, S, G).spawn(handler_fn(|_lease| async { panic!("boom") })).await.expect("spawn");
+    let handle = f.rheo.consumer(S, G).spawn(handler_fn(|_lease| async { panic!("boom") })).await.expect("spawn");
     until_consumed(&f.rheo).await;
     until_settled(&handle, 1).await;
     let summary = handle.shutdown().await.expect("shutdown");
@@ -391,7 +398,9 @@ async fn a_panicking_handler_is_a_retry_with_the_reason(f: Fixture) {
 
 async fn reject_dead_letters_and_retry_redelivers(f: Fixture) {
     setup(&f, 2, GroupOptions::new()).await;
-    let handle = Group::builder(&f.rheo, S, G)
+    let handle = f
+        .rheo
+        .consumer(S, G)
         .spawn(handler_fn(|lease: Lease| async move {
             match (lease.event.payload().json().expect("json")["n"].as_u64(), lease.attempt) {
                 (Some(0), _) => Outcome::reject("bad order"),
@@ -412,7 +421,7 @@ async fn fetch_errors_back_off_doubling_and_reset_on_success(f: Fixture) {
     setup(&f, 0, GroupOptions::new()).await;
     // Fetches 0-3 fail, 4 succeeds (nothing to do: idle wait), 5 fails, 6 succeeds.
     let (rheo, spy) = spied(&f, vec![0, 1, 2, 3, 5]);
-    let handle = Group::builder(&rheo, S, G).spawn(handler_fn(|_lease| async { Outcome::Ack })).await.expect("spawn");
+    let handle = rheo.consumer(S, G).spawn(handler_fn(|_lease| async { Outcome::Ack })).await.expect("spawn");
     until("seven fetches", || spy.fetch_times.lock().len() >= 7).await;
     let summary = handle.shutdown().await.expect("shutdown");
     assert_eq!(summary.fetch_errors, 5);
@@ -430,7 +439,8 @@ async fn fetch_errors_back_off_doubling_and_reset_on_success(f: Fixture) {
 async fn settles_are_batched_into_ack_many(f: Fixture) {
     setup(&f, 200, GroupOptions::new()).await;
     let (rheo, spy) = spied(&f, vec![]);
-    let handle = Group::builder(&rheo, S, G)
+    let handle = rheo
+        .consumer(S, G)
         .concurrency(8)
         .max_demand(64)
         .spawn(handler_fn(|_lease| async { Outcome::Ack }))
@@ -571,13 +581,50 @@ async fn lease_stream_renews_leases_it_has_not_yielded_yet(f: Fixture) {
     assert_eq!(spy.renew_calls.load(Ordering::SeqCst), 0, "no single renews");
 }
 
+/// A consumer renews every lease its handlers hold with one `renew_many`
+/// per tick, not one renew per lease.
+async fn consumer_renews_its_leases_together(f: Fixture) {
+    setup(&f, 3, GroupOptions::new()).await;
+    let (rheo, spy) = spied(&f, vec![]);
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let gate = release.clone();
+    let handle = rheo
+        .consumer(S, G)
+        .concurrency(3)
+        .max_demand(3)
+        .lease(Duration::from_secs(1))
+        .spawn(handler_fn(move |_lease| {
+            let gate = gate.clone();
+            async move {
+                let _ = gate.acquire().await.map(|p| p.forget());
+                Outcome::Ack
+            }
+        }))
+        .await
+        .expect("spawn");
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        f.clock.advance(Duration::from_millis(600));
+    }
+    let stolen = f.rheo.fetch(S, G, FetchOptions::new().limit(10).consumer("intruder")).await.expect("fetch");
+    assert!(stolen.is_empty(), "a held lease expired: {stolen:?}");
+    release.add_permits(3);
+    let summary = handle.shutdown().await.expect("shutdown");
+    assert_eq!(summary.acked, 3, "{summary:?}");
+    let sizes = spy.renew_many_sizes.lock().clone();
+    assert!(sizes.len() >= 3 && sizes[..3].iter().all(|&n| n == 3), "one renew_many of all 3 per tick: {sizes:?}");
+    assert_eq!(spy.renew_calls.load(Ordering::SeqCst), 0, "no single renews");
+}
+
 /// A shutdown lets go of leases fetched ahead whose handler never started
 /// (they do not wait out their lease), and runs no handler after it.
 async fn shutdown_releases_leases_fetched_ahead(f: Fixture) {
     setup(&f, 6, GroupOptions::new()).await;
     let started = Arc::new(AtomicUsize::new(0));
     let s = started.clone();
-    let handle = Group::builder(&f.rheo, S, G)
+    let handle = f
+        .rheo
+        .consumer(S, G)
         .concurrency(1)
         .max_demand(6)
         .spawn(handler_fn(move |_lease| {
@@ -602,12 +649,14 @@ async fn shutdown_releases_leases_fetched_ahead(f: Fixture) {
 
 async fn spawn_checks_the_group_exists(f: Fixture) {
     f.rheo.create_stream(S, StreamOptions::new()).await.expect("stream");
-    let err = Group::builder(&f.rheo, S, "nobody")
+    let err = f
+        .rheo
+        .consumer(S, "nobody")
         .spawn(handler_fn(|_lease| async { Outcome::Ack }))
         .await
         .expect_err("no such group");
     assert!(err.to_string().contains("nobody"), "{err}");
-    let err = Group::builder(&f.rheo, S, G).concurrency(0).spawn(handler_fn(|_l| async { Outcome::Ack })).await;
+    let err = f.rheo.consumer(S, G).concurrency(0).spawn(handler_fn(|_l| async { Outcome::Ack })).await;
     assert!(matches!(err, Err(rheo::Error::InvalidArgument { argument: "concurrency", .. })));
 }
 
@@ -627,7 +676,7 @@ impl rheo::Handler for FailingSetup {
 
 async fn a_failing_setup_stops_the_spawn(f: Fixture) {
     setup(&f, 1, GroupOptions::new()).await;
-    let err = Group::builder(&f.rheo, S, G).spawn(FailingSetup(AtomicBool::new(false))).await.expect_err("setup fails");
+    let err = f.rheo.consumer(S, G).spawn(FailingSetup(AtomicBool::new(false))).await.expect_err("setup fails");
     assert!(err.to_string().contains("no database"), "{err}");
     assert_eq!(f.rheo.lag(S, G).await.expect("lag").total, 1);
 }
@@ -638,7 +687,9 @@ async fn an_idle_consumer_is_woken_by_an_append(f: Fixture) {
     setup(&f, 0, GroupOptions::new()).await;
     let handled = Arc::new(AtomicUsize::new(0));
     let h = handled.clone();
-    let handle = Group::builder(&f.rheo, S, G)
+    let handle = f
+        .rheo
+        .consumer(S, G)
         .poll(Duration::from_secs(60))
         .spawn(handler_fn(move |_lease| {
             let h = h.clone();
@@ -698,6 +749,7 @@ macro_rules! cases {
             case!(lease_stream_retries_transient_errors_and_yields_definite_ones);
             case!(spawn_checks_the_group_exists);
             case!(lease_stream_renews_leases_it_has_not_yielded_yet);
+            case!(consumer_renews_its_leases_together);
             #[tokio::test]
             async fn shutdown_releases_leases_fetched_ahead() {
                 super::shutdown_releases_leases_fetched_ahead($factory().await).await;

@@ -40,7 +40,7 @@ const PLANNED: [(&[&str], &str, &str); 4] = [
 ];
 
 /// Opens the backend a URL names (`scheme:rest`). An unknown scheme is
-/// `Error::InvalidInput` listing the known ones; a known scheme whose backend
+/// `Error::InvalidArgument` listing the known ones; a known scheme whose backend
 /// is not built names the cargo feature it needs.
 pub(crate) async fn open(url: &str, cx: &OpenContext) -> Result<Arc<dyn Backend>> {
     let (scheme, rest) = url.split_once(':').unwrap_or((url, ""));

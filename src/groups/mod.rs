@@ -1,5 +1,5 @@
 //! The consumer-group core shared by backends that keep group state in
-//! process (memory now, the native delivery table next): every rule of
+//! process (memory, and the native delivery table): every rule of
 //! `docs/semantics.md` about fetch, settles, retries, dead letters, the frontier,
 //! replay, reset and lag, over any [`EventSource`].
 //!

@@ -1,12 +1,13 @@
-//! [`Group`]: a managed consumer of one group.
+//! [`Rheo::consumer`](crate::Rheo::consumer): a managed consumer of one group.
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -18,22 +19,18 @@ use super::{
 use crate::client::Rheo;
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::group::FetchOptions;
-use crate::model::lease::Lease;
-use crate::model::limits::{MAX_LIMIT, validate_name};
+use crate::model::lease::{Lease, LeaseRef};
+use crate::model::limits::{MAX_BATCH_EVENTS, MAX_LIMIT, validate_name};
 
-/// Entry point of the managed consumer: see [`Group::builder`].
-#[derive(Debug)]
-pub struct Group;
-
-impl Group {
-    /// A builder for a consumer of `group` on `stream`, with the defaults of
+impl Rheo {
+    /// A managed consumer of `group` on `stream`, with the defaults of
     /// `docs/semantics.md`: concurrency 1, max_demand 10, lease 30 s, poll 200 ms,
     /// drain timeout 5 s.
     ///
     /// ```
     /// # async fn f(rheo: &rheo::Rheo) -> rheo::Result<()> {
     /// use std::time::Duration;
-    /// let handle = rheo::Group::builder(rheo, "orders", "billing")
+    /// let handle = rheo.consumer("orders", "billing")
     ///     .concurrency(8)
     ///     .max_demand(100)
     ///     .lease(Duration::from_secs(10))
@@ -43,9 +40,9 @@ impl Group {
     /// println!("acked {}", summary.acked);
     /// # Ok(()) }
     /// ```
-    pub fn builder(rheo: &Rheo, stream: impl Into<String>, group: impl Into<String>) -> GroupBuilder {
+    pub fn consumer(&self, stream: impl Into<String>, group: impl Into<String>) -> GroupBuilder {
         GroupBuilder {
-            rheo: rheo.clone(),
+            rheo: self.clone(),
             stream: stream.into(),
             group: group.into(),
             concurrency: DEFAULT_CONCURRENCY,
@@ -60,7 +57,7 @@ impl Group {
     }
 }
 
-/// Settings of a [`Group`] consumer; [`GroupBuilder::spawn`] starts it.
+/// Settings of a consumer ([`Rheo::consumer`](crate::Rheo::consumer)); [`GroupBuilder::spawn`] starts it.
 #[derive(Debug, Clone)]
 pub struct GroupBuilder {
     rheo: Rheo,
@@ -198,14 +195,16 @@ impl GroupBuilder {
             handler: Arc::new(handler),
             settle_tx,
             stats: stats.clone(),
+            renewals: Renewals::default(),
             config: self,
         });
-        let task = tokio::spawn(run(ctx, Arc::new(Semaphore::new(slots)), slots, stop_rx, settler));
+        let renewer = tokio::spawn(run_renewer(ctx.clone()));
+        let task = tokio::spawn(run(ctx, Arc::new(Semaphore::new(slots)), slots, stop_rx, settler, renewer));
         Ok(GroupHandle { stop: stop_tx, task, stats })
     }
 }
 
-/// A running [`Group`] consumer. Dropping it stops fetching and lets the
+/// A running consumer ([`Rheo::consumer`](crate::Rheo::consumer)). Dropping it stops fetching and lets the
 /// drain finish in the background; [`GroupHandle::shutdown`] waits for it.
 #[derive(Debug)]
 pub struct GroupHandle {
@@ -214,7 +213,7 @@ pub struct GroupHandle {
     stats: Arc<Stats>,
 }
 
-/// What a [`Group`] consumer did.
+/// What a consumer ([`Rheo::consumer`](crate::Rheo::consumer)) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RunSummary {
@@ -287,6 +286,49 @@ struct Running {
     handler: Arc<dyn Handler>,
     settle_tx: mpsc::Sender<SettleOp>,
     stats: Arc<Stats>,
+    /// The leases the handlers hold, renewed together.
+    renewals: Renewals,
+}
+
+/// The leases a consumer's handlers hold (and those fetched ahead, waiting
+/// for a handler), renewed together by one task: one `renew_many` per tick,
+/// so one round trip (or one WAL sync on `native:`) however many are held.
+#[derive(Default)]
+struct Renewals {
+    held: parking_lot::Mutex<HashMap<u64, (LeaseRef, oneshot::Sender<()>)>>,
+    next: AtomicU64,
+}
+
+/// A lease registered for renewal; dropping it stops renewing it.
+struct Held<'a> {
+    renewals: &'a Renewals,
+    id: u64,
+    lost: oneshot::Receiver<()>,
+}
+
+impl Renewals {
+    fn hold(&self, lease: LeaseRef) -> Held<'_> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, lost) = oneshot::channel();
+        self.held.lock().insert(id, (lease, tx));
+        Held { renewals: self, id, lost }
+    }
+}
+
+impl Held<'_> {
+    /// Resolves when a renewal says the lease is no longer held (never when
+    /// the renewer stops: the run is ending).
+    async fn lost(&mut self) {
+        if (&mut self.lost).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.renewals.held.lock().remove(&self.id);
+    }
 }
 
 /// Resolves when a stop is asked (or the handle is gone).
@@ -301,10 +343,11 @@ async fn run(
     max_slots: usize,
     mut stop: watch::Receiver<bool>,
     settler: tokio::task::JoinHandle<()>,
+    renewer: tokio::task::JoinHandle<()>,
 ) -> RunSummary {
     let mut tasks = JoinSet::new();
     fetch_loop(&ctx, &slots, max_slots, &mut stop, &mut tasks).await;
-    drain(ctx, tasks, settler).await
+    drain(ctx, tasks, settler, renewer).await
 }
 
 async fn fetch_loop(
@@ -416,7 +459,12 @@ const GAUGE_REFRESH: Duration = Duration::from_secs(1);
 /// How long queued settles may still run once the drain timeout is spent.
 const SETTLE_GRACE: Duration = Duration::from_secs(1);
 
-async fn drain(ctx: Arc<Running>, mut tasks: JoinSet<()>, mut settler: tokio::task::JoinHandle<()>) -> RunSummary {
+async fn drain(
+    ctx: Arc<Running>,
+    mut tasks: JoinSet<()>,
+    mut settler: tokio::task::JoinHandle<()>,
+    renewer: tokio::task::JoinHandle<()>,
+) -> RunSummary {
     let deadline = Instant::now() + ctx.config.drain_timeout;
     let stats = ctx.stats.clone();
     // The settler ends once every sender (ours and the handler tasks') is gone.
@@ -429,6 +477,10 @@ async fn drain(ctx: Arc<Running>, mut tasks: JoinSet<()>, mut settler: tokio::ta
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
     }
+    // No handler holds a lease any more; the renewer's handle on the run
+    // (and its settle sender) goes with it.
+    renewer.abort();
+    let _ = renewer.await;
     // Settles already queued get a moment even when the handlers used up
     // the drain timeout: they are finished work.
     let settle_deadline = deadline.max(Instant::now() + SETTLE_GRACE);
@@ -464,7 +516,8 @@ async fn run_handler(ctx: Arc<Running>, lease: Lease, permit: OwnedSemaphorePerm
     // Renewal runs beside the handler (both polled by this task); it ends
     // only when the lease is lost.
     let (result, held) = {
-        let renewing = renew_until_lost(cfg, &lref);
+        let mut held_lease = ctx.renewals.hold(lref.clone());
+        let renewing = held_lease.lost();
         tokio::pin!(renewing);
         let mut held = true;
         let result = loop {
@@ -514,28 +567,46 @@ async fn run_handler(ctx: Arc<Running>, lease: Lease, permit: OwnedSemaphorePerm
 /// The lease a shutdown gives an unstarted delivery: it expires at once.
 const RELEASE: Duration = Duration::from_millis(1);
 
-/// Renews the lease every `lease / 2` until a renew says it is no longer
-/// held; transient failures are retried at the next tick.
-async fn renew_until_lost(cfg: &GroupBuilder, lease: &crate::model::lease::LeaseRef) {
+/// Renews every held lease every `lease / 2`, in batches of
+/// `MAX_BATCH_EVENTS` (one `renew_many` each), until the run ends. A lease
+/// a renewal says is no longer held is reported lost to its handler; a
+/// failed call is retried well before the leases run out.
+async fn run_renewer(ctx: Arc<Running>) {
+    let cfg = &ctx.config;
     let every = renew_interval(cfg.lease);
     let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        match cfg.rheo.renew(lease, cfg.lease).await {
-            Ok(_) => {}
-            Err(e) if classify(&e) == Failure::Stale => {
-                tracing::debug!(stream = %cfg.stream, group = %cfg.group, sequence = lease.sequence,
-                    "renew: lease lost; the handler's outcome will be dropped: {e}");
-                return;
-            }
-            Err(e) => {
-                // Retry well before the lease runs out, not a whole tick later.
-                let soon = (cfg.lease / 8).max(Duration::from_millis(10));
-                tracing::warn!(stream = %cfg.stream, group = %cfg.group, sequence = lease.sequence,
-                    "renew failed, retrying in {soon:?}: {e}");
-                tokio::time::sleep(soon).await;
-                ticks.reset_immediately();
+        let held: Vec<(u64, LeaseRef)> =
+            ctx.renewals.held.lock().iter().map(|(id, (lease, _))| (*id, lease.clone())).collect();
+        for batch in held.chunks(MAX_BATCH_EVENTS) {
+            match cfg.rheo.renew_many(batch.iter().map(|(_, l)| l.clone()), cfg.lease).await {
+                Ok(results) => {
+                    for ((id, lease), r) in batch.iter().zip(results) {
+                        match r {
+                            Err(e) if classify(&e) == Failure::Stale => {
+                                tracing::debug!(stream = %cfg.stream, group = %cfg.group, sequence = lease.sequence,
+                                    "renew: lease lost; the handler's outcome will be dropped: {e}");
+                                if let Some((_, lost)) = ctx.renewals.held.lock().remove(id) {
+                                    let _ = lost.send(());
+                                }
+                            }
+                            Err(e) => tracing::warn!(stream = %cfg.stream, group = %cfg.group,
+                                sequence = lease.sequence, "renew failed, retrying at the next tick: {e}"),
+                            Ok(_) => {}
+                        }
+                    }
+                }
+                Err(e) => {
+                    // Retry well before the leases run out, not a whole tick later.
+                    let soon = (cfg.lease / 8).max(Duration::from_millis(10));
+                    tracing::warn!(stream = %cfg.stream, group = %cfg.group, leases = batch.len(),
+                        "renew failed, retrying in {soon:?}: {e}");
+                    tokio::time::sleep(soon).await;
+                    ticks.reset_immediately();
+                    break;
+                }
             }
         }
     }

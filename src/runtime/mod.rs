@@ -1,7 +1,7 @@
-//! The consumer runtime: a managed consumer group ([`Group`]) and its
+//! The consumer runtime: a managed consumer of a group ([`Rheo::consumer`](crate::Rheo::consumer)) and its
 //! composable form ([`LeaseStream`]).
 //!
-//! [`Group`] fetches leases, runs a [`Handler`] on each as a task (at most
+//! A consumer ([`Rheo::consumer`](crate::Rheo::consumer)) fetches leases, runs a [`Handler`] on each as a task (at most
 //! `concurrency` at once, at most `max_demand` leases held), renews in-flight
 //! leases every `lease / 2`, settles outcomes in batches (`ack_many`), backs
 //! off on backend errors and drains gracefully on
@@ -10,7 +10,7 @@
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {
-//! use rheo::{AppendOptions, Group, GroupOptions, Outcome, Rheo, StreamOptions, handler_fn};
+//! use rheo::{AppendOptions, GroupOptions, Outcome, Rheo, StreamOptions, handler_fn};
 //! use serde_json::json;
 //!
 //! let rheo = Rheo::open("memory:").await?;
@@ -18,7 +18,7 @@
 //! rheo.create_group("orders", "billing", GroupOptions::new()).await?;
 //! rheo.append("orders", &json!({"total": 42}), AppendOptions::new()).await?;
 //!
-//! let handle = Group::builder(&rheo, "orders", "billing")
+//! let handle = rheo.consumer("orders", "billing")
 //!     .concurrency(4)
 //!     .spawn(handler_fn(|lease| async move {
 //!         println!("#{}: {}", lease.sequence(), lease.event.payload());
@@ -46,7 +46,7 @@ use crate::error::{Error, Result};
 use crate::model::lease::Lease;
 use crate::model::limits::MAX_REASON_BYTES;
 
-pub use group::{Group, GroupBuilder, GroupHandle, RunSummary};
+pub use group::{GroupBuilder, GroupHandle, RunSummary};
 pub use stream::{LeaseStream, LeaseStreamOptions, StreamLease};
 
 /// Default number of handlers running at once.
@@ -105,7 +105,7 @@ impl Outcome {
     }
 }
 
-/// The code a [`Group`] runs for each delivery.
+/// The code a consumer ([`Rheo::consumer`](crate::Rheo::consumer)) runs for each delivery.
 ///
 /// ```
 /// use rheo::{Handler, Lease, Outcome};

@@ -53,8 +53,8 @@ const INLINE_FETCH: usize = 256;
 pub struct NativeBackend {
     engine: Engine,
     clock: Arc<dyn Clock>,
-    /// One wakeup per stream (created on first use, at most one per stream
-    /// the engine has): appends notify it, `wait_for_events` waits on it.
+    /// One wakeup source per stream (created on first use, at most one per stream
+    /// the engine has): appends bump it, `subscribe` hands out receivers.
     /// The engine stays free of any async runtime.
     wakeups: Arc<parking_lot::Mutex<HashMap<Arc<str>, Arc<Wakeups>>>>,
 }

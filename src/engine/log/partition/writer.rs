@@ -1,0 +1,306 @@
+//! A partition's write path: appends (written at once or deferred to the
+//! commit thread), rollback of a failed batch, zero-filling ahead, and
+//! segment rolls.
+
+use super::*;
+
+impl Partition {
+    /// The current write state, for rolling back a failed batch.
+    pub fn mark(w: &Writer) -> Mark {
+        Mark {
+            end: w.end,
+            next_seq: w.next_seq,
+            count: w.count,
+            max_ts: w.max_ts,
+            max_txn: w.max_txn,
+            idx_len: w.idx_len,
+            last_index_offset: w.last_index_offset,
+            index_len: w.active.index.read().as_ref().map_or(0, Vec::len),
+            base_seq: w.active.base_seq,
+        }
+    }
+
+    /// True when `len` more bytes do not fit in the active segment (which
+    /// holds at least one record), so it must roll first.
+    pub fn needs_roll(&self, w: &Writer, len: u64) -> bool {
+        w.count > 0 && w.end + len > self.opts.segment_bytes.min(crate::engine::options::MAX_SEGMENT_BYTES)
+    }
+
+    /// The active segment's log file.
+    pub fn active_file(w: &Writer) -> Arc<dyn VfsFile> {
+        w.active.log.clone()
+    }
+
+    /// Appends one append's encoded records (sequences from `w.next_seq`,
+    /// `count` of them, largest timestamp `max_ts`, transaction `txn` or 0)
+    /// at the end of the active segment: written to the file now, or, when
+    /// `defer`, kept in the writer until [`Partition::flush`] (group commit).
+    /// Returns the file to sync.
+    pub fn write(
+        &self,
+        w: &mut Writer,
+        bytes: &[u8],
+        count: u64,
+        max_ts: i64,
+        txn: u64,
+        defer: bool,
+    ) -> Result<Arc<dyn VfsFile>> {
+        let len = bytes.len() as u64;
+        let vfs = &*self.vfs;
+        // Zero-filling ahead is what can run out of space; it happens here,
+        // before anything is appended, so a full disk fails cleanly.
+        self.preallocate(w, w.end + len)?;
+        if defer {
+            w.pending.extend_from_slice(bytes);
+        } else {
+            self.write_pending(w)?;
+            if let Err(e) = w.active.log.write_all_at(bytes, w.end) {
+                return Err(self.undo_partial_write(w, len, e));
+            }
+        }
+        if w.count == 0 || w.end - w.last_index_offset >= INDEX_INTERVAL_BYTES {
+            let entry =
+                IndexEntry { seq: w.next_seq, offset: w.end, max_ts_before: w.max_ts, max_txn_before: w.max_txn };
+            // The index is derived data: a failed write only costs a rebuild.
+            if w.idx.write_all_at(&entry.encode(), w.idx_len).is_ok() {
+                w.idx_len += ENTRY_LEN as u64;
+            } else {
+                tracing::warn!(file = %vfs.describe(&w.active.idx_path).display(), "index write failed; it will be rebuilt");
+            }
+            w.last_index_offset = w.end;
+            if let Some(ix) = w.active.index.write().as_mut() {
+                ix.push(entry);
+            }
+        }
+        w.end += len;
+        w.next_seq += count;
+        w.count += count;
+        w.max_ts = w.max_ts.max(max_ts);
+        w.max_txn = w.max_txn.max(txn);
+        Ok(w.active.log.clone())
+    }
+
+    /// Writes the deferred records to the file (under the writer lock).
+    /// A failure here cannot be undone (sequences are assigned): poison.
+    pub(super) fn write_pending(&self, w: &mut Writer) -> Result<()> {
+        if w.pending.is_empty() {
+            return Ok(());
+        }
+        let at = w.end - w.pending.len() as u64;
+        w.active.log.write_all_at(&w.pending, at).map_err(|e| {
+            let scope = self.vfs.describe(&w.active.log_path).display().to_string();
+            crate::engine::error::poisoned(scope, "writing committed records failed", e)
+        })?;
+        w.pending.clear();
+        Ok(())
+    }
+
+    /// Writes this partition's deferred records; returns the file to sync.
+    pub fn flush(&self) -> Result<Arc<dyn VfsFile>> {
+        let mut w = self.writer.lock();
+        self.write_pending(&mut w)?;
+        Ok(w.active.log.clone())
+    }
+
+    /// Writes the deferred records of a writer already locked.
+    pub fn flush_locked(&self, w: &mut Writer) -> Result<Arc<dyn VfsFile>> {
+        self.write_pending(w)?;
+        Ok(w.active.log.clone())
+    }
+
+    /// After a failed write: remove what may have reached the file so no
+    /// partial record can resurface, and report the failure (a full disk
+    /// is `Error::NoSpace`). Nothing is allocated doing so: the part of the
+    /// write inside the file's old length (zero-filled space) is zeroed
+    /// again, the part past it is cut off, then the file is synced. Only a
+    /// failure of that is `Poisoned`.
+    pub(super) fn undo_partial_write(&self, w: &Writer, len: u64, e: std::io::Error) -> Error {
+        let path = &w.active.log_path;
+        let log = &*w.active.log;
+        // The file's length before the write (see `Writer::prealloc_end`).
+        let old_len = w.prealloc_end.max(w.end);
+        let undone = write_zeros(log, w.end, (w.end + len).min(old_len))
+            .and_then(|()| if log.len()? > old_len { log.set_len(old_len) } else { Ok(()) })
+            .and_then(|()| log.sync_data());
+        match undone {
+            Ok(()) => io_err(&*self.vfs, path, "write", e),
+            Err(e2) => Error::Poisoned {
+                scope: self.vfs.describe(path).display().to_string(),
+                reason: format!("write failed ({e}) and could not be undone ({e2})"),
+                source: None,
+            },
+        }
+    }
+
+    /// Rolls back the active segment to `mark` (a batch spanning several
+    /// partitions failed in another partition).
+    pub fn rollback(&self, w: &mut Writer, mark: Mark) -> Result<()> {
+        if w.active.base_seq != mark.base_seq || w.end < mark.end {
+            return Err(Error::Poisoned {
+                scope: self.vfs.describe(&self.dir).display().to_string(),
+                reason: "a failed batch spanned a segment roll and cannot be rolled back".into(),
+                source: None,
+            });
+        }
+        let deferred = w.pending.len() as u64;
+        if w.end - mark.end <= deferred {
+            // Still in memory: nothing reached the file.
+            let keep = usize::try_from(deferred - (w.end - mark.end)).unwrap_or(0);
+            w.pending.truncate(keep);
+        } else {
+            // The zeros must be durable before anything else is appended, or a
+            // crash could bring the rolled-back records back.
+            w.pending.clear();
+            let file = &*w.active.log;
+            write_zeros(file, mark.end, w.end).and_then(|()| file.sync_data()).map_err(|e| {
+                let scope = self.vfs.describe(&w.active.log_path).display().to_string();
+                crate::engine::error::poisoned(scope, "rolling back a failed batch", e)
+            })?;
+        }
+        w.end = mark.end;
+        w.next_seq = mark.next_seq;
+        w.count = mark.count;
+        w.max_ts = mark.max_ts;
+        w.max_txn = mark.max_txn;
+        w.idx_len = mark.idx_len;
+        w.last_index_offset = mark.last_index_offset;
+        if let Some(ix) = w.active.index.write().as_mut() {
+            ix.truncate(mark.index_len);
+        }
+        Ok(())
+    }
+
+    /// Extends the zero-filled region to cover `upto`.
+    pub(super) fn preallocate(&self, w: &mut Writer, upto: u64) -> Result<()> {
+        let chunk = self.opts.preallocate_bytes;
+        // Zero-filling pays off only when every append waits for a sync; in
+        // the other modes it would just copy every byte twice.
+        let syncs = matches!(self.opts.durability, crate::engine::Durability::Sync);
+        if chunk == 0 || !syncs || upto <= w.prealloc_end {
+            return Ok(());
+        }
+        // Grow geometrically from 64 KiB up to `chunk`, so that thousands of
+        // small partitions do not each reserve a whole chunk.
+        let step = chunk.min(w.prealloc_end.max(64 << 10));
+        let target = upto.div_ceil(step) * step;
+        let from = w.prealloc_end.max(w.end);
+        write_zeros(&*w.active.log, from, target)
+            .map_err(|e| io_err(&*self.vfs, &w.active.log_path, "preallocate", e))?;
+        w.prealloc_end = target;
+        Ok(())
+    }
+
+    /// Seals the active segment and starts a new one at `w.next_seq`. The
+    /// caller first makes every multi-partition batch in it committed.
+    pub fn roll(&self, w: &mut Writer, now_ms: i64) -> Result<()> {
+        let vfs = &*self.vfs;
+        let seg = w.active.clone();
+        let poisoned = |what: &str, e: std::io::Error| {
+            let scope = vfs.describe(&seg.log_path).display().to_string();
+            crate::engine::error::poisoned(scope, &format!("sealing the segment failed at {what}"), e)
+        };
+        self.write_pending(w)?;
+        let footer = Footer {
+            records_end: w.end,
+            first_seq: seg.base_seq,
+            last_seq: w.next_seq - 1,
+            count: w.count,
+            max_ts: w.max_ts,
+        };
+        // Failures before anything is appended (a full disk writing the
+        // footer or creating the next segment) take the footer off again:
+        // the segment stays active and the append fails cleanly. A crash in
+        // between leaves a sealed segment and perhaps a cut-short creation,
+        // which recovery removes.
+        let unseal = |w: &mut Writer, e: Error| -> Error {
+            *seg.footer.write() = None;
+            // The zero-filled space past the records is gone: fill it again
+            // before the next append (which fails cleanly if it can't).
+            w.prealloc_end = w.end;
+            match seg.log.set_len(w.end).and_then(|()| seg.log.sync_data()) {
+                Ok(()) => e,
+                Err(e2) => Error::Poisoned {
+                    scope: vfs.describe(&seg.log_path).display().to_string(),
+                    reason: format!("sealing the segment failed ({e}) and it could not be reopened ({e2})"),
+                    source: None,
+                },
+            }
+        };
+        seg.log.set_len(w.end).map_err(|e| poisoned("truncate", e))?;
+        if let Err(e) = seg.log.write_all_at(&footer.encode(), w.end) {
+            return Err(unseal(w, io_err(vfs, &seg.log_path, "write the footer of", e)));
+        }
+        seg.log.sync_data().map_err(|e| poisoned("sync", e))?;
+        *seg.footer.write() = Some(footer);
+        let next = match create_segment(vfs, &self.dir, self.stream_id, self.partition, w.next_seq, now_ms) {
+            Ok(next) => next,
+            Err(e @ Error::Poisoned { .. }) => return Err(e),
+            Err(e) => {
+                // What was created of the next segment must go, or the
+                // unsealed segment would no longer be the last one.
+                for path in
+                    [format!("{}/{}", self.dir, log_name(w.next_seq)), format!("{}/{:020}.idx", self.dir, w.next_seq)]
+                {
+                    let gone = match vfs.exists(&path) {
+                        Ok(true) => vfs.remove_file(&path),
+                        Ok(false) => Ok(()),
+                        Err(e) => Err(e),
+                    };
+                    gone.and_then(|()| vfs.sync_dir(&self.dir)).map_err(|e2| Error::Poisoned {
+                        scope: vfs.describe(&self.dir).display().to_string(),
+                        reason: format!("starting a new segment failed ({e}) and {path} could not be removed ({e2})"),
+                        source: None,
+                    })?;
+                }
+                return Err(unseal(w, e));
+            }
+        };
+        self.segments.write().insert(next.active.base_seq, next.active.clone());
+        *w = next;
+        Ok(())
+    }
+}
+
+/// Creates a new, empty active segment (header synced, directory synced).
+pub(super) fn create_segment(
+    vfs: &dyn Vfs,
+    dir: &str,
+    stream_id: u64,
+    partition: u32,
+    base: u64,
+    now_ms: i64,
+) -> Result<Writer> {
+    let log_path = format!("{dir}/{}", log_name(base));
+    let idx_path = format!("{dir}/{base:020}.idx");
+    let log = StickySync::wrap(vfs.open(&log_path, true).map_err(|e| io_err(vfs, &log_path, "create", e))?);
+    let header = SegmentHeader { partition, stream_id, base_seq: base, created_ms: now_ms }.encode();
+    log.set_len(0).map_err(|e| io_err(vfs, &log_path, "truncate", e))?;
+    log.write_all_at(&header, 0).map_err(|e| io_err(vfs, &log_path, "write", e))?;
+    let prealloc_end = HEADER_LEN as u64;
+    log.sync_data().map_err(|e| sync_err(vfs, &log_path, e))?;
+    let idx = vfs.open(&idx_path, true).map_err(|e| io_err(vfs, &idx_path, "create", e))?;
+    idx.set_len(0).map_err(|e| io_err(vfs, &idx_path, "truncate", e))?;
+    idx.write_all_at(&encode_index_header(base), 0).map_err(|e| io_err(vfs, &idx_path, "write", e))?;
+    vfs.sync_dir(dir).map_err(|e| sync_err(vfs, dir, e))?;
+    let active = Arc::new(Segment {
+        base_seq: base,
+        log_path,
+        idx_path,
+        log,
+        index: RwLock::new(Some(Vec::new())),
+        footer: RwLock::new(None),
+    });
+    Ok(Writer {
+        active,
+        idx,
+        end: HEADER_LEN as u64,
+        prealloc_end,
+        idx_len: IDX_HEADER_LEN as u64,
+        last_index_offset: HEADER_LEN as u64,
+        next_seq: base,
+        count: 0,
+        max_ts: i64::MIN,
+        max_txn: 0,
+        pending: Vec::new(),
+    })
+}
