@@ -81,7 +81,7 @@ pub enum Error {
         /// The sequence of the delivery.
         sequence: u64,
         /// The lease that was presented.
-        lease_id: crate::model::ids::LeaseId,
+        lease_id: crate::ids::LeaseId,
     },
     /// The backend's native receipt differs from the one presented.
     #[error("receipt mismatch for lease {lease_id} on {stream:?}/{group:?} partition {partition} sequence {sequence}")]
@@ -95,7 +95,7 @@ pub enum Error {
         /// The sequence of the delivery.
         sequence: u64,
         /// The lease that was presented.
-        lease_id: crate::model::ids::LeaseId,
+        lease_id: crate::ids::LeaseId,
     },
     /// A paging cursor (a dead-letter event id, a query cursor) is unknown.
     #[error("cursor {cursor:?} not found in {scope}")]

@@ -50,6 +50,7 @@ pub mod engine;
 mod engine;
 mod error;
 mod groups;
+mod ids;
 pub use engine::inspect;
 mod model;
 mod msgpack;

@@ -292,7 +292,7 @@ impl GroupState {
                     Planned::Claim(event) => {
                         let Some(part) = self.parts.get_mut(&p) else { continue };
                         part.cursor = part.cursor.max(seq);
-                        let lease_id = crate::model::ids::new_lease_id();
+                        let lease_id = crate::ids::new_lease_id();
                         let attempt = part.lease(seq, lease_id, consumer.clone(), expires_at);
                         leased.push((seq, lease_id));
                         report.leases.push(Lease {

@@ -939,7 +939,7 @@ impl NewEvent {
             metadata.extend(m);
         }
         NewEvent {
-            id: opts.id.unwrap_or_else(|| crate::model::ids::new_event_id().to_string()),
+            id: opts.id.unwrap_or_else(|| crate::ids::new_event_id().to_string()),
             key,
             event_type,
             partition: opts.partition,

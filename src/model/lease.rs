@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::event::Event;
 use super::time::Timestamp;
 
-pub use super::ids::LeaseId;
+pub use crate::ids::LeaseId;
 
 impl std::str::FromStr for LeaseId {
     type Err = crate::error::Error;

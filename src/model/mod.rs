@@ -4,7 +4,6 @@ pub mod capabilities;
 pub mod damage;
 pub mod event;
 pub mod group;
-pub(crate) mod ids;
 pub mod lease;
 pub mod limits;
 pub mod path;
