@@ -401,7 +401,11 @@ impl Rheo {
         Ok(events
             .into_iter()
             .zip(positions)
-            .map(|(e, at)| e.into_event(&name, at.partition, at.sequence, at.timestamp))
+            .map(|(mut e, at)| {
+                // The backend's word on where and when it stored the event.
+                e.timestamp = Some(at.timestamp);
+                e.into_event(&name, at.partition, at.sequence, at.timestamp)
+            })
             .collect())
     }
 

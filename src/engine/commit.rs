@@ -45,39 +45,47 @@ const SPIN: std::time::Duration = std::time::Duration::from_micros(150);
 /// The engine-wide poison flag.
 #[derive(Debug, Default)]
 pub struct Poison {
-    reason: Mutex<Option<String>>,
+    /// The first reason, and the error underneath it when there was one (so
+    /// that every later refusal still says, e.g., that the disk is full).
+    reason: Mutex<Option<(String, Option<crate::error::Cause>)>>,
 }
 
 impl Poison {
     /// Fails with `Poisoned` once poisoned.
     pub fn check(&self, scope: &str) -> Result<()> {
         match &*self.reason.lock() {
-            Some(reason) => Err(Error::Poisoned { scope: scope.to_owned(), reason: reason.clone(), source: None }),
+            Some((reason, source)) => {
+                Err(Error::Poisoned { scope: scope.to_owned(), reason: reason.clone(), source: source.clone() })
+            }
             None => Ok(()),
         }
     }
 
     /// Poisons with the first reason given.
     pub fn set(&self, reason: String) {
+        self.set_with(reason, None);
+    }
+
+    fn set_with(&self, reason: String, source: Option<crate::error::Cause>) {
         let mut r = self.reason.lock();
         if r.is_none() {
             tracing::error!(%reason, "storage poisoned: writes refused until reopen");
-            *r = Some(reason);
+            *r = Some((reason, source));
         }
     }
 
     /// Poisons when `e` is `Error::Poisoned` (a failed sync reported by a
     /// lower layer), and gives `e` back: `.map_err(|e| poison.absorb(e))`.
     pub fn absorb(&self, e: Error) -> Error {
-        if let Error::Poisoned { reason, .. } = &e {
-            self.set(reason.clone());
+        if let Error::Poisoned { reason, source, .. } = &e {
+            self.set_with(reason.clone(), source.clone());
         }
         e
     }
 
     /// The reason, once poisoned.
     pub fn reason(&self) -> Option<String> {
-        self.reason.lock().clone()
+        self.reason.lock().as_ref().map(|(reason, _)| reason.clone())
     }
 }
 
@@ -563,7 +571,7 @@ fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
             continue;
         }
         flushed.push(key);
-        files.push(p.flush().inspect_err(|e| s.poison.set(e.to_string()))?);
+        files.push(p.flush().inspect_err(|e| s.poison.set_with(e.to_string(), Some(Arc::new(e.clone()))))?);
     }
     let mut seen: Vec<*const ()> = Vec::new();
     for f in files.iter().chain(jobs.iter().flat_map(|j| &j.files)) {
@@ -601,15 +609,25 @@ fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
 /// Poisons the engine with `e`'s reason (`e` is `Error::Poisoned`) and
 /// returns it.
 fn poisoned(s: &Shared, e: Error) -> Error {
-    if let Error::Poisoned { reason, .. } = &e {
-        s.poison.set(reason.clone());
-    }
-    e
+    s.poison.absorb(e)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_refusal_after_a_poisoning_keeps_its_cause() {
+        let poison = Poison::default();
+        assert!(poison.check("s").is_ok());
+        let full = crate::engine::error::poisoned("d", "fsync failed", std::io::Error::from_raw_os_error(28));
+        let _ = poison.absorb(full);
+        // A later poisoning does not replace the first cause.
+        poison.set("a second failure".into());
+        let refused = poison.check("s").expect_err("poisoned");
+        assert!(matches!(&refused, Error::Poisoned { reason, .. } if reason.starts_with("fsync failed")), "{refused}");
+        assert_eq!(refused.io_error_kind(), Some(std::io::ErrorKind::StorageFull), "{refused}");
+    }
     use std::time::Duration;
 
     #[test]

@@ -195,10 +195,16 @@ impl GroupBuilder {
             handler: Arc::new(handler),
             settle_tx,
             stats: stats.clone(),
-            renewals: Renewals::default(),
+            renewals: Arc::default(),
             config: self,
         });
-        let renewer = tokio::spawn(run_renewer(ctx.clone()));
+        let renewer = AbortOnDrop(tokio::spawn(run_renewer(
+            ctx.config.rheo.clone(),
+            ctx.renewals.clone(),
+            ctx.config.lease,
+            ctx.config.stream.clone(),
+            ctx.config.group.clone(),
+        )));
         let task = tokio::spawn(run(ctx, Arc::new(Semaphore::new(slots)), slots, stop_rx, settler, renewer));
         Ok(GroupHandle { stop: stop_tx, task, stats })
     }
@@ -287,7 +293,17 @@ struct Running {
     settle_tx: mpsc::Sender<SettleOp>,
     stats: Arc<Stats>,
     /// The leases the handlers hold, renewed together.
-    renewals: Renewals,
+    renewals: Arc<Renewals>,
+}
+
+/// A task aborted when its handle is dropped (a run that ends any way,
+/// even by a panic, takes its renewer with it).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The leases a consumer's handlers hold (and those fetched ahead, waiting
@@ -297,6 +313,11 @@ struct Running {
 struct Renewals {
     held: parking_lot::Mutex<HashMap<u64, (LeaseRef, oneshot::Sender<()>)>>,
     next: AtomicU64,
+    /// Held by the renewer from its snapshot of `held` to the end of its
+    /// renewals, and by a release (a lease given back at shutdown): a
+    /// renewal that took the lease in its snapshot never lands after the
+    /// release and extends it again.
+    renewing: tokio::sync::Mutex<()>,
 }
 
 /// A lease registered for renewal; dropping it stops renewing it.
@@ -343,7 +364,7 @@ async fn run(
     max_slots: usize,
     mut stop: watch::Receiver<bool>,
     settler: tokio::task::JoinHandle<()>,
-    renewer: tokio::task::JoinHandle<()>,
+    renewer: AbortOnDrop,
 ) -> RunSummary {
     let mut tasks = JoinSet::new();
     fetch_loop(&ctx, &slots, max_slots, &mut stop, &mut tasks).await;
@@ -463,7 +484,7 @@ async fn drain(
     ctx: Arc<Running>,
     mut tasks: JoinSet<()>,
     mut settler: tokio::task::JoinHandle<()>,
-    renewer: tokio::task::JoinHandle<()>,
+    mut renewer: AbortOnDrop,
 ) -> RunSummary {
     let deadline = Instant::now() + ctx.config.drain_timeout;
     let stats = ctx.stats.clone();
@@ -477,10 +498,13 @@ async fn drain(
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
     }
-    // No handler holds a lease any more; the renewer's handle on the run
-    // (and its settle sender) goes with it.
-    renewer.abort();
-    let _ = renewer.await;
+    // No handler holds a lease any more.
+    renewer.0.abort();
+    if let Err(e) = (&mut renewer.0).await
+        && e.is_panic()
+    {
+        tracing::error!("the lease renewer panicked; leases held then were left to expire: {e}");
+    }
     // Settles already queued get a moment even when the handlers used up
     // the drain timeout: they are finished work.
     let settle_deadline = deadline.max(Instant::now() + SETTLE_GRACE);
@@ -539,8 +563,10 @@ async fn run_handler(ctx: Arc<Running>, lease: Lease, permit: OwnedSemaphorePerm
     }
     let kind = match result {
         Ok(None) => {
-            // Shut down before its handler started: let it go at once.
+            // Shut down before its handler started: let it go at once
+            // (after any renewal that may still hold it in its snapshot).
             Stats::add(&ctx.stats.left_to_expiry, 1);
+            let _renewals_paused = ctx.renewals.renewing.lock().await;
             if let Err(e) = cfg.rheo.renew(&lref, RELEASE).await {
                 tracing::debug!(stream = %cfg.stream, group = %cfg.group, sequence = lref.sequence, "release on shutdown: {e}");
             }
@@ -571,43 +597,51 @@ const RELEASE: Duration = Duration::from_millis(1);
 /// `MAX_BATCH_EVENTS` (one `renew_many` each), until the run ends. A lease
 /// a renewal says is no longer held is reported lost to its handler; a
 /// failed call is retried well before the leases run out.
-async fn run_renewer(ctx: Arc<Running>) {
-    let cfg = &ctx.config;
-    let every = renew_interval(cfg.lease);
+async fn run_renewer(rheo: Rheo, renewals: Arc<Renewals>, lease: Duration, stream: String, group: String) {
+    let every = renew_interval(lease);
+    // A failed renewal is retried well before the lease runs out, not a
+    // whole tick later.
+    let soon = (lease / 8).max(Duration::from_millis(10));
     let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let held: Vec<(u64, LeaseRef)> =
-            ctx.renewals.held.lock().iter().map(|(id, (lease, _))| (*id, lease.clone())).collect();
-        for batch in held.chunks(MAX_BATCH_EVENTS) {
-            match cfg.rheo.renew_many(batch.iter().map(|(_, l)| l.clone()), cfg.lease).await {
-                Ok(results) => {
-                    for ((id, lease), r) in batch.iter().zip(results) {
-                        match r {
-                            Err(e) if classify(&e) == Failure::Stale => {
-                                tracing::debug!(stream = %cfg.stream, group = %cfg.group, sequence = lease.sequence,
-                                    "renew: lease lost; the handler's outcome will be dropped: {e}");
-                                if let Some((_, lost)) = ctx.renewals.held.lock().remove(id) {
-                                    let _ = lost.send(());
+        let mut failed = false;
+        {
+            let _renewing = renewals.renewing.lock().await;
+            let held: Vec<(u64, LeaseRef)> =
+                renewals.held.lock().iter().map(|(id, (lease, _))| (*id, lease.clone())).collect();
+            for batch in held.chunks(MAX_BATCH_EVENTS) {
+                match rheo.renew_many(batch.iter().map(|(_, l)| l.clone()), lease).await {
+                    Ok(results) => {
+                        for ((id, held), r) in batch.iter().zip(results) {
+                            match r {
+                                Ok(_) => {}
+                                Err(e) if classify(&e) == Failure::Stale => {
+                                    tracing::debug!(%stream, %group, sequence = held.sequence,
+                                        "renew: lease lost; the handler's outcome will be dropped: {e}");
+                                    if let Some((_, lost)) = renewals.held.lock().remove(id) {
+                                        let _ = lost.send(());
+                                    }
+                                }
+                                Err(e) => {
+                                    failed = true;
+                                    tracing::warn!(%stream, %group, sequence = held.sequence,
+                                        "renew failed, retrying in {soon:?}: {e}");
                                 }
                             }
-                            Err(e) => tracing::warn!(stream = %cfg.stream, group = %cfg.group,
-                                sequence = lease.sequence, "renew failed, retrying at the next tick: {e}"),
-                            Ok(_) => {}
                         }
                     }
-                }
-                Err(e) => {
-                    // Retry well before the leases run out, not a whole tick later.
-                    let soon = (cfg.lease / 8).max(Duration::from_millis(10));
-                    tracing::warn!(stream = %cfg.stream, group = %cfg.group, leases = batch.len(),
-                        "renew failed, retrying in {soon:?}: {e}");
-                    tokio::time::sleep(soon).await;
-                    ticks.reset_immediately();
-                    break;
+                    Err(e) => {
+                        failed = true;
+                        tracing::warn!(%stream, %group, leases = batch.len(), "renew failed, retrying in {soon:?}: {e}");
+                    }
                 }
             }
+        }
+        if failed {
+            tokio::time::sleep(soon).await;
+            ticks.reset_immediately();
         }
     }
 }

@@ -233,7 +233,14 @@ impl LeaseStream {
                         // append between two waits is missed.
                         let mut appends = match appends {
                             Some(s) => s,
-                            None => rheo.subscribe(&stream).await.unwrap_or_else(|_| Subscription::polling()),
+                            None => match rheo.subscribe(&stream).await {
+                                Ok(s) => s,
+                                Err(_) => {
+                                    // Poll, and subscribe again next time.
+                                    tokio::time::sleep(poll).await;
+                                    return None;
+                                }
+                            },
                         };
                         appends.wait(poll).await;
                         Some(appends)

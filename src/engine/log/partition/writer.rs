@@ -127,7 +127,7 @@ impl Partition {
             Err(e2) => Error::Poisoned {
                 scope: self.vfs.describe(path).display().to_string(),
                 reason: format!("write failed ({e}) and could not be undone ({e2})"),
-                source: None,
+                source: Some(Arc::new(e)),
             },
         }
     }
