@@ -94,7 +94,9 @@ struct Shared {
 
 enum State {
     Idle,
-    Fetching(BoxFuture<'static, Result<Vec<Lease>>>),
+    /// A fetch in flight; the first one subscribes to the stream's appends
+    /// before it fetches, so that no append after it is missed.
+    Fetching(BoxFuture<'static, (Result<Vec<Lease>>, Option<Subscription>)>),
     /// Waiting out a backoff or for appends; gives the subscription back.
     Waiting(BoxFuture<'static, Option<Subscription>>),
 }
@@ -213,7 +215,14 @@ impl LeaseStream {
         let (stream, group) = (self.stream.clone(), self.group.clone());
         let mut opts = self.fetch.clone();
         opts.limit = limit;
-        self.state = State::Fetching(async move { rheo.fetch(&stream, &group, opts).await }.boxed());
+        let subscribed = self.appends.is_some();
+        self.state = State::Fetching(
+            async move {
+                let appends = if subscribed { None } else { rheo.subscribe(&stream).await.ok() };
+                (rheo.fetch(&stream, &group, opts).await, appends)
+            }
+            .boxed(),
+        );
     }
 
     fn start_wait(&mut self, backoff: Option<Duration>) {
@@ -229,8 +238,8 @@ impl LeaseStream {
                         appends
                     }
                     None => {
-                        // The first idle wait subscribes: from then on no
-                        // append between two waits is missed.
+                        // Subscribed by the first fetch (or now, when that
+                        // failed): no append between two waits is missed.
                         let mut appends = match appends {
                             Some(s) => s,
                             None => match rheo.subscribe(&stream).await {
@@ -279,7 +288,12 @@ impl Stream for LeaseStream {
                 State::Fetching(fut) => {
                     let r = match fut.as_mut().poll(cx) {
                         Poll::Pending => return Poll::Pending,
-                        Poll::Ready(r) => r,
+                        Poll::Ready((r, appends)) => {
+                            if appends.is_some() {
+                                this.appends = appends;
+                            }
+                            r
+                        }
                     };
                     match r {
                         Ok(leases) if leases.is_empty() => {
