@@ -256,7 +256,7 @@ impl NativeBackend {
         &self,
         stream: &str,
         events: &[NewEvent],
-    ) -> Result<(Vec<Position>, crate::engine::commit::Ticket)> {
+    ) -> Result<(Vec<Position>, crate::engine::commit::Ticket, Arc<Stream>)> {
         let s = self.engine.stream(stream)?;
         let log = &s.log;
         let count = log.partition_count();
@@ -273,7 +273,7 @@ impl NativeBackend {
             .zip(assigned)
             .map(|(e, (partition, sequence))| Position { partition, sequence, timestamp: e.timestamp.unwrap_or(now) })
             .collect();
-        Ok((out, ticket))
+        Ok((out, ticket, s))
     }
 }
 
@@ -354,12 +354,10 @@ impl Backend for NativeBackend {
     }
 
     async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
-        let (out, ticket) = self.append_events(stream, events)?;
+        let (out, ticket, s) = self.append_events(stream, events)?;
         ticket.resolved().await?;
         // Visible now (published before the ticket resolves): wake waiters.
-        if let Ok(s) = self.engine.stream(stream) {
-            self.wakeup(&s).appended();
-        }
+        self.wakeup(&s).appended();
         Ok(out)
     }
 
