@@ -68,13 +68,19 @@ const DAMAGE_WARNED_MAX: usize = 4096;
 #[derive(Debug, Clone)]
 pub struct RheoBuilder {
     clock: Arc<dyn Clock>,
+    custom_clock: bool,
     consumer_id: Option<String>,
     max_event_bytes: usize,
 }
 
 impl Default for RheoBuilder {
     fn default() -> Self {
-        RheoBuilder { clock: Arc::new(SystemClock), consumer_id: None, max_event_bytes: DEFAULT_MAX_EVENT_BYTES }
+        RheoBuilder {
+            clock: Arc::new(SystemClock),
+            custom_clock: false,
+            consumer_id: None,
+            max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+        }
     }
 }
 
@@ -83,6 +89,7 @@ impl RheoBuilder {
     /// [`crate::ManualClock`] to move time without sleeping.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self.custom_clock = true;
         self
     }
 
@@ -103,7 +110,7 @@ impl RheoBuilder {
     /// (see [`crate::backends`] for every scheme and
     /// [`crate::backends::native`] for the native options).
     pub async fn open(self, url: &str) -> Result<Rheo> {
-        let cx = crate::backends::OpenContext { clock: self.clock.clone() };
+        let cx = crate::backends::OpenContext { clock: self.clock.clone(), custom_clock: self.custom_clock };
         let backend = crate::backends::open(url, &cx).await?;
         backend.ensure_schema().await?;
         self.with_backend(backend)

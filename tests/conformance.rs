@@ -95,6 +95,14 @@ macro_rules! cases {
         $( one_case!(#[tokio::test]; $factory; $garea::$gcase); )*
         $( one_case!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]; $factory; $carea::$ccase); )*
     };
+    (service; $factory:path;
+     log: [$($larea:ident :: $lcase:ident),* $(,)?];
+     groups: [$($garea:ident :: $gcase:ident),* $(,)?];
+     concurrent: [$($carea:ident :: $ccase:ident),* $(,)?] $(;)?) => {
+        $( one_case!(#[tokio::test] #[ignore = "needs PostgreSQL: .ci/run starts one and runs these with RHEO_POSTGRES_URL set"]; $factory; $larea::$lcase); )*
+        $( one_case!(#[tokio::test] #[ignore = "needs PostgreSQL: .ci/run starts one and runs these with RHEO_POSTGRES_URL set"]; $factory; $garea::$gcase); )*
+        $( one_case!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)] #[ignore = "needs PostgreSQL: .ci/run starts one and runs these with RHEO_POSTGRES_URL set"]; $factory; $carea::$ccase); )*
+    };
     (log_only; $factory:path;
      log: [$($larea:ident :: $lcase:ident),* $(,)?];
      groups: [$($garea:ident :: $gcase:ident),* $(,)?];
@@ -286,3 +294,13 @@ macro_rules! conformance {
 }
 
 crate::backends!(conformance);
+
+/// The whole suite for a backend that needs a service (ignored unless run
+/// with `--ignored`, as .ci/run does with the service started).
+macro_rules! service_conformance {
+    ($backend:ident, $factory:path) => {
+        suite!(service, $backend, $factory);
+    };
+}
+
+crate::service_backends!(service_conformance);

@@ -5,8 +5,8 @@
 //! |---|---|---|
 //! | `memory:` | [`memory::MemoryBackend`]: in-process, ephemeral | always built |
 //! | `native:PATH[?options]` | [`native::NativeBackend`]: the embedded log engine | always built |
-//! | `sqlite:PATH` | SQLite | `sqlite` (not in this version yet) |
-//! | `postgres://…`, `postgresql://…` | PostgreSQL | `postgres` (not in this version yet) |
+//! | `sqlite:PATH[?options]` | [`sql::SqlBackend`] on SQLite | `sqlite` |
+//! | `postgres://…`, `postgresql://…` | [`sql::SqlBackend`] on PostgreSQL | `postgres` |
 //! | `mongodb://…`, `mongodb+srv://…` | MongoDB | `mongo` (not in this version yet) |
 //! | `redis://…`, `rediss://…` | Redis Streams | `redis` (not in this version yet) |
 //!
@@ -23,15 +23,22 @@ use crate::model::time::Clock;
 
 pub mod memory;
 pub mod native;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod sql;
 
 /// What every backend is opened with, besides its URL.
 #[derive(Debug, Clone)]
 pub(crate) struct OpenContext {
     /// The clock the backend reads.
     pub clock: Arc<dyn Clock>,
+    /// True when the user gave the clock (tests): a database backend then
+    /// reads it rather than the database's own clock.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub custom_clock: bool,
 }
 
-/// The database backends still to come: (schemes, cargo feature, name).
+/// The backends behind a cargo feature: (schemes, feature, name). A
+/// scheme whose feature is off names it.
 const PLANNED: [(&[&str], &str, &str); 4] = [
     (&["sqlite"], "sqlite", "SQLite"),
     (&["postgres", "postgresql"], "postgres", "PostgreSQL"),
@@ -50,12 +57,18 @@ pub(crate) async fn open(url: &str, cx: &OpenContext) -> Result<Arc<dyn Backend>
             let (path, opts) = native::parse_url(rest, EngineOptions::default())?;
             Ok(Arc::new(native::NativeBackend::open(&path, opts, cx.clock.clone()).await?))
         }
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(sql::SqlBackend::open_sqlite(url, cx.clock.clone()).await?)),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            Ok(Arc::new(sql::SqlBackend::open_postgres(url, cx.clock.clone(), cx.custom_clock).await?))
+        }
         _ => match PLANNED.iter().find(|(schemes, _, _)| schemes.contains(&scheme)) {
             Some((_, feature, name)) => Err(Error::invalid(
                 "url",
                 format!(
-                    "{scheme}: URLs open the {name} backend, which needs the cargo feature {feature:?}; \
-                     this version of rheo does not have it yet (available: memory:, native:PATH)"
+                    "{scheme}: URLs open the {name} backend, which needs the cargo feature {feature:?} \
+                     (this build of rheo was compiled without it)"
                 ),
             )),
             None => Err(Error::invalid(
@@ -75,20 +88,21 @@ mod tests {
     use crate::model::time::SystemClock;
 
     fn cx() -> OpenContext {
-        OpenContext { clock: Arc::new(SystemClock) }
+        OpenContext { clock: Arc::new(SystemClock), custom_clock: false }
     }
 
     #[tokio::test]
     async fn schemes_open_their_backend_or_say_what_is_missing() {
         let memory = open("memory:", &cx()).await.expect("memory");
         assert_eq!(memory.capabilities().backend, "memory");
-        for (url, feature) in [
-            ("postgres://localhost/db", "\"postgres\""),
-            ("postgresql://x", "\"postgres\""),
-            ("sqlite:./x.db", "\"sqlite\""),
-            ("mongodb://h", "\"mongo\""),
-            ("redis://h", "\"redis\""),
-        ] {
+        let mut missing = vec![("mongodb://h", "\"mongo\""), ("redis://h", "\"redis\"")];
+        if cfg!(not(feature = "postgres")) {
+            missing.extend([("postgres://localhost/db", "\"postgres\""), ("postgresql://x", "\"postgres\"")]);
+        }
+        if cfg!(not(feature = "sqlite")) {
+            missing.push(("sqlite:./x.db", "\"sqlite\""));
+        }
+        for (url, feature) in missing {
             let Err(e) = open(url, &cx()).await else { panic!("{url}: opened a backend that is not built") };
             assert!(matches!(e, Error::InvalidArgument { .. }), "{url}: {e}");
             assert!(e.to_string().contains(feature), "{url}: {e}");

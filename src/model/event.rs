@@ -88,6 +88,47 @@ impl Payload {
         Ok(p)
     }
 
+    /// A JSON payload read back from a database. Its nesting is checked
+    /// first (at most [`MAX_PAYLOAD_DEPTH`], what an append accepts, so a
+    /// document written by another program can't exhaust the stack); then
+    /// it is parsed without serde_json's own limit, which is lower.
+    #[allow(dead_code)]
+    pub(crate) fn from_stored_json(text: impl Into<Bytes>) -> Result<Payload> {
+        let bytes = text.into();
+        let fail = |reason: String| Error::Payload { context: "reading a stored JSON payload".to_owned(), reason };
+        let (mut depth, mut max, mut in_str, mut escaped) = (0usize, 0usize, false, false);
+        for &b in bytes.iter() {
+            if in_str {
+                match (escaped, b) {
+                    (true, _) => escaped = false,
+                    (false, b'\\') => escaped = true,
+                    (false, b'"') => in_str = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_str = true,
+                b'[' | b'{' => {
+                    depth += 1;
+                    max = max.max(depth);
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        if max > MAX_PAYLOAD_DEPTH {
+            return Err(fail(format!("nested deeper than {MAX_PAYLOAD_DEPTH} levels of arrays and objects")));
+        }
+        let mut de = serde_json::Deserializer::from_slice(&bytes);
+        de.disable_recursion_limit();
+        let v = Value::deserialize(&mut de).map_err(|e| fail(e.to_string()))?;
+        de.end().map_err(|e| fail(e.to_string()))?;
+        let p = Payload { bytes, format: PayloadFormat::Json, checked: true, json: OnceLock::new() };
+        let _ = p.json.set(v);
+        Ok(p)
+    }
+
     /// A payload of MessagePack bytes. `Error::Payload` when they are not
     /// exactly one value that reads as JSON (string map keys, no byte
     /// strings or extensions).

@@ -106,6 +106,15 @@ impl Filter {
 }
 
 impl Cursor {
+    /// The order it was made for, and the sort key of the last event of
+    /// its page: `(0, sequence, partition)` by sequence, `(timestamp,
+    /// partition, sequence)` by time, `(0, partition, sequence)` by
+    /// partition.
+    #[allow(dead_code)]
+    pub(crate) fn key(&self) -> (OrderBy, bool, (i64, u64, u64)) {
+        (self.order_by, self.descending, self.key)
+    }
+
     /// The sequences of partition `p` that may come after this cursor in
     /// its order: (exclusive lower, inclusive upper).
     fn bounds(&self, p: u32) -> (u64, u64) {

@@ -80,6 +80,51 @@ pub fn native_disk() -> BoxFuture<'static, Fixture> {
     })
 }
 
+/// SQLite on a temporary file.
+pub fn sqlite() -> BoxFuture<'static, Fixture> {
+    Box::pin(async {
+        let clock = ManualClock::new(START);
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let url = format!("sqlite:{}", dir.path().join("rheo.db").display());
+        let rheo = Rheo::builder()
+            .clock(Arc::new(clock.clone()))
+            .consumer_id("test-consumer")
+            .open(&url)
+            .await
+            .expect("sqlite backend opens");
+        Fixture { rheo, clock, guard: Some(Box::new(dir)) }
+    })
+}
+
+/// Why the PostgreSQL cases are ignored by a plain `cargo test`.
+pub const NEEDS_POSTGRES: &str = "needs PostgreSQL: .ci/run starts one and runs these with RHEO_POSTGRES_URL set";
+
+/// The PostgreSQL server's URL (`RHEO_POSTGRES_URL`); a case that needs it
+/// fails without it (they are ignored unless asked for).
+pub fn postgres_url() -> String {
+    std::env::var("RHEO_POSTGRES_URL")
+        .expect("RHEO_POSTGRES_URL names a PostgreSQL database (postgres://user@host:port/db); .ci/run starts one")
+}
+
+/// PostgreSQL, in a fresh schema of the database `RHEO_POSTGRES_URL` names
+/// (so cases running at once never meet).
+pub fn postgres() -> BoxFuture<'static, Fixture> {
+    Box::pin(async {
+        let clock = ManualClock::new(START);
+        let base = postgres_url();
+        let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}rheo_schema={schema}&rheo_pool=4");
+        let rheo = Rheo::builder()
+            .clock(Arc::new(clock.clone()))
+            .consumer_id("test-consumer")
+            .open(&url)
+            .await
+            .expect("postgres backend opens");
+        Fixture { rheo, clock, guard: None }
+    })
+}
+
 /// Expands `$callback!(name, factory)` once per backend that implements the
 /// whole of docs/semantics.md. Adding a backend = one line here.
 #[macro_export]
@@ -88,5 +133,16 @@ macro_rules! backends {
         $callback!(memory, $crate::common::memory);
         $callback!(native_mem, $crate::common::native_mem);
         $callback!(native_disk, $crate::common::native_disk);
+        $callback!(sqlite, $crate::common::sqlite);
+    };
+}
+
+/// Expands `$callback!(name, factory)` once per backend that needs a
+/// service; their cases are ignored by a plain `cargo test` (which lists
+/// them as such) and run by .ci/run with `--ignored`.
+#[macro_export]
+macro_rules! service_backends {
+    ($callback:ident) => {
+        $callback!(postgres, $crate::common::postgres);
     };
 }

@@ -1,0 +1,319 @@
+//! The one place that touches sqlx: a pool of either driver, statements
+//! with owned arguments, rows read by index, and driver errors mapped to
+//! [`Error`] at this boundary (no sqlx type leaves this module).
+
+use crate::error::{Error, Result};
+use crate::model::time::Timestamp;
+
+use super::dialect::Dialect;
+
+#[cfg(feature = "postgres")]
+use sqlx::postgres::{PgPool, PgRow, Postgres};
+#[cfg(feature = "sqlite")]
+use sqlx::sqlite::{Sqlite, SqlitePool, SqliteRow};
+use sqlx::{AssertSqlSafe, Row as _};
+
+/// One bound value.
+#[derive(Debug, Clone)]
+pub(crate) enum Arg {
+    I64(i64),
+    F64(f64),
+    Text(String),
+}
+
+/// A statement and its arguments; `arg` numbers the placeholders.
+#[derive(Debug, Clone)]
+pub(crate) struct Stmt {
+    pub(crate) sql: String,
+    pub(crate) args: Vec<Arg>,
+    dialect: Dialect,
+}
+
+impl Stmt {
+    pub(crate) fn new(dialect: Dialect) -> Self {
+        Stmt { sql: String::new(), args: Vec::new(), dialect }
+    }
+
+    /// Adds an argument; returns its placeholder (`$3` or `?3`).
+    pub(crate) fn arg(&mut self, a: Arg) -> String {
+        self.args.push(a);
+        self.dialect.placeholder(self.args.len())
+    }
+
+    pub(crate) fn text(&mut self, s: impl Into<String>) -> String {
+        self.arg(Arg::Text(s.into()))
+    }
+
+    pub(crate) fn int(&mut self, n: i64) -> String {
+        self.arg(Arg::I64(n))
+    }
+
+    /// A timestamp argument, as the dialect writes it (an expression).
+    pub(crate) fn ts(&mut self, t: Timestamp) -> String {
+        let d = self.dialect;
+        let ph = self.arg(d.ts_arg(t));
+        d.ts_in(&ph)
+    }
+
+    pub(crate) fn push(&mut self, sql: &str) -> &mut Self {
+        self.sql.push_str(sql);
+        self
+    }
+}
+
+/// A row of a result, read by column index.
+pub(crate) enum Row {
+    #[cfg(feature = "postgres")]
+    Pg(PgRow),
+    #[cfg(feature = "sqlite")]
+    Lite(SqliteRow),
+}
+
+fn decode(e: sqlx::Error) -> Error {
+    Error::failed("reading a row", e.to_string())
+}
+
+impl Row {
+    pub(crate) fn opt_i64(&self, i: usize) -> Result<Option<i64>> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Row::Pg(r) => match r.try_get::<Option<i64>, _>(i) {
+                Ok(v) => Ok(v),
+                Err(_) => r.try_get::<Option<i32>, _>(i).map(|v| v.map(i64::from)).map_err(decode),
+            },
+            #[cfg(feature = "sqlite")]
+            Row::Lite(r) => r.try_get::<Option<i64>, _>(i).map_err(decode),
+        }
+    }
+
+    pub(crate) fn i64(&self, i: usize) -> Result<i64> {
+        self.opt_i64(i)?.ok_or_else(|| Error::failed("reading a row", format!("column {i} is NULL")))
+    }
+
+    pub(crate) fn u64(&self, i: usize) -> Result<u64> {
+        let v = self.i64(i)?;
+        u64::try_from(v).map_err(|_| Error::failed("reading a row", format!("column {i} holds {v}, below zero")))
+    }
+
+    pub(crate) fn u32(&self, i: usize) -> Result<u32> {
+        let v = self.i64(i)?;
+        u32::try_from(v).map_err(|_| Error::failed("reading a row", format!("column {i} holds {v}, not a u32")))
+    }
+
+    pub(crate) fn opt_text(&self, i: usize) -> Result<Option<String>> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Row::Pg(r) => r.try_get::<Option<String>, _>(i).map_err(decode),
+            #[cfg(feature = "sqlite")]
+            Row::Lite(r) => r.try_get::<Option<String>, _>(i).map_err(decode),
+        }
+    }
+
+    pub(crate) fn text(&self, i: usize) -> Result<String> {
+        self.opt_text(i)?.ok_or_else(|| Error::failed("reading a row", format!("column {i} is NULL")))
+    }
+
+    /// A timestamp column read through `Dialect::ts_out`.
+    pub(crate) fn opt_ts(&self, i: usize) -> Result<Option<Timestamp>> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Row::Pg(_) => Ok(self.opt_i64(i)?.map(Timestamp::from_millis)),
+            #[cfg(feature = "sqlite")]
+            Row::Lite(_) => match self.opt_text(i)? {
+                None => Ok(None),
+                Some(t) => super::dialect::parse_ts(&t)
+                    .map(Some)
+                    .ok_or_else(|| Error::failed("reading a row", format!("{t:?} is not a timestamp"))),
+            },
+        }
+    }
+
+    pub(crate) fn ts(&self, i: usize) -> Result<Timestamp> {
+        self.opt_ts(i)?.ok_or_else(|| Error::failed("reading a row", format!("column {i} is NULL")))
+    }
+}
+
+/// Where an error happened, which decides what the caller is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// A read, or a statement inside a transaction not yet committed: a
+    /// lost connection rolls it back, so nothing happened.
+    Safe,
+    /// A write in autocommit, or a COMMIT: a lost connection leaves the
+    /// outcome unknown.
+    Commit,
+}
+
+/// Maps a driver error. `backend` names it, `operation` the call.
+pub(crate) fn map_err(backend: &'static str, operation: &'static str, phase: Phase, e: sqlx::Error) -> Error {
+    use sqlx::Error as E;
+    match e {
+        E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed | E::BeginFailed => {
+            Error::unavailable(backend, operation, e.to_string())
+        }
+        E::Io(_) | E::Tls(_) | E::Protocol(_) => match phase {
+            Phase::Safe => Error::unavailable(backend, operation, e.to_string()),
+            Phase::Commit => Error::ambiguous(operation, format!("{backend}: {e}")),
+        },
+        E::Database(ref db) => {
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            let msg = db.message().to_owned();
+            match db_class(&code) {
+                DbClass::Unavailable => match phase {
+                    Phase::Safe => Error::unavailable(backend, operation, format!("{msg} (code {code})")),
+                    Phase::Commit => Error::ambiguous(operation, format!("{backend}: {msg} (code {code})")),
+                },
+                DbClass::Conflict => Error::failed(operation, format!("{backend}: {msg} (code {code}; retried)")),
+                DbClass::Other => Error::failed(operation, format!("{backend}: {msg} (code {code})")),
+            }
+        }
+        other => Error::failed(operation, format!("{backend}: {other}")),
+    }
+}
+
+enum DbClass {
+    /// The server can't serve now (shutting down, cancelled, busy, a
+    /// timeout): nothing was done, or the commit is in doubt.
+    Unavailable,
+    /// A serialization failure or deadlock that outlived its retries.
+    Conflict,
+    Other,
+}
+
+fn db_class(code: &str) -> DbClass {
+    match code {
+        // PostgreSQL: connection exceptions, operator intervention
+        // (shutdown, cancel, statement timeout), insufficient resources,
+        // lock timeouts. SQLite: BUSY (5), LOCKED (6) and their extended codes.
+        c if c.starts_with("08") || c.starts_with("57") || c.starts_with("53") => DbClass::Unavailable,
+        "55P03" | "5" | "6" | "261" | "517" | "262" => DbClass::Unavailable,
+        "40001" | "40P01" => DbClass::Conflict,
+        _ => DbClass::Other,
+    }
+}
+
+/// True for an error worth retrying the whole transaction for
+/// (serialization failure, deadlock).
+pub(crate) fn is_conflict(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
+}
+
+/// True for a unique-key violation.
+pub(crate) fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.kind() == sqlx::error::ErrorKind::UniqueViolation)
+}
+
+/// A pool of either driver.
+#[derive(Debug, Clone)]
+pub(crate) enum Pool {
+    #[cfg(feature = "postgres")]
+    Pg(PgPool),
+    #[cfg(feature = "sqlite")]
+    Lite(SqlitePool),
+}
+
+/// An open transaction of either driver; dropping it rolls back.
+pub(crate) enum Tx {
+    #[cfg(feature = "postgres")]
+    Pg(sqlx::Transaction<'static, Postgres>),
+    #[cfg(feature = "sqlite")]
+    Lite(sqlx::Transaction<'static, Sqlite>),
+}
+
+macro_rules! bind_all {
+    ($q:expr, $args:expr) => {{
+        let mut q = $q;
+        for a in $args {
+            q = match a {
+                Arg::I64(v) => q.bind(*v),
+                Arg::F64(v) => q.bind(*v),
+                Arg::Text(v) => q.bind(v.clone()),
+            };
+        }
+        q
+    }};
+}
+
+impl Pool {
+    pub(crate) async fn all(&self, s: &Stmt) -> std::result::Result<Vec<Row>, sqlx::Error> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Pool::Pg(p) => {
+                let q = bind_all!(sqlx::query::<Postgres>(AssertSqlSafe(s.sql.clone())), &s.args);
+                Ok(q.fetch_all(p).await?.into_iter().map(Row::Pg).collect())
+            }
+            #[cfg(feature = "sqlite")]
+            Pool::Lite(p) => {
+                let q = bind_all!(sqlx::query::<Sqlite>(AssertSqlSafe(s.sql.clone())), &s.args);
+                Ok(q.fetch_all(p).await?.into_iter().map(Row::Lite).collect())
+            }
+        }
+    }
+
+    pub(crate) async fn exec(&self, s: &Stmt) -> std::result::Result<u64, sqlx::Error> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Pool::Pg(p) => {
+                let q = bind_all!(sqlx::query::<Postgres>(AssertSqlSafe(s.sql.clone())), &s.args);
+                Ok(q.execute(p).await?.rows_affected())
+            }
+            #[cfg(feature = "sqlite")]
+            Pool::Lite(p) => {
+                let q = bind_all!(sqlx::query::<Sqlite>(AssertSqlSafe(s.sql.clone())), &s.args);
+                Ok(q.execute(p).await?.rows_affected())
+            }
+        }
+    }
+
+    /// Begins a write transaction (`BEGIN IMMEDIATE` on SQLite, so that a
+    /// read-modify-write never meets `database is locked` halfway).
+    pub(crate) async fn begin(&self) -> std::result::Result<Tx, sqlx::Error> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Pool::Pg(p) => Ok(Tx::Pg(p.begin().await?)),
+            #[cfg(feature = "sqlite")]
+            Pool::Lite(p) => Ok(Tx::Lite(p.begin_with("BEGIN IMMEDIATE").await?)),
+        }
+    }
+}
+
+impl Tx {
+    pub(crate) async fn all(&mut self, s: &Stmt) -> std::result::Result<Vec<Row>, sqlx::Error> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Tx::Pg(t) => {
+                let q = bind_all!(sqlx::query::<Postgres>(AssertSqlSafe(s.sql.clone())), &s.args);
+                Ok(q.fetch_all(&mut **t).await?.into_iter().map(Row::Pg).collect())
+            }
+            #[cfg(feature = "sqlite")]
+            Tx::Lite(t) => {
+                let q = bind_all!(sqlx::query::<Sqlite>(AssertSqlSafe(s.sql.clone())), &s.args);
+                Ok(q.fetch_all(&mut **t).await?.into_iter().map(Row::Lite).collect())
+            }
+        }
+    }
+
+    pub(crate) async fn exec(&mut self, s: &Stmt) -> std::result::Result<u64, sqlx::Error> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Tx::Pg(t) => {
+                let q = bind_all!(sqlx::query::<Postgres>(AssertSqlSafe(s.sql.clone())), &s.args);
+                Ok(q.execute(&mut **t).await?.rows_affected())
+            }
+            #[cfg(feature = "sqlite")]
+            Tx::Lite(t) => {
+                let q = bind_all!(sqlx::query::<Sqlite>(AssertSqlSafe(s.sql.clone())), &s.args);
+                Ok(q.execute(&mut **t).await?.rows_affected())
+            }
+        }
+    }
+
+    pub(crate) async fn commit(self) -> std::result::Result<(), sqlx::Error> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Tx::Pg(t) => t.commit().await,
+            #[cfg(feature = "sqlite")]
+            Tx::Lite(t) => t.commit().await,
+        }
+    }
+}

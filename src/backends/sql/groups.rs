@@ -1,0 +1,1534 @@
+//! Consumer groups on SQL: the reference's `rheo_groups` (cursors and
+//! frontiers as JSON maps keyed by decimal partition) and
+//! `rheo_deliveries` (one row per materialized delivery), driven by the
+//! crate's group rules (ADR 0013 lists where this differs from the
+//! reference, compatibly).
+//!
+//! Invariants: per partition, every sequence of `[start, cursor)` has a
+//! delivery row, except those the group settled by starting past them; a
+//! missing row below the cursor is settled. The frontier F is the largest
+//! n such that nothing in `(F, n]` is unsettled, so
+//! `F' = min(first unsettled row above F, cursor) - 1`.
+//!
+//! Locks: a transaction that changes the group row (materialize, ack,
+//! reject, skip, replay, reset) locks it first (`FOR UPDATE`), then
+//! touches deliveries; claims and renewals lock only delivery rows (claims
+//! skip locked ones), so no two writers wait on each other in opposite
+//! orders.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::db::{Arg, Phase, Row, Stmt, Tx};
+use super::dialect::Dialect;
+use super::streams::{EVENT_COLS, decode_event, event_cols, lease_rows, seq_arg};
+use super::{Now, SqlBackend, TxError, at_commit, safe};
+use crate::error::{Error, ObjectKind, Result};
+use crate::groups::rules;
+use crate::model::group::{
+    Backoff, DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, PartitionLag,
+    Replay, ReplayFrom, Reset, StartPosition, check_partitions,
+};
+use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef, RetryOutcome};
+use crate::model::query::Query;
+use crate::model::time::Timestamp;
+
+/// Rows a materialization adds per partition at least.
+const MATERIALIZE_MIN: u64 = 256;
+/// Materialize before claiming while the span between frontier and cursor
+/// is below the limit plus this (else claim first, and materialize only
+/// when the claim comes back short).
+const MATERIALIZE_AHEAD: u64 = 1024;
+/// Spent deliveries one fetch dead-letters at most, beyond its limit.
+const SPENT_PER_FETCH: usize = crate::groups::SPENT_PER_FETCH;
+
+const TERMINAL: &str = "('acked', 'rejected')";
+
+/// Rust-only group settings, kept in `rheo_rs_group_settings`.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+struct Settings {
+    #[serde(default)]
+    partitions: Option<Vec<u32>>,
+    #[serde(default)]
+    retry_backoff: Backoff,
+}
+
+/// A group as loaded (without a lock).
+#[derive(Debug, Clone)]
+struct GroupRow {
+    count: u32,
+    max_attempts: u32,
+    settings: Settings,
+    cursors: BTreeMap<u32, u64>,
+    frontiers: BTreeMap<u32, u64>,
+    created_at: Timestamp,
+}
+
+impl GroupRow {
+    fn partitions(&self) -> Vec<u32> {
+        match &self.settings.partitions {
+            Some(ps) => ps.clone(),
+            None => (0..self.count).collect(),
+        }
+    }
+
+    /// The group's partitions within `requested`, checking those exist.
+    fn scope(&self, stream: &str, requested: Option<&[u32]>) -> Result<Vec<u32>> {
+        if let Some(r) = requested {
+            check_partitions(stream, r, self.count)?;
+        }
+        Ok(self.partitions().into_iter().filter(|p| requested.is_none_or(|r| r.contains(p))).collect())
+    }
+
+    fn summary(&self, name: &str) -> GroupSummary {
+        GroupSummary {
+            name: name.to_owned(),
+            max_attempts: self.max_attempts,
+            partitions: self.settings.partitions.clone(),
+            created_at: self.created_at,
+        }
+    }
+}
+
+/// Frontier and cursor of a partition from the maps (defaults: 0, F + 1).
+fn fc(frontiers: &BTreeMap<u32, u64>, cursors: &BTreeMap<u32, u64>, p: u32) -> (u64, u64) {
+    let f = frontiers.get(&p).copied().unwrap_or(0);
+    let c = cursors.get(&p).copied().unwrap_or(f.saturating_add(1)).max(1);
+    (f, c)
+}
+
+/// Reads a `{"0": n}` map (the reference writes integers; strings of
+/// digits are read too).
+fn parse_map(stream: &str, group: &str, what: &str, text: &str) -> Result<BTreeMap<u32, u64>> {
+    let bad = |why: String| Error::failed("reading a group", format!("group {stream:?}/{group:?}: {what}: {why}"));
+    let v: Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let Value::Object(m) = v else { return Err(bad(format!("{text} is not an object"))) };
+    let mut out = BTreeMap::new();
+    for (k, v) in m {
+        let p: u32 = k.parse().map_err(|_| bad(format!("key {k:?} is not a partition")))?;
+        let n = match &v {
+            // A float (a start past i64::MAX read back by SQLite) saturates.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            Value::Number(n) => n.as_u64().or_else(|| n.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64)),
+            Value::String(s) => s.parse().ok(),
+            _ => None,
+        }
+        .ok_or_else(|| bad(format!("{v} is not a sequence")))?;
+        out.insert(p, n);
+    }
+    Ok(out)
+}
+
+fn map_text(m: &BTreeMap<u32, u64>) -> String {
+    // Sequences are BIGINT in SQL: a start past i64::MAX is as good as i64::MAX.
+    let obj: serde_json::Map<String, Value> =
+        m.iter().map(|(p, n)| (p.to_string(), Value::from((*n).min(i64::MAX as u64)))).collect();
+    Value::Object(obj).to_string()
+}
+
+fn stale(l: &LeaseRef) -> Error {
+    Error::StaleLease {
+        stream: l.stream.to_string(),
+        group: l.group.to_string(),
+        partition: l.partition,
+        sequence: l.sequence,
+        lease_id: l.lease_id,
+    }
+}
+
+/// The partition/sequence/lease fence of a delivery row `d` against
+/// `json_rows` alias `x` (`c0` partition, `c1` sequence, `c2` lease id).
+fn fence(d: Dialect) -> String {
+    format!(
+        "d.partition = {} AND d.sequence = {} AND d.lease_id = x.c2 AND d.status = 'leased'",
+        d.as_int("x.c0"),
+        d.as_int("x.c1")
+    )
+}
+
+/// A group row as a tuple of stream and group arguments.
+fn sg(s: &mut Stmt, stream: &str, group: &str) -> (String, String) {
+    (s.text(stream), s.text(group))
+}
+
+impl SqlBackend {
+    fn insert_ignore(&self) -> (&'static str, &'static str) {
+        match self.d {
+            Dialect::Postgres => ("INSERT INTO", "ON CONFLICT DO NOTHING"),
+            Dialect::Sqlite => ("INSERT OR IGNORE INTO", ""),
+        }
+    }
+
+    /// Loads a group: `StreamNotFound`, then `GroupNotFound`.
+    async fn load_group(&self, stream: &str, group: &str) -> Result<GroupRow> {
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        s.push(&format!(
+            "SELECT s.partition_count, g.name, g.max_attempts, {}, {}, {}, {} FROM {} s \
+             LEFT JOIN {} g ON g.stream = s.name AND g.name = {gr} \
+             LEFT JOIN {} x ON x.stream = s.name AND x.name = {gr} WHERE s.name = {st}",
+            self.d.json_out("g.cursors"),
+            self.d.json_out("g.frontiers"),
+            self.d.ts_out("g.created_at"),
+            self.d.json_out("x.settings"),
+            self.names.streams(),
+            self.names.groups(),
+            self.names.settings()
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("load group", Phase::Safe))?;
+        let r = rows.first().ok_or_else(|| Error::stream_not_found(stream))?;
+        if r.opt_text(1)?.is_none() {
+            return Err(Error::group_not_found(stream, group));
+        }
+        let settings = match r.opt_text(6)? {
+            Some(t) => serde_json::from_str(&t)
+                .map_err(|e| Error::failed("reading a group", format!("group {stream:?}/{group:?}: settings: {e}")))?,
+            None => Settings::default(),
+        };
+        Ok(GroupRow {
+            count: r.u32(0)?,
+            max_attempts: r.u32(2)?,
+            settings,
+            cursors: parse_map(stream, group, "cursors", &r.text(3)?)?,
+            frontiers: parse_map(stream, group, "frontiers", &r.text(4)?)?,
+            created_at: r.ts(5)?,
+        })
+    }
+
+    /// Locks the group row in a transaction; returns (frontiers, cursors).
+    async fn lock_group(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        group: &str,
+    ) -> std::result::Result<(BTreeMap<u32, u64>, BTreeMap<u32, u64>), TxError> {
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        s.push(&format!(
+            "SELECT {}, {} FROM {} WHERE stream = {st} AND name = {gr}{}",
+            self.d.json_out("frontiers"),
+            self.d.json_out("cursors"),
+            self.names.groups(),
+            if self.d == Dialect::Postgres { " FOR UPDATE" } else { "" }
+        ));
+        let rows = tx.all(&s).await.map_err(safe)?;
+        let r = rows.first().ok_or_else(|| Error::group_not_found(stream, group))?;
+        Ok((parse_map(stream, group, "frontiers", &r.text(0)?)?, parse_map(stream, group, "cursors", &r.text(1)?)?))
+    }
+
+    async fn write_maps(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        group: &str,
+        frontiers: Option<&BTreeMap<u32, u64>>,
+        cursors: Option<&BTreeMap<u32, u64>>,
+    ) -> std::result::Result<(), TxError> {
+        let mut s = self.stmt();
+        let mut sets = Vec::new();
+        if let Some(f) = frontiers {
+            let ph = s.text(map_text(f));
+            sets.push(format!("frontiers = {}", self.d.json_in(&ph)));
+        }
+        if let Some(c) = cursors {
+            let ph = s.text(map_text(c));
+            sets.push(format!("cursors = {}", self.d.json_in(&ph)));
+        }
+        if sets.is_empty() {
+            return Ok(());
+        }
+        let (st, gr) = sg(&mut s, stream, group);
+        s.push(&format!("UPDATE {} SET {} WHERE stream = {st} AND name = {gr}", self.names.groups(), sets.join(", ")));
+        tx.exec(&s).await.map_err(safe)?;
+        Ok(())
+    }
+
+    /// Moves the frontier of `parts` as far as the settled rows allow
+    /// (under the group lock the caller holds), and writes it when it moved.
+    async fn advance(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        group: &str,
+        frontiers: &mut BTreeMap<u32, u64>,
+        cursors: &BTreeMap<u32, u64>,
+        parts: &BTreeSet<u32>,
+    ) -> std::result::Result<(), TxError> {
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<Value> = parts
+            .iter()
+            .map(|&p| Value::from(vec![Value::from(p), Value::from(fc(frontiers, cursors, p).0)]))
+            .collect();
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let arr = s.text(Value::from(rows).to_string());
+        s.push(&format!(
+            "SELECT {p}, (SELECT min(d.sequence) FROM {t} d WHERE d.stream = {st} AND d.group_name = {gr} \
+             AND d.partition = {p} AND d.sequence > {f} AND d.status NOT IN {TERMINAL}) FROM {rows} AS x",
+            p = self.d.as_int("x.c0"),
+            f = self.d.as_int("x.c1"),
+            t = self.names.deliveries(),
+            rows = self.d.json_rows(&arr, 2)
+        ));
+        let mut moved = false;
+        for r in tx.all(&s).await.map_err(safe)? {
+            let p = r.u32(0)?;
+            let (f, c) = fc(frontiers, cursors, p);
+            let first = r.opt_i64(1)?.and_then(|n| u64::try_from(n).ok()).unwrap_or(c).min(c);
+            let new = f.max(first.saturating_sub(1));
+            if new != f {
+                frontiers.insert(p, new);
+                moved = true;
+            }
+        }
+        if moved {
+            self.write_maps(tx, stream, group, Some(frontiers), None).await?;
+        }
+        Ok(())
+    }
+
+    /// Gives dead letters their order (`rheo_rs_dead_letter_order`),
+    /// after every earlier one of the group, in the order given.
+    async fn mark_dead(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        group: &str,
+        positions: &[(u32, u64)],
+    ) -> std::result::Result<(), TxError> {
+        if positions.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<Value> = positions
+            .iter()
+            .enumerate()
+            .map(|(i, &(p, q))| Value::from(vec![Value::from(p), Value::from(q), Value::from(i + 1)]))
+            .collect();
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let arr = s.text(Value::from(rows).to_string());
+        s.push(&format!(
+            "INSERT INTO {t} (stream, group_name, partition, sequence, mark) \
+             SELECT {st}, {gr}, {p}, {q}, COALESCE((SELECT max(o.mark) FROM {t} o WHERE o.stream = {st} AND o.group_name = {gr}), 0) + {i} \
+             FROM {rows} AS x WHERE true \
+             ON CONFLICT (stream, group_name, partition, sequence) DO UPDATE SET mark = excluded.mark",
+            t = self.names.dl_order(),
+            p = self.d.as_int("x.c0"),
+            q = self.d.as_int("x.c1"),
+            i = self.d.as_int("x.c2"),
+            rows = self.d.json_rows(&arr, 3)
+        ));
+        tx.exec(&s).await.map_err(safe)?;
+        Ok(())
+    }
+
+    /// Forgets the dead-letter order of positions reopened or reset.
+    async fn unmark(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        group: &str,
+        partition: u32,
+        above: u64,
+    ) -> std::result::Result<(), TxError> {
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let p = s.int(i64::from(partition));
+        let a = s.int(seq_arg(above));
+        s.push(&format!(
+            "DELETE FROM {} WHERE stream = {st} AND group_name = {gr} AND partition = {p} AND sequence > {a}",
+            self.names.dl_order()
+        ));
+        tx.exec(&s).await.map_err(safe)?;
+        Ok(())
+    }
+
+    /// The frontier a group starts at in each partition of `parts`.
+    async fn start_frontiers(
+        &self,
+        stream: &str,
+        start: &StartPosition,
+        parts: &[u32],
+        count: u32,
+    ) -> Result<BTreeMap<u32, u64>> {
+        let hws = self.high_watermarks(stream, count).await?;
+        let hw = |p: u32| hws.get(p as usize).copied().unwrap_or(0);
+        let firsts = match start {
+            StartPosition::At(t) => self.first_at_or_after(stream, *t).await?,
+            _ => BTreeMap::new(),
+        };
+        Ok(parts
+            .iter()
+            .map(|&p| {
+                let f = match start {
+                    StartPosition::Beginning => 0,
+                    StartPosition::After(n) => *n,
+                    StartPosition::AfterPerPartition(m) => m.get(&p).copied().unwrap_or(0),
+                    StartPosition::At(_) => firsts.get(&p).map_or(hw(p), |s| s - 1),
+                    StartPosition::Latest => hw(p),
+                };
+                (p, f)
+            })
+            .collect())
+    }
+
+    /// Per partition, the first sequence with a timestamp at or after `t`.
+    async fn first_at_or_after(&self, stream: &str, t: Timestamp) -> Result<BTreeMap<u32, u64>> {
+        let mut s = self.stmt();
+        let st = s.text(stream);
+        let at = s.ts(t);
+        s.push(&format!(
+            "SELECT partition, min(sequence) FROM {} WHERE stream = {st} AND \"timestamp\" >= {at} GROUP BY partition",
+            self.names.events()
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("start_at", Phase::Safe))?;
+        rows.iter().map(|r| Ok((r.u32(0)?, r.u64(1)?))).collect()
+    }
+
+    pub(super) async fn create_group_impl(
+        &self,
+        stream: &str,
+        group: &str,
+        opts: &GroupOptions,
+    ) -> Result<GroupSummary> {
+        let count = self.partition_count(stream).await?;
+        opts.validate(stream, count)?;
+        let subset = opts.partitions.as_ref().map(|ps| {
+            let mut ps = ps.clone();
+            ps.sort_unstable();
+            ps.dedup();
+            ps
+        });
+        let parts: Vec<u32> = subset.clone().unwrap_or_else(|| (0..count).collect());
+        let frontiers = self.start_frontiers(stream, &opts.start, &parts, count).await?;
+        let cursors: BTreeMap<u32, u64> = frontiers.iter().map(|(&p, &f)| (p, f.saturating_add(1))).collect();
+        let settings = Settings { partitions: subset.clone(), retry_backoff: opts.retry_backoff };
+        let now = self.now();
+        let created = super::retry_tx!(
+            self,
+            "create_group",
+            self.create_group_tx(stream, group, opts.max_attempts, &frontiers, &cursors, &settings, now).await
+        )?;
+        Ok(GroupSummary {
+            name: group.to_owned(),
+            max_attempts: opts.max_attempts,
+            partitions: subset,
+            created_at: created,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn create_group_tx(
+        &self,
+        stream: &str,
+        group: &str,
+        max_attempts: u32,
+        frontiers: &BTreeMap<u32, u64>,
+        cursors: &BTreeMap<u32, u64>,
+        settings: &Settings,
+        now: Now,
+    ) -> std::result::Result<Timestamp, TxError> {
+        let mut tx = self.pool.begin().await.map_err(safe)?;
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let c = s.text(map_text(cursors));
+        let f = s.text(map_text(frontiers));
+        let m = s.int(i64::from(max_attempts));
+        let at = self.now_sql(&mut s, now);
+        s.push(&format!(
+            "INSERT INTO {} (stream, name, cursors, frontiers, max_attempts, created_at) \
+             VALUES ({st}, {gr}, {}, {}, {m}, {at}) ON CONFLICT (stream, name) DO NOTHING RETURNING {}",
+            self.names.groups(),
+            self.d.json_in(&c),
+            self.d.json_in(&f),
+            self.d.ts_out("created_at")
+        ));
+        let rows = tx.all(&s).await.map_err(safe)?;
+        let Some(r) = rows.first() else {
+            return Err(Error::AlreadyExists { kind: ObjectKind::Group, name: format!("{stream}/{group}") }.into());
+        };
+        let created = r.ts(0)?;
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let js = serde_json::to_string(settings).map_err(|e| Error::failed("create_group", e.to_string()))?;
+        let ph = s.text(js);
+        s.push(&format!(
+            "INSERT INTO {} (stream, name, settings) VALUES ({st}, {gr}, {}) \
+             ON CONFLICT (stream, name) DO UPDATE SET settings = excluded.settings",
+            self.names.settings(),
+            self.d.json_in(&ph)
+        ));
+        tx.exec(&s).await.map_err(safe)?;
+        // Deliveries of an earlier group of that name (deleted by hand) would
+        // be taken for this one's.
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        s.push(&format!("DELETE FROM {} WHERE stream = {st} AND group_name = {gr}", self.names.deliveries()));
+        tx.exec(&s).await.map_err(safe)?;
+        tx.commit().await.map_err(at_commit)?;
+        Ok(created)
+    }
+
+    pub(super) async fn list_groups_impl(&self, stream: &str) -> Result<Vec<GroupSummary>> {
+        self.partition_count(stream).await?;
+        let mut s = self.stmt();
+        let st = s.text(stream);
+        s.push(&format!(
+            "SELECT g.name, g.max_attempts, {}, {} FROM {} g LEFT JOIN {} x ON x.stream = g.stream AND x.name = g.name \
+             WHERE g.stream = {st}",
+            self.d.ts_out("g.created_at"),
+            self.d.json_out("x.settings"),
+            self.names.groups(),
+            self.names.settings()
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("list_groups", Phase::Safe))?;
+        let mut out = rows
+            .iter()
+            .map(|r| {
+                let settings: Settings = match r.opt_text(3)? {
+                    Some(t) => serde_json::from_str(&t).unwrap_or_default(),
+                    None => Settings::default(),
+                };
+                Ok(GroupSummary {
+                    name: r.text(0)?,
+                    max_attempts: r.u32(1)?,
+                    partitions: settings.partitions,
+                    created_at: r.ts(2)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    // ---- fetch ----
+
+    pub(super) async fn fetch_impl(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
+        let g = self.load_group(stream, group).await?;
+        let scope = g.scope(stream, opts.partitions.as_deref())?;
+        if scope.is_empty() {
+            return Ok(FetchReport::default());
+        }
+        let hws = self.high_watermarks(stream, g.count).await?;
+        let limit = opts.limit as u64;
+        let behind: Vec<u32> = scope
+            .iter()
+            .copied()
+            .filter(|&p| fc(&g.frontiers, &g.cursors, p).1 <= hws.get(p as usize).copied().unwrap_or(0))
+            .collect();
+        let near = behind.iter().any(|&p| {
+            let (f, c) = fc(&g.frontiers, &g.cursors, p);
+            c.saturating_sub(1).saturating_sub(f) < limit + MATERIALIZE_AHEAD
+        });
+        let chunk = limit.max(MATERIALIZE_MIN);
+        let mut materialized = false;
+        if near {
+            super::retry_tx!(self, "fetch", self.materialize_tx(stream, group, &behind, chunk).await)?;
+            materialized = true;
+        }
+        let consumer = opts.consumer_id.clone().unwrap_or_default();
+        let (mut leases, mut spent) = self.claim(stream, group, &g, &scope, opts.limit, &consumer, opts.lease).await?;
+        if leases.len() < opts.limit && !behind.is_empty() && !materialized {
+            super::retry_tx!(self, "fetch", self.materialize_tx(stream, group, &behind, chunk).await)?;
+            let (more, more_spent) =
+                self.claim(stream, group, &g, &scope, opts.limit - leases.len(), &consumer, opts.lease).await?;
+            leases.extend(more);
+            spent.extend(more_spent);
+            leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
+        }
+        if !spent.is_empty() {
+            spent.sort_unstable();
+            super::retry_tx!(self, "fetch", self.settled_tx(stream, group, &spent).await)?;
+        }
+        Ok(FetchReport { leases, ..FetchReport::default() })
+    }
+
+    /// Adds delivery rows for the next `chunk` events of each partition of
+    /// `parts` at or after its cursor, and moves the cursors past them.
+    async fn materialize_tx(
+        &self,
+        stream: &str,
+        group: &str,
+        parts: &[u32],
+        chunk: u64,
+    ) -> std::result::Result<(), TxError> {
+        let mut tx = self.pool.begin().await.map_err(safe)?;
+        let (frontiers, mut cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let mut s = self.stmt();
+        let st = s.text(stream);
+        s.push(&format!("SELECT partition, next_sequence FROM {} WHERE stream = {st}", self.names.seqs()));
+        let hws: HashMap<u32, u64> =
+            tx.all(&s).await.map_err(safe)?.iter().map(|r| Ok((r.u32(0)?, r.u64(1)?))).collect::<Result<_>>()?;
+        let mut ranges = Vec::new();
+        for &p in parts {
+            let (f, c) = fc(&frontiers, &cursors, p);
+            let hw = hws.get(&p).copied().unwrap_or(0);
+            if c <= hw {
+                let hi = hw.min(c.saturating_add(chunk - 1));
+                ranges.push(Value::from(vec![Value::from(p), Value::from(c), Value::from(hi)]));
+                cursors.insert(p, hi.saturating_add(1));
+            } else {
+                cursors.entry(p).or_insert_with(|| f.saturating_add(1));
+            }
+        }
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let arr = s.text(Value::from(ranges).to_string());
+        let now = self.now();
+        let at = self.now_sql(&mut s, now);
+        let (ins, ignore) = self.insert_ignore();
+        s.push(&format!(
+            "{ins} {} (stream, group_name, event_id, partition, sequence, status, attempt, created_at) \
+             SELECT {st}, {gr}, e.id, e.partition, e.sequence, 'available', 0, {at} FROM {} AS x JOIN {} e \
+             ON e.stream = {st} AND e.partition = {p} AND e.sequence >= {lo} AND e.sequence <= {hi} {ignore}",
+            self.names.deliveries(),
+            self.d.json_rows(&arr, 3),
+            self.names.events(),
+            p = self.d.as_int("x.c0"),
+            lo = self.d.as_int("x.c1"),
+            hi = self.d.as_int("x.c2"),
+        ));
+        tx.exec(&s).await.map_err(safe)?;
+        self.write_maps(&mut tx, stream, group, None, Some(&cursors)).await?;
+        tx.commit().await.map_err(at_commit)?;
+        Ok(())
+    }
+
+    /// The SET clause of a claim, given the SQL of "this row is spent" and
+    /// of its new lease id.
+    fn claim_set(&self, s: &mut Stmt, spent: &str, lease: &str, consumer: &str, lease_for: Duration) -> String {
+        let now = self.now();
+        let at = self.now_sql(s, now);
+        let exp = self.later_sql(s, now, lease_for);
+        let cons = s.text(consumer);
+        let why = s.text(rules::EXPIRED_ON_LAST_ATTEMPT);
+        format!(
+            "status = CASE WHEN {spent} THEN 'rejected' ELSE 'leased' END, \
+             lease_id = CASE WHEN {spent} THEN NULL ELSE {lease} END, \
+             consumer_id = CASE WHEN {spent} THEN d.consumer_id ELSE {cons} END, \
+             leased_at = CASE WHEN {spent} THEN d.leased_at ELSE {at} END, \
+             expires_at = CASE WHEN {spent} THEN NULL ELSE {exp} END, \
+             attempt = CASE WHEN {spent} THEN d.attempt ELSE d.attempt + 1 END, \
+             reason = CASE WHEN {spent} THEN {why} ELSE d.reason END, \
+             dead_lettered_at = CASE WHEN {spent} THEN {at} ELSE d.dead_lettered_at END"
+        )
+    }
+
+    /// The claimable predicate on delivery rows `d` at `now`.
+    fn claimable(&self, s: &mut Stmt) -> String {
+        let now = self.now();
+        let at = self.now_sql(s, now);
+        format!(
+            "(d.status = 'available' OR (d.status = 'leased' AND d.expires_at IS NOT NULL AND d.expires_at <= {at}))"
+        )
+    }
+
+    /// Claims up to `limit` deliveries; returns the leases and the spent
+    /// positions it dead-lettered.
+    #[allow(clippy::too_many_arguments)]
+    async fn claim(
+        &self,
+        stream: &str,
+        group: &str,
+        g: &GroupRow,
+        scope: &[u32],
+        limit: usize,
+        consumer: &str,
+        lease_for: Duration,
+    ) -> Result<(Vec<Lease>, Vec<(u32, u64)>)> {
+        let lease_ids: Vec<LeaseId> = (0..limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id())).collect();
+        let rows = match self.d {
+            Dialect::Postgres => super::retry_tx!(
+                self,
+                "fetch",
+                self.claim_pg(stream, group, scope, limit, consumer, lease_for, &lease_ids).await
+            )?,
+            Dialect::Sqlite => super::retry_tx!(
+                self,
+                "fetch",
+                self.claim_lite(stream, group, g, scope, limit, consumer, lease_for, &lease_ids).await
+            )?,
+        };
+        let name: Arc<str> = Arc::from(stream);
+        let group_name: Arc<str> = Arc::from(group);
+        let consumer: Arc<str> = Arc::from(consumer);
+        let mut leases = Vec::new();
+        let mut spent = Vec::new();
+        for r in &rows {
+            let (p, q) = (r.u32(1)?, r.u64(2)?);
+            if r.i64(0)? == 1 {
+                spent.push((p, q));
+                continue;
+            }
+            if r.opt_text(6)?.is_none() {
+                tracing::warn!(stream, group, partition = p, sequence = q, "a claimed delivery has no event row");
+                continue;
+            }
+            let lease_id: LeaseId = r.text(3)?.parse()?;
+            leases.push(Lease {
+                lease_id,
+                receipt: None,
+                group: group_name.clone(),
+                consumer_id: consumer.clone(),
+                attempt: r.u32(4)?,
+                expires_at: r.ts(5)?,
+                event: decode_event(&name, r, 6)?,
+            });
+        }
+        leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
+        Ok((leases, spent))
+    }
+
+    /// The one-statement claim: candidates per partition bounded below by
+    /// the frontier, locked with `SKIP LOCKED`, leased (or dead-lettered
+    /// when spent) and returned with their events.
+    #[allow(clippy::too_many_arguments)]
+    async fn claim_pg(
+        &self,
+        stream: &str,
+        group: &str,
+        scope: &[u32],
+        limit: usize,
+        consumer: &str,
+        lease_for: Duration,
+        lease_ids: &[LeaseId],
+    ) -> std::result::Result<Vec<Row>, TxError> {
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let parts = s.text(Value::from(scope.to_vec()).to_string());
+        let per = s.int(i64::try_from(limit + SPENT_PER_FETCH).unwrap_or(i64::MAX));
+        let lim = s.int(i64::try_from(limit).unwrap_or(i64::MAX));
+        let ids = s.text(Value::from(lease_ids.iter().map(ToString::to_string).collect::<Vec<_>>()).to_string());
+        let claimable = self.claimable(&mut s);
+        let set = self.claim_set(
+            &mut s,
+            "pick.spent",
+            &format!("({ids}::jsonb ->> (pick.rn - 1)::int)"),
+            consumer,
+            lease_for,
+        );
+        s.push(&format!(
+            "WITH f AS (SELECT x.p, COALESCE((g.frontiers ->> x.p::text)::bigint, 0) AS fr, g.max_attempts AS ma \
+               FROM {groups} g, (SELECT jsonb_array_elements_text({parts}::jsonb)::int AS p) x \
+               WHERE g.stream = {st} AND g.name = {gr}), \
+             c AS (SELECT y.tid, y.partition, y.sequence, y.event_id, \
+                 (y.status = 'leased' AND y.lease_id IS NOT NULL AND y.attempt >= f.ma) AS spent \
+               FROM f CROSS JOIN LATERAL (SELECT d.ctid AS tid, d.partition, d.sequence, d.event_id, d.status, \
+                   d.lease_id, d.attempt FROM {dl} d \
+                 WHERE d.stream = {st} AND d.group_name = {gr} AND d.partition = f.p AND d.sequence > f.fr \
+                   AND {claimable} ORDER BY d.sequence LIMIT {per} FOR UPDATE SKIP LOCKED) y), \
+             r AS (SELECT c.*, row_number() OVER (PARTITION BY c.spent ORDER BY c.partition, c.sequence) AS rn FROM c), \
+             pick AS (SELECT * FROM r WHERE (r.spent AND r.rn <= {spent_max}) OR (NOT r.spent AND r.rn <= {lim})) \
+             UPDATE {dl} d SET {set} FROM pick LEFT JOIN {ev} e ON e.id = pick.event_id \
+             WHERE d.ctid = pick.tid \
+             RETURNING pick.spent::int, d.partition, d.sequence, d.lease_id, d.attempt, {exp}, {cols}",
+            groups = self.names.groups(),
+            dl = self.names.deliveries(),
+            ev = self.names.events(),
+            spent_max = SPENT_PER_FETCH,
+            exp = self.d.ts_out("d.expires_at"),
+            cols = event_cols(self.d, "e"),
+        ));
+        debug_assert_eq!(EVENT_COLS, 8);
+        let mut tx = self.pool.begin().await.map_err(safe)?;
+        let rows = tx.all(&s).await.map_err(safe)?;
+        tx.commit().await.map_err(at_commit)?;
+        Ok(rows)
+    }
+
+    /// The SQLite claim, inside one `BEGIN IMMEDIATE`: candidates per
+    /// partition, then one update and one read of their events.
+    #[allow(clippy::too_many_arguments)]
+    async fn claim_lite(
+        &self,
+        stream: &str,
+        group: &str,
+        g: &GroupRow,
+        scope: &[u32],
+        limit: usize,
+        consumer: &str,
+        lease_for: Duration,
+        lease_ids: &[LeaseId],
+    ) -> std::result::Result<Vec<Row>, TxError> {
+        let mut tx = self.pool.begin().await.map_err(safe)?;
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        s.push(&format!(
+            "SELECT {}, max_attempts FROM {} WHERE stream = {st} AND name = {gr}",
+            self.d.json_out("frontiers"),
+            self.names.groups()
+        ));
+        let rows = tx.all(&s).await.map_err(safe)?;
+        let row = rows.first().ok_or_else(|| Error::group_not_found(stream, group))?;
+        let frontiers = parse_map(stream, group, "frontiers", &row.text(0)?)?;
+        let max_attempts = row.i64(1)?;
+        let _ = g;
+        // (rowid, partition, sequence, spent)
+        let mut cands: Vec<(i64, u32, u64, bool)> = Vec::new();
+        for &p in scope {
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let part = s.int(i64::from(p));
+            let f = s.int(seq_arg(frontiers.get(&p).copied().unwrap_or(0)));
+            let ma = s.int(max_attempts);
+            let per = s.int(i64::try_from(limit + SPENT_PER_FETCH).unwrap_or(i64::MAX));
+            let claimable = self.claimable(&mut s);
+            s.push(&format!(
+                "SELECT d.rowid, d.partition, d.sequence, \
+                 (d.status = 'leased' AND d.lease_id IS NOT NULL AND d.attempt >= {ma}) FROM {} d \
+                 WHERE d.stream = {st} AND d.group_name = {gr} AND d.partition = {part} AND d.sequence > {f} \
+                 AND {claimable} ORDER BY d.sequence LIMIT {per}",
+                self.names.deliveries()
+            ));
+            for r in tx.all(&s).await.map_err(safe)? {
+                cands.push((r.i64(0)?, r.u32(1)?, r.u64(2)?, r.i64(3)? == 1));
+            }
+        }
+        cands.sort_by_key(|c| (c.1, c.2));
+        let (mut n_spent, mut n_claim) = (0usize, 0usize);
+        let mut picks: Vec<Value> = Vec::new();
+        for (rowid, _, _, spent) in cands {
+            if spent && n_spent < SPENT_PER_FETCH {
+                n_spent += 1;
+                picks.push(Value::from(vec![Value::from(rowid), Value::Null, Value::from(1)]));
+            } else if !spent && n_claim < limit {
+                let id = lease_ids.get(n_claim).map(ToString::to_string).unwrap_or_default();
+                n_claim += 1;
+                picks.push(Value::from(vec![Value::from(rowid), Value::from(id), Value::from(0)]));
+            }
+        }
+        if picks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut s = self.stmt();
+        let arr = s.text(Value::from(picks).to_string());
+        let set = self.claim_set(&mut s, "(x.c2 = 1)", "x.c1", consumer, lease_for);
+        s.push(&format!(
+            "UPDATE {dl} AS d SET {set} FROM {rows} AS x WHERE d.rowid = {rid} \
+             RETURNING status = 'rejected', partition, sequence, lease_id, attempt, expires_at, event_id",
+            dl = self.names.deliveries(),
+            rows = self.d.json_rows(&arr, 3),
+            rid = self.d.as_int("x.c0"),
+        ));
+        let updated = tx.all(&s).await.map_err(safe)?;
+        // Their events, in one read, returned in the claim's column layout.
+        let mut keys: Vec<Value> = Vec::new();
+        for r in &updated {
+            keys.push(Value::from(vec![
+                Value::from(r.i64(0)?),
+                Value::from(r.u32(1)?),
+                Value::from(r.u64(2)?),
+                r.opt_text(3)?.map_or(Value::Null, Value::from),
+                Value::from(r.i64(4)?),
+                r.opt_text(5)?.map_or(Value::Null, Value::from),
+                Value::from(r.text(6)?),
+            ]));
+        }
+        let mut s = self.stmt();
+        let arr = s.text(Value::from(keys).to_string());
+        s.push(&format!(
+            "SELECT CAST(x.c0 AS INTEGER), CAST(x.c1 AS INTEGER), CAST(x.c2 AS INTEGER), x.c3, CAST(x.c4 AS INTEGER), x.c5, {cols} \
+             FROM {rows} AS x LEFT JOIN {ev} e ON e.id = x.c6",
+            cols = event_cols(self.d, "e"),
+            rows = self.d.json_rows(&arr, 7),
+            ev = self.names.events(),
+        ));
+        let out = tx.all(&s).await.map_err(safe)?;
+        tx.commit().await.map_err(at_commit)?;
+        Ok(out)
+    }
+
+    /// After positions were dead-lettered outside a group lock (spent
+    /// leases met by a claim): orders them and moves the frontier.
+    async fn settled_tx(&self, stream: &str, group: &str, dead: &[(u32, u64)]) -> std::result::Result<(), TxError> {
+        let mut tx = self.pool.begin().await.map_err(safe)?;
+        let (mut frontiers, cursors) = self.lock_group(&mut tx, stream, group).await?;
+        self.mark_dead(&mut tx, stream, group, dead).await?;
+        let parts: BTreeSet<u32> = dead.iter().map(|d| d.0).collect();
+        self.advance(&mut tx, stream, group, &mut frontiers, &cursors, &parts).await?;
+        tx.commit().await.map_err(at_commit)?;
+        Ok(())
+    }
+
+    // ---- settles ----
+
+    /// Why settles on (stream, group) can't hold: `StreamNotFound`, then
+    /// `GroupNotFound`; None when both exist.
+    async fn missing(&self, stream: &str, group: &str) -> Result<Option<Error>> {
+        match self.partition_count(stream).await {
+            Err(e @ Error::StreamNotFound { .. }) => return Ok(Some(e)),
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        s.push(&format!("SELECT 1 FROM {} WHERE stream = {st} AND name = {gr}", self.names.groups()));
+        let rows = self.pool.all(&s).await.map_err(self.err("settle", Phase::Safe))?;
+        Ok(rows.is_empty().then(|| Error::group_not_found(stream, group)))
+    }
+
+    /// Groups leases by (stream, group), keeping each one's index.
+    fn by_group(leases: &[LeaseRef]) -> BTreeMap<(Arc<str>, Arc<str>), Vec<usize>> {
+        let mut out: BTreeMap<(Arc<str>, Arc<str>), Vec<usize>> = BTreeMap::new();
+        for (i, l) in leases.iter().enumerate() {
+            out.entry((l.stream.clone(), l.group.clone())).or_default().push(i);
+        }
+        out
+    }
+
+    pub(super) async fn renew_many_impl(&self, leases: &[LeaseRef], d: Duration) -> Result<Vec<Result<Timestamp>>> {
+        let mut out: Vec<Option<Result<Timestamp>>> = vec![None; leases.len()];
+        for ((stream, group), idx) in Self::by_group(leases) {
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, &stream, &group);
+            let arr = s.arg(lease_rows(idx.iter().map(|&i| {
+                let l = &leases[i];
+                (l.partition, l.sequence, l.lease_id.to_string())
+            })));
+            let now = self.now();
+            let at = self.now_sql(&mut s, now);
+            let exp = self.later_sql(&mut s, now, d);
+            s.push(&format!(
+                "UPDATE {dl} AS d SET expires_at = {exp}, renewed_at = {at} FROM {rows} AS x \
+                 WHERE d.stream = {st} AND d.group_name = {gr} AND {fence} \
+                 RETURNING partition, sequence, {out}",
+                dl = self.names.deliveries(),
+                rows = self.d.json_rows(&arr, 3),
+                fence = fence(self.d),
+                out = self.d.ts_out("expires_at"),
+            ));
+            let rows = super::retry_tx!(self, "renew", self.pool.all(&s).await.map_err(super::at_commit))?;
+            let mut renewed: HashMap<(u32, u64), Timestamp> = HashMap::new();
+            for r in &rows {
+                renewed.insert((r.u32(0)?, r.u64(1)?), r.ts(2)?);
+            }
+            let missing = if renewed.len() < idx.len() { self.missing(&stream, &group).await? } else { None };
+            for i in idx {
+                let l = &leases[i];
+                out[i] = Some(match &missing {
+                    Some(e) => Err(e.clone()),
+                    None => renewed.remove(&(l.partition, l.sequence)).ok_or_else(|| stale(l)),
+                });
+            }
+        }
+        Ok(out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::failed("renew", "no result")))).collect())
+    }
+
+    pub(super) async fn ack_many_impl(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
+        let mut out: Vec<Option<Result<()>>> = vec![None; leases.len()];
+        for ((stream, group), idx) in Self::by_group(leases) {
+            let batch: Vec<&LeaseRef> = idx.iter().map(|&i| &leases[i]).collect();
+            let acked = match super::retry_tx!(self, "ack", self.ack_tx(&stream, &group, &batch).await) {
+                Ok(a) => a,
+                Err(e @ Error::GroupNotFound { .. }) => {
+                    let e = self.missing(&stream, &group).await?.unwrap_or(e);
+                    for i in idx {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let mut acked: BTreeSet<(u32, u64)> = acked.into_iter().collect();
+            for i in idx {
+                let l = &leases[i];
+                out[i] = Some(if acked.remove(&(l.partition, l.sequence)) { Ok(()) } else { Err(stale(l)) });
+            }
+        }
+        Ok(out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::failed("ack", "no result")))).collect())
+    }
+
+    async fn ack_tx(
+        &self,
+        stream: &str,
+        group: &str,
+        leases: &[&LeaseRef],
+    ) -> std::result::Result<Vec<(u32, u64)>, TxError> {
+        let mut tx = self.pool.begin().await.map_err(safe)?;
+        let (mut frontiers, cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let arr = s.arg(lease_rows(leases.iter().map(|l| (l.partition, l.sequence, l.lease_id.to_string()))));
+        let now = self.now();
+        let at = self.now_sql(&mut s, now);
+        s.push(&format!(
+            "UPDATE {dl} AS d SET status = 'acked', acked_at = {at}, lease_id = NULL, expires_at = NULL \
+             FROM {rows} AS x WHERE d.stream = {st} AND d.group_name = {gr} AND {fence} \
+             RETURNING partition, sequence",
+            dl = self.names.deliveries(),
+            rows = self.d.json_rows(&arr, 3),
+            fence = fence(self.d),
+        ));
+        let rows = tx.all(&s).await.map_err(safe)?;
+        let acked: Vec<(u32, u64)> = rows.iter().map(|r| Ok((r.u32(0)?, r.u64(1)?))).collect::<Result<_>>()?;
+        let parts: BTreeSet<u32> = acked.iter().map(|a| a.0).collect();
+        self.advance(&mut tx, stream, group, &mut frontiers, &cursors, &parts).await?;
+        tx.commit().await.map_err(at_commit)?;
+        Ok(acked)
+    }
+
+    /// Dead-letters the delivery a lease holds, with `reason`; false when
+    /// the lease is stale.
+    async fn dead_letter_tx(&self, lease: &LeaseRef, reason: &str, now: Now) -> std::result::Result<bool, TxError> {
+        let (stream, group) = (&*lease.stream, &*lease.group);
+        let mut tx = self.pool.begin().await.map_err(safe)?;
+        let (mut frontiers, cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let arr = s.arg(lease_rows(std::iter::once((lease.partition, lease.sequence, lease.lease_id.to_string()))));
+        let at = self.now_sql(&mut s, now);
+        let why = s.text(reason);
+        s.push(&format!(
+            "UPDATE {dl} AS d SET status = 'rejected', dead_lettered_at = {at}, reason = {why}, lease_id = NULL, \
+             expires_at = NULL FROM {rows} AS x WHERE d.stream = {st} AND d.group_name = {gr} AND {fence} \
+             RETURNING partition",
+            dl = self.names.deliveries(),
+            rows = self.d.json_rows(&arr, 3),
+            fence = fence(self.d),
+        ));
+        if tx.all(&s).await.map_err(safe)?.is_empty() {
+            return Ok(false);
+        }
+        self.mark_dead(&mut tx, stream, group, &[(lease.partition, lease.sequence)]).await?;
+        let parts = BTreeSet::from([lease.partition]);
+        self.advance(&mut tx, stream, group, &mut frontiers, &cursors, &parts).await?;
+        tx.commit().await.map_err(at_commit)?;
+        Ok(true)
+    }
+
+    pub(super) async fn reject_impl(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
+        let now = self.now();
+        let reason = rules::rejected(reason);
+        match super::retry_tx!(self, "reject", self.dead_letter_tx(lease, &reason, now).await) {
+            Ok(true) => Ok(()),
+            Ok(false) | Err(Error::GroupNotFound { .. }) => {
+                Err(self.missing(&lease.stream, &lease.group).await?.unwrap_or_else(|| stale(lease)))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(super) async fn retry_impl(
+        &self,
+        lease: &LeaseRef,
+        reason: &str,
+        delay: Option<Duration>,
+    ) -> Result<RetryOutcome> {
+        let g = self.load_group(&lease.stream, &lease.group).await?;
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, &lease.stream, &lease.group);
+        let arr = s.arg(lease_rows(std::iter::once((lease.partition, lease.sequence, lease.lease_id.to_string()))));
+        let now_col = match self.now() {
+            Now::Db => self.d.ts_out("now()"),
+            Now::At(t) => {
+                let ph = s.ts(t);
+                self.d.ts_out(&ph)
+            }
+        };
+        s.push(&format!(
+            "SELECT d.attempt, {now_col} FROM {dl} AS d, {rows} AS x WHERE d.stream = {st} AND d.group_name = {gr} AND {fence}",
+            dl = self.names.deliveries(),
+            rows = self.d.json_rows(&arr, 3),
+            fence = fence(self.d),
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("retry", Phase::Safe))?;
+        let Some(r) = rows.first() else { return Err(stale(lease)) };
+        let attempt = r.u32(0)?;
+        let now = r.ts(1)?;
+        let decision = rules::retry(attempt, g.max_attempts, reason, delay, &g.settings.retry_backoff, now);
+        let outcome = decision.outcome();
+        match decision {
+            rules::RetryDecision::DeadLetter { reason } => {
+                if !super::retry_tx!(self, "retry", self.dead_letter_tx(lease, &reason, Now::At(now)).await)? {
+                    return Err(stale(lease));
+                }
+            }
+            rules::RetryDecision::Reschedule { available_at } => {
+                let mut s = self.stmt();
+                let (st, gr) = sg(&mut s, &lease.stream, &lease.group);
+                let arr =
+                    s.arg(lease_rows(std::iter::once((lease.partition, lease.sequence, lease.lease_id.to_string()))));
+                let at = s.ts(now);
+                let why = s.text(reason);
+                let att = s.int(i64::from(attempt));
+                // Claimable at once: the reference's 'available'. Later: a
+                // lease with no holder that expires when the backoff ends,
+                // which both implementations' claims take once it passes.
+                let (status, exp) =
+                    if available_at > now { ("leased", s.ts(available_at)) } else { ("available", "NULL".to_owned()) };
+                s.push(&format!(
+                    "UPDATE {dl} AS d SET status = '{status}', lease_id = NULL, consumer_id = NULL, expires_at = {exp}, \
+                     reason = {why}, retried_at = {at} FROM {rows} AS x \
+                     WHERE d.stream = {st} AND d.group_name = {gr} AND d.attempt = {att} AND {fence}",
+                    dl = self.names.deliveries(),
+                    rows = self.d.json_rows(&arr, 3),
+                    fence = fence(self.d),
+                ));
+                let n = self.pool.exec(&s).await.map_err(self.err("retry", Phase::Commit))?;
+                if n == 0 {
+                    return Err(stale(lease));
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    pub(super) async fn skip_impl(
+        &self,
+        stream: &str,
+        group: &str,
+        partition: u32,
+        sequence: u64,
+        reason: &str,
+    ) -> Result<bool> {
+        let g = self.load_group(stream, group).await?;
+        check_partitions(stream, &[partition], g.count)?;
+        if !g.partitions().contains(&partition) {
+            return Err(Error::invalid("partition", format!("group {group:?} does not consume partition {partition}")));
+        }
+        let hw = self.high_watermarks(stream, g.count).await?.get(partition as usize).copied().unwrap_or(0);
+        if sequence == 0 || sequence > hw {
+            return Err(Error::invalid(
+                "sequence",
+                format!("sequence {sequence} is not in partition {partition} of stream {stream:?} (it holds 1..={hw})"),
+            ));
+        }
+        let now = self.now();
+        let reason = rules::skipped(reason);
+        super::retry_tx!(self, "skip", self.skip_tx(stream, group, partition, sequence, &reason, now).await)
+    }
+
+    async fn skip_tx(
+        &self,
+        stream: &str,
+        group: &str,
+        partition: u32,
+        sequence: u64,
+        reason: &str,
+        now: Now,
+    ) -> std::result::Result<bool, TxError> {
+        let mut tx = self.pool.begin().await.map_err(safe)?;
+        let (mut frontiers, cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let (f, c) = fc(&frontiers, &cursors, partition);
+        let mut s = self.stmt();
+        let st = s.text(stream);
+        let gr = s.text(group);
+        let p = s.int(i64::from(partition));
+        let q = s.int(seq_arg(sequence));
+        s.push(&format!(
+            "SELECT e.id, d.status FROM {ev} e LEFT JOIN {dl} d ON d.stream = e.stream AND d.group_name = {gr} \
+             AND d.event_id = e.id WHERE e.stream = {st} AND e.partition = {p} AND e.sequence = {q}",
+            ev = self.names.events(),
+            dl = self.names.deliveries(),
+        ));
+        let rows = tx.all(&s).await.map_err(safe)?;
+        let r = rows.first().ok_or_else(|| {
+            Error::failed(
+                "skip",
+                format!("stream {stream:?} partition {partition} has no event at sequence {sequence}"),
+            )
+        })?;
+        let event_id = r.text(0)?;
+        let status = r.opt_text(1)?;
+        if status.as_deref() == Some("rejected") {
+            return Ok(false);
+        }
+        if sequence <= f || status.as_deref() == Some("acked") || (status.is_none() && sequence < c) {
+            return Err(Error::invalid(
+                "sequence",
+                format!(
+                    "sequence {sequence} of partition {partition} is already settled for group {group:?} (acknowledged, or before its start): nothing to skip"
+                ),
+            )
+            .into());
+        }
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let id = s.text(event_id);
+        let p = s.int(i64::from(partition));
+        let q = s.int(seq_arg(sequence));
+        let at = self.now_sql(&mut s, now);
+        let why = s.text(reason);
+        s.push(&format!(
+            "INSERT INTO {} (stream, group_name, event_id, partition, sequence, status, attempt, reason, dead_lettered_at, created_at) \
+             VALUES ({st}, {gr}, {id}, {p}, {q}, 'rejected', 0, {why}, {at}, {at}) \
+             ON CONFLICT (stream, group_name, event_id) DO UPDATE SET status = 'rejected', lease_id = NULL, \
+             expires_at = NULL, reason = excluded.reason, dead_lettered_at = excluded.dead_lettered_at",
+            self.names.deliveries()
+        ));
+        tx.exec(&s).await.map_err(safe)?;
+        self.mark_dead(&mut tx, stream, group, &[(partition, sequence)]).await?;
+        self.advance(&mut tx, stream, group, &mut frontiers, &cursors, &BTreeSet::from([partition])).await?;
+        tx.commit().await.map_err(at_commit)?;
+        Ok(true)
+    }
+
+    // ---- replay and reset ----
+
+    pub(super) async fn replay_impl(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64> {
+        let g = self.load_group(stream, group).await?;
+        let scope = g.scope(stream, replay.partitions.as_deref())?;
+        let now = self.now();
+        match &replay.from {
+            ReplayFrom::Sequence(from) => {
+                let starts: Vec<(u32, u64)> = scope.iter().map(|&p| (p, *from)).collect();
+                super::retry_tx!(self, "replay", self.replay_after_tx(stream, group, &starts, g.count, now).await)
+            }
+            ReplayFrom::Time(t) => {
+                let firsts = self.first_at_or_after(stream, *t).await?;
+                let starts: Vec<(u32, u64)> =
+                    scope.iter().filter_map(|&p| firsts.get(&p).map(|&s| (p, s - 1))).collect();
+                if starts.is_empty() {
+                    return Err(Error::NoEventsInRange {
+                        stream: stream.to_owned(),
+                        group: group.to_owned(),
+                        detail: format!("no event at or after {t} in partitions {scope:?}"),
+                    });
+                }
+                super::retry_tx!(self, "replay", self.replay_after_tx(stream, group, &starts, g.count, now).await)
+            }
+            ReplayFrom::Query(q) => {
+                let matched = self.all_matches(q, &scope).await?;
+                super::retry_tx!(self, "replay", self.replay_matches_tx(stream, group, &matched, now).await)
+            }
+        }
+    }
+
+    /// Every (partition, sequence, event id) matching `q` in `scope`.
+    async fn all_matches(&self, q: &Query, scope: &[u32]) -> Result<Vec<(u32, u64, String)>> {
+        let mut q = q.clone();
+        q.limit = crate::model::limits::MAX_LIMIT;
+        q.cursor = None;
+        let mut out = Vec::new();
+        loop {
+            let page = self.query_impl(&q).await?;
+            out.extend(
+                page.events
+                    .iter()
+                    .filter(|e| scope.contains(&e.partition()))
+                    .map(|e| (e.partition(), e.sequence(), e.id().to_owned())),
+            );
+            match page.next_cursor {
+                Some(c) => q.cursor = Some(c),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    async fn replay_after_tx(
+        &self,
+        stream: &str,
+        group: &str,
+        starts: &[(u32, u64)],
+        count: u32,
+        now: Now,
+    ) -> std::result::Result<u64, TxError> {
+        let mut tx = self.pool.begin().await.map_err(safe)?;
+        let (mut frontiers, mut cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let hws = self.high_watermarks(stream, count).await?;
+        let mut reopened = 0u64;
+        for &(p, from) in starts {
+            let (f, c) = fc(&frontiers, &cursors, p);
+            let hw = hws.get(p as usize).copied().unwrap_or(0);
+            let upper = hw.min(c.saturating_sub(1));
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let part = s.int(i64::from(p));
+            let lo = s.int(seq_arg(from));
+            let cc = s.int(seq_arg(c));
+            let hi = s.int(seq_arg(hw));
+            s.push(&format!(
+                "SELECT COALESCE(sum(CASE WHEN sequence < {cc} AND status NOT IN {TERMINAL} THEN 1 ELSE 0 END), 0), \
+                 COALESCE(sum(CASE WHEN sequence >= {cc} AND status IN {TERMINAL} THEN 1 ELSE 0 END), 0) \
+                 FROM {} WHERE stream = {st} AND group_name = {gr} AND partition = {part} AND sequence > {lo} AND sequence <= {hi}",
+                self.names.deliveries()
+            ));
+            let rows = tx.all(&s).await.map_err(safe)?;
+            let (open_below, settled_above) = match rows.first() {
+                Some(r) => (r.u64(0)?, r.u64(1)?),
+                None => (0, 0),
+            };
+            reopened += upper.saturating_sub(from).saturating_sub(open_below) + settled_above;
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let part = s.int(i64::from(p));
+            let lo = s.int(seq_arg(from));
+            let at = self.now_sql(&mut s, now);
+            s.push(&format!(
+                "UPDATE {} SET status = 'available', attempt = 0, lease_id = NULL, consumer_id = NULL, expires_at = NULL, \
+                 reason = 'replay', retried_at = {at} WHERE stream = {st} AND group_name = {gr} AND partition = {part} \
+                 AND sequence > {lo} AND status IN {TERMINAL}",
+                self.names.deliveries()
+            ));
+            tx.exec(&s).await.map_err(safe)?;
+            self.unmark(&mut tx, stream, group, p, from).await?;
+            frontiers.insert(p, f.min(from));
+            cursors.insert(p, c.min(from.saturating_add(1)));
+        }
+        self.write_maps(&mut tx, stream, group, Some(&frontiers), Some(&cursors)).await?;
+        tx.commit().await.map_err(at_commit)?;
+        Ok(reopened)
+    }
+
+    async fn replay_matches_tx(
+        &self,
+        stream: &str,
+        group: &str,
+        matched: &[(u32, u64, String)],
+        now: Now,
+    ) -> std::result::Result<u64, TxError> {
+        let mut tx = self.pool.begin().await.map_err(safe)?;
+        let (mut frontiers, cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let mut reopened = 0u64;
+        for chunk in matched.chunks(1000) {
+            let keys: Vec<Value> = chunk
+                .iter()
+                .map(|(p, q, id)| Value::from(vec![Value::from(*p), Value::from(*q), Value::from(id.as_str())]))
+                .collect();
+            let mut s = self.stmt();
+            let gr = s.text(group);
+            let st = s.text(stream);
+            let arr = s.text(Value::from(keys).to_string());
+            s.push(&format!(
+                "SELECT {p}, {q}, x.c2, d.status FROM {rows} AS x LEFT JOIN {dl} d ON d.stream = {st} \
+                 AND d.group_name = {gr} AND d.event_id = x.c2",
+                p = self.d.as_int("x.c0"),
+                q = self.d.as_int("x.c1"),
+                rows = self.d.json_rows(&arr, 3),
+                dl = self.names.deliveries(),
+            ));
+            let mut settled: Vec<Value> = Vec::new();
+            for r in tx.all(&s).await.map_err(safe)? {
+                let (p, q, status) = (r.u32(0)?, r.u64(1)?, r.opt_text(3)?);
+                let (f, c) = fc(&frontiers, &cursors, p);
+                let is_settled =
+                    q <= f || matches!(status.as_deref(), Some("acked" | "rejected")) || (status.is_none() && q < c);
+                if is_settled {
+                    settled.push(Value::from(vec![Value::from(p), Value::from(q), Value::from(r.text(2)?)]));
+                    frontiers.insert(p, f.min(q.saturating_sub(1)));
+                    reopened += 1;
+                }
+            }
+            if settled.is_empty() {
+                continue;
+            }
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let arr = s.text(Value::from(settled.clone()).to_string());
+            let at = self.now_sql(&mut s, now);
+            s.push(&format!(
+                "INSERT INTO {dl} (stream, group_name, event_id, partition, sequence, status, attempt, reason, retried_at, created_at) \
+                 SELECT {st}, {gr}, x.c2, {p}, {q}, 'available', 0, 'replay', {at}, {at} FROM {rows} AS x WHERE true \
+                 ON CONFLICT (stream, group_name, event_id) DO UPDATE SET status = 'available', attempt = 0, \
+                 lease_id = NULL, consumer_id = NULL, expires_at = NULL, reason = 'replay', retried_at = excluded.retried_at",
+                dl = self.names.deliveries(),
+                p = self.d.as_int("x.c0"),
+                q = self.d.as_int("x.c1"),
+                rows = self.d.json_rows(&arr, 3),
+            ));
+            tx.exec(&s).await.map_err(safe)?;
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let arr = s.text(Value::from(settled).to_string());
+            s.push(&format!(
+                "DELETE FROM {t} WHERE stream = {st} AND group_name = {gr} AND EXISTS (SELECT 1 FROM {rows} AS x \
+                 WHERE {p} = {t}.partition AND {q} = {t}.sequence)",
+                t = self.names.dl_order(),
+                p = self.d.as_int("x.c0"),
+                q = self.d.as_int("x.c1"),
+                rows = self.d.json_rows(&arr, 3),
+            ));
+            tx.exec(&s).await.map_err(safe)?;
+        }
+        self.write_maps(&mut tx, stream, group, Some(&frontiers), None).await?;
+        tx.commit().await.map_err(at_commit)?;
+        Ok(reopened)
+    }
+
+    pub(super) async fn reset_impl(&self, stream: &str, group: &str, reset: &Reset) -> Result<()> {
+        let g = self.load_group(stream, group).await?;
+        if let StartPosition::AfterPerPartition(m) = &reset.start {
+            check_partitions(stream, &m.keys().copied().collect::<Vec<_>>(), g.count)?;
+        }
+        let scope = g.scope(stream, reset.partitions.as_deref())?;
+        let starts = self.start_frontiers(stream, &reset.start, &scope, g.count).await?;
+        super::retry_tx!(self, "reset_group", self.reset_tx(stream, group, &starts).await)
+    }
+
+    async fn reset_tx(
+        &self,
+        stream: &str,
+        group: &str,
+        starts: &BTreeMap<u32, u64>,
+    ) -> std::result::Result<(), TxError> {
+        let mut tx = self.pool.begin().await.map_err(safe)?;
+        let (mut frontiers, mut cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let parts: Vec<u32> = starts.keys().copied().collect();
+        for t in [self.names.deliveries(), self.names.dl_order()] {
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let arr = s.text(Value::from(parts.clone()).to_string());
+            let list = match self.d {
+                Dialect::Postgres => format!("(SELECT jsonb_array_elements_text({arr}::jsonb)::int)"),
+                Dialect::Sqlite => format!("(SELECT CAST(value AS INTEGER) FROM json_each({arr}))"),
+            };
+            s.push(&format!("DELETE FROM {t} WHERE stream = {st} AND group_name = {gr} AND partition IN {list}"));
+            tx.exec(&s).await.map_err(safe)?;
+        }
+        for (&p, &f) in starts {
+            frontiers.insert(p, f);
+            cursors.insert(p, f.saturating_add(1));
+        }
+        self.write_maps(&mut tx, stream, group, Some(&frontiers), Some(&cursors)).await?;
+        tx.commit().await.map_err(at_commit)?;
+        Ok(())
+    }
+
+    // ---- inspecting ----
+
+    pub(super) async fn lag_impl(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
+        let g = self.load_group(stream, group).await?;
+        let scope = g.scope(stream, partitions)?;
+        let hws = self.high_watermarks(stream, g.count).await?;
+        Ok(self.lag_of(stream, group, &g, &scope, &hws))
+    }
+
+    fn lag_of(&self, stream: &str, group: &str, g: &GroupRow, scope: &[u32], hws: &[u64]) -> Lag {
+        let per = scope
+            .iter()
+            .map(|&p| {
+                let f = g.frontiers.get(&p).copied().unwrap_or(0);
+                PartitionLag::new(p, hws.get(p as usize).copied().unwrap_or(0), f)
+            })
+            .collect();
+        Lag::new(stream, group, per)
+    }
+
+    pub(super) async fn group_info_impl(&self, stream: &str, group: &str) -> Result<GroupInfo> {
+        let g = self.load_group(stream, group).await?;
+        let hws = self.high_watermarks(stream, g.count).await?;
+        let scope = g.partitions();
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let now = self.now();
+        let at = self.now_sql(&mut s, now);
+        s.push(&format!(
+            "SELECT COALESCE(sum(CASE WHEN status = 'leased' AND lease_id IS NOT NULL THEN 1 ELSE 0 END), 0), \
+             COALESCE(sum(CASE WHEN status = 'leased' AND lease_id IS NULL AND expires_at > {at} THEN 1 ELSE 0 END), 0), \
+             COALESCE(sum(CASE WHEN status = 'rejected' THEN 1 ELSE 0 END), 0) \
+             FROM {} WHERE stream = {st} AND group_name = {gr} AND status IN ('leased', 'rejected')",
+            self.names.deliveries()
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("group_info", Phase::Safe))?;
+        let (inflight, retry_waiting, dead_letters) = match rows.first() {
+            Some(r) => (r.u64(0)?, r.u64(1)?, r.u64(2)?),
+            None => (0, 0, 0),
+        };
+        Ok(GroupInfo {
+            summary: g.summary(group),
+            lag: self.lag_of(stream, group, &g, &scope, &hws),
+            inflight,
+            retry_waiting,
+            dead_letters,
+        })
+    }
+
+    pub(super) async fn dead_letters_impl(
+        &self,
+        stream: &str,
+        group: &str,
+        opts: &DeadLetterOptions,
+    ) -> Result<Vec<DeadLetter>> {
+        self.load_group(stream, group).await?;
+        let scope_name = || format!("dead letters of {stream:?}/{group:?}");
+        // The order: the dead-letter mark (rows the reference wrote have
+        // none and come first), then time, partition and sequence.
+        let key = format!("COALESCE(o.mark, -1), {}, d.partition, d.sequence", self.d.ts_key("d.dead_lettered_at"));
+        let base = format!(
+            "FROM {dl} d LEFT JOIN {o} o ON o.stream = d.stream AND o.group_name = d.group_name \
+             AND o.partition = d.partition AND o.sequence = d.sequence",
+            dl = self.names.deliveries(),
+            o = self.names.dl_order()
+        );
+        let after: Option<Row> = match (&opts.after_position, &opts.after) {
+            (None, None) => None,
+            (pos, id) => {
+                let mut s = self.stmt();
+                let (st, gr) = sg(&mut s, stream, group);
+                let cond = match (pos, id) {
+                    (Some((p, q)), _) => {
+                        let p = s.int(i64::from(*p));
+                        let q = s.int(seq_arg(*q));
+                        format!("d.partition = {p} AND d.sequence = {q}")
+                    }
+                    (None, Some(id)) => format!("d.event_id = {}", s.text(id.clone())),
+                    (None, None) => unreachable_cursor(),
+                };
+                s.push(&format!(
+                    "SELECT {key} {base} WHERE d.stream = {st} AND d.group_name = {gr} AND d.status = 'rejected' AND {cond}"
+                ));
+                let rows = self.pool.all(&s).await.map_err(self.err("dead_letters", Phase::Safe))?;
+                let cursor = match (pos, id) {
+                    (Some((p, q)), _) => format!("{p}:{q}"),
+                    (None, Some(id)) => id.clone(),
+                    (None, None) => String::new(),
+                };
+                Some(rows.into_iter().next().ok_or(Error::CursorNotFound { scope: scope_name(), cursor })?)
+            }
+        };
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let mut cond = String::new();
+        if let Some(a) = &after {
+            let mark = s.int(a.i64(0)?);
+            let t = match self.d {
+                Dialect::Postgres => s.int(a.i64(1)?),
+                Dialect::Sqlite => s.text(a.text(1)?),
+            };
+            let p = s.int(a.i64(2)?);
+            let q = s.int(a.i64(3)?);
+            cond = format!(" AND ({key}) > ({mark}, {t}, {p}, {q})");
+        }
+        let lim = s.int(i64::try_from(opts.limit).unwrap_or(i64::MAX));
+        s.push(&format!(
+            "SELECT d.partition, d.sequence, d.reason, d.attempt, {dla}, {cols} {base} LEFT JOIN {ev} e ON e.id = d.event_id \
+             WHERE d.stream = {st} AND d.group_name = {gr} AND d.status = 'rejected'{cond} ORDER BY {key} LIMIT {lim}",
+            dla = self.d.ts_out("d.dead_lettered_at"),
+            cols = event_cols(self.d, "e"),
+            ev = self.names.events(),
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("dead_letters", Phase::Safe))?;
+        let name: Arc<str> = Arc::from(stream);
+        rows.iter()
+            .map(|r| {
+                let event = if r.opt_text(5)?.is_some() { Some(decode_event(&name, r, 5)?) } else { None };
+                Ok(DeadLetter {
+                    partition: r.u32(0)?,
+                    sequence: r.u64(1)?,
+                    event,
+                    damage: None,
+                    reason: r.opt_text(2)?.unwrap_or_default(),
+                    attempts: r.u32(3)?,
+                    dead_lettered_at: r.opt_ts(4)?.unwrap_or_default(),
+                })
+            })
+            .collect()
+    }
+}
+
+fn unreachable_cursor() -> String {
+    String::from("true")
+}
+
+#[allow(dead_code)]
+fn _arg_used(a: Arg) -> Arg {
+    a
+}

@@ -1,0 +1,561 @@
+//! The SQL backends: `sqlite:PATH` (feature `sqlite`) and `postgres://…`
+//! (feature `postgres`), one core over sqlx with a small dialect seam
+//! (ADR 0013).
+//!
+//! They share the reference implementation's schema (five `rheo_*` tables,
+//! see `docs/guides/sql.md`): an Elixir Rheo producer and a Rust consumer
+//! group, or competing consumers of both, can work on one database. Group
+//! state lives in the database (`rheo_groups`, `rheo_deliveries`), so many
+//! processes on many hosts can compete on a PostgreSQL group; every claim
+//! is one statement with `FOR UPDATE SKIP LOCKED`, bounded below by the
+//! group's frontier, and every settle is fenced by the lease id.
+//!
+//! URL options (query parameters; PostgreSQL's own parameters such as
+//! `sslmode` pass through to the driver):
+//!
+//! | option | backend | meaning | default |
+//! |---|---|---|---|
+//! | `rheo_schema=NAME` | postgres | qualify the tables with this schema (created when missing) | none (the search path) |
+//! | `rheo_pool=N` | both | the most connections (1 to 256) | 10 (sqlite: 4) |
+//! | `rheo_connect_timeout_ms=N` | both | how long a call waits for a connection before `BackendUnavailable` | 5000 |
+//! | `rheo_statement_timeout_ms=N` | postgres | the server's `statement_timeout` | none |
+//! | `synchronous=normal\|full` | sqlite | `PRAGMA synchronous` (`full`: every commit survives a power cut) | `full` |
+//! | `busy_timeout_ms=N` | sqlite | how long a writer waits for the lock | 5000 |
+//!
+//! ```no_run
+//! # async fn demo() -> rheo::Result<()> {
+//! let rheo = rheo::Rheo::open("sqlite:./events.db").await?;
+//! let pg = rheo::Rheo::open("postgres://app@db.internal/app?rheo_schema=events").await?;
+//! # Ok(()) }
+//! ```
+
+// With one of the two features, the other dialect's helpers go unused.
+#![cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code, irrefutable_let_patterns))]
+
+mod db;
+mod dialect;
+mod groups;
+#[cfg(feature = "postgres")]
+mod listen;
+mod query;
+pub(crate) mod schema;
+mod streams;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::RwLock;
+
+use crate::backend::{Backend, Subscription, Wakeups};
+use crate::error::{Error, Result};
+use crate::model::capabilities::Capabilities;
+use crate::model::event::{Event, NewEvent, Position};
+use crate::model::group::{
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, Replay,
+    Reset, StreamInfo, StreamOptions,
+};
+use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
+use crate::model::query::{Page, Query};
+use crate::model::time::{Clock, Timestamp};
+
+use db::{Phase, Pool, Stmt, map_err};
+pub(crate) use dialect::Dialect;
+use schema::Names;
+
+/// A backend on a SQL database: SQLite or PostgreSQL. Open it with
+/// `Rheo::open("sqlite:PATH")` or `Rheo::open("postgres://…")`.
+#[derive(Debug)]
+pub struct SqlBackend {
+    d: Dialect,
+    pool: Pool,
+    names: Names,
+    clock: Arc<dyn Clock>,
+    /// Expiry and timestamps from the database's clock (PostgreSQL with
+    /// the system clock), so that hosts with skewed clocks agree.
+    db_clock: bool,
+    /// False for `sqlite::memory:`.
+    durable: bool,
+    /// Partition counts of the streams seen (a stream's count never changes).
+    partition_counts: RwLock<HashMap<String, u32>>,
+    wakeups: Arc<WakeupMap>,
+    #[cfg(feature = "postgres")]
+    listener: listen::Listener,
+    /// This backend's id in its notifications (see `listen::Filter`).
+    origin: String,
+    /// Index builds running in the background: (stream, field) -> failure.
+    index_builds: Arc<parking_lot::Mutex<HashMap<String, IndexBuildState>>>,
+}
+
+/// A background index build.
+#[derive(Debug, Clone)]
+enum IndexBuildState {
+    Running,
+    Failed,
+}
+
+/// The wakeup source of each stream, shared with the listener task.
+#[derive(Debug, Default)]
+pub(crate) struct WakeupMap(RwLock<HashMap<String, Arc<Wakeups>>>);
+
+impl WakeupMap {
+    pub(crate) fn get(&self, stream: &str) -> Arc<Wakeups> {
+        if let Some(w) = self.0.read().get(stream) {
+            return w.clone();
+        }
+        self.0.write().entry(stream.to_owned()).or_default().clone()
+    }
+
+    /// Wakes the subscribers of one stream, if it has any.
+    pub(crate) fn wake(&self, stream: &str) {
+        if let Some(w) = self.0.read().get(stream) {
+            w.appended();
+        }
+    }
+
+    /// Wakes everyone (after missed notifications).
+    pub(crate) fn wake_all(&self) {
+        for w in self.0.read().values() {
+            w.appended();
+        }
+    }
+}
+
+/// "now" of one call: the database's clock, or a bound instant.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Now {
+    Db,
+    At(Timestamp),
+}
+
+/// The options parsed from a URL.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SqlOptions {
+    pub pool: u32,
+    pub connect_timeout: Duration,
+    pub statement_timeout: Option<Duration>,
+    pub schema: Option<String>,
+    pub synchronous_full: bool,
+    pub busy_timeout: Duration,
+}
+
+fn parse_options(scheme: &str, query: &str, allow_schema: bool) -> Result<(SqlOptions, Vec<(String, String)>)> {
+    let mut o = SqlOptions {
+        pool: if allow_schema { 10 } else { 4 },
+        connect_timeout: Duration::from_secs(5),
+        statement_timeout: None,
+        schema: None,
+        synchronous_full: true,
+        busy_timeout: Duration::from_secs(5),
+    };
+    let mut rest = Vec::new();
+    let bad = |k: &str, v: &str, why: &str| Error::invalid("url", format!("{scheme}: option {k}={v:?}: {why}"));
+    let ms = |k: &str, v: &str| -> Result<Duration> {
+        match v.parse::<u64>() {
+            Ok(n) if (1..=86_400_000).contains(&n) => Ok(Duration::from_millis(n)),
+            _ => Err(bad(k, v, "expected milliseconds from 1 to 86400000")),
+        }
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "rheo_pool" => match v.parse::<u32>() {
+                Ok(n) if (1..=256).contains(&n) => o.pool = n,
+                _ => return Err(bad(k, v, "expected 1 to 256 connections")),
+            },
+            "rheo_connect_timeout_ms" => o.connect_timeout = ms(k, v)?,
+            "rheo_statement_timeout_ms" if allow_schema => o.statement_timeout = Some(ms(k, v)?),
+            "rheo_schema" if allow_schema => {
+                if v.is_empty() || v.len() > 63 || !v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                    return Err(bad(k, v, "a schema name is 1 to 63 letters, digits or underscores"));
+                }
+                o.schema = Some(v.to_owned());
+            }
+            "synchronous" if !allow_schema => match v {
+                "full" => o.synchronous_full = true,
+                "normal" => o.synchronous_full = false,
+                _ => return Err(bad(k, v, "expected normal or full")),
+            },
+            "busy_timeout_ms" if !allow_schema => o.busy_timeout = ms(k, v)?,
+            _ if k.starts_with("rheo_") || !allow_schema => {
+                return Err(bad(k, v, "unknown option (see rheo::backends::sql for the options)"));
+            }
+            _ => rest.push((k.to_owned(), v.to_owned())),
+        }
+    }
+    Ok((o, rest))
+}
+
+/// A URL with its password hidden, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl SqlBackend {
+    /// Opens `sqlite:PATH[?options]` (the file is created when missing;
+    /// `sqlite::memory:` is a private in-memory database).
+    #[cfg(feature = "sqlite")]
+    pub(crate) async fn open_sqlite(url: &str, clock: Arc<dyn Clock>) -> Result<SqlBackend> {
+        use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+        let rest = url.strip_prefix("sqlite:").unwrap_or(url);
+        let rest = rest.strip_prefix("//").unwrap_or(rest);
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (o, _) = parse_options("sqlite", query, false)?;
+        if path.is_empty() {
+            return Err(Error::invalid("url", format!("{url:?}: expected sqlite:PATH or sqlite::memory:")));
+        }
+        let memory = path == ":memory:";
+        let mut opts = SqliteConnectOptions::new()
+            .busy_timeout(o.busy_timeout)
+            .synchronous(if o.synchronous_full { SqliteSynchronous::Full } else { SqliteSynchronous::Normal })
+            .foreign_keys(false);
+        let pool_size = if memory {
+            opts = opts.in_memory(true).shared_cache(false);
+            1
+        } else {
+            let p = std::path::Path::new(path);
+            if let Some(parent) = p.parent().filter(|d| !d.as_os_str().is_empty())
+                && !parent.is_dir()
+            {
+                return Err(Error::invalid(
+                    "url",
+                    format!("sqlite: directory {} of {path:?} does not exist", parent.display()),
+                ));
+            }
+            opts = opts.filename(p).create_if_missing(true).journal_mode(SqliteJournalMode::Wal);
+            o.pool
+        };
+        let pool = SqlitePoolOptions::new()
+            .max_connections(pool_size)
+            .min_connections(if memory { 1 } else { 0 })
+            .idle_timeout(if memory { None } else { Some(Duration::from_secs(600)) })
+            .max_lifetime(if memory { None } else { Some(Duration::from_secs(3600)) })
+            .acquire_timeout(o.connect_timeout)
+            .connect_with(opts)
+            .await
+            .map_err(|e| open_error("sqlite", path, e))?;
+        Ok(Self::new(Dialect::Sqlite, Pool::Lite(pool), Names::new(None), clock, false, !memory))
+    }
+
+    /// Opens `postgres://…` (or `postgresql://…`).
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn open_postgres(url: &str, clock: Arc<dyn Clock>, custom_clock: bool) -> Result<SqlBackend> {
+        use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+        use std::str::FromStr;
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let (o, rest) = parse_options("postgres", query, true)?;
+        let mut driver_url = base.to_owned();
+        if !rest.is_empty() {
+            driver_url.push('?');
+            let pairs: Vec<String> = rest.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            driver_url.push_str(&pairs.join("&"));
+        }
+        let mut opts = PgConnectOptions::from_str(&driver_url)
+            .map_err(|e| Error::invalid("url", format!("{}: {e}", redact(url))))?
+            .application_name("rheo");
+        if let Some(t) = o.statement_timeout {
+            opts = opts.options([("statement_timeout", format!("{}ms", t.as_millis()))]);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(o.pool)
+            .min_connections(0)
+            .acquire_timeout(o.connect_timeout)
+            .idle_timeout(Some(Duration::from_secs(600)))
+            .max_lifetime(Some(Duration::from_secs(1800)))
+            .connect_with(opts)
+            .await
+            .map_err(|e| open_error("postgres", &redact(url), e))?;
+        Ok(Self::new(Dialect::Postgres, Pool::Pg(pool), Names::new(o.schema), clock, !custom_clock, true))
+    }
+
+    fn new(d: Dialect, pool: Pool, names: Names, clock: Arc<dyn Clock>, db_clock: bool, durable: bool) -> Self {
+        let wakeups = Arc::new(WakeupMap::default());
+        let origin = uuid::Uuid::new_v4().simple().to_string();
+        SqlBackend {
+            d,
+            #[cfg(feature = "postgres")]
+            listener: listen::Listener::new(
+                wakeups.clone(),
+                listen::Filter { origin: origin.clone(), schema: names.schema().map(str::to_owned) },
+            ),
+            origin,
+            pool,
+            names,
+            clock,
+            db_clock,
+            durable,
+            partition_counts: RwLock::new(HashMap::new()),
+            wakeups,
+            index_builds: Arc::default(),
+        }
+    }
+
+    fn be(&self) -> &'static str {
+        self.d.name()
+    }
+
+    fn now(&self) -> Now {
+        if self.db_clock { Now::Db } else { Now::At(self.clock.now()) }
+    }
+
+    /// The SQL of `now` in a statement.
+    fn now_sql(&self, s: &mut Stmt, now: Now) -> String {
+        match now {
+            Now::Db => "now()".to_owned(),
+            Now::At(t) => s.ts(t),
+        }
+    }
+
+    /// The SQL of `now + d` in a statement.
+    fn later_sql(&self, s: &mut Stmt, now: Now, d: Duration) -> String {
+        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        match now {
+            Now::Db => {
+                let ph = s.int(ms);
+                self.d.ts_plus("now()", &ph)
+            }
+            Now::At(t) => s.ts(t.saturating_add(d)),
+        }
+    }
+
+    fn stmt(&self) -> Stmt {
+        Stmt::new(self.d)
+    }
+
+    fn err(&self, operation: &'static str, phase: Phase) -> impl Fn(sqlx::Error) -> Error + '_ {
+        move |e| map_err(self.be(), operation, phase, e)
+    }
+}
+
+/// Runs a transaction body (an expression evaluated afresh each time),
+/// again after a short pause when the database reports a serialization
+/// failure or a deadlock (at most 4 times); maps what it fails with.
+macro_rules! retry_tx {
+    ($self:ident, $op:expr, $body:expr) => {{
+        let mut attempt = 0u32;
+        loop {
+            match $body {
+                Ok(v) => break Ok(v),
+                Err($crate::backends::sql::TxError::Rheo(e)) => break Err(e),
+                Err($crate::backends::sql::TxError::Sql(e, phase)) => {
+                    if $crate::backends::sql::db::is_conflict(&e) && attempt < 4 {
+                        attempt += 1;
+                        tokio::time::sleep(std::time::Duration::from_millis(2u64 << attempt)).await;
+                        continue;
+                    }
+                    break Err($crate::backends::sql::db::map_err($self.be(), $op, phase, e));
+                }
+            }
+        }
+    }};
+}
+pub(crate) use retry_tx;
+
+/// What a transaction body fails with: a rule of the crate, or a driver
+/// error and where it happened (so a conflict can be retried).
+pub(crate) enum TxError {
+    Rheo(Error),
+    Sql(sqlx::Error, Phase),
+}
+
+impl From<Error> for TxError {
+    fn from(e: Error) -> Self {
+        TxError::Rheo(e)
+    }
+}
+
+/// `?` on a driver error inside a transaction body (nothing committed yet).
+pub(crate) fn safe(e: sqlx::Error) -> TxError {
+    TxError::Sql(e, Phase::Safe)
+}
+
+/// `?` on a driver error of a commit.
+pub(crate) fn at_commit(e: sqlx::Error) -> TxError {
+    TxError::Sql(e, Phase::Commit)
+}
+
+fn open_error(backend: &'static str, what: &str, e: sqlx::Error) -> Error {
+    let detail = match &e {
+        sqlx::Error::Database(db) => {
+            format!("{} (code {})", db.message(), db.code().as_deref().unwrap_or("?"))
+        }
+        other => other.to_string(),
+    };
+    let mapped = map_err(backend, "open", Phase::Safe, e);
+    match mapped {
+        Error::BackendUnavailable { .. } => {
+            Error::unavailable(backend, "open", format!("cannot reach {what}: {detail}"))
+        }
+        _ => Error::failed("open", format!("{backend}: cannot open {what}: {detail}")),
+    }
+}
+
+impl Drop for SqlBackend {
+    fn drop(&mut self) {
+        #[cfg(feature = "postgres")]
+        self.listener.stop();
+    }
+}
+
+#[async_trait]
+impl Backend for SqlBackend {
+    fn name(&self) -> &'static str {
+        self.be()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut c = Capabilities::new(self.be());
+        c.durable = self.durable;
+        c.distributed = self.d == Dialect::Postgres;
+        c.wakeups = true;
+        c.ops_inspect = true;
+        c
+    }
+
+    async fn ping(&self) -> Result<()> {
+        let mut s = self.stmt();
+        s.push("SELECT 1");
+        self.pool.all(&s).await.map_err(self.err("ping", Phase::Safe))?;
+        Ok(())
+    }
+
+    async fn ensure_schema(&self) -> Result<()> {
+        self.ensure_schema_impl().await
+    }
+
+    async fn create_stream(&self, stream: &str, opts: &StreamOptions) -> Result<StreamInfo> {
+        self.create_stream_impl(stream, opts).await
+    }
+
+    async fn create_group(&self, stream: &str, group: &str, opts: &GroupOptions) -> Result<GroupSummary> {
+        self.create_group_impl(stream, group, opts).await
+    }
+
+    async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
+        self.append_impl(stream, events).await
+    }
+
+    async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
+        self.read_impl(stream, partition, after, limit).await
+    }
+
+    async fn query(&self, query: &Query) -> Result<Page> {
+        self.query_impl(query).await
+    }
+
+    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
+        self.fetch_impl(stream, group, opts).await
+    }
+
+    async fn renew(&self, lease: &LeaseRef, lease_duration: Duration) -> Result<Timestamp> {
+        let mut all = self.renew_many_impl(std::slice::from_ref(lease), lease_duration).await?;
+        all.pop().unwrap_or_else(|| Err(Error::failed("renew", "no result")))
+    }
+
+    async fn renew_many(&self, leases: &[LeaseRef], lease_duration: Duration) -> Result<Vec<Result<Timestamp>>> {
+        self.renew_many_impl(leases, lease_duration).await
+    }
+
+    async fn ack(&self, lease: &LeaseRef) -> Result<()> {
+        let mut all = self.ack_many_impl(std::slice::from_ref(lease)).await?;
+        all.pop().unwrap_or_else(|| Err(Error::failed("ack", "no result")))
+    }
+
+    async fn ack_many(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
+        self.ack_many_impl(leases).await
+    }
+
+    async fn retry(&self, lease: &LeaseRef, reason: &str, delay: Option<Duration>) -> Result<RetryOutcome> {
+        self.retry_impl(lease, reason, delay).await
+    }
+
+    async fn reject(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
+        self.reject_impl(lease, reason).await
+    }
+
+    async fn skip(&self, stream: &str, group: &str, partition: u32, sequence: u64, reason: &str) -> Result<bool> {
+        self.skip_impl(stream, group, partition, sequence, reason).await
+    }
+
+    async fn replay(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64> {
+        self.replay_impl(stream, group, replay).await
+    }
+
+    async fn reset_group(&self, stream: &str, group: &str, reset: &Reset) -> Result<()> {
+        self.reset_impl(stream, group, reset).await
+    }
+
+    async fn lag(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
+        self.lag_impl(stream, group, partitions).await
+    }
+
+    async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
+        self.list_streams_impl(None).await
+    }
+
+    async fn list_groups(&self, stream: &str) -> Result<Vec<GroupSummary>> {
+        self.list_groups_impl(stream).await
+    }
+
+    async fn dead_letters(&self, stream: &str, group: &str, opts: &DeadLetterOptions) -> Result<Vec<DeadLetter>> {
+        self.dead_letters_impl(stream, group, opts).await
+    }
+
+    async fn group_info(&self, stream: &str, group: &str) -> Result<GroupInfo> {
+        self.group_info_impl(stream, group).await
+    }
+
+    async fn create_index(&self, stream: &str, field: &str) -> Result<()> {
+        self.create_index_impl(stream, field).await
+    }
+
+    async fn index_status(&self, stream: &str) -> Result<Vec<IndexStatus>> {
+        self.index_status_impl(stream).await
+    }
+
+    async fn subscribe(&self, stream: &str) -> Result<Subscription> {
+        self.partition_count(stream).await?;
+        #[cfg(feature = "postgres")]
+        if let Pool::Pg(pool) = &self.pool {
+            self.listener.ensure_started(pool);
+        }
+        Ok(self.wakeups.get(stream).subscribe())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_and_refuse_what_they_do_not_know() {
+        let (o, rest) = parse_options("postgres", "sslmode=disable&rheo_schema=ev&rheo_pool=3", true).expect("ok");
+        assert_eq!((o.schema.as_deref(), o.pool), (Some("ev"), 3));
+        assert_eq!(rest, vec![("sslmode".to_owned(), "disable".to_owned())]);
+        for bad in ["rheo_pool=0", "rheo_schema=a-b", "rheo_colour=red", "rheo_connect_timeout_ms=x"] {
+            let e = parse_options("postgres", bad, true).expect_err(bad);
+            assert!(e.to_string().contains(bad.split('=').next().unwrap_or("")), "{e}");
+        }
+        assert!(parse_options("sqlite", "sslmode=disable", false).is_err(), "sqlite passes nothing through");
+        assert!(parse_options("sqlite", "rheo_schema=x", false).is_err(), "no schemas on sqlite");
+        let (o, _) = parse_options("sqlite", "synchronous=normal&busy_timeout_ms=20", false).expect("ok");
+        assert!(!o.synchronous_full && o.busy_timeout == Duration::from_millis(20));
+    }
+
+    #[test]
+    fn urls_in_messages_hide_the_password() {
+        assert_eq!(redact("postgres://u:secret@h:5/db"), "postgres://u:***@h:5/db");
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact("postgres://h/db"), "postgres://h/db");
+    }
+}
