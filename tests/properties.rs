@@ -1554,26 +1554,29 @@ async fn backend_matches_model(factory: Factory, group: ModelGroup, ops: Vec<Mod
 /// The properties that need only the log (streams, appends, reads,
 /// queries); expanded inside a backend module that defines `FACTORY`.
 macro_rules! log_property_tests {
-    () => {
+    ($(#[$attr:meta])*) => {
         proptest! {
-            #![proptest_config(config(ROUTING_CASES))]
+            #![proptest_config(config(ROUTING_CASES / SCALE))]
             #[test]
+            $(#[$attr])*
             fn routing_is_stable(input in routing_input()) {
                 run(super::routing_is_stable(FACTORY, input))?;
             }
         }
 
         proptest! {
-            #![proptest_config(config(CONTIGUOUS_CASES))]
+            #![proptest_config(config(CONTIGUOUS_CASES / SCALE))]
             #[test]
+            $(#[$attr])*
             fn sequences_are_contiguous(count in 1u32..=4, ops in vec(append_op(), 1..25), page in 1usize..=7) {
                 run(super::sequences_are_contiguous(FACTORY, count, ops, page))?;
             }
         }
 
         proptest! {
-            #![proptest_config(config(PAGING_CASES))]
+            #![proptest_config(config(PAGING_CASES / SCALE))]
             #[test]
+            $(#[$attr])*
             fn paging_returns_each_event_once(
                 count in 1u32..=4,
                 events in vec(event_spec(), 0..40),
@@ -1584,8 +1587,9 @@ macro_rules! log_property_tests {
         }
 
         proptest! {
-            #![proptest_config(config(PAGING_APPENDS_CASES))]
+            #![proptest_config(config(PAGING_APPENDS_CASES / SCALE))]
             #[test]
+            $(#[$attr])*
             fn paging_survives_appends_between_pages(
                 count in 1u32..=4,
                 events in vec(event_spec(), 0..30),
@@ -1600,40 +1604,49 @@ macro_rules! log_property_tests {
 
 macro_rules! properties {
     ($backend:ident, $factory:expr) => {
+        properties!($backend, $factory, 1;);
+    };
+    ($backend:ident, $factory:expr, $scale:expr; $(#[$attr:meta])*) => {
         mod $backend {
             use super::*;
 
             const FACTORY: Factory = $factory;
+            /// Each property runs its case count divided by this.
+            const SCALE: u32 = $scale;
 
-            log_property_tests!();
+            log_property_tests!($(#[$attr])*);
 
             proptest! {
-                #![proptest_config(config(FRONTIER_CASES))]
+                #![proptest_config(config(FRONTIER_CASES / SCALE))]
                 #[test]
+            $(#[$attr])*
                 fn frontier_never_passes_a_hole(ops in vec(frontier_op(), 1..60)) {
                     run(super::frontier_never_passes_a_hole(FACTORY, ops))?;
                 }
             }
 
             proptest! {
-                #![proptest_config(config(LEASE_CASES))]
+                #![proptest_config(config(LEASE_CASES / SCALE))]
                 #[test]
+            $(#[$attr])*
                 fn old_lease_never_settles(ops in vec(lease_op(), 1..60)) {
                     run(super::old_lease_never_settles(FACTORY, ops))?;
                 }
             }
 
             proptest! {
-                #![proptest_config(config(ISOLATION_CASES))]
+                #![proptest_config(config(ISOLATION_CASES / SCALE))]
                 #[test]
+            $(#[$attr])*
                 fn groups_are_isolated(a_max_attempts in 1u32..=3, ops in vec(iso_op(), 1..60)) {
                     run(super::groups_are_isolated(FACTORY, a_max_attempts, ops))?;
                 }
             }
 
             proptest! {
-                #![proptest_config(config(MODEL_CASES))]
+                #![proptest_config(config(MODEL_CASES / SCALE))]
                 #[test]
+            $(#[$attr])*
                 fn backend_matches_model(group in model_group(), ops in vec(model_op(), 1..80)) {
                     run(super::backend_matches_model(FACTORY, group, ops))?;
                 }
@@ -1648,3 +1661,8 @@ macro_rules! properties {
 // take minutes. The conformance suite runs the native backend on disk.
 properties!(memory, crate::common::memory);
 properties!(native_mem, crate::common::native_mem);
+// The SQL backends pay a schema per case (and PostgreSQL a round trip per
+// call): an eighth of the cases each, said here and in docs/benchmarks.md.
+properties!(sqlite, crate::common::sqlite, 8;);
+properties!(postgres, crate::common::postgres, 8;
+    #[ignore = "needs PostgreSQL: .ci/run starts one and runs these with RHEO_POSTGRES_URL set"]);

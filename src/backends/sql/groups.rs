@@ -262,24 +262,38 @@ impl SqlBackend {
         }
         let rows: Vec<Value> = parts
             .iter()
-            .map(|&p| Value::from(vec![Value::from(p), Value::from(fc(frontiers, cursors, p).0)]))
+            .map(|&p| {
+                let (f, c) = fc(frontiers, cursors, p);
+                Value::from(vec![Value::from(p), Value::from(f), Value::from(c)])
+            })
             .collect();
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
         let arr = s.text(Value::from(rows).to_string());
+        // Per partition: the first unsettled row above F, and the first
+        // position at or after the cursor without a row (rows there exist
+        // only after a replay moved the cursor back, or a skip ahead of it).
+        let same = format!("d.stream = {st} AND d.group_name = {gr} AND d.partition = {p}", p = self.d.as_int("x.c0"));
         s.push(&format!(
-            "SELECT {p}, (SELECT min(d.sequence) FROM {t} d WHERE d.stream = {st} AND d.group_name = {gr} \
-             AND d.partition = {p} AND d.sequence > {f} AND d.status NOT IN {TERMINAL}) FROM {rows} AS x",
+            "SELECT {p}, (SELECT min(d.sequence) FROM {t} d WHERE {same} AND d.sequence > {f} \
+             AND d.status NOT IN {TERMINAL}), \
+             CASE WHEN NOT EXISTS (SELECT 1 FROM {t} d WHERE {same} AND d.sequence = {c}) THEN {c} \
+             ELSE (SELECT min(d.sequence) + 1 FROM {t} d WHERE {same} AND d.sequence >= {c} AND NOT EXISTS \
+               (SELECT 1 FROM {t} n WHERE n.stream = d.stream AND n.group_name = d.group_name \
+                AND n.partition = d.partition AND n.sequence = d.sequence + 1)) END \
+             FROM {rows} AS x",
             p = self.d.as_int("x.c0"),
             f = self.d.as_int("x.c1"),
+            c = self.d.as_int("x.c2"),
             t = self.names.deliveries(),
-            rows = self.d.json_rows(&arr, 2)
+            rows = self.d.json_rows(&arr, 3)
         ));
         let mut moved = false;
         for r in tx.all(&s).await.map_err(safe)? {
             let p = r.u32(0)?;
             let (f, c) = fc(frontiers, cursors, p);
-            let first = r.opt_i64(1)?.and_then(|n| u64::try_from(n).ok()).unwrap_or(c).min(c);
+            let gap = r.opt_i64(2)?.and_then(|n| u64::try_from(n).ok()).unwrap_or(c);
+            let first = r.opt_i64(1)?.and_then(|n| u64::try_from(n).ok()).unwrap_or(gap).min(gap);
             let new = f.max(first.saturating_sub(1));
             if new != f {
                 frontiers.insert(p, new);
@@ -708,13 +722,8 @@ impl SqlBackend {
         let lim = s.int(i64::try_from(limit).unwrap_or(i64::MAX));
         let ids = s.text(Value::from(lease_ids.iter().map(ToString::to_string).collect::<Vec<_>>()).to_string());
         let claimable = self.claimable(&mut s);
-        let set = self.claim_set(
-            &mut s,
-            "pick.spent",
-            &format!("({ids}::jsonb ->> (pick.rn - 1)::int)"),
-            consumer,
-            lease_for,
-        );
+        let set =
+            self.claim_set(&mut s, "pick.spent", &format!("({ids}::jsonb ->> pick.rn::int)"), consumer, lease_for);
         s.push(&format!(
             "WITH f AS (SELECT x.p, COALESCE((g.frontiers ->> x.p::text)::bigint, 0) AS fr, g.max_attempts AS ma \
                FROM {groups} g, (SELECT jsonb_array_elements_text({parts}::jsonb)::int AS p) x \
@@ -725,15 +734,19 @@ impl SqlBackend {
                    d.lease_id, d.attempt FROM {dl} d \
                  WHERE d.stream = {st} AND d.group_name = {gr} AND d.partition = f.p AND d.sequence > f.fr \
                    AND {claimable} ORDER BY d.sequence LIMIT {per} FOR UPDATE SKIP LOCKED) y), \
-             r AS (SELECT c.*, row_number() OVER (PARTITION BY c.spent ORDER BY c.partition, c.sequence) AS rn FROM c), \
-             pick AS (SELECT * FROM r WHERE (r.spent AND r.rn <= {spent_max}) OR (NOT r.spent AND r.rn <= {lim})) \
+             r AS (SELECT c.*, \
+                 COALESCE(sum(CASE WHEN c.spent THEN 0 ELSE 1 END) OVER (ORDER BY c.partition, c.sequence \
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS rn, \
+                 sum(CASE WHEN c.spent THEN 1 ELSE 0 END) OVER (ORDER BY c.partition, c.sequence \
+                   ROWS UNBOUNDED PRECEDING) AS spent_n FROM c), \
+             pick AS (SELECT * FROM r WHERE r.rn < {lim} AND (NOT r.spent OR r.spent_n <= {spent_max})) \
              UPDATE {dl} d SET {set} FROM pick LEFT JOIN {ev} e ON e.id = pick.event_id \
              WHERE d.ctid = pick.tid \
              RETURNING pick.spent::int, d.partition, d.sequence, d.lease_id, d.attempt, {exp}, {cols}",
             groups = self.names.groups(),
             dl = self.names.deliveries(),
             ev = self.names.events(),
-            spent_max = SPENT_PER_FETCH,
+            spent_max = limit + SPENT_PER_FETCH,
             exp = self.d.ts_out("d.expires_at"),
             cols = event_cols(self.d, "e"),
         ));
@@ -793,13 +806,27 @@ impl SqlBackend {
             }
         }
         cands.sort_by_key(|c| (c.1, c.2));
-        let (mut n_spent, mut n_claim) = (0usize, 0usize);
+        // The walk of the group core: in (partition, sequence) order until
+        // `limit` claims; spent deliveries met on the way are dead-lettered
+        // (at most limit + 64 a fetch; past that a partition stops).
+        let (mut spent_left, mut n_claim) = (limit + SPENT_PER_FETCH, 0usize);
+        let mut stopped: Option<u32> = None;
         let mut picks: Vec<Value> = Vec::new();
-        for (rowid, _, _, spent) in cands {
-            if spent && n_spent < SPENT_PER_FETCH {
-                n_spent += 1;
+        for (rowid, p, _, spent) in cands {
+            if n_claim >= limit {
+                break;
+            }
+            if stopped == Some(p) {
+                continue;
+            }
+            if spent {
+                if spent_left == 0 {
+                    stopped = Some(p);
+                    continue;
+                }
+                spent_left -= 1;
                 picks.push(Value::from(vec![Value::from(rowid), Value::Null, Value::from(1)]));
-            } else if !spent && n_claim < limit {
+            } else {
                 let id = lease_ids.get(n_claim).map(ToString::to_string).unwrap_or_default();
                 n_claim += 1;
                 picks.push(Value::from(vec![Value::from(rowid), Value::from(id), Value::from(0)]));
