@@ -258,11 +258,8 @@ async fn postgres_statement_timeout_is_unavailable_or_ambiguous_never_a_wrong_an
     fill(&rheo, "jobs", 5).await;
     let leases = rheo.fetch("jobs", "workers", FetchOptions::new()).await.expect("fetch");
     // Another session holds the group row: an ack waits on it past the timeout.
-    let admin = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&common::postgres_url())
-        .await
-        .expect("admin");
+    let admin =
+        sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&common::postgres_url()).await.expect("admin");
     let mut blocker = admin.begin().await.expect("begin");
     sqlx::query(sqlx::AssertSqlSafe(format!("SELECT 1 FROM \"{schema}\".rheo_groups FOR UPDATE")))
         .execute(&mut *blocker)
@@ -341,7 +338,7 @@ async fn pgrestart_runtime_survives_a_server_restart_and_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let summary = handle.shutdown().await.expect("shutdown");
-    let seen = seen.lock().expect("lock");
+    let seen = std::mem::take(&mut *seen.lock().expect("lock"));
     assert_eq!(seen.len(), EVENTS, "every event handled after the restart: {summary:?}");
     assert_eq!(rheo.lag("jobs", "workers").await.expect("lag").total, 0, "{summary:?}");
     let again = seen.values().filter(|&&n| n > 1).count();

@@ -125,8 +125,10 @@ fn reference_ddl(pg: bool, schema: Option<&str>) -> Vec<String> {
         format!("CREATE TABLE IF NOT EXISTS {} (stream TEXT NOT NULL, group_name TEXT NOT NULL, event_id TEXT NOT NULL, partition INTEGER NOT NULL DEFAULT 0, sequence {big} NOT NULL, status TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0, lease_id TEXT, consumer_id TEXT, reason TEXT, leased_at {ts}, expires_at {ts}, renewed_at {ts}, acked_at {ts}, retried_at {ts}, dead_lettered_at {ts}, created_at {ts} NOT NULL, PRIMARY KEY (stream, group_name, event_id))", t("rheo_deliveries")),
     ]);
     for (name, (table, cols, unique)) in reference_indexes() {
-        let cols: Vec<String> =
-            cols.iter().map(|c| if ["timestamp", "key", "type"].contains(c) { format!("\"{c}\"") } else { (*c).to_owned() }).collect();
+        let cols: Vec<String> = cols
+            .iter()
+            .map(|c| if ["timestamp", "key", "type"].contains(c) { format!("\"{c}\"") } else { (*c).to_owned() })
+            .collect();
         out.push(format!(
             "CREATE {}INDEX IF NOT EXISTS {name} ON {} ({})",
             if unique { "UNIQUE " } else { "" },
@@ -282,19 +284,24 @@ async fn sqlite_creates_exactly_the_reference_tables_and_indexes() {
     }
     // The rows the reference reads are in its shapes.
     use sqlx::Row;
-    let g = sqlx::query("SELECT cursors, frontiers, max_attempts FROM rheo_groups").fetch_one(&pool).await.expect("group");
+    let g =
+        sqlx::query("SELECT cursors, frontiers, max_attempts FROM rheo_groups").fetch_one(&pool).await.expect("group");
     let cursors: serde_json::Value = serde_json::from_str(&g.get::<String, _>(0)).expect("json");
     let frontiers: serde_json::Value = serde_json::from_str(&g.get::<String, _>(1)).expect("json");
     assert_eq!(frontiers, json!({"0": 1, "1": 0}), "frontiers keyed by decimal partition");
     assert!(cursors.as_object().is_some_and(|m| m.keys().all(|k| k == "0" || k == "1")), "{cursors}");
-    let d = sqlx::query("SELECT status, acked_at, created_at FROM rheo_deliveries").fetch_one(&pool).await.expect("row");
+    let d =
+        sqlx::query("SELECT status, acked_at, created_at FROM rheo_deliveries").fetch_one(&pool).await.expect("row");
     assert_eq!(d.get::<String, _>(0), "acked");
     for col in [1, 2] {
         let t: String = d.get(col);
         assert_eq!(t.len(), 27, "{t}: the reference's fixed-width text");
         assert!(t.ends_with("000Z") && t.as_bytes()[10] == b'T', "{t}");
     }
-    let e = sqlx::query("SELECT \"key\", \"type\", payload, metadata FROM rheo_events").fetch_one(&pool).await.expect("event");
+    let e = sqlx::query("SELECT \"key\", \"type\", payload, metadata FROM rheo_events")
+        .fetch_one(&pool)
+        .await
+        .expect("event");
     assert_eq!((e.get::<String, _>(0), e.get::<String, _>(1)), ("k1".to_owned(), "placed".to_owned()));
     let payload: serde_json::Value = serde_json::from_str(&e.get::<String, _>(2)).expect("json payload");
     assert_eq!(payload, json!({"type": "placed", "total": 5}));
@@ -336,7 +343,10 @@ async fn sqlite_refuses_tables_of_another_shape_and_writes_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("other.db");
     let pool = sqlite_pool(&path).await;
-    sqlx::query("CREATE TABLE rheo_events (id TEXT PRIMARY KEY, stream TEXT, body BLOB)").execute(&pool).await.expect("other");
+    sqlx::query("CREATE TABLE rheo_events (id TEXT PRIMARY KEY, stream TEXT, body BLOB)")
+        .execute(&pool)
+        .await
+        .expect("other");
     drop(pool);
     let err = Rheo::open(&format!("sqlite:{}", path.display())).await.expect_err("another shape");
     let msg = err.to_string();
@@ -457,8 +467,14 @@ async fn postgres_uses_a_database_the_reference_created() {
     for sql in [
         format!("INSERT INTO {} VALUES ('orders', 1, now())", t("rheo_streams")),
         format!("INSERT INTO {} VALUES ('orders', 0, 1)", t("rheo_stream_sequences")),
-        format!("INSERT INTO {} VALUES ('ev-1', 'orders', 0, 1, '2026-01-15T12:00:00.123456Z', NULL, 'placed', '{{}}', '{{\"type\":\"placed\"}}')", t("rheo_events")),
-        format!("INSERT INTO {} VALUES ('orders', 'billing', '{{\"0\":2}}', '{{\"0\":0}}', 5, now())", t("rheo_groups")),
+        format!(
+            "INSERT INTO {} VALUES ('ev-1', 'orders', 0, 1, '2026-01-15T12:00:00.123456Z', NULL, 'placed', '{{}}', '{{\"type\":\"placed\"}}')",
+            t("rheo_events")
+        ),
+        format!(
+            "INSERT INTO {} VALUES ('orders', 'billing', '{{\"0\":2}}', '{{\"0\":0}}', 5, now())",
+            t("rheo_groups")
+        ),
     ] {
         sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&pool).await.expect("reference rows");
     }
@@ -488,10 +504,7 @@ async fn postgres_uses_a_database_the_reference_created() {
 async fn postgres_refuses_tables_of_another_shape_and_writes_nothing() {
     let schema = fresh_schema();
     let pool = pg_admin().await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
-        .execute(&pool)
-        .await
-        .expect("schema");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\""))).execute(&pool).await.expect("schema");
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE \"{schema}\".rheo_groups (stream TEXT, name TEXT, cursors TEXT, frontiers TEXT)"
     )))
@@ -521,7 +534,8 @@ async fn postgres_bad_urls_and_databases_get_clear_errors() {
     let no_role = base.replacen("postgres@", "nobody_here@", 1);
     let err = Rheo::open(&no_role).await.expect_err("unknown role");
     assert!(err.to_string().contains("nobody_here"), "{err}");
-    let err = Rheo::open("postgres://u:secret@127.0.0.1:1/db?rheo_connect_timeout_ms=300").await.expect_err("no server");
+    let err =
+        Rheo::open("postgres://u:secret@127.0.0.1:1/db?rheo_connect_timeout_ms=300").await.expect_err("no server");
     assert!(err.is_transient(), "unreachable is BackendUnavailable: {err}");
     assert!(!err.to_string().contains("secret"), "the password is never shown: {err}");
     for (url, says) in [

@@ -163,7 +163,10 @@ pub(crate) fn map_err(backend: &'static str, operation: &'static str, phase: Pha
                     Phase::Safe => Error::unavailable(backend, operation, format!("{msg} (code {code})")),
                     Phase::Commit => Error::ambiguous(operation, format!("{backend}: {msg} (code {code})")),
                 },
-                DbClass::Conflict => Error::failed(operation, format!("{backend}: {msg} (code {code}; retried)")),
+                DbClass::Conflict => Error::failed(
+                    operation,
+                    format!("{backend}: {msg} (code {code}: a serialization failure or deadlock)"),
+                ),
                 DbClass::Other => Error::failed(operation, format!("{backend}: {msg} (code {code})")),
             }
         }
@@ -201,6 +204,19 @@ pub(crate) fn is_conflict(e: &sqlx::Error) -> bool {
 /// True for a unique-key violation.
 pub(crate) fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.kind() == sqlx::error::ErrorKind::UniqueViolation)
+}
+
+/// True when a database error names (in its constraint or message) one
+/// of `parts`.
+pub(crate) fn names_constraint(e: &sqlx::Error, parts: &[&str]) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            let c = db.constraint().unwrap_or_default();
+            let m = db.message();
+            parts.iter().any(|p| c.contains(p) || m.contains(p))
+        }
+        _ => false,
+    }
 }
 
 /// A pool of either driver.

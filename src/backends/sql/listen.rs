@@ -33,13 +33,12 @@ impl Filter {
     /// wakes every stream (a payload this code can't read).
     fn stream_of(&self, payload: &str) -> Option<Option<String>> {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(payload) else { return Some(None) };
-        if v.get("origin").and_then(|o| o.as_str()) == Some(self.origin.as_str()) {
-            return None;
-        }
-        if let Some(schema) = v.get("schema").and_then(|o| o.as_str())
-            && Some(schema) != self.schema.as_deref()
-        {
-            return None;
+        if let Some(origin) = v.get("origin") {
+            // A Rust backend's: its own, or another schema's, are skipped.
+            let schema = v.get("schema").and_then(|o| o.as_str());
+            if origin.as_str() == Some(self.origin.as_str()) || schema != self.schema.as_deref() {
+                return None;
+            }
         }
         Some(v.get("stream").and_then(|s| s.as_str()).map(str::to_owned))
     }
@@ -130,7 +129,8 @@ mod tests {
         assert_eq!(f.stream_of(r#"{"stream":"s","count":1}"#), Some(Some("s".into())), "the reference's payload");
         assert_eq!(f.stream_of(r#"{"stream":"s","count":1,"schema":"a","origin":"other"}"#), Some(Some("s".into())));
         assert_eq!(f.stream_of(r#"{"stream":"s","count":1,"schema":"a","origin":"me"}"#), None);
-        assert_eq!(f.stream_of(r#"{"stream":"s","count":1,"schema":"b"}"#), None);
+        assert_eq!(f.stream_of(r#"{"stream":"s","count":1,"schema":"b","origin":"x"}"#), None);
+        assert_eq!(f.stream_of(r#"{"stream":"s","count":1,"schema":null,"origin":"x"}"#), None, "the default schema's");
         assert_eq!(f.stream_of("not json"), Some(None));
     }
 }

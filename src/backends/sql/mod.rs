@@ -82,6 +82,10 @@ pub struct SqlBackend {
     wakeups: Arc<WakeupMap>,
     #[cfg(feature = "postgres")]
     listener: listen::Listener,
+    /// The LISTEN connection's own pool (one connection, opened on the
+    /// first subscription), so that it never takes one of the calls'.
+    #[cfg(feature = "postgres")]
+    listen_pool: Option<sqlx::postgres::PgPool>,
     /// This backend's id in its notifications (see `listen::Filter`).
     origin: String,
     /// Index builds running in the background: (stream, field) -> failure.
@@ -236,6 +240,7 @@ impl SqlBackend {
             o.pool
         };
         let pool = SqlitePoolOptions::new()
+            .test_before_acquire(false)
             .max_connections(pool_size)
             .min_connections(if memory { 1 } else { 0 })
             .idle_timeout(if memory { None } else { Some(Duration::from_secs(600)) })
@@ -266,7 +271,12 @@ impl SqlBackend {
         if let Some(t) = o.statement_timeout {
             opts = opts.options([("statement_timeout", format!("{}ms", t.as_millis()))]);
         }
+        let listen_pool =
+            PgPoolOptions::new().max_connections(1).acquire_timeout(o.connect_timeout).connect_lazy_with(opts.clone());
+        // No ping before each use: a dead connection fails its statement,
+        // which is mapped like any other connection loss.
         let pool = PgPoolOptions::new()
+            .test_before_acquire(false)
             .max_connections(o.pool)
             .min_connections(0)
             .acquire_timeout(o.connect_timeout)
@@ -275,7 +285,10 @@ impl SqlBackend {
             .connect_with(opts)
             .await
             .map_err(|e| open_error("postgres", &redact(url), e))?;
-        Ok(Self::new(Dialect::Postgres, Pool::Pg(pool), Names::new(o.schema), clock, !custom_clock, true))
+        let mut backend =
+            Self::new(Dialect::Postgres, Pool::Pg(pool), Names::new(o.schema), clock, !custom_clock, true);
+        backend.listen_pool = Some(listen_pool);
+        Ok(backend)
     }
 
     fn new(d: Dialect, pool: Pool, names: Names, clock: Arc<dyn Clock>, db_clock: bool, durable: bool) -> Self {
@@ -289,6 +302,8 @@ impl SqlBackend {
                 listen::Filter { origin: origin.clone(), schema: names.schema().map(str::to_owned) },
             ),
             origin,
+            #[cfg(feature = "postgres")]
+            listen_pool: None,
             pool,
             names,
             clock,
@@ -526,7 +541,7 @@ impl Backend for SqlBackend {
     async fn subscribe(&self, stream: &str) -> Result<Subscription> {
         self.partition_count(stream).await?;
         #[cfg(feature = "postgres")]
-        if let Pool::Pg(pool) = &self.pool {
+        if let Some(pool) = &self.listen_pool {
             self.listener.ensure_started(pool);
         }
         Ok(self.wakeups.get(stream).subscribe())

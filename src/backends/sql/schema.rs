@@ -234,8 +234,8 @@ impl Names {
     }
 }
 
-/// The idempotent DDL, in order: tables, then indexes. A DBA can print it
-/// with `rheo schema --backend URL` (see `docs/guides/sql.md`).
+/// The idempotent DDL, in order: tables, then indexes (`docs/guides/sql.md`
+/// shows it for a DBA to review).
 pub(crate) fn ddl(d: Dialect, names: &Names) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(s) = names.schema() {
@@ -257,7 +257,8 @@ pub(crate) fn ddl(d: Dialect, names: &Names) -> Vec<String> {
                 s
             })
             .collect();
-        cols.push(format!("PRIMARY KEY ({})", t.key.join(", ")));
+        let key: Vec<String> = t.key.iter().map(|c| quote_col(c)).collect();
+        cols.push(format!("PRIMARY KEY ({})", key.join(", ")));
         out.push(format!("CREATE TABLE IF NOT EXISTS {} ({})", names.t(t.name), cols.join(", ")));
     }
     for (name, table, cols, unique) in INDEXES {

@@ -285,7 +285,7 @@ impl SqlBackend {
         let created = super::retry_tx!(self, "create_stream", self.create_stream_tx(stream, opts, now).await)?;
         self.partition_counts.write().insert(stream.to_owned(), opts.partition_count);
         for field in &opts.indexes {
-            if let Some(canonical) = canonical_path(field) {
+            if let Some(canonical) = canonical_path(field).filter(|c| !ALWAYS_INDEXED.contains(&c.as_str())) {
                 self.build_index(&canonical).await?;
             }
         }
@@ -395,32 +395,22 @@ impl SqlBackend {
         // row locks serialize appenders; the order rules out deadlocks).
         let mut next: BTreeMap<u32, u64> = BTreeMap::new();
         for (&p, &n) in &per {
+            // One upsert: a stream whose writer left no sequence row gets one.
             let mut s = self.stmt();
             let name = s.text(stream);
             let part = s.int(i64::from(p));
             let add = s.int(seq_arg(n));
+            let seqs = self.names.seqs();
             s.push(&format!(
-                "UPDATE {} SET next_sequence = next_sequence + {add} WHERE stream = {name} AND partition = {part} \
-                 RETURNING next_sequence",
-                self.names.seqs()
+                "INSERT INTO {seqs} AS q (stream, partition, next_sequence) VALUES ({name}, {part}, {add}) \
+                 ON CONFLICT (stream, partition) DO UPDATE SET next_sequence = q.next_sequence + excluded.next_sequence \
+                 RETURNING next_sequence"
             ));
             let rows = tx.all(&s).await.map_err(safe)?;
-            let last = match rows.first() {
-                Some(r) => r.u64(0)?,
-                None => {
-                    // A stream created by a writer that left no sequence row.
-                    let mut s = self.stmt();
-                    let name = s.text(stream);
-                    let part = s.int(i64::from(p));
-                    let add = s.int(seq_arg(n));
-                    s.push(&format!(
-                        "INSERT INTO {} (stream, partition, next_sequence) VALUES ({name}, {part}, {add})",
-                        self.names.seqs()
-                    ));
-                    tx.exec(&s).await.map_err(safe)?;
-                    n
-                }
-            };
+            let last = rows
+                .first()
+                .ok_or_else(|| Error::failed("append", format!("stream {stream:?}: no sequence was allocated")))?
+                .u64(0)?;
             next.insert(p, last + 1 - n);
         }
         let mut rows = Vec::with_capacity(events.len());
@@ -474,7 +464,10 @@ impl SqlBackend {
         ));
         let inserted = match tx.all(&s).await {
             Ok(rows) => rows,
-            Err(e) if super::db::is_unique_violation(&e) => {
+            Err(e)
+                if super::db::is_unique_violation(&e)
+                    && super::db::names_constraint(&e, &["pkey", "rheo_events.id"]) =>
+            {
                 return Err(Error::invalid(
                     "id",
                     format!("stream {stream:?}: an event with one of these ids already exists (event ids are unique)"),
@@ -594,7 +587,8 @@ impl SqlBackend {
         }
         let now = self.now();
         let declared = super::retry_tx!(self, "create_index", self.declare_tx(stream, &canonical, field, now).await)?;
-        if declared || !self.index_exists(&canonical).await? {
+        // Built when new, or when a build left no valid index behind.
+        if declared || !self.index_state(&canonical).await?.0 {
             self.build_index(&canonical).await?;
         }
         Ok(())
@@ -628,25 +622,6 @@ impl SqlBackend {
         let declared = self.declare_index(&mut tx, stream, canonical, spelling, at, 0).await?;
         tx.commit().await.map_err(at_commit)?;
         Ok(declared)
-    }
-
-    async fn index_exists(&self, canonical: &str) -> Result<bool> {
-        if field_expr(self.d, canonical, "e").is_none() {
-            return Ok(true);
-        }
-        let mut s = self.stmt();
-        let name = s.text(index_name(canonical));
-        match self.d {
-            Dialect::Postgres => {
-                let ns = self.pg_namespace(&mut s);
-                s.push(&format!(
-                    "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-                     WHERE c.relname = {name} AND c.relkind = 'i' AND n.nspname = {ns}"
-                ))
-            }
-            Dialect::Sqlite => s.push(&format!("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = {name}")),
-        };
-        Ok(!self.pool.all(&s).await.map_err(self.err("create_index", Phase::Safe))?.is_empty())
     }
 
     /// Creates the expression index of a field: on PostgreSQL `CREATE
@@ -692,7 +667,13 @@ impl SqlBackend {
                     }
                 ));
                 let backend = self.be();
+                let invalid = self.index_state(canonical).await.is_ok_and(|(ready, _)| !ready);
                 tokio::spawn(async move {
+                    // An invalid index of an interrupted build is dropped first
+                    // (IF NOT EXISTS would keep it); a valid one is kept.
+                    if invalid {
+                        let _ = pool.exec(&drop_invalid).await;
+                    }
                     let failure = pool.exec(&s).await.err().map(|e| e.to_string());
                     if let Some(e) = &failure {
                         tracing::warn!(backend, field = %key, error = %e, "building a payload index failed");
