@@ -5,8 +5,8 @@
 //! |---|---|---|
 //! | `memory:` | [`memory::MemoryBackend`]: in-process, ephemeral | always built |
 //! | `native:PATH[?options]` | [`native::NativeBackend`]: the embedded log engine | always built |
-//! | `sqlite:PATH[?options]` | [`sql::SqlBackend`] on SQLite | `sqlite` |
-//! | `postgres://…`, `postgresql://…` | [`sql::SqlBackend`] on PostgreSQL | `postgres` |
+//! | `sqlite:PATH[?options]` | `sql::SqlBackend` on SQLite | `sqlite` |
+//! | `postgres://…`, `postgresql://…` | `sql::SqlBackend` on PostgreSQL | `postgres` |
 //! | `mongodb://…`, `mongodb+srv://…` | MongoDB | `mongo` (not in this version yet) |
 //! | `redis://…`, `rediss://…` | Redis Streams | `redis` (not in this version yet) |
 //!
@@ -24,6 +24,7 @@ use crate::model::time::Clock;
 pub mod memory;
 pub mod native;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub mod sql;
 
 /// What every backend is opened with, besides its URL.

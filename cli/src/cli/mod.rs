@@ -18,8 +18,8 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "rheo", version, about)]
 struct Args {
-    /// Backend URL: `native:PATH[?options]` (the embedded engine, durable) or
-    /// `memory:` (ephemeral).
+    /// Backend URL: `native:PATH[?options]` (the embedded engine, durable),
+    /// `memory:` (ephemeral), `sqlite:PATH` or `postgres://user@host/db`.
     #[arg(long, global = true, default_value = "native:./rheo-data")]
     backend: String,
     /// Machine-readable output: one JSON document, or JSON lines for

@@ -326,9 +326,8 @@ impl SqlBackend {
         let arr = s.text(Value::from(rows).to_string());
         let (p, f, c) = (self.d.as_int("x.c0"), self.d.as_int("x.c1"), self.d.as_int("x.c2"));
         // (SQLite's LIMIT can't name an outer column; it never skips.)
-        let k = if skip.is_empty() { "1".to_owned() } else { self.d.as_int("x.c3") };
+
         let same = |a: &str| format!("{a}.stream = {st} AND {a}.group_name = {gr} AND {a}.partition = {p}");
-        let _ = k;
         format!(
             "SELECT {p}, (SELECT CAST(min(d.sequence) AS TEXT) FROM {t} d WHERE {sd} AND d.sequence > {f} \
              AND d.status NOT IN {TERMINAL}), \
@@ -643,7 +642,12 @@ impl SqlBackend {
         }
         if !spent.is_empty() {
             spent.sort_unstable();
-            super::retry_tx!(self, "fetch", self.settled_tx(stream, group, &spent).await)?;
+            // The claim committed (with its dead letters): failing the fetch
+            // now would strand its leases until they expire. The order marks
+            // and the frontier move are redone by the next settle's advance.
+            if let Err(e) = super::retry_tx!(self, "fetch", self.settled_tx(stream, group, &spent).await) {
+                tracing::warn!(stream, group, error = %e, "ordering dead letters after a claim failed");
+            }
         }
         Ok(FetchReport { leases, ..FetchReport::default() })
     }
@@ -1566,7 +1570,10 @@ impl SqlBackend {
         let scope_name = || format!("dead letters of {stream:?}/{group:?}");
         // The order: the dead-letter mark (rows the reference wrote have
         // none and come first), then time, partition and sequence.
-        let key = format!("COALESCE(o.mark, -1), {}, d.partition, d.sequence", self.d.ts_key("d.dead_lettered_at"));
+        let key = format!(
+            "COALESCE(o.mark, -1), {}, d.partition, d.sequence",
+            self.d.ts_key("COALESCE(d.dead_lettered_at, d.created_at)")
+        );
         let base = format!(
             "FROM {dl} d LEFT JOIN {o} o ON o.stream = d.stream AND o.group_name = d.group_name \
              AND o.partition = d.partition AND o.sequence = d.sequence",

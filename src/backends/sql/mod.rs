@@ -16,11 +16,16 @@
 //! | option | backend | meaning | default |
 //! |---|---|---|---|
 //! | `rheo_schema=NAME` | postgres | qualify the tables with this schema (created when missing) | none (the search path) |
-//! | `rheo_pool=N` | both | the most connections (1 to 256) | 10 (sqlite: 4) |
+//! | `rheo_pool=N` | both | the most connections (1 to 256; PostgreSQL opens one more for LISTEN) | 10 (sqlite: 1, see below) |
 //! | `rheo_connect_timeout_ms=N` | both | how long a call waits for a connection before `BackendUnavailable` | 5000 |
 //! | `rheo_statement_timeout_ms=N` | postgres | the server's `statement_timeout` | none |
 //! | `synchronous=normal\|full` | sqlite | `PRAGMA synchronous` (`full`: every commit survives a power cut) | `full` |
 //! | `busy_timeout_ms=N` | sqlite | how long a writer waits for the lock | 5000 |
+//!
+//! SQLite uses one connection unless `rheo_pool` says more: its calls then
+//! queue in order rather than race for SQLite's single write lock. More
+//! connections let reads run beside a write; writers (of this and other
+//! processes) then wait up to `busy_timeout_ms` for the lock.
 //!
 //! ```no_run
 //! # async fn demo() -> rheo::Result<()> {
@@ -146,7 +151,11 @@ pub(crate) struct SqlOptions {
 
 fn parse_options(scheme: &str, query: &str, allow_schema: bool) -> Result<(SqlOptions, Vec<(String, String)>)> {
     let mut o = SqlOptions {
-        pool: if allow_schema { 10 } else { 4 },
+        // SQLite: one connection by default. SQLite has one writer at a
+        // time anyway; a single connection queues this process's calls
+        // fairly (FIFO) instead of letting its writers race for the lock,
+        // which starves some past busy_timeout ("database is locked").
+        pool: if allow_schema { 10 } else { 1 },
         connect_timeout: Duration::from_secs(5),
         statement_timeout: None,
         schema: None,

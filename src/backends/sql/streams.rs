@@ -710,7 +710,8 @@ impl SqlBackend {
         fields.dedup();
         let mut out = Vec::with_capacity(fields.len());
         for field in fields {
-            let (ready, failed) = if declared.contains(&field) && field_expr(self.d, &field, "e").is_some() {
+            let always = ALWAYS_INDEXED.contains(&field.as_str());
+            let (ready, failed) = if !always && declared.contains(&field) && field_expr(self.d, &field, "e").is_some() {
                 self.index_state(&field).await?
             } else {
                 (true, false)
