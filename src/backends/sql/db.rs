@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use crate::model::time::Timestamp;
 
+pub(crate) use super::dialect::Arg;
 use super::dialect::Dialect;
 
 #[cfg(feature = "postgres")]
@@ -12,14 +13,6 @@ use sqlx::postgres::{PgPool, PgRow, Postgres};
 #[cfg(feature = "sqlite")]
 use sqlx::sqlite::{Sqlite, SqlitePool, SqliteRow};
 use sqlx::{AssertSqlSafe, Row as _};
-
-/// One bound value.
-#[derive(Debug, Clone)]
-pub(crate) enum Arg {
-    I64(i64),
-    F64(f64),
-    Text(String),
-}
 
 /// A statement and its arguments; `arg` numbers the placeholders.
 #[derive(Debug, Clone)]

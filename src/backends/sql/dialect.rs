@@ -4,7 +4,13 @@
 
 use crate::model::time::Timestamp;
 
-use super::db::Arg;
+/// One bound value.
+#[derive(Debug, Clone)]
+pub(crate) enum Arg {
+    I64(i64),
+    F64(f64),
+    Text(String),
+}
 
 /// The SQL dialect of a backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
