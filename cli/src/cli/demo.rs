@@ -182,6 +182,26 @@ mod tests {
         assert!(text.trim_end().ends_with("only move their own positions."), "{text}");
     }
 
+    /// The demo on SQLite (a temporary file), twice: the command works on
+    /// a database backend as on the embedded one.
+    #[tokio::test]
+    async fn demo_runs_on_sqlite_and_again_on_the_same_file() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let url = format!("sqlite:{}", dir.path().join("demo.db").display());
+        for run_no in 0..2 {
+            let mut out = Vec::new();
+            run(&url, &mut out).await.expect("demo succeeds on sqlite");
+            let text = String::from_utf8(out).expect("utf-8");
+            assert!(text.contains("reopened 1 delivery"), "run {run_no}: {text}");
+            assert!(text.contains("billing: 0 in flight, 0 dead letters."), "run {run_no}: {text}");
+            assert!(text.trim_end().ends_with("only move their own positions."), "run {run_no}: {text}");
+        }
+        let rheo = Rheo::open(&url).await.expect("reopen");
+        assert_eq!(rheo.list_streams().await.expect("streams").len(), 2, "each run has its own stream");
+        let info = rheo.group_info("orders", "billing").await.expect("first run's group");
+        assert_eq!((info.lag.total, info.inflight, info.dead_letters), (0, 0, 0));
+    }
+
     #[tokio::test]
     async fn demo_runs_twice_on_the_native_default_and_keeps_the_first_run() {
         let dir = tempfile::tempdir().expect("temporary directory");

@@ -841,8 +841,10 @@ impl SqlBackend {
                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS rn, \
                  sum(CASE WHEN c.spent THEN 1 ELSE 0 END) OVER (ORDER BY c.partition, c.sequence \
                    ROWS UNBOUNDED PRECEDING) AS spent_n FROM c), \
-             pick AS (SELECT * FROM r WHERE r.rn < {lim} AND (NOT r.spent OR r.spent_n <= {spent_max}) \
-               LIMIT {lim} + {spent_max}) \
+             r2 AS (SELECT r.*, min(CASE WHEN r.spent AND r.spent_n > {spent_max} THEN r.sequence END) \
+                 OVER (PARTITION BY r.partition) AS stop FROM r), \
+             pick AS (SELECT * FROM r2 WHERE r2.rn < {lim} AND (NOT r2.spent OR r2.spent_n <= {spent_max}) \
+               AND (r2.stop IS NULL OR r2.sequence < r2.stop) LIMIT {lim} + {spent_max}) \
              UPDATE {dl} d SET {set} FROM pick LEFT JOIN LATERAL \
                (SELECT * FROM {ev} e1 WHERE e1.id = pick.event_id LIMIT 1) e ON true \
              WHERE d.ctid = pick.tid \
