@@ -194,19 +194,8 @@ pub(crate) fn parse_ts(s: &str) -> Option<Timestamp> {
     if !(rest.is_empty() || rest == "Z" || rest == "+00:00" || rest == "+0000") {
         return None;
     }
-    let days = days_from_civil(y, mo, d);
+    let days = crate::model::time::days_from_civil(y, mo, d);
     Some(Timestamp::from_millis(((days * 86_400 + h * 3600 + mi * 60 + sec) * 1000) + ms))
-}
-
-/// Howard Hinnant's civil-to-days algorithm.
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]
