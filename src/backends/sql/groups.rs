@@ -143,9 +143,9 @@ fn stale(l: &LeaseRef) -> Error {
 
 /// The partition/sequence/lease fence of a delivery row `d` against
 /// `json_rows` alias `x` (`c0` partition, `c1` sequence, `c2` lease id).
-fn fence(d: Dialect) -> String {
+fn fence(d: Dialect, a: &str) -> String {
     format!(
-        "d.partition = {} AND d.sequence = {} AND d.lease_id = x.c2 AND d.status = 'leased'",
+        "{a}.partition = {} AND {a}.sequence = {} AND {a}.lease_id = x.c2 AND {a}.status = 'leased'",
         d.as_int("x.c0"),
         d.as_int("x.c1")
     )
@@ -154,9 +154,29 @@ fn fence(d: Dialect) -> String {
 impl SqlBackend {
     /// `FROM … WHERE …` of an update of the delivery rows `d` that leases
     /// in the JSON rows `arr` (partition, sequence, lease id) still hold.
+    ///
+    /// On PostgreSQL each lease is looked up by its own probe of the
+    /// frontier index and locked (the fence re-checked on the row's latest
+    /// version), and the update joins on the locked rows' ctids. A plain
+    /// join lets a planner without statistics (a table minutes old) hash
+    /// the group's every row, and a probe without the `ORDER BY` may take
+    /// the claim index and filter every leased row: both grow with the
+    /// table. SQLite's planner probes the index per JSON row by itself.
     fn fenced(&self, st: &str, gr: &str, arr: &str) -> String {
         let rows = self.d.json_rows(arr, 3);
-        format!("FROM {rows} AS x WHERE d.stream = {st} AND d.group_name = {gr} AND {}", fence(self.d))
+        match self.d {
+            Dialect::Postgres => format!(
+                "FROM (SELECT y.tid FROM {rows} AS x CROSS JOIN LATERAL (SELECT d0.ctid AS tid FROM {dl} d0 \
+                 WHERE d0.stream = {st} AND d0.group_name = {gr} AND {fence} \
+                 ORDER BY d0.partition, d0.sequence LIMIT 1 FOR UPDATE OF d0) y) AS k \
+                 WHERE d.ctid = k.tid",
+                dl = self.names.deliveries(),
+                fence = fence(self.d, "d0"),
+            ),
+            Dialect::Sqlite => {
+                format!("FROM {rows} AS x WHERE d.stream = {st} AND d.group_name = {gr} AND {}", fence(self.d, "d"))
+            }
+        }
     }
 }
 
@@ -298,7 +318,9 @@ impl SqlBackend {
     /// one: the caller passes over those the same statement settles), and
     /// the first position at or after the cursor without a row (rows there
     /// exist only after a replay moved the cursor back, or a skip ahead of
-    /// it). Each subquery walks an index in order and stops early.
+    /// it). Each subquery walks an index in order and stops early. (Row
+    /// tests are scalar subqueries, not `EXISTS`: PostgreSQL may run an
+    /// `EXISTS` as one hashed pass over the group's every row.)
     #[allow(clippy::too_many_arguments)]
     fn advance_select(
         &self,
@@ -331,10 +353,11 @@ impl SqlBackend {
         format!(
             "SELECT {p}, (SELECT CAST(min(d.sequence) AS TEXT) FROM {t} d WHERE {sd} AND d.sequence > {f} \
              AND d.status NOT IN {TERMINAL}), \
-             CASE WHEN NOT EXISTS (SELECT 1 FROM {t} d WHERE {sd} AND d.sequence = {c}) THEN {c} \
-             ELSE (SELECT min(d.sequence) + 1 FROM {t} d WHERE {sd} AND d.sequence >= {c} AND NOT EXISTS \
-               (SELECT 1 FROM {t} n WHERE n.stream = d.stream AND n.group_name = d.group_name \
-                AND n.partition = d.partition AND n.sequence = d.sequence + 1)) END \
+             CASE WHEN (SELECT d.sequence FROM {t} d WHERE {sd} AND d.sequence = {c} LIMIT 1) IS NULL THEN {c} \
+             ELSE (SELECT d.sequence + 1 FROM {t} d WHERE {sd} AND d.sequence >= {c} AND \
+               (SELECT n.sequence FROM {t} n WHERE n.stream = d.stream AND n.group_name = d.group_name \
+                AND n.partition = d.partition AND n.sequence = d.sequence + 1 LIMIT 1) IS NULL \
+               ORDER BY d.partition, d.sequence LIMIT 1) END \
              FROM {rows} AS x",
             sd = same("d"),
             t = self.names.deliveries(),
@@ -1082,10 +1105,11 @@ impl SqlBackend {
         leases: &[&LeaseRef],
     ) -> std::result::Result<Vec<(u32, u64)>, TxError> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
-        let (mut frontiers, cursors) = self.lock_group(&mut tx, stream, group).await?;
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
-        let arr = s.arg(lease_rows(leases.iter().map(|l| (l.partition, l.sequence, l.lease_id.to_string()))));
+        let mut rows: Vec<&LeaseRef> = leases.to_vec();
+        rows.sort_by_key(|l| (l.partition, l.sequence));
+        let arr = s.arg(lease_rows(rows.iter().map(|l| (l.partition, l.sequence, l.lease_id.to_string()))));
         let now = self.now();
         let at = self.now_sql(&mut s, now);
         let update = format!(
@@ -1098,6 +1122,11 @@ impl SqlBackend {
         s.push(&update);
         let rows = tx.all(&s).await.map_err(safe)?;
         let acked = rows.iter().map(|r| Ok((r.u32(0)?, r.u64(1)?))).collect::<Result<Vec<_>>>()?;
+        // The group lock after the rows' own: consumers settling disjoint
+        // rows wait for each other only for the frontier's move. (A replay
+        // or reset, which locks the group first, may deadlock with this;
+        // the database aborts one and retry_tx runs it again.)
+        let (mut frontiers, cursors) = self.lock_group(&mut tx, stream, group).await?;
         let parts: BTreeSet<u32> = acked.iter().map(|a| a.0).collect();
         self.advance(&mut tx, stream, group, &mut frontiers, &cursors, &parts).await?;
         tx.commit().await.map_err(at_commit)?;
@@ -1153,7 +1182,8 @@ impl SqlBackend {
         let g = self.load_group(&lease.stream, &lease.group).await?;
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, &lease.stream, &lease.group);
-        let arr = s.arg(lease_rows(std::iter::once((lease.partition, lease.sequence, lease.lease_id.to_string()))));
+        let (part, seq) = (s.int(i64::from(lease.partition)), s.int(seq_arg(lease.sequence)));
+        let lid = s.text(lease.lease_id.to_string());
         let now_col = match self.now() {
             Now::Db => self.d.ts_out("now()"),
             Now::At(t) => {
@@ -1162,10 +1192,9 @@ impl SqlBackend {
             }
         };
         s.push(&format!(
-            "SELECT d.attempt, {now_col} FROM {dl} AS d, {rows} AS x WHERE d.stream = {st} AND d.group_name = {gr} AND {fence}",
+            "SELECT d.attempt, {now_col} FROM {dl} AS d WHERE d.stream = {st} AND d.group_name = {gr} \
+             AND d.partition = {part} AND d.sequence = {seq} AND d.lease_id = {lid} AND d.status = 'leased'",
             dl = self.names.deliveries(),
-            rows = self.d.json_rows(&arr, 3),
-            fence = fence(self.d),
         ));
         let rows = self.pool.all(&s).await.map_err(self.err("retry", Phase::Safe))?;
         let Some(r) = rows.first() else { return Err(stale(lease)) };

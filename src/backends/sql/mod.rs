@@ -276,7 +276,16 @@ impl SqlBackend {
         }
         let mut opts = PgConnectOptions::from_str(&driver_url)
             .map_err(|e| Error::invalid("url", format!("{}: {e}", redact(url))))?
-            .application_name("rheo");
+            .application_name("rheo")
+            // Every statement here is short and touches a few hundred rows,
+            // but the planner's default 100-row guess for a JSON array can
+            // push an estimate past `jit_above_cost`, and compiling then
+            // costs 20 ms where running costs 1. And a claim must walk the
+            // frontier index in order and stop after a few hundred rows:
+            // guessing the claimable rows rare (most are acked), the
+            // planner would rather bitmap-scan every row above the frontier
+            // and sort them, which grows with the table (ADR 0013).
+            .options([("jit", "off"), ("enable_bitmapscan", "off")]);
         if let Some(t) = o.statement_timeout {
             opts = opts.options([("statement_timeout", format!("{}ms", t.as_millis()))]);
         }
