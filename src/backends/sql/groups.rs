@@ -10,11 +10,12 @@
 //! n such that nothing in `(F, n]` is unsettled, so
 //! `F' = min(first unsettled row above F, cursor) - 1`.
 //!
-//! Locks: a transaction that changes the group row (materialize, ack,
-//! reject, skip, replay, reset) locks it first (`FOR UPDATE`), then
-//! touches deliveries; claims and renewals lock only delivery rows (claims
-//! skip locked ones), so no two writers wait on each other in opposite
-//! orders.
+//! Locks: a transaction that changes the group row (materialize, reject,
+//! skip, replay, reset) locks it first (`FOR UPDATE`), then touches
+//! deliveries; an ack locks its own delivery rows first and the group row
+//! after, for the frontier move alone (a deadlock with a replay is
+//! detected by the database and retried); claims and renewals lock only
+//! delivery rows (claims skip locked ones).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -305,97 +306,15 @@ impl SqlBackend {
         }
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
-        let none = BTreeMap::new();
-        let select = self.advance_select(&mut s, &st, &gr, frontiers, cursors, parts, &none);
+        let select = self.advance_select(&mut s, &st, &gr, frontiers, cursors, parts);
         s.push(&select);
         let rows = tx.all(&s).await.map_err(safe)?;
-        let rows: Vec<&Row> = rows.iter().collect();
-        self.apply_advance(tx, stream, group, frontiers, cursors, &rows, 0, &none).await
-    }
-
-    /// The SELECT of a frontier advance over `parts`: per partition, the
-    /// first unsettled rows above F (as many as `skip` lists for it, plus
-    /// one: the caller passes over those the same statement settles), and
-    /// the first position at or after the cursor without a row (rows there
-    /// exist only after a replay moved the cursor back, or a skip ahead of
-    /// it). Each subquery walks an index in order and stops early. (Row
-    /// tests are scalar subqueries, not `EXISTS`: PostgreSQL may run an
-    /// `EXISTS` as one hashed pass over the group's every row.)
-    #[allow(clippy::too_many_arguments)]
-    fn advance_select(
-        &self,
-        s: &mut Stmt,
-        st: &str,
-        gr: &str,
-        frontiers: &BTreeMap<u32, u64>,
-        cursors: &BTreeMap<u32, u64>,
-        parts: &BTreeSet<u32>,
-        skip: &BTreeMap<u32, BTreeSet<u64>>,
-    ) -> String {
-        let rows: Vec<Value> = parts
-            .iter()
-            .map(|&p| {
-                let (f, c) = fc(frontiers, cursors, p);
-                let k = skip.get(&p).map_or(0, BTreeSet::len) + 1;
-                Value::from(vec![
-                    Value::from(p),
-                    Value::from(f.min(i64::MAX as u64)),
-                    Value::from(c.min(i64::MAX as u64)),
-                    Value::from(k),
-                ])
-            })
-            .collect();
-        let arr = s.text(Value::from(rows).to_string());
-        let (p, f, c) = (self.d.as_int("x.c0"), self.d.as_int("x.c1"), self.d.as_int("x.c2"));
-        // (SQLite's LIMIT can't name an outer column; it never skips.)
-
-        let same = |a: &str| format!("{a}.stream = {st} AND {a}.group_name = {gr} AND {a}.partition = {p}");
-        format!(
-            "SELECT {p}, (SELECT CAST(min(d.sequence) AS TEXT) FROM {t} d WHERE {sd} AND d.sequence > {f} \
-             AND d.status NOT IN {TERMINAL}), \
-             CASE WHEN (SELECT d.sequence FROM {t} d WHERE {sd} AND d.sequence = {c} LIMIT 1) IS NULL THEN {c} \
-             ELSE (SELECT d.sequence + 1 FROM {t} d WHERE {sd} AND d.sequence >= {c} AND \
-               (SELECT n.sequence FROM {t} n WHERE n.stream = d.stream AND n.group_name = d.group_name \
-                AND n.partition = d.partition AND n.sequence = d.sequence + 1 LIMIT 1) IS NULL \
-               ORDER BY d.partition, d.sequence LIMIT 1) END \
-             FROM {rows} AS x",
-            sd = same("d"),
-            t = self.names.deliveries(),
-            rows = self.d.json_rows(&arr, 4)
-        )
-    }
-
-    /// Applies the rows of `advance_select` (columns from `at`: partition,
-    /// first unsettled rows, first gap), passing over the positions `skip`
-    /// lists (settled by the same statement), and writes the frontiers
-    /// that moved. Positions without a row below the cursor are settled
-    /// (the group started past them).
-    #[allow(clippy::too_many_arguments)]
-    async fn apply_advance(
-        &self,
-        tx: &mut Tx,
-        stream: &str,
-        group: &str,
-        frontiers: &mut BTreeMap<u32, u64>,
-        cursors: &BTreeMap<u32, u64>,
-        rows: &[&Row],
-        at: usize,
-        skip: &BTreeMap<u32, BTreeSet<u64>>,
-    ) -> std::result::Result<(), TxError> {
         let mut moved = false;
-        for r in rows {
-            let p = r.u32(at)?;
+        for r in &rows {
+            let p = r.u32(0)?;
             let (f, c) = fc(frontiers, cursors, p);
-            let gap = r.opt_i64(at + 2)?.and_then(|n| u64::try_from(n).ok()).unwrap_or(c);
-            let settled = skip.get(&p);
-            let first = r
-                .opt_text(at + 1)?
-                .unwrap_or_default()
-                .split(',')
-                .filter_map(|q| q.trim().parse::<u64>().ok())
-                .find(|q| settled.is_none_or(|set| !set.contains(q)))
-                .unwrap_or(gap)
-                .min(gap);
+            let gap = r.opt_i64(2)?.and_then(|n| u64::try_from(n).ok()).unwrap_or(c);
+            let first = r.opt_i64(1)?.and_then(|n| u64::try_from(n).ok()).unwrap_or(gap).min(gap);
             let new = f.max(first.saturating_sub(1));
             if new != f {
                 frontiers.insert(p, new);
@@ -406,6 +325,52 @@ impl SqlBackend {
             self.write_maps(tx, stream, group, Some(frontiers), None).await?;
         }
         Ok(())
+    }
+
+    /// The SELECT of a frontier advance over `parts`: per partition, the
+    /// first unsettled row above F, and the first position at or after
+    /// the cursor without a row (rows there exist only after a replay
+    /// moved the cursor back, or a skip ahead of it). Positions without a
+    /// row below the cursor are settled (the group started past them).
+    /// Each subquery walks an index in order and stops early. (Row tests
+    /// are scalar subqueries, not `EXISTS`: PostgreSQL may run an `EXISTS`
+    /// as one hashed pass over the group's every row.)
+    fn advance_select(
+        &self,
+        s: &mut Stmt,
+        st: &str,
+        gr: &str,
+        frontiers: &BTreeMap<u32, u64>,
+        cursors: &BTreeMap<u32, u64>,
+        parts: &BTreeSet<u32>,
+    ) -> String {
+        let rows: Vec<Value> = parts
+            .iter()
+            .map(|&p| {
+                let (f, c) = fc(frontiers, cursors, p);
+                Value::from(vec![
+                    Value::from(p),
+                    Value::from(f.min(i64::MAX as u64)),
+                    Value::from(c.min(i64::MAX as u64)),
+                ])
+            })
+            .collect();
+        let arr = s.text(Value::from(rows).to_string());
+        let (p, f, c) = (self.d.as_int("x.c0"), self.d.as_int("x.c1"), self.d.as_int("x.c2"));
+        let same = |a: &str| format!("{a}.stream = {st} AND {a}.group_name = {gr} AND {a}.partition = {p}");
+        format!(
+            "SELECT {p}, (SELECT min(d.sequence) FROM {t} d WHERE {sd} AND d.sequence > {f} \
+             AND d.status NOT IN {TERMINAL}), \
+             CASE WHEN (SELECT d.sequence FROM {t} d WHERE {sd} AND d.sequence = {c} LIMIT 1) IS NULL THEN {c} \
+             ELSE (SELECT d.sequence + 1 FROM {t} d WHERE {sd} AND d.sequence >= {c} AND \
+               (SELECT n.sequence FROM {t} n WHERE n.stream = d.stream AND n.group_name = d.group_name \
+                AND n.partition = d.partition AND n.sequence = d.sequence + 1 LIMIT 1) IS NULL \
+               ORDER BY d.partition, d.sequence LIMIT 1) END \
+             FROM {rows} AS x",
+            sd = same("d"),
+            t = self.names.deliveries(),
+            rows = self.d.json_rows(&arr, 3)
+        )
     }
 
     /// Gives dead letters their order (`rheo_rs_dead_letter_order`),

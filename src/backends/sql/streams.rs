@@ -1,7 +1,7 @@
 //! Streams and their events on SQL: the schema, create, append, read,
 //! listing, and payload indexes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -126,8 +126,15 @@ impl SqlBackend {
     /// Checks the shape of the tables that exist (changing nothing when
     /// one differs), then creates what is missing, idempotently.
     pub(super) async fn ensure_schema_impl(&self) -> Result<()> {
-        self.check_shape().await?;
-        for sql in schema::ddl(self.d, &self.names) {
+        let present = self.check_shape().await?;
+        // DDL only when something is missing: `CREATE INDEX IF NOT EXISTS`
+        // takes its table's lock before it looks, so opening a handle would
+        // wait behind a long write or a concurrent index build.
+        let complete = present.len() == TABLES.len() && {
+            let have = self.index_names().await?;
+            schema::INDEXES.iter().all(|(name, ..)| have.contains(*name))
+        };
+        for sql in if complete { Vec::new() } else { schema::ddl(self.d, &self.names) } {
             let mut s = self.stmt();
             s.push(&sql);
             if let Err(e) = self.pool.exec(&s).await {
@@ -180,7 +187,25 @@ impl SqlBackend {
     /// Every column the schema expects of a table that exists must be
     /// there with its type: a `rheo_*` table of another shape is refused
     /// by name, and never written to.
-    async fn check_shape(&self) -> Result<()> {
+    /// Names of the indexes in the schema's namespace.
+    async fn index_names(&self) -> Result<BTreeSet<String>> {
+        let mut s = self.stmt();
+        match self.d {
+            Dialect::Postgres => {
+                let schema = self.pg_namespace(&mut s);
+                s.push(&format!("SELECT indexname::text FROM pg_indexes WHERE schemaname = {schema}"));
+            }
+            Dialect::Sqlite => {
+                s.push("SELECT name FROM sqlite_master WHERE type = 'index'");
+            }
+        }
+        let rows = self.pool.all(&s).await.map_err(|e| self.schema_error(e))?;
+        rows.iter().map(|r| r.text(0)).collect()
+    }
+
+    /// Returns the tables that exist (of `TABLES`).
+    async fn check_shape(&self) -> Result<BTreeSet<&'static str>> {
+        let mut present = BTreeSet::new();
         for t in TABLES {
             let mut s = self.stmt();
             match self.d {
@@ -207,6 +232,7 @@ impl SqlBackend {
             if rows.is_empty() {
                 continue;
             }
+            present.insert(t.name);
             let found: BTreeMap<String, String> =
                 rows.iter().map(|r| Ok((r.text(0)?, r.text(1)?.to_lowercase()))).collect::<Result<_>>()?;
             for c in t.columns {
@@ -238,7 +264,7 @@ impl SqlBackend {
                 }
             }
         }
-        Ok(())
+        Ok(present)
     }
 
     /// The schema the tables live in, as an SQL expression.
@@ -658,20 +684,29 @@ impl SqlBackend {
                     "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {} (stream, ({expr}))",
                     self.names.events()
                 ));
+                let qualified = match self.names.schema() {
+                    Some(sc) => format!("\"{sc}\".{name}"),
+                    None => name.clone(),
+                };
                 let mut drop_invalid = self.stmt();
-                drop_invalid.push(&format!(
-                    "DROP INDEX CONCURRENTLY IF EXISTS {}",
-                    match self.names.schema() {
-                        Some(sc) => format!("\"{sc}\".{name}"),
-                        None => name.clone(),
-                    }
+                drop_invalid.push(&format!("DROP INDEX CONCURRENTLY IF EXISTS {qualified}"));
+                // An index is also invalid while another session builds it.
+                let mut elsewhere = self.stmt();
+                let ph = elsewhere.text(qualified);
+                elsewhere.push(&format!(
+                    "SELECT 1 FROM pg_stat_progress_create_index WHERE index_relid = to_regclass({ph})"
                 ));
                 let backend = self.be();
                 let invalid = self.index_state(canonical).await.is_ok_and(|(ready, _)| !ready);
                 tokio::spawn(async move {
                     // An invalid index of an interrupted build is dropped first
-                    // (IF NOT EXISTS would keep it); a valid one is kept.
+                    // (IF NOT EXISTS would keep it); a valid one is kept, and so
+                    // is one another process is building now.
                     if invalid {
+                        if pool.all(&elsewhere).await.is_ok_and(|rows| !rows.is_empty()) {
+                            builds.lock().remove(&key);
+                            return;
+                        }
                         let _ = pool.exec(&drop_invalid).await;
                     }
                     let failure = pool.exec(&s).await.err().map(|e| e.to_string());
