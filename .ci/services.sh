@@ -38,6 +38,40 @@ start_postgres() {
   echo "postgres: $("$PGBIN/postgres" --version) on 127.0.0.1:$port ($dir), started in $(( $(date +%s) - t0 )) s"
 }
 
+# A MongoDB-wire server: SecantusDB from PyPI (a one-node replica set named
+# `secantus`, reporting MongoDB 8.2; transactions and change streams work with
+# directConnection=true), in a venv under its own temporary directory.
+# Exports RHEO_MONGO_URL and MONGO_PORT.
+SECANTUS_VERSION=0.7.0b3
+start_mongo() {
+  local port dir t0 py
+  t0=$(date +%s)
+  port=$(free_port)
+  dir=$(mktemp -d /tmp/rheo-mongo.XXXXXX)
+  SERVICE_DIRS+=("mongo:$dir")
+  python3 -m venv "$dir/venv" || { echo "python3 -m venv failed (install python3-venv)"; return 1; }
+  "$dir/venv/bin/pip" install -q --disable-pip-version-check "secantusdb==$SECANTUS_VERSION" >"$dir/pip.log" 2>&1 \
+    || { cat "$dir/pip.log"; return 1; }
+  # From a directory without a secantusd.toml (it looks in ./ for one).
+  mkdir -p "$dir/run"
+  ( cd "$dir/run" && exec "$dir/venv/bin/secantusd-py" --host 127.0.0.1 --port "$port" \
+      --storage-path "$dir/data" --log-level WARNING ) >"$dir/log" 2>&1 </dev/null &
+  echo $! >"$dir/pid"
+  py="$dir/venv/bin/python"
+  local url="mongodb://127.0.0.1:$port/?directConnection=true"
+  for _ in $(seq 1 300); do
+    "$py" -c "import pymongo,sys; pymongo.MongoClient(sys.argv[1], serverSelectionTimeoutMS=200).admin.command('ping')" \
+      "$url" 2>/dev/null && break
+    sleep 0.1
+  done
+  "$py" -c "import pymongo,sys; pymongo.MongoClient(sys.argv[1], serverSelectionTimeoutMS=3000).admin.command('ping')" \
+    "$url" || { echo "SecantusDB did not answer:"; cat "$dir/log"; return 1; }
+  # serverMonitoringMode=poll: SecantusDB 0.7 spins on the driver's streaming
+  # (awaitable) hello and then answers nothing else; polling works.
+  export MONGO_PORT="$port" RHEO_MONGO_URL="$url&serverMonitoringMode=poll"
+  echo "mongo: SecantusDB $SECANTUS_VERSION on 127.0.0.1:$port ($dir), installed and started in $(( $(date +%s) - t0 )) s"
+}
+
 stop_services() {
   local entry kind dir
   for entry in "${SERVICE_DIRS[@]}"; do
@@ -45,6 +79,16 @@ stop_services() {
     dir=${entry#*:}
     case "$kind" in
       pg) runuser -u postgres -- "$PGBIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true ;;
+      mongo)
+        if [ -f "$dir/pid" ]; then
+          local pid
+          pid=$(cat "$dir/pid")
+          kill "$pid" 2>/dev/null || true
+          # It exits after a checkpoint (up to ~10 s); then it is killed.
+          for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+          kill -9 "$pid" 2>/dev/null || true
+        fi
+        ;;
     esac
     rm -rf "$dir"
   done

@@ -7,7 +7,7 @@
 //! | `native:PATH[?options]` | [`native::NativeBackend`]: the embedded log engine | always built |
 //! | `sqlite:PATH[?options]` | `sql::SqlBackend` on SQLite | `sqlite` |
 //! | `postgres://…`, `postgresql://…` | `sql::SqlBackend` on PostgreSQL | `postgres` |
-//! | `mongodb://…`, `mongodb+srv://…` | MongoDB | `mongo` (not in this version yet) |
+//! | `mongodb://…`, `mongodb+srv://…` | MongoDB | `mongo` (in progress: streams, appends and reads) |
 //! | `redis://…`, `rediss://…` | Redis Streams | `redis` (not in this version yet) |
 //!
 //! A backend plugs in as a folder here with one arm in `open` (crate-private) behind its
@@ -22,6 +22,9 @@ use crate::error::{Error, Result};
 use crate::model::time::Clock;
 
 pub mod memory;
+#[cfg(feature = "mongo")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mongo")))]
+pub mod mongo;
 pub mod native;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
@@ -64,6 +67,8 @@ pub(crate) async fn open(url: &str, cx: &OpenContext) -> Result<Arc<dyn Backend>
         "postgres" | "postgresql" => {
             Ok(Arc::new(sql::SqlBackend::open_postgres(url, cx.clock.clone(), cx.custom_clock).await?))
         }
+        #[cfg(feature = "mongo")]
+        "mongodb" | "mongodb+srv" => Ok(Arc::new(mongo::MongoBackend::open(url, cx.clock.clone()).await?)),
         _ => match PLANNED.iter().find(|(schemes, _, _)| schemes.contains(&scheme)) {
             Some((_, feature, name)) => Err(Error::invalid(
                 "url",
@@ -96,7 +101,10 @@ mod tests {
     async fn schemes_open_their_backend_or_say_what_is_missing() {
         let memory = open("memory:", &cx()).await.expect("memory");
         assert_eq!(memory.capabilities().backend, "memory");
-        let mut missing = vec![("mongodb://h", "\"mongo\""), ("redis://h", "\"redis\"")];
+        let mut missing = vec![("redis://h", "\"redis\"")];
+        if cfg!(not(feature = "mongo")) {
+            missing.push(("mongodb://h", "\"mongo\""));
+        }
         if cfg!(not(feature = "postgres")) {
             missing.extend([("postgres://localhost/db", "\"postgres\""), ("postgresql://x", "\"postgres\"")]);
         }

@@ -1,0 +1,235 @@
+//! The MongoDB backend (feature `mongo`) on a real MongoDB-wire server:
+//! the reference's collections and indexes, atomic appends with contiguous
+//! sequences, reads, and the errors at its boundary.
+//!
+//! Every case that needs a server is ignored unless asked for: `.ci/run`
+//! starts one (SecantusDB, `.ci/services.sh`) and runs them with
+//! `RHEO_MONGO_URL` set (`cargo test --test mongo_backend -- --ignored`).
+//! Each case works in a database of its own, dropped at its end.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use mongodb::bson::{Document, doc};
+use rheo::{AppendOptions, Error, FetchOptions, GroupOptions, Rheo, StreamOptions};
+use serde_json::json;
+
+/// The server's URL (`RHEO_MONGO_URL`, e.g.
+/// `mongodb://127.0.0.1:PORT/?directConnection=true`) with a fresh
+/// database in its path.
+fn fresh_url() -> (String, String) {
+    let db = format!("rheo_{}", uuid::Uuid::new_v4().simple());
+    (url_for(&db), db)
+}
+
+/// The server's URL with `db` in its path.
+fn url_for(db: &str) -> String {
+    let base = std::env::var("RHEO_MONGO_URL")
+        .expect("RHEO_MONGO_URL names a MongoDB-wire server (mongodb://host:port/?...); .ci/run starts one");
+    let (head, query) = base.split_once('?').unwrap_or((&base, ""));
+    let head = head.trim_end_matches('/');
+    if query.is_empty() { format!("{head}/{db}") } else { format!("{head}/{db}?{query}") }
+}
+
+/// A driver client on the same server, to look at what the backend wrote.
+async fn client() -> mongodb::Client {
+    let base = std::env::var("RHEO_MONGO_URL").expect("RHEO_MONGO_URL");
+    mongodb::Client::with_uri_str(&base).await.expect("client")
+}
+
+/// Drops the case's database when the case ends, passed or failed.
+struct Drop_(String);
+
+impl Drop for Drop_ {
+    fn drop(&mut self) {
+        let db = self.0.clone();
+        // A fresh runtime on its own thread: the case's may be gone.
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                rt.block_on(async { client().await.database(&db).drop().await.ok() });
+            }
+        })
+        .join();
+    }
+}
+
+async fn open() -> (Rheo, String, Drop_) {
+    let (url, db) = fresh_url();
+    let rheo = Rheo::open(&url).await.expect("the mongo backend opens");
+    (rheo, db.clone(), Drop_(db))
+}
+
+const NEEDS: &str = "needs a MongoDB-wire server: .ci/run starts one and runs these with RHEO_MONGO_URL set";
+
+#[tokio::test]
+#[ignore = "needs a MongoDB-wire server: .ci/run starts one and runs these with RHEO_MONGO_URL set"]
+async fn mongo_creates_the_reference_indexes_idempotently() {
+    let _ = NEEDS;
+    let (rheo, db, _drop) = open().await;
+    drop(rheo);
+    Rheo::open(&url_for(&db)).await.expect("opening again changes nothing");
+    let c = client().await;
+    let mut found: BTreeMap<String, Vec<(String, bool)>> = BTreeMap::new();
+    for coll in ["streams", "events", "groups", "deliveries"] {
+        let specs = c.database(&db).collection::<Document>(coll).list_indexes().await.expect("list");
+        use futures::TryStreamExt;
+        let specs: Vec<mongodb::IndexModel> = specs.try_collect().await.expect("indexes");
+        for m in specs {
+            let opts = m.options.unwrap_or_default();
+            let name = opts.name.unwrap_or_default();
+            if name != "_id_" {
+                found.entry(coll.to_owned()).or_default().push((name, opts.unique.unwrap_or(false)));
+            }
+        }
+    }
+    for v in found.values_mut() {
+        v.sort();
+    }
+    let want = |v: &[(&str, bool)]| v.iter().map(|(n, u)| ((*n).to_owned(), *u)).collect::<Vec<_>>();
+    assert_eq!(found["streams"], want(&[("streams_name", true)]));
+    assert_eq!(
+        found["events"],
+        want(&[
+            ("events_stream_correlation", false),
+            ("events_stream_key", false),
+            ("events_stream_partition_sequence", true),
+            ("events_stream_schema", false),
+            ("events_stream_timestamp", false),
+            ("events_stream_type", false),
+        ])
+    );
+    assert_eq!(found["groups"], want(&[("groups_stream_name", true)]));
+    assert_eq!(
+        found["deliveries"],
+        want(&[("deliveries_claim", false), ("deliveries_frontier", false), ("deliveries_stream_group_event", true)])
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs a MongoDB-wire server: .ci/run starts one and runs these with RHEO_MONGO_URL set"]
+async fn mongo_appends_atomically_with_contiguous_sequences_and_reads_them_back() {
+    let (rheo, db, _drop) = open().await;
+    rheo.create_stream("orders", StreamOptions::new().partitions(2)).await.expect("create");
+    let e = rheo.create_stream("orders", StreamOptions::new()).await.expect_err("twice");
+    assert!(matches!(e, Error::AlreadyExists { .. }), "{e}");
+    let payload = json!({"type": "placed", "n": 1, "big": 9_007_199_254_740_993_i64, "f": 2.0, "s": "1",
+                         "nested": {"a": [1, "1", null, true]}});
+    let one = rheo
+        .append("orders", &payload, AppendOptions::new().key("k1").metadata("schema", json!("v1")))
+        .await
+        .expect("append");
+    let items: Vec<_> = (0..10).map(|i| (json!({"i": i}), AppendOptions::new().partition(i % 2))).collect();
+    let batch = rheo.append_batch_with("orders", items).await.expect("batch");
+    let mut per: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    per.entry(one.partition()).or_default().push(one.sequence());
+    for e in &batch {
+        per.entry(e.partition()).or_default().push(e.sequence());
+    }
+    for (p, seqs) in &per {
+        let want: Vec<u64> = (1..=seqs.len() as u64).collect();
+        assert_eq!(seqs, &want, "partition {p}: contiguous from 1");
+    }
+    let back = rheo.read("orders", one.partition(), 0, 100).await.expect("read");
+    let first = back.iter().find(|e| e.id() == one.id()).expect("the first event");
+    assert_eq!(first.payload().json().expect("payload"), &payload, "the payload comes back exactly");
+    assert_eq!(first.key(), Some("k1"));
+    assert_eq!(first.event_type(), Some("placed"));
+    assert_eq!(first.metadata().get("schema"), Some(&json!("v1")));
+    assert_eq!(first.timestamp(), one.timestamp());
+    // A batch holding an id already stored writes nothing: no event, no gap.
+    let dup = vec![
+        (json!({"x": 1}), AppendOptions::new().partition(0)),
+        (json!({"x": 2}), AppendOptions::new().partition(0).id(one.id())),
+    ];
+    let e = rheo.append_batch_with("orders", dup).await.expect_err("duplicate id");
+    assert!(e.to_string().contains("already stored"), "{e}");
+    let after = rheo.append("orders", &json!({"x": 3}), AppendOptions::new().partition(0)).await.expect("append");
+    assert_eq!(after.sequence(), per[&0].len() as u64 + 1, "the failed batch left no gap");
+    // What the reference would see: its field names, a BSON date.
+    let d = client()
+        .await
+        .database(&db)
+        .collection::<Document>("events")
+        .find_one(doc! {"_id": one.id()})
+        .await
+        .expect("find")
+        .expect("stored");
+    for field in ["stream", "partition", "sequence", "timestamp", "key", "type", "metadata", "payload"] {
+        assert!(d.contains_key(field), "{field} in {d}");
+    }
+    assert!(matches!(d.get("timestamp"), Some(mongodb::bson::Bson::DateTime(_))));
+    let streams = rheo.list_streams().await.expect("list");
+    assert_eq!(streams.len(), 1);
+    assert_eq!(streams[0].high_watermarks.iter().sum::<u64>(), 12);
+}
+
+#[tokio::test]
+#[ignore = "needs a MongoDB-wire server: .ci/run starts one and runs these with RHEO_MONGO_URL set"]
+async fn mongo_concurrent_appenders_never_share_or_skip_a_sequence() {
+    let (rheo, _db, _drop) = open().await;
+    rheo.create_stream("s", StreamOptions::new()).await.expect("create");
+    let rheo = std::sync::Arc::new(rheo);
+    let mut tasks = Vec::new();
+    for t in 0..4 {
+        let rheo = rheo.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut seqs = Vec::new();
+            for b in 0..5 {
+                let items: Vec<_> = (0..5).map(|i| (json!({"t": t, "b": b, "i": i}), AppendOptions::new())).collect();
+                for e in rheo.append_batch_with("s", items).await.expect("append") {
+                    seqs.push(e.sequence());
+                }
+            }
+            seqs
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    all.sort_unstable();
+    assert_eq!(all, (1..=100).collect::<Vec<u64>>());
+    let read = rheo.read("s", 0, 0, 1000).await.expect("read");
+    assert_eq!(read.iter().map(|e| e.sequence()).collect::<Vec<_>>(), (1..=100).collect::<Vec<u64>>());
+}
+
+#[tokio::test]
+#[ignore = "needs a MongoDB-wire server: .ci/run starts one and runs these with RHEO_MONGO_URL set"]
+async fn mongo_errors_name_what_is_wrong() {
+    let (rheo, _db, _drop) = open().await;
+    let e = rheo.read("nope", 0, 0, 10).await.expect_err("no stream");
+    assert!(matches!(e, Error::StreamNotFound { .. }), "{e}");
+    rheo.create_stream("s", StreamOptions::new().partitions(2)).await.expect("create");
+    let e = rheo.read("s", 5, 0, 10).await.expect_err("bad partition");
+    assert!(matches!(e, Error::InvalidPartition { .. }), "{e}");
+    let e = rheo.append("s", &json!({"n": u64::MAX}), AppendOptions::new()).await.expect_err("u64::MAX");
+    assert!(matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains("2^63"), "{e}");
+    assert_eq!(rheo.read("s", 0, 0, 10).await.expect("read").len(), 0, "nothing written");
+    // Consumer groups are not built on this backend yet: said, not faked.
+    let e = rheo.create_group("s", "g", GroupOptions::new()).await.expect_err("groups");
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    let e = rheo.fetch("s", "g", FetchOptions::new()).await.expect_err("fetch");
+    assert!(matches!(e, Error::Unsupported { .. }) || matches!(e, Error::GroupNotFound { .. }), "{e}");
+}
+
+/// Needs no server: an unreachable one is `BackendUnavailable` within the
+/// connect timeout, and bad options are refused before anything is tried.
+#[tokio::test]
+async fn mongo_unreachable_server_and_bad_urls_get_clear_errors() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let url = format!("mongodb://app:s3cret@127.0.0.1:{port}/db?directConnection=true&rheo_connect_timeout_ms=300");
+    let t = Instant::now();
+    let e = Rheo::open(&url).await.expect_err("nothing listens there");
+    assert!(matches!(e, Error::BackendUnavailable { .. }), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(10), "gave up after {:?}", t.elapsed());
+    assert!(!e.to_string().contains("s3cret"), "the password is never printed: {e}");
+    for (url, says) in [
+        ("mongodb://127.0.0.1/db?rheo_pool=0", "from 1 to 256"),
+        ("mongodb://127.0.0.1/db?rheo_colour=red", "unknown mongo option"),
+        ("mongodb://127.0.0.1/a.b", "database name"),
+        ("mongodb://", "url"),
+    ] {
+        let e = Rheo::open(url).await.expect_err(url);
+        assert!(matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains(says), "{url}: {e}");
+    }
+}
