@@ -5,7 +5,11 @@
 //! Every case that needs a server is ignored unless asked for: `.ci/run`
 //! starts one (SecantusDB, `.ci/services.sh`) and runs them with
 //! `RHEO_MONGO_URL` set (`cargo test --test mongo_backend -- --ignored`).
-//! Each case works in a database of its own, dropped at its end.
+//! Each case works in a database of its own, dropped at its end. Built
+//! with the `mongo` feature only (`cargo test --features mongo --test
+//! mongo_backend`; see Cargo.toml on why `cargo test` leaves it out).
+
+#![cfg(feature = "mongo")]
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
