@@ -30,6 +30,21 @@ pub mod native;
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub mod sql;
 
+/// A URL with its password replaced, for messages.
+#[cfg(any(feature = "postgres", feature = "mongo"))]
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
 /// What every backend is opened with, besides its URL.
 #[derive(Debug, Clone)]
 pub(crate) struct OpenContext {

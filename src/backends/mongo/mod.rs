@@ -43,6 +43,7 @@ use mongodb::bson::Document;
 use mongodb::error::{ErrorKind, UNKNOWN_TRANSACTION_COMMIT_RESULT, WriteFailure};
 use parking_lot::RwLock;
 
+use super::redact;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::model::capabilities::Capabilities;
@@ -106,23 +107,6 @@ fn parse_url(url: &str) -> Result<(UrlOptions, String)> {
     }
     let driver = if rest.is_empty() { base.to_owned() } else { format!("{base}?{}", rest.join("&")) };
     Ok((o, driver))
-}
-
-/// A URL with its password replaced, for messages.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let (authority, tail) = rest.split_once('/').map_or((rest, None), |(a, t)| (a, Some(t)));
-    let authority = match authority.rsplit_once('@') {
-        Some((user, host)) => match user.split_once(':') {
-            Some((name, _)) => format!("{name}:***@{host}"),
-            None => format!("{user}@{host}"),
-        },
-        None => authority.to_owned(),
-    };
-    match tail {
-        Some(t) => format!("{scheme}://{authority}/{t}"),
-        None => format!("{scheme}://{authority}"),
-    }
 }
 
 /// Where a driver error happened: before anything could change, or where

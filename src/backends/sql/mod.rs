@@ -53,6 +53,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use parking_lot::RwLock;
 
+#[cfg(feature = "postgres")]
+use super::redact;
 use crate::backend::{Backend, Subscription, Wakeups};
 use crate::error::{Error, Result};
 use crate::model::capabilities::Capabilities;
@@ -198,20 +200,6 @@ fn parse_options(scheme: &str, query: &str, allow_schema: bool) -> Result<(SqlOp
         }
     }
     Ok((o, rest))
-}
-
-/// A URL with its password hidden, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let userinfo = &url[s + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
 }
 
 impl SqlBackend {
