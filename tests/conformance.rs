@@ -95,13 +95,13 @@ macro_rules! cases {
         $( one_case!(#[tokio::test]; $factory; $garea::$gcase); )*
         $( one_case!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]; $factory; $carea::$ccase); )*
     };
-    (service; $factory:path;
+    (service $reason:literal; $factory:path;
      log: [$($larea:ident :: $lcase:ident),* $(,)?];
      groups: [$($garea:ident :: $gcase:ident),* $(,)?];
      concurrent: [$($carea:ident :: $ccase:ident),* $(,)?] $(;)?) => {
-        $( one_case!(#[tokio::test] #[ignore = "needs PostgreSQL: .ci/run starts one and runs these with RHEO_POSTGRES_URL set"]; $factory; $larea::$lcase); )*
-        $( one_case!(#[tokio::test] #[ignore = "needs PostgreSQL: .ci/run starts one and runs these with RHEO_POSTGRES_URL set"]; $factory; $garea::$gcase); )*
-        $( one_case!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)] #[ignore = "needs PostgreSQL: .ci/run starts one and runs these with RHEO_POSTGRES_URL set"]; $factory; $carea::$ccase); )*
+        $( one_case!(#[tokio::test] #[ignore = $reason]; $factory; $larea::$lcase); )*
+        $( one_case!(#[tokio::test] #[ignore = $reason]; $factory; $garea::$gcase); )*
+        $( one_case!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)] #[ignore = $reason]; $factory; $carea::$ccase); )*
     };
     (log_only; $factory:path;
      log: [$($larea:ident :: $lcase:ident),* $(,)?];
@@ -114,10 +114,10 @@ macro_rules! cases {
 }
 
 macro_rules! suite {
-    ($mode:ident, $backend:ident, $factory:path) => {
+    ($mode:ident $($reason:literal)?, $backend:ident, $factory:path) => {
         mod $backend {
             cases! {
-                $mode; $factory;
+                $mode $($reason)?; $factory;
                 log: [
                     names::stream_name_over_255_bytes_is_invalid_name,
                     names::names_with_nul_or_control_chars_are_invalid_name,
@@ -299,8 +299,18 @@ crate::backends!(conformance);
 /// with `--ignored`, as .ci/run does with the service started).
 macro_rules! service_conformance {
     ($backend:ident, $factory:path) => {
-        suite!(service, $backend, $factory);
+        suite!(service "needs PostgreSQL: .ci/run starts one and runs these with RHEO_POSTGRES_URL set", $backend, $factory);
     };
 }
 
 crate::service_backends!(service_conformance);
+
+/// The whole suite on MongoDB (with the `mongo` feature; ignored unless
+/// run with `--ignored`, as .ci/run does with a server started).
+macro_rules! mongo_conformance {
+    ($backend:ident, $factory:path) => {
+        suite!(service "needs a MongoDB-wire server: .ci/run starts one and runs these with RHEO_MONGO_URL set", $backend, $factory);
+    };
+}
+
+crate::mongo_backends!(mongo_conformance);

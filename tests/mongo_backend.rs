@@ -11,6 +11,9 @@
 
 #![cfg(feature = "mongo")]
 
+#[path = "common/scale.rs"]
+mod scale;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -209,11 +212,46 @@ async fn mongo_errors_name_what_is_wrong() {
     let e = rheo.append("s", &json!({"n": u64::MAX}), AppendOptions::new()).await.expect_err("u64::MAX");
     assert!(matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains("2^63"), "{e}");
     assert_eq!(rheo.read("s", 0, 0, 10).await.expect("read").len(), 0, "nothing written");
-    // Consumer groups are not built on this backend yet: said, not faked.
-    let e = rheo.create_group("s", "g", GroupOptions::new()).await.expect_err("groups");
-    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
-    let e = rheo.fetch("s", "g", FetchOptions::new()).await.expect_err("fetch");
-    assert!(matches!(e, Error::Unsupported { .. }) || matches!(e, Error::GroupNotFound { .. }), "{e}");
+    let e = rheo.fetch("s", "g", FetchOptions::new()).await.expect_err("no group");
+    assert!(matches!(e, Error::GroupNotFound { .. }), "{e}");
+    let e = rheo.create_group("nope", "g", GroupOptions::new()).await.expect_err("no stream");
+    assert!(matches!(e, Error::StreamNotFound { .. }), "{e}");
+}
+
+/// Groups and deliveries are stored as the reference stores them: the
+/// field `group` (not `group_name`), status strings, maps keyed by decimal
+/// partition, one lease id per delivery.
+#[tokio::test]
+#[ignore = "needs a MongoDB-wire server: .ci/run starts one and runs these with RHEO_MONGO_URL set"]
+async fn mongo_groups_and_deliveries_have_the_reference_shape() {
+    let (rheo, db, _drop) = open().await;
+    rheo.create_stream("s", StreamOptions::new().partitions(2)).await.expect("create");
+    rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+    for p in [0, 1, 1] {
+        rheo.append("s", &json!({"p": p}), AppendOptions::new().partition(p)).await.expect("append");
+    }
+    let leases = rheo.fetch("s", "g", FetchOptions::new().limit(2)).await.expect("fetch");
+    assert_eq!(leases.len(), 2);
+    assert_ne!(leases[0].lease_id, leases[1].lease_id, "one lease id per delivery");
+    rheo.ack(&leases[0]).await.expect("ack");
+    let c = client().await;
+    let d = c.database(&db);
+    let g = d.collection::<Document>("groups").find_one(doc! {"stream": "s", "name": "g"}).await.expect("find");
+    let g = g.expect("the group document");
+    let frontiers = g.get_document("frontiers").expect("frontiers");
+    assert_eq!((frontiers.get_i64("0"), frontiers.get_i64("1")), (Ok(1), Ok(0)), "{g}");
+    assert!(g.get_document("cursors").is_ok_and(|c| c.contains_key("0") && c.contains_key("1")), "{g}");
+    let dl = d.collection::<Document>("deliveries");
+    let acked = dl.find_one(doc! {"group": "g", "partition": 0_i64, "sequence": 1_i64}).await.expect("find");
+    let acked = acked.expect("the acked delivery");
+    assert_eq!(acked.get_str("status"), Ok("acked"), "{acked}");
+    assert!(acked.get("acked_at").is_some_and(|t| matches!(t, mongodb::bson::Bson::DateTime(_))), "{acked}");
+    let leased = dl.find_one(doc! {"group": "g", "partition": 1_i64, "sequence": 1_i64}).await.expect("find");
+    let leased = leased.expect("the leased delivery");
+    assert_eq!(leased.get_str("status"), Ok("leased"));
+    assert_eq!(leased.get_str("lease_id"), Ok(leases[1].lease_id.to_string().as_str()));
+    assert_eq!(leased.get_i64("attempt"), Ok(1));
+    assert!(dl.find_one(doc! {"group_name": "g"}).await.expect("find").is_none(), "no group_name field");
 }
 
 /// Needs no server: an unreachable one is `BackendUnavailable` within the
@@ -236,4 +274,30 @@ async fn mongo_unreachable_server_and_bad_urls_get_clear_errors() {
         let e = Rheo::open(url).await.expect_err(url);
         assert!(matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains(says), "{url}: {e}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a worker process of the scale-out cases (run by them)"]
+async fn mongo_worker_process() {
+    scale::worker_process("mongo_worker_process").await;
+}
+
+/// Competing consumers in 1 and then 2 OS processes on one group share 400
+/// events: each handled once, never held by two at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a MongoDB-wire server: .ci/run starts one and runs these with RHEO_MONGO_URL set"]
+async fn mongo_processes_share_a_group_and_never_double_lease() {
+    let (url, db) = fresh_url();
+    let _drop = Drop_(db);
+    scale::processes_share_a_group(&url, "mongo_worker_process", 400, &[1, 2]).await;
+}
+
+/// A consumer process SIGKILLed mid-batch: its leases come back after
+/// expiry, its acks never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a MongoDB-wire server: .ci/run starts one and runs these with RHEO_MONGO_URL set"]
+async fn mongo_consumer_killed_mid_batch_is_redelivered_but_not_what_it_acked() {
+    let (url, db) = fresh_url();
+    let _drop = Drop_(db);
+    scale::killed_mid_batch(&url, "mongo_worker_process").await;
 }

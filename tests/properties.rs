@@ -1666,3 +1666,8 @@ properties!(native_mem, crate::common::native_mem);
 properties!(sqlite, crate::common::sqlite, 8;);
 properties!(postgres, crate::common::postgres, 8;
     #[ignore = "needs PostgreSQL: .ci/run starts one and runs these with RHEO_POSTGRES_URL set"]);
+// MongoDB on SecantusDB (a server written in Python) is slower still: a
+// thirty-second of the cases, said here and in docs/benchmarks.md.
+#[cfg(feature = "mongo")]
+properties!(mongo, crate::common::mongo, 32;
+    #[ignore = "needs a MongoDB-wire server: .ci/run starts one and runs these with RHEO_MONGO_URL set"]);

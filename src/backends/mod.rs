@@ -21,6 +21,8 @@ use crate::engine::EngineOptions;
 use crate::error::{Error, Result};
 use crate::model::time::Clock;
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mongo"))]
+pub(crate) mod common;
 pub mod memory;
 #[cfg(feature = "mongo")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mongo")))]
@@ -42,6 +44,37 @@ pub(crate) fn redact(url: &str) -> String {
             }
         }
         _ => url.to_owned(),
+    }
+}
+
+/// The wakeup source of each stream of a database backend, shared with
+/// the task that hears the database's notifications.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mongo"))]
+#[derive(Debug, Default)]
+pub(crate) struct WakeupMap(parking_lot::RwLock<std::collections::HashMap<String, Arc<crate::backend::Wakeups>>>);
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mongo"))]
+impl WakeupMap {
+    pub(crate) fn get(&self, stream: &str) -> Arc<crate::backend::Wakeups> {
+        if let Some(w) = self.0.read().get(stream) {
+            return w.clone();
+        }
+        self.0.write().entry(stream.to_owned()).or_default().clone()
+    }
+
+    /// Wakes the subscribers of one stream, if it has any.
+    pub(crate) fn wake(&self, stream: &str) {
+        if let Some(w) = self.0.read().get(stream) {
+            w.appended();
+        }
+    }
+
+    /// Wakes everyone (after missed notifications).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mongo")), allow(dead_code))]
+    pub(crate) fn wake_all(&self) {
+        for w in self.0.read().values() {
+            w.appended();
+        }
     }
 }
 

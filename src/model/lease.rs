@@ -97,6 +97,20 @@ pub struct LeaseRef {
     pub receipt: Option<String>,
 }
 
+impl LeaseRef {
+    /// `StaleLease` for this lease (it no longer holds its delivery).
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+    pub(crate) fn stale(&self) -> crate::error::Error {
+        crate::error::Error::StaleLease {
+            stream: self.stream.to_string(),
+            group: self.group.to_string(),
+            partition: self.partition,
+            sequence: self.sequence,
+            lease_id: self.lease_id,
+        }
+    }
+}
+
 impl From<&Lease> for LeaseRef {
     fn from(l: &Lease) -> Self {
         LeaseRef {

@@ -20,6 +20,10 @@ pub struct Fixture {
     pub clock: ManualClock,
     /// Keeps temporary directories, servers... alive for the test.
     pub guard: Option<Box<dyn Any + Send>>,
+    /// A slow backend (MongoDB on SecantusDB, a server written in Python):
+    /// cases that work on thousands of events use a few hundred instead,
+    /// and say so in their name's documentation.
+    pub small: bool,
 }
 
 /// Builds a fresh fixture.
@@ -38,7 +42,7 @@ pub fn memory() -> BoxFuture<'static, Fixture> {
             .open("memory:")
             .await
             .expect("memory backend opens");
-        Fixture { rheo, clock, guard: None }
+        Fixture { rheo, clock, guard: None, small: false }
     })
 }
 
@@ -60,7 +64,7 @@ pub fn native_mem() -> BoxFuture<'static, Fixture> {
             .consumer_id("test-consumer")
             .with_backend(Arc::new(backend))
             .expect("native backend");
-        Fixture { rheo, clock, guard: None }
+        Fixture { rheo, clock, guard: None, small: false }
     })
 }
 
@@ -76,7 +80,7 @@ pub fn native_disk() -> BoxFuture<'static, Fixture> {
             .open(&url)
             .await
             .expect("native backend opens");
-        Fixture { rheo, clock, guard: Some(Box::new(dir)) }
+        Fixture { rheo, clock, guard: Some(Box::new(dir)), small: false }
     })
 }
 
@@ -92,7 +96,7 @@ pub fn sqlite() -> BoxFuture<'static, Fixture> {
             .open(&url)
             .await
             .expect("sqlite backend opens");
-        Fixture { rheo, clock, guard: Some(Box::new(dir)) }
+        Fixture { rheo, clock, guard: Some(Box::new(dir)), small: false }
     })
 }
 
@@ -121,7 +125,62 @@ pub fn postgres() -> BoxFuture<'static, Fixture> {
             .open(&url)
             .await
             .expect("postgres backend opens");
-        Fixture { rheo, clock, guard: None }
+        Fixture { rheo, clock, guard: None, small: false }
+    })
+}
+
+/// Why the MongoDB cases are ignored by a plain `cargo test`.
+pub const NEEDS_MONGO: &str =
+    "needs a MongoDB-wire server: .ci/run starts one and runs these with RHEO_MONGO_URL set (and --features mongo)";
+
+/// The MongoDB-wire server's URL (`RHEO_MONGO_URL`) with `db` as its
+/// database.
+#[cfg(feature = "mongo")]
+pub fn mongo_url(db: &str) -> String {
+    let base = std::env::var("RHEO_MONGO_URL")
+        .expect("RHEO_MONGO_URL names a MongoDB-wire server (mongodb://host:port/?...); .ci/run starts one");
+    let (head, query) = base.split_once('?').unwrap_or((&base, ""));
+    let head = head.trim_end_matches('/');
+    if query.is_empty() { format!("{head}/{db}") } else { format!("{head}/{db}?{query}") }
+}
+
+/// Drops a MongoDB database when dropped (the case passed or failed).
+#[cfg(feature = "mongo")]
+pub struct DropDatabase(pub String);
+
+#[cfg(feature = "mongo")]
+impl Drop for DropDatabase {
+    fn drop(&mut self) {
+        let db = self.0.clone();
+        // A runtime of its own on its own thread: the case's may be gone.
+        let _ = std::thread::spawn(move || {
+            let Ok(base) = std::env::var("RHEO_MONGO_URL") else { return };
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                rt.block_on(async {
+                    if let Ok(c) = mongodb::Client::with_uri_str(&base).await {
+                        let _ = c.database(&db).drop().await;
+                    }
+                });
+            }
+        })
+        .join();
+    }
+}
+
+/// MongoDB, in a fresh database of the server `RHEO_MONGO_URL` names,
+/// dropped when the fixture goes.
+#[cfg(feature = "mongo")]
+pub fn mongo() -> BoxFuture<'static, Fixture> {
+    Box::pin(async {
+        let clock = ManualClock::new(START);
+        let db = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let rheo = Rheo::builder()
+            .clock(Arc::new(clock.clone()))
+            .consumer_id("test-consumer")
+            .open(&mongo_url(&db))
+            .await
+            .expect("mongo backend opens");
+        Fixture { rheo, clock, guard: Some(Box::new(DropDatabase(db))), small: true }
     })
 }
 
@@ -145,4 +204,23 @@ macro_rules! service_backends {
     ($callback:ident) => {
         $callback!(postgres, $crate::common::postgres);
     };
+}
+
+/// Expands `$callback!(name, factory)` for MongoDB when the `mongo`
+/// feature is on (`cargo test` leaves it off; see Cargo.toml). Its cases
+/// are ignored unless run with `--ignored`, as .ci/run does with a server
+/// started.
+#[cfg(feature = "mongo")]
+#[macro_export]
+macro_rules! mongo_backends {
+    ($callback:ident) => {
+        $callback!(mongo, $crate::common::mongo);
+    };
+}
+
+/// (The `mongo` feature is off: no MongoDB cases.)
+#[cfg(not(feature = "mongo"))]
+#[macro_export]
+macro_rules! mongo_backends {
+    ($callback:ident) => {};
 }

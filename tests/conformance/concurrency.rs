@@ -11,6 +11,9 @@ use crate::common::Fixture;
 use crate::support::*;
 
 const EVENTS: u32 = 10_000;
+/// The events and workers on a slow backend ([`Fixture::small`]).
+const SMALL_EVENTS: u32 = 400;
+const SMALL_WORKERS: usize = 4;
 const PARTITIONS: u32 = 4;
 const WORKERS: usize = 16;
 
@@ -60,17 +63,20 @@ async fn worker(rheo: Rheo, me: usize, ledger: Arc<Mutex<Ledger>>) {
     }
 }
 
-/// 16 consumers compete on one group over 10,000 events in 4 partitions: every
+/// 16 consumers compete on one group over 10,000 events (4 over 400 on a
+/// slow backend, see [`Fixture::small`]) in 4 partitions: every
 /// event is acked exactly once, no two live leases ever hold the same delivery,
 /// and the final lag is 0.
 pub async fn competing_consumers_ack_every_event_exactly_once(f: Fixture) {
     setup(&f, PARTITIONS).await;
-    let items = (0..EVENTS).map(|i| (json!({"i": i}), AppendOptions::new().partition(i % PARTITIONS)));
-    let appended = f.rheo.append_batch_with(S, items).await.expect("append 10,000 events");
-    assert_eq!(appended.len(), 10_000);
+    let events = if f.small { SMALL_EVENTS } else { EVENTS };
+    let items = (0..events).map(|i| (json!({"i": i}), AppendOptions::new().partition(i % PARTITIONS)));
+    let appended = f.rheo.append_batch_with(S, items).await.expect("append the events");
+    assert_eq!(appended.len(), events as usize);
 
     let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let tasks: Vec<_> = (0..WORKERS).map(|me| tokio::spawn(worker(f.rheo.clone(), me, ledger.clone()))).collect();
+    let workers = if f.small { SMALL_WORKERS } else { WORKERS };
+    let tasks: Vec<_> = (0..workers).map(|me| tokio::spawn(worker(f.rheo.clone(), me, ledger.clone()))).collect();
     let all = futures::future::join_all(tasks);
     let results = tokio::time::timeout(Duration::from_secs(120), all).await.expect("the workers finish");
     for r in results {
@@ -80,7 +86,7 @@ pub async fn competing_consumers_ack_every_event_exactly_once(f: Fixture) {
     let ledger = std::mem::take(&mut *ledger.lock().expect("ledger lock"));
     let first = &ledger.violations[..ledger.violations.len().min(5)];
     assert!(ledger.violations.is_empty(), "{} violations, first: {first:?}", ledger.violations.len());
-    assert_eq!(ledger.acked.len(), 10_000);
+    assert_eq!(ledger.acked.len(), events as usize);
     let expected: HashSet<(u32, u64)> = appended.iter().map(|e| (e.partition(), e.sequence())).collect();
     assert!(ledger.acked == expected, "the acked set is exactly the appended set");
     assert!(ledger.holders.is_empty());

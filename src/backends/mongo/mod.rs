@@ -32,7 +32,10 @@
 //! # Ok(()) }
 //! ```
 
+mod groups;
+mod query;
 mod streams;
+mod watch;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,11 +47,15 @@ use mongodb::error::{ErrorKind, UNKNOWN_TRANSACTION_COMMIT_RESULT, WriteFailure}
 use parking_lot::RwLock;
 
 use super::redact;
-use crate::backend::Backend;
+use crate::backend::{Backend, Subscription};
+use crate::backends::WakeupMap;
 use crate::error::{Error, Result};
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, NewEvent, Position};
-use crate::model::group::{FetchOptions, GroupOptions, GroupSummary, Lag, Replay, Reset, StreamInfo, StreamOptions};
+use crate::model::group::{
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, Replay,
+    Reset, StreamInfo, StreamOptions,
+};
 use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
 use crate::model::time::{Clock, Timestamp};
@@ -65,6 +72,10 @@ pub(crate) const GROUPS: &str = "groups";
 pub(crate) const DELIVERIES: &str = "deliveries";
 /// This crate's own collection (schema version).
 pub(crate) const META: &str = "rheo_rs_meta";
+/// This crate's group settings (partitions, retry backoff).
+pub(crate) const SETTINGS: &str = "rheo_rs_group_settings";
+/// The payload fields declared for indexing, per stream.
+pub(crate) const STREAM_INDEXES: &str = "rheo_rs_stream_indexes";
 
 /// Options of a `mongodb://` URL that are this crate's, not the driver's.
 #[derive(Debug, Clone, PartialEq)]
@@ -176,6 +187,127 @@ pub(crate) fn is_transient(e: &mongodb::error::Error) -> bool {
     e.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR)
 }
 
+/// How long a transaction keeps running again while the server calls its
+/// failure transient (MongoDB aborts a transaction at once on a write
+/// conflict: concurrent writers of one group or stream meet it often), and
+/// the most times a commit with an unknown result is sent again.
+pub(crate) const TX_DEADLINE: Duration = Duration::from_secs(10);
+const COMMIT_ATTEMPTS: u32 = 5;
+
+/// A random pause before running a transaction again: up to 1 ms at the
+/// first conflict, doubling to at most 64 ms (jitter spreads contenders).
+pub(crate) fn backoff(attempt: u32) -> Duration {
+    use std::hash::BuildHasher;
+    let ceiling = 1u64 << attempt.min(6);
+    let r = std::collections::hash_map::RandomState::new().hash_one(attempt) % (ceiling * 1000);
+    Duration::from_micros(r)
+}
+
+/// How an attempt of a transaction failed.
+pub(crate) enum TxFailure {
+    /// The server labelled it transient: the whole transaction may run again.
+    Transient(mongodb::error::Error),
+    /// This crate saw a concurrent change it must not write over (an
+    /// update matched fewer documents than the transaction read): run it
+    /// again.
+    Raced(&'static str),
+    /// Anything else, mapped.
+    Rheo(Error),
+}
+
+impl From<Error> for TxFailure {
+    fn from(e: Error) -> Self {
+        TxFailure::Rheo(e)
+    }
+}
+
+/// A driver error inside a transaction: transient (run it again) or
+/// mapped at `phase`.
+pub(crate) fn tx_err(operation: &'static str, phase: Phase) -> impl Fn(mongodb::error::Error) -> TxFailure {
+    move |e| if is_transient(&e) { TxFailure::Transient(e) } else { TxFailure::Rheo(map_err(operation, phase, &e)) }
+}
+
+/// `?` on a driver error inside a transaction body (nothing committed yet).
+pub(crate) fn txe(operation: &'static str) -> impl Fn(mongodb::error::Error) -> TxFailure {
+    tx_err(operation, Phase::Safe)
+}
+
+/// Commits a transaction; a commit whose reply is lost is sent again (the
+/// server answers it idempotently); still unknown after that, the outcome
+/// is ambiguous.
+pub(crate) async fn commit(session: &mut mongodb::ClientSession, operation: &'static str) -> Result<(), TxFailure> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match session.commit_transaction().await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT) && tries < COMMIT_ATTEMPTS => {}
+            Err(e) => return Err(tx_err(operation, Phase::Commit)(e)),
+        }
+    }
+}
+
+/// The error of a transaction that kept failing transiently past
+/// [`TX_DEADLINE`]: nothing was changed.
+pub(crate) fn gave_up(operation: &'static str, attempts: u32, spent: Duration, last: &TxFailure) -> Error {
+    let why = match last {
+        TxFailure::Transient(e) => format!("aborted by the server as transient (last: {})", describe(e)),
+        TxFailure::Raced(what) => format!("raced by a concurrent change ({what})"),
+        TxFailure::Rheo(e) => e.to_string(),
+    };
+    Error::unavailable(
+        NAME,
+        operation,
+        format!("gave up after {attempts} attempts in {spent:?}, each {why}; nothing was changed"),
+    )
+}
+
+/// Runs `$body` (an expression of type `Result<T, TxFailure>` that uses
+/// `$s`, a `&mut ClientSession` in a started transaction) and commits;
+/// runs it again while it fails transiently, for up to [`TX_DEADLINE`]
+/// with jittered backoff. A failed attempt is aborted at once, never left
+/// to the server's transaction timeout (its locks would hold others).
+macro_rules! in_tx {
+    ($self:ident, $op:expr, |$s:ident| $body:expr) => {{
+        use $crate::backends::mongo::{TxFailure, backoff, commit, gave_up, txe};
+        let started = std::time::Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let out: std::result::Result<_, TxFailure> = async {
+                let mut session = $self.client.start_session().await.map_err(txe($op))?;
+                session.start_transaction().await.map_err(txe($op))?;
+                let out = {
+                    let $s = &mut session;
+                    // Its own block, so a `return` in the body ends the
+                    // body, not the attempt.
+                    async { $body }.await
+                };
+                match out {
+                    Ok(v) => {
+                        commit(&mut session, $op).await?;
+                        Ok(v)
+                    }
+                    Err(e) => {
+                        let _ = session.abort_transaction().await;
+                        Err(e)
+                    }
+                }
+            }
+            .await;
+            match out {
+                Ok(v) => break Ok(v),
+                Err(TxFailure::Rheo(e)) => break Err(e),
+                Err(e) if started.elapsed() >= $crate::backends::mongo::TX_DEADLINE => {
+                    break Err(gave_up($op, attempt, started.elapsed(), &e));
+                }
+                Err(_) => tokio::time::sleep(backoff(attempt)).await,
+            }
+        }
+    }};
+}
+pub(crate) use in_tx;
+
 /// The MongoDB backend.
 pub struct MongoBackend {
     client: mongodb::Client,
@@ -183,6 +315,16 @@ pub struct MongoBackend {
     clock: Arc<dyn Clock>,
     /// Partition counts of the streams this handle has seen (they never change).
     partition_counts: RwLock<HashMap<String, u32>>,
+    /// The wakeup source of each stream.
+    wakeups: Arc<WakeupMap>,
+    /// The change stream on `events` (started by the first subscription).
+    watcher: watch::Watcher,
+}
+
+impl Drop for MongoBackend {
+    fn drop(&mut self) {
+        self.watcher.stop();
+    }
 }
 
 impl std::fmt::Debug for MongoBackend {
@@ -217,7 +359,14 @@ impl MongoBackend {
         let client =
             mongodb::Client::with_options(opts).map_err(|e| Error::invalid("url", format!("{}: {e}", redact(url))))?;
         let db = client.database(&database);
-        let backend = MongoBackend { client, db, clock, partition_counts: RwLock::new(HashMap::new()) };
+        let backend = MongoBackend {
+            client,
+            db,
+            clock,
+            partition_counts: RwLock::new(HashMap::new()),
+            wakeups: Arc::new(WakeupMap::default()),
+            watcher: watch::Watcher::default(),
+        };
         backend.check_server(url).await?;
         Ok(backend)
     }
@@ -252,10 +401,6 @@ impl MongoBackend {
     fn now(&self) -> Timestamp {
         self.clock.now()
     }
-
-    fn unsupported(operation: &'static str) -> Error {
-        Error::Unsupported { backend: NAME, operation }
-    }
 }
 
 /// MongoDB's rules for database names (the ones a URL path can break).
@@ -279,6 +424,8 @@ impl Backend for MongoBackend {
         let mut c = Capabilities::new(NAME);
         c.durable = true;
         c.distributed = true;
+        c.wakeups = true;
+        c.ops_inspect = true;
         c
     }
 
@@ -295,52 +442,95 @@ impl Backend for MongoBackend {
         self.create_stream_impl(stream, opts).await
     }
 
-    async fn create_group(&self, _stream: &str, _group: &str, _opts: &GroupOptions) -> Result<GroupSummary> {
-        Err(Self::unsupported("create_group"))
+    async fn create_group(&self, stream: &str, group: &str, opts: &GroupOptions) -> Result<GroupSummary> {
+        self.create_group_impl(stream, group, opts).await
     }
 
     async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
-        self.append_impl(stream, events).await
+        let out = self.append_impl(stream, events).await?;
+        // This process's subscribers at once; others through the change stream.
+        self.wakeups.wake(stream);
+        Ok(out)
     }
 
     async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
         self.read_impl(stream, partition, after, limit).await
     }
 
-    async fn query(&self, _query: &Query) -> Result<Page> {
-        Err(Self::unsupported("query"))
+    async fn query(&self, query: &Query) -> Result<Page> {
+        self.query_impl(query).await
     }
 
-    async fn fetch(&self, _stream: &str, _group: &str, _opts: &FetchOptions) -> Result<FetchReport> {
-        Err(Self::unsupported("fetch"))
+    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
+        self.fetch_impl(stream, group, opts).await
     }
 
-    async fn renew(&self, _lease: &LeaseRef, _lease_duration: Duration) -> Result<Timestamp> {
-        Err(Self::unsupported("renew"))
+    async fn renew(&self, lease: &LeaseRef, lease_duration: Duration) -> Result<Timestamp> {
+        let mut all = self.renew_many_impl(std::slice::from_ref(lease), lease_duration).await?;
+        all.pop().unwrap_or_else(|| Err(Error::failed("renew", "no result")))
     }
 
-    async fn ack(&self, _lease: &LeaseRef) -> Result<()> {
-        Err(Self::unsupported("ack"))
+    async fn renew_many(&self, leases: &[LeaseRef], lease_duration: Duration) -> Result<Vec<Result<Timestamp>>> {
+        self.renew_many_impl(leases, lease_duration).await
     }
 
-    async fn retry(&self, _lease: &LeaseRef, _reason: &str, _delay: Option<Duration>) -> Result<RetryOutcome> {
-        Err(Self::unsupported("retry"))
+    async fn ack(&self, lease: &LeaseRef) -> Result<()> {
+        let mut all = self.ack_many_impl(std::slice::from_ref(lease)).await?;
+        all.pop().unwrap_or_else(|| Err(Error::failed("ack", "no result")))
     }
 
-    async fn reject(&self, _lease: &LeaseRef, _reason: &str) -> Result<()> {
-        Err(Self::unsupported("reject"))
+    async fn ack_many(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
+        self.ack_many_impl(leases).await
     }
 
-    async fn replay(&self, _stream: &str, _group: &str, _replay: &Replay) -> Result<u64> {
-        Err(Self::unsupported("replay"))
+    async fn retry(&self, lease: &LeaseRef, reason: &str, delay: Option<Duration>) -> Result<RetryOutcome> {
+        self.retry_impl(lease, reason, delay).await
     }
 
-    async fn reset_group(&self, _stream: &str, _group: &str, _reset: &Reset) -> Result<()> {
-        Err(Self::unsupported("reset_group"))
+    async fn reject(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
+        self.reject_impl(lease, reason).await
     }
 
-    async fn lag(&self, _stream: &str, _group: &str, _partitions: Option<&[u32]>) -> Result<Lag> {
-        Err(Self::unsupported("lag"))
+    async fn skip(&self, stream: &str, group: &str, partition: u32, sequence: u64, reason: &str) -> Result<bool> {
+        self.skip_impl(stream, group, partition, sequence, reason).await
+    }
+
+    async fn replay(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64> {
+        self.replay_impl(stream, group, replay).await
+    }
+
+    async fn reset_group(&self, stream: &str, group: &str, reset: &Reset) -> Result<()> {
+        self.reset_impl(stream, group, reset).await
+    }
+
+    async fn lag(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
+        self.lag_impl(stream, group, partitions).await
+    }
+
+    async fn list_groups(&self, stream: &str) -> Result<Vec<GroupSummary>> {
+        self.list_groups_impl(stream).await
+    }
+
+    async fn dead_letters(&self, stream: &str, group: &str, opts: &DeadLetterOptions) -> Result<Vec<DeadLetter>> {
+        self.dead_letters_impl(stream, group, opts).await
+    }
+
+    async fn group_info(&self, stream: &str, group: &str) -> Result<GroupInfo> {
+        self.group_info_impl(stream, group).await
+    }
+
+    async fn create_index(&self, stream: &str, field: &str) -> Result<()> {
+        self.create_index_impl(stream, field).await
+    }
+
+    async fn index_status(&self, stream: &str) -> Result<Vec<IndexStatus>> {
+        self.index_status_impl(stream).await
+    }
+
+    async fn subscribe(&self, stream: &str) -> Result<Subscription> {
+        self.partition_count(stream).await?;
+        self.watcher.ensure_started(self.collection(EVENTS), self.wakeups.clone());
+        Ok(self.wakeups.get(stream).subscribe())
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamInfo>> {

@@ -10,28 +10,16 @@ use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::options::{IndexOptions, ReturnDocument};
 use serde_json::Value;
 
-use super::{DELIVERIES, EVENTS, GROUPS, META, MongoBackend, Phase, SCHEMA_VERSION, STREAMS, is_duplicate, map_err};
+use super::{
+    DELIVERIES, EVENTS, GROUPS, META, MongoBackend, Phase, SCHEMA_VERSION, SETTINGS, STREAM_INDEXES, STREAMS,
+    TxFailure, is_duplicate, map_err, txe,
+};
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::event::{Event, EventParts, Metadata, NewEvent, Payload, Position};
 use crate::model::group::{StreamInfo, StreamOptions, check_partitions};
+use crate::model::query::check_index_field;
 use crate::model::routing::route;
 use crate::model::time::Timestamp;
-
-/// How long a transaction keeps running again while the server calls its
-/// failure transient (MongoDB aborts a transaction at once on a write
-/// conflict: concurrent appenders of one stream meet it often), and the
-/// most times a commit with an unknown result is sent again.
-const TX_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
-const TX_ATTEMPTS: u32 = 5;
-
-/// A random pause before running a transaction again: up to 1 ms at the
-/// first conflict, doubling to at most 64 ms (jitter spreads contenders).
-fn backoff(attempt: u32) -> std::time::Duration {
-    use std::hash::BuildHasher;
-    let ceiling = 1u64 << attempt.min(6);
-    let r = std::collections::hash_map::RandomState::new().hash_one(attempt) % (ceiling * 1000);
-    std::time::Duration::from_micros(r)
-}
 
 /// The reference's indexes, by collection: (name, keys, unique). The
 /// reference's `events_stream_currency_curve` (a demo leftover) is left
@@ -49,6 +37,8 @@ fn indexes() -> Vec<(&'static str, &'static str, Document, bool)> {
         (DELIVERIES, "deliveries_stream_group_event", doc! { "stream": 1, "group": 1, "event_id": 1 }, true),
         (DELIVERIES, "deliveries_frontier", doc! { "stream": 1, "group": 1, "partition": 1, "sequence": 1 }, false),
         (DELIVERIES, "deliveries_claim", doc! { "stream": 1, "group": 1, "status": 1, "expires_at": 1 }, false),
+        (SETTINGS, "rheo_rs_group_settings_stream_name", doc! { "stream": 1, "name": 1 }, true),
+        (STREAM_INDEXES, "rheo_rs_stream_indexes_stream_field", doc! { "stream": 1, "field": 1 }, true),
     ]
 }
 
@@ -269,9 +259,8 @@ impl MongoBackend {
 
     pub(super) async fn create_stream_impl(&self, stream: &str, opts: &StreamOptions) -> Result<StreamInfo> {
         opts.validate(stream)?;
-        if !opts.indexes.is_empty() {
-            return Err(Error::Unsupported { backend: super::NAME, operation: "create_stream with indexes" });
-        }
+        let fields: Vec<(String, &str)> =
+            opts.indexes.iter().map(|f| Ok((check_index_field(stream, f)?, f.as_str()))).collect::<Result<Vec<_>>>()?;
         let created = self.now();
         let next: Document = (0..opts.partition_count).map(|p| (p.to_string(), Bson::Int64(0))).collect();
         let d = doc! {
@@ -288,10 +277,16 @@ impl MongoBackend {
             Err(e) => return Err(map_err("create_stream", Phase::Commit, &e)),
         }
         self.partition_counts.write().insert(stream.to_owned(), opts.partition_count);
+        // Declared a millisecond apart, so they list in the order given.
+        for (i, (canonical, spelling)) in fields.iter().enumerate() {
+            let at = created.saturating_add(std::time::Duration::from_millis(i as u64));
+            self.declare_index(stream, canonical, spelling, at).await?;
+        }
+        let indexes = self.declared_indexes(stream).await?.into_iter().map(|(_, s)| s).collect();
         Ok(StreamInfo {
             name: stream.to_owned(),
             partition_count: opts.partition_count,
-            indexes: Vec::new(),
+            indexes,
             high_watermarks: vec![0; opts.partition_count as usize],
             created_at: created,
         })
@@ -311,45 +306,11 @@ impl MongoBackend {
             *per.entry(p).or_default() += 1;
         }
         let at = self.now();
-        let started = std::time::Instant::now();
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self.append_tx(&Batch { stream, events, routed: &routed, per: &per, at }).await {
-                Ok(positions) => return Ok(positions),
-                Err(TxFailure::Transient(_)) if started.elapsed() < TX_DEADLINE => {
-                    tokio::time::sleep(backoff(attempt)).await;
-                }
-                Err(TxFailure::Transient(e)) => {
-                    return Err(Error::unavailable(
-                        super::NAME,
-                        "append",
-                        format!(
-                            "stream {stream:?}: gave up after {attempt} attempts in {:?}, each aborted by the server \
-                             as transient (last: {}); nothing was written",
-                            started.elapsed(),
-                            super::describe(&e)
-                        ),
-                    ));
-                }
-                Err(TxFailure::Rheo(e)) => return Err(e),
-            }
-        }
+        let batch = Batch { stream, events, routed: &routed, per: &per, at };
+        super::in_tx!(self, "append", |s| self.append_in(s, &batch).await)
     }
 
-    async fn append_tx(&self, batch: &Batch<'_>) -> std::result::Result<Vec<Position>, TxFailure> {
-        let mut session = self.client.start_session().await.map_err(tx_err(Phase::Safe))?;
-        session.start_transaction().await.map_err(tx_err(Phase::Safe))?;
-        let out = self.append_in(&mut session, batch).await;
-        if out.is_err() {
-            // Aborted at once, not left to the server's transaction timeout
-            // (its locks would hold other appenders until then).
-            let _ = session.abort_transaction().await;
-        }
-        out
-    }
-
-    /// The body of `append_tx`, inside its transaction (committed here).
+    /// An append, inside its transaction.
     async fn append_in(
         &self,
         session: &mut mongodb::ClientSession,
@@ -368,7 +329,7 @@ impl MongoBackend {
             .return_document(ReturnDocument::After)
             .session(&mut *session)
             .await
-            .map_err(tx_err(Phase::Safe))?
+            .map_err(txe("append"))?
             .ok_or_else(|| TxFailure::Rheo(Error::stream_not_found(stream)))?;
         let last = get_map(&after, "next_sequences");
         let mut next: BTreeMap<u32, u64> = BTreeMap::new();
@@ -398,20 +359,9 @@ impl MongoBackend {
                     format!("mongo: stream {stream:?}: an event id of this batch is already stored (ids are unique)"),
                 )));
             }
-            Err(e) => return Err(tx_err(Phase::Safe)(e)),
+            Err(e) => return Err(txe("append")(e)),
         }
-        // A commit whose reply is lost is sent again (the server answers it
-        // idempotently); still unknown after that, the append is ambiguous.
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            match session.commit_transaction().await {
-                Ok(()) => return Ok(positions),
-                Err(e)
-                    if e.contains_label(mongodb::error::UNKNOWN_TRANSACTION_COMMIT_RESULT) && tries < TX_ATTEMPTS => {}
-                Err(e) => return Err(tx_err(Phase::Commit)(e)),
-            }
-        }
+        Ok(positions)
     }
 
     pub(super) async fn read_impl(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
@@ -458,7 +408,7 @@ impl MongoBackend {
             out.push(StreamInfo {
                 name: name.to_owned(),
                 partition_count: count,
-                indexes: Vec::new(),
+                indexes: self.declared_indexes(name).await?.into_iter().map(|(_, s)| s).collect(),
                 high_watermarks: (0..count).map(|p| hws.get(&p).copied().unwrap_or(0)).collect(),
                 created_at,
             });
@@ -476,22 +426,6 @@ struct Batch<'a> {
     routed: &'a [u32],
     per: &'a BTreeMap<u32, u64>,
     at: Timestamp,
-}
-
-/// A driver error of an append's transaction: transient (run it again) or
-/// mapped at `phase`.
-fn tx_err(phase: Phase) -> impl Fn(mongodb::error::Error) -> TxFailure {
-    move |e| {
-        if super::is_transient(&e) { TxFailure::Transient(e) } else { TxFailure::Rheo(map_err("append", phase, &e)) }
-    }
-}
-
-/// How an attempt of a transaction failed.
-enum TxFailure {
-    /// The server labelled it transient: the whole transaction may run again.
-    Transient(mongodb::error::Error),
-    /// Anything else, mapped.
-    Rheo(Error),
 }
 
 #[cfg(test)]

@@ -30,8 +30,8 @@ use super::{Now, SqlBackend, TxError, at_commit, safe};
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
 use crate::model::group::{
-    Backoff, DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, PartitionLag,
-    Replay, ReplayFrom, Reset, StartPosition, check_partitions,
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, Replay, ReplayFrom, Reset,
+    StartPosition, check_partitions,
 };
 use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef, RetryOutcome};
 use crate::model::query::Query;
@@ -45,63 +45,9 @@ const SPENT_PER_FETCH: usize = crate::groups::SPENT_PER_FETCH;
 const TERMINAL: &str = "('acked', 'rejected')";
 
 /// Rust-only group settings, kept in `rheo_rs_group_settings`.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-struct Settings {
-    #[serde(default)]
-    partitions: Option<Vec<u32>>,
-    #[serde(default)]
-    retry_backoff: Backoff,
-}
+type Settings = crate::backends::common::GroupSettings;
 
-/// A group as loaded (without a lock).
-#[derive(Debug, Clone)]
-struct GroupRow {
-    count: u32,
-    max_attempts: u32,
-    settings: Settings,
-    cursors: BTreeMap<u32, u64>,
-    frontiers: BTreeMap<u32, u64>,
-    created_at: Timestamp,
-    /// The stream's high watermarks, read with the group.
-    hws: Vec<u64>,
-}
-
-impl GroupRow {
-    fn hw(&self, p: u32) -> u64 {
-        self.hws.get(p as usize).copied().unwrap_or(0)
-    }
-
-    fn partitions(&self) -> Vec<u32> {
-        match &self.settings.partitions {
-            Some(ps) => ps.clone(),
-            None => (0..self.count).collect(),
-        }
-    }
-
-    /// The group's partitions within `requested`, checking those exist.
-    fn scope(&self, stream: &str, requested: Option<&[u32]>) -> Result<Vec<u32>> {
-        if let Some(r) = requested {
-            check_partitions(stream, r, self.count)?;
-        }
-        Ok(self.partitions().into_iter().filter(|p| requested.is_none_or(|r| r.contains(p))).collect())
-    }
-
-    fn summary(&self, name: &str) -> GroupSummary {
-        GroupSummary {
-            name: name.to_owned(),
-            max_attempts: self.max_attempts,
-            partitions: self.settings.partitions.clone(),
-            created_at: self.created_at,
-        }
-    }
-}
-
-/// Frontier and cursor of a partition from the maps (defaults: 0, F + 1).
-fn fc(frontiers: &BTreeMap<u32, u64>, cursors: &BTreeMap<u32, u64>, p: u32) -> (u64, u64) {
-    let f = frontiers.get(&p).copied().unwrap_or(0);
-    let c = cursors.get(&p).copied().unwrap_or(f.saturating_add(1)).max(1);
-    (f, c)
-}
+use crate::backends::common::{GroupRow, frontier_cursor as fc};
 
 /// Reads a `{"0": n}` map (the reference writes integers; strings of
 /// digits are read too).
@@ -133,13 +79,7 @@ fn map_text(m: &BTreeMap<u32, u64>) -> String {
 }
 
 fn stale(l: &LeaseRef) -> Error {
-    Error::StaleLease {
-        stream: l.stream.to_string(),
-        group: l.group.to_string(),
-        partition: l.partition,
-        sequence: l.sequence,
-        lease_id: l.lease_id,
-    }
+    l.stale()
 }
 
 /// The partition/sequence/lease fence of a delivery row `d` against
@@ -1523,9 +1463,7 @@ impl SqlBackend {
     }
 
     fn lag_of(&self, stream: &str, group: &str, g: &GroupRow, scope: &[u32]) -> Lag {
-        let per =
-            scope.iter().map(|&p| PartitionLag::new(p, g.hw(p), g.frontiers.get(&p).copied().unwrap_or(0))).collect();
-        Lag::new(stream, group, per)
+        g.lag(stream, group, scope)
     }
 
     pub(super) async fn group_info_impl(&self, stream: &str, group: &str) -> Result<GroupInfo> {

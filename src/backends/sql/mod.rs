@@ -55,7 +55,7 @@ use parking_lot::RwLock;
 
 #[cfg(feature = "postgres")]
 use super::redact;
-use crate::backend::{Backend, Subscription, Wakeups};
+use crate::backend::{Backend, Subscription};
 use crate::error::{Error, Result};
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, NewEvent, Position};
@@ -106,32 +106,7 @@ enum IndexBuildState {
     Failed,
 }
 
-/// The wakeup source of each stream, shared with the listener task.
-#[derive(Debug, Default)]
-pub(crate) struct WakeupMap(RwLock<HashMap<String, Arc<Wakeups>>>);
-
-impl WakeupMap {
-    pub(crate) fn get(&self, stream: &str) -> Arc<Wakeups> {
-        if let Some(w) = self.0.read().get(stream) {
-            return w.clone();
-        }
-        self.0.write().entry(stream.to_owned()).or_default().clone()
-    }
-
-    /// Wakes the subscribers of one stream, if it has any.
-    pub(crate) fn wake(&self, stream: &str) {
-        if let Some(w) = self.0.read().get(stream) {
-            w.appended();
-        }
-    }
-
-    /// Wakes everyone (after missed notifications).
-    pub(crate) fn wake_all(&self) {
-        for w in self.0.read().values() {
-            w.appended();
-        }
-    }
-}
+use crate::backends::WakeupMap;
 
 /// "now" of one call: the database's clock, or a bound instant.
 #[derive(Debug, Clone, Copy)]

@@ -1,0 +1,1510 @@
+//! Consumer groups on MongoDB: the reference's `groups` (cursors and
+//! frontiers as sub-documents keyed by decimal partition) and
+//! `deliveries` (one document per materialized delivery), driven by the
+//! crate's group rules (ADR 0014 lists where this differs from the
+//! reference, compatibly).
+//!
+//! Invariants (those of the SQL backends): per partition, every sequence
+//! of `[start, cursor)` has a delivery document, except those the group
+//! settled by starting past them; a missing document below the cursor is
+//! settled. The frontier F is the largest n such that nothing in `(F, n]`
+//! is unsettled.
+//!
+//! Concurrency: every transaction that changes the group's state (its
+//! maps, dead letters, acks) first writes the group document
+//! (`rheo_rs_version`), so two of them on one group always conflict and
+//! one runs again: they behave as if taken one after the other (without
+//! it, two acks that each read the other's delivery as unsettled would
+//! both leave the frontier short). Claims and renewals run outside the
+//! group's lock: each delivery document is updated atomically under its
+//! own filter, so two claimers never both win one.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use mongodb::ClientSession;
+use mongodb::bson::{Bson, DateTime, Document, doc};
+use mongodb::options::ReturnDocument;
+
+use super::streams::{decode_event, get_map, get_u64};
+use super::{DELIVERIES, EVENTS, GROUPS, MongoBackend, Phase, SETTINGS, STREAMS, TxFailure, in_tx, map_err, txe};
+use crate::backends::common::{GroupRow, GroupSettings, frontier_cursor as fc};
+use crate::error::{Error, ObjectKind, Result};
+use crate::groups::rules;
+use crate::model::event::Event;
+use crate::model::group::{
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, Replay, ReplayFrom, Reset,
+    StartPosition, check_partitions,
+};
+use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef, RetryOutcome};
+use crate::model::query::Query;
+use crate::model::time::Timestamp;
+
+/// Deliveries a materialization adds per partition at least (else 8
+/// fetches' worth).
+const MATERIALIZE_MIN: u64 = 256;
+/// Spent deliveries one fetch dead-letters at most, beyond its limit.
+const SPENT_PER_FETCH: usize = crate::groups::SPENT_PER_FETCH;
+/// Times a fetch claims again when other consumers won every candidate.
+const CLAIM_ROUNDS: u32 = 8;
+/// The field of a delivery that orders dead letters (this crate's; the
+/// reference's dead letters have none and list first).
+const MARK: &str = "rheo_rs_mark";
+/// The group document's counters: the version every state change bumps
+/// (see the module docs) and the last dead-letter mark given.
+const VERSION: &str = "rheo_rs_version";
+const MARKS: &str = "rheo_rs_marks";
+
+const LEASED: &str = "leased";
+const AVAILABLE: &str = "available";
+const ACKED: &str = "acked";
+const REJECTED: &str = "rejected";
+
+fn dt(t: Timestamp) -> Bson {
+    Bson::DateTime(DateTime::from_millis(t.as_millis()))
+}
+
+fn ts(d: &Document, field: &str) -> Option<Timestamp> {
+    match d.get(field) {
+        Some(Bson::DateTime(t)) => Some(Timestamp::from_millis(t.timestamp_millis())),
+        _ => None,
+    }
+}
+
+/// A sequence or count as BSON's int64 (a start past `i64::MAX` is as
+/// good as `i64::MAX`).
+fn int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A partition map as a sub-document `{"0": n}`.
+fn map_doc(m: &BTreeMap<u32, u64>) -> Document {
+    m.iter().map(|(p, n)| (p.to_string(), Bson::Int64(int(*n)))).collect()
+}
+
+/// The filter of one group's deliveries.
+fn sg(stream: &str, group: &str) -> Document {
+    doc! { "stream": stream, "group": group }
+}
+
+/// The filter of one group's deliveries plus `extra`.
+fn sg_and(stream: &str, group: &str, extra: Document) -> Document {
+    let mut d = sg(stream, group);
+    d.extend(extra);
+    d
+}
+
+/// Settled statuses.
+fn terminal() -> Bson {
+    Bson::Array(vec![ACKED.into(), REJECTED.into()])
+}
+
+/// Claimable at `now`: never claimed, or leased with an expired lease (a
+/// retry's backoff is a lease without a holder that expires when it ends).
+fn claimable(now: Timestamp) -> Document {
+    doc! { "$or": [
+        { "status": AVAILABLE },
+        { "status": LEASED, "expires_at": { "$ne": Bson::Null, "$lte": dt(now) } },
+    ] }
+}
+
+fn int_of(d: &Document, field: &str) -> u64 {
+    get_u64(d, field).unwrap_or(0)
+}
+
+fn u32_of(d: &Document, field: &str) -> u32 {
+    u32::try_from(int_of(d, field)).unwrap_or(u32::MAX)
+}
+
+/// A driver error outside a transaction.
+fn err(operation: &'static str) -> impl Fn(mongodb::error::Error) -> Error {
+    move |e| map_err(operation, Phase::Safe, &e)
+}
+
+/// A driver error of a write outside a transaction (a lost reply leaves it
+/// unknown).
+fn werr(operation: &'static str) -> impl Fn(mongodb::error::Error) -> Error {
+    move |e| map_err(operation, Phase::Commit, &e)
+}
+
+type TxResult<T> = std::result::Result<T, TxFailure>;
+
+impl MongoBackend {
+    fn deliveries(&self) -> mongodb::Collection<Document> {
+        self.collection(DELIVERIES)
+    }
+
+    /// Finds every document of `filter` (sorted, limited), optionally in a
+    /// session.
+    async fn find_all(
+        &self,
+        coll: &str,
+        filter: Document,
+        sort: Option<Document>,
+        limit: Option<i64>,
+        session: Option<&mut ClientSession>,
+    ) -> std::result::Result<Vec<Document>, mongodb::error::Error> {
+        let c = self.collection(coll);
+        let mut find = c.find(filter);
+        if let Some(s) = sort {
+            find = find.sort(s);
+        }
+        if let Some(l) = limit {
+            find = find.limit(l);
+        }
+        match session {
+            Some(s) => {
+                let mut cursor = find.session(&mut *s).await?;
+                let mut out = Vec::new();
+                while let Some(d) = cursor.next(&mut *s).await {
+                    out.push(d?);
+                }
+                Ok(out)
+            }
+            None => find.await?.try_collect().await,
+        }
+    }
+
+    /// Loads a group: `StreamNotFound`, then `GroupNotFound`.
+    async fn load_group(&self, stream: &str, group: &str) -> Result<GroupRow> {
+        let s = self
+            .collection(STREAMS)
+            .find_one(doc! { "name": stream })
+            .await
+            .map_err(err("load group"))?
+            .ok_or_else(|| Error::stream_not_found(stream))?;
+        let g = self
+            .collection(GROUPS)
+            .find_one(doc! { "stream": stream, "name": group })
+            .await
+            .map_err(err("load group"))?
+            .ok_or_else(|| Error::group_not_found(stream, group))?;
+        let settings = self.settings(stream, group).await?;
+        let count = get_u64(&s, "partition_count").and_then(|n| u32::try_from(n).ok()).unwrap_or(1);
+        let hws = get_map(&s, "next_sequences");
+        Ok(GroupRow {
+            count,
+            max_attempts: u32_of(&g, "max_attempts"),
+            settings,
+            cursors: get_map(&g, "cursors"),
+            frontiers: get_map(&g, "frontiers"),
+            created_at: ts(&g, "created_at").unwrap_or_default(),
+            hws: (0..count).map(|p| hws.get(&p).copied().unwrap_or(0)).collect(),
+        })
+    }
+
+    async fn settings(&self, stream: &str, group: &str) -> Result<GroupSettings> {
+        let found = self
+            .collection(SETTINGS)
+            .find_one(doc! { "stream": stream, "name": group })
+            .await
+            .map_err(err("load group"))?;
+        match found.as_ref().and_then(|d| d.get_str("settings").ok()) {
+            Some(text) => serde_json::from_str(text)
+                .map_err(|e| Error::failed("reading a group", format!("group {stream:?}/{group:?}: settings: {e}"))),
+            None => Ok(GroupSettings::default()),
+        }
+    }
+
+    /// Takes the group's lock in a transaction (a write to its document,
+    /// see the module docs); returns (frontiers, cursors).
+    async fn lock_group(
+        &self,
+        s: &mut ClientSession,
+        stream: &str,
+        group: &str,
+        op: &'static str,
+    ) -> TxResult<(BTreeMap<u32, u64>, BTreeMap<u32, u64>)> {
+        let g = self
+            .collection(GROUPS)
+            .find_one_and_update(doc! { "stream": stream, "name": group }, doc! { "$inc": { VERSION: 1_i64 } })
+            .return_document(ReturnDocument::After)
+            .session(&mut *s)
+            .await
+            .map_err(txe(op))?
+            .ok_or_else(|| Error::group_not_found(stream, group))?;
+        Ok((get_map(&g, "frontiers"), get_map(&g, "cursors")))
+    }
+
+    async fn write_maps(
+        &self,
+        s: &mut ClientSession,
+        stream: &str,
+        group: &str,
+        frontiers: Option<&BTreeMap<u32, u64>>,
+        cursors: Option<&BTreeMap<u32, u64>>,
+        op: &'static str,
+    ) -> TxResult<()> {
+        let mut set = Document::new();
+        if let Some(f) = frontiers {
+            set.insert("frontiers", map_doc(f));
+        }
+        if let Some(c) = cursors {
+            set.insert("cursors", map_doc(c));
+        }
+        if set.is_empty() {
+            return Ok(());
+        }
+        self.collection(GROUPS)
+            .update_one(doc! { "stream": stream, "name": group }, doc! { "$set": set })
+            .session(&mut *s)
+            .await
+            .map_err(txe(op))?;
+        Ok(())
+    }
+
+    /// Moves the frontier of `parts` as far as the settled deliveries allow
+    /// (under the group lock the caller holds), and writes it when it
+    /// moved. Per partition: the first unsettled delivery above F (one
+    /// sorted `find`), and the first position at or after the cursor
+    /// without a delivery (documents there exist only after a replay moved
+    /// the cursor back, or a skip ahead of it).
+    #[allow(clippy::too_many_arguments)]
+    async fn advance(
+        &self,
+        s: &mut ClientSession,
+        stream: &str,
+        group: &str,
+        frontiers: &mut BTreeMap<u32, u64>,
+        cursors: &BTreeMap<u32, u64>,
+        parts: &BTreeSet<u32>,
+        op: &'static str,
+    ) -> TxResult<()> {
+        let mut moved = false;
+        for &p in parts {
+            let (f, c) = fc(frontiers, cursors, p);
+            let open = self
+                .deliveries()
+                .find_one(sg_and(
+                    stream,
+                    group,
+                    doc! { "partition": i64::from(p), "sequence": { "$gt": int(f) }, "status": { "$nin": terminal() } },
+                ))
+                .sort(doc! { "partition": 1, "sequence": 1 })
+                .projection(doc! { "sequence": 1 })
+                .session(&mut *s)
+                .await
+                .map_err(txe(op))?;
+            let mut gap = c;
+            let mut after = self
+                .deliveries()
+                .find(sg_and(stream, group, doc! { "partition": i64::from(p), "sequence": { "$gte": int(c) } }))
+                .sort(doc! { "partition": 1, "sequence": 1 })
+                .projection(doc! { "sequence": 1 })
+                .session(&mut *s)
+                .await
+                .map_err(txe(op))?;
+            while let Some(d) = after.next(&mut *s).await {
+                let q = int_of(&d.map_err(txe(op))?, "sequence");
+                if q != gap {
+                    break;
+                }
+                gap += 1;
+            }
+            let first = open.as_ref().and_then(|d| get_u64(d, "sequence")).unwrap_or(gap).min(gap);
+            let new = f.max(first.saturating_sub(1));
+            if new != f {
+                frontiers.insert(p, new);
+                moved = true;
+            }
+        }
+        if moved {
+            self.write_maps(s, stream, group, Some(frontiers), None, op).await?;
+        }
+        Ok(())
+    }
+
+    /// Gives the dead letters at `positions` (those without one) their
+    /// order, after every earlier one of the group, in the order given.
+    async fn mark_dead(
+        &self,
+        s: &mut ClientSession,
+        stream: &str,
+        group: &str,
+        positions: &[(u32, u64)],
+        op: &'static str,
+    ) -> TxResult<()> {
+        if positions.is_empty() {
+            return Ok(());
+        }
+        let n = i64::try_from(positions.len()).unwrap_or(i64::MAX);
+        let g = self
+            .collection(GROUPS)
+            .find_one_and_update(doc! { "stream": stream, "name": group }, doc! { "$inc": { MARKS: n } })
+            .return_document(ReturnDocument::After)
+            .session(&mut *s)
+            .await
+            .map_err(txe(op))?
+            .ok_or_else(|| Error::group_not_found(stream, group))?;
+        let last = i64::try_from(int_of(&g, MARKS)).unwrap_or(i64::MAX);
+        for (i, &(p, q)) in positions.iter().enumerate() {
+            let mark = last - n + 1 + i64::try_from(i).unwrap_or(0);
+            self.deliveries()
+                .update_one(
+                    sg_and(
+                        stream,
+                        group,
+                        doc! { "partition": i64::from(p), "sequence": int(q), "status": REJECTED, MARK: { "$exists": false } },
+                    ),
+                    doc! { "$set": { MARK: mark } },
+                )
+                .session(&mut *s)
+                .await
+                .map_err(txe(op))?;
+        }
+        Ok(())
+    }
+
+    /// The frontier a group starts at in each partition of `parts`.
+    async fn start_frontiers(
+        &self,
+        stream: &str,
+        start: &StartPosition,
+        parts: &[u32],
+        hws: &[u64],
+    ) -> Result<BTreeMap<u32, u64>> {
+        let hw = |p: u32| hws.get(p as usize).copied().unwrap_or(0);
+        let firsts = match start {
+            StartPosition::At(t) => self.first_at_or_after(stream, *t).await?,
+            _ => BTreeMap::new(),
+        };
+        Ok(parts
+            .iter()
+            .map(|&p| {
+                let f = match start {
+                    StartPosition::Beginning => 0,
+                    StartPosition::After(n) => *n,
+                    StartPosition::AfterPerPartition(m) => m.get(&p).copied().unwrap_or(0),
+                    StartPosition::At(_) => firsts.get(&p).map_or(hw(p), |s| s - 1),
+                    StartPosition::Latest => hw(p),
+                };
+                (p, f)
+            })
+            .collect())
+    }
+
+    /// Per partition, the first sequence with a timestamp at or after `t`.
+    async fn first_at_or_after(&self, stream: &str, t: Timestamp) -> Result<BTreeMap<u32, u64>> {
+        let pipeline = vec![
+            doc! { "$match": { "stream": stream, "timestamp": { "$gte": dt(t) } } },
+            doc! { "$group": { "_id": "$partition", "first": { "$min": "$sequence" } } },
+        ];
+        let rows: Vec<Document> = self
+            .collection(EVENTS)
+            .aggregate(pipeline)
+            .await
+            .map_err(err("start_at"))?
+            .try_collect()
+            .await
+            .map_err(err("start_at"))?;
+        Ok(rows.iter().filter_map(|r| Some((u32::try_from(get_u64(r, "_id")?).ok()?, get_u64(r, "first")?))).collect())
+    }
+
+    /// The high watermarks of a stream (`StreamNotFound`).
+    async fn hws(&self, stream: &str) -> Result<Vec<u64>> {
+        let count = self.partition_count(stream).await?;
+        let s = self
+            .collection(STREAMS)
+            .find_one(doc! { "name": stream })
+            .await
+            .map_err(err("read"))?
+            .ok_or_else(|| Error::stream_not_found(stream))?;
+        let m = get_map(&s, "next_sequences");
+        Ok((0..count).map(|p| m.get(&p).copied().unwrap_or(0)).collect())
+    }
+
+    pub(super) async fn create_group_impl(
+        &self,
+        stream: &str,
+        group: &str,
+        opts: &GroupOptions,
+    ) -> Result<GroupSummary> {
+        let count = self.partition_count(stream).await?;
+        opts.validate(stream, count)?;
+        let subset = opts.partitions.as_ref().map(|ps| {
+            let mut ps = ps.clone();
+            ps.sort_unstable();
+            ps.dedup();
+            ps
+        });
+        let parts: Vec<u32> = subset.clone().unwrap_or_else(|| (0..count).collect());
+        let hws = self.hws(stream).await?;
+        let frontiers = self.start_frontiers(stream, &opts.start, &parts, &hws).await?;
+        let cursors: BTreeMap<u32, u64> = frontiers.iter().map(|(&p, &f)| (p, f.saturating_add(1))).collect();
+        let settings = GroupSettings { partitions: subset.clone(), retry_backoff: opts.retry_backoff };
+        let text = serde_json::to_string(&settings).map_err(|e| Error::failed("create_group", e.to_string()))?;
+        let now = self.now();
+        let group_doc = doc! {
+            "stream": stream,
+            "name": group,
+            "cursors": map_doc(&cursors),
+            "frontiers": map_doc(&frontiers),
+            "max_attempts": i64::from(opts.max_attempts),
+            "created_at": dt(now),
+        };
+        in_tx!(self, "create_group", |s| {
+            match self.collection(GROUPS).insert_one(group_doc.clone()).session(&mut *s).await {
+                Ok(_) => {}
+                Err(e) if super::is_duplicate(&e) => {
+                    return Err::<(), _>(
+                        Error::AlreadyExists { kind: ObjectKind::Group, name: format!("{stream}/{group}") }.into(),
+                    );
+                }
+                Err(e) => return Err(txe("create_group")(e)),
+            }
+            self.collection(SETTINGS)
+                .update_one(doc! { "stream": stream, "name": group }, doc! { "$set": { "settings": &text } })
+                .upsert(true)
+                .session(&mut *s)
+                .await
+                .map_err(txe("create_group"))?;
+            // Deliveries of an earlier group of that name (deleted by hand)
+            // would be taken for this one's.
+            self.deliveries().delete_many(sg(stream, group)).session(&mut *s).await.map_err(txe("create_group"))?;
+            Ok(())
+        })?;
+        Ok(GroupSummary {
+            name: group.to_owned(),
+            max_attempts: opts.max_attempts,
+            partitions: subset,
+            created_at: now,
+        })
+    }
+
+    pub(super) async fn list_groups_impl(&self, stream: &str) -> Result<Vec<GroupSummary>> {
+        self.partition_count(stream).await?;
+        let groups =
+            self.find_all(GROUPS, doc! { "stream": stream }, None, None, None).await.map_err(err("list_groups"))?;
+        let settings =
+            self.find_all(SETTINGS, doc! { "stream": stream }, None, None, None).await.map_err(err("list_groups"))?;
+        let settings: HashMap<String, GroupSettings> = settings
+            .iter()
+            .filter_map(|d| {
+                let text = d.get_str("settings").ok()?;
+                Some((d.get_str("name").ok()?.to_owned(), serde_json::from_str(text).unwrap_or_default()))
+            })
+            .collect();
+        let mut out: Vec<GroupSummary> = groups
+            .iter()
+            .filter_map(|g| {
+                let name = g.get_str("name").ok()?.to_owned();
+                Some(GroupSummary {
+                    max_attempts: u32_of(g, "max_attempts"),
+                    partitions: settings.get(&name).and_then(|s| s.partitions.clone()),
+                    created_at: ts(g, "created_at").unwrap_or_default(),
+                    name,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    // ---- fetch ----
+
+    pub(super) async fn fetch_impl(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
+        let g = self.load_group(stream, group).await?;
+        let scope = g.scope(stream, opts.partitions.as_deref())?;
+        if scope.is_empty() {
+            return Ok(FetchReport::default());
+        }
+        // Delivery documents are added in chunks ahead of the claims (see
+        // the SQL backends): most fetches add none.
+        let limit = opts.limit as u64;
+        let chunk = limit.saturating_mul(8).max(MATERIALIZE_MIN);
+        let behind: Vec<u32> =
+            scope.iter().copied().filter(|&p| fc(&g.frontiers, &g.cursors, p).1 <= g.hw(p)).collect();
+        let near: Vec<u32> = behind
+            .iter()
+            .copied()
+            .filter(|&p| {
+                let (f, c) = fc(&g.frontiers, &g.cursors, p);
+                c.saturating_sub(1).saturating_sub(f) < chunk / 2
+            })
+            .collect();
+        if !near.is_empty() {
+            self.materialize(stream, group, &near, chunk, true).await?;
+        }
+        let consumer = opts.consumer_id.clone().unwrap_or_default();
+        let (mut leases, mut spent) =
+            self.claim(stream, group, &scope, g.max_attempts, opts.limit, &consumer, opts.lease).await?;
+        let rest: Vec<u32> = behind.iter().copied().filter(|p| !near.contains(p)).collect();
+        if leases.len() < opts.limit && !rest.is_empty() {
+            self.materialize(stream, group, &rest, chunk, false).await?;
+            let (more, more_spent) = self
+                .claim(stream, group, &scope, g.max_attempts, opts.limit - leases.len(), &consumer, opts.lease)
+                .await?;
+            leases.extend(more);
+            spent.extend(more_spent);
+            leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
+        }
+        if !spent.is_empty() {
+            spent.sort_unstable();
+            // The claims are made: failing the fetch now would strand its
+            // leases until they expire. The order marks and the frontier
+            // move are redone by the next settle's advance.
+            if let Err(e) = self.settled(stream, group, &spent).await {
+                tracing::warn!(stream, group, error = %e, "ordering dead letters after a claim failed");
+            }
+        }
+        Ok(FetchReport { leases, ..FetchReport::default() })
+    }
+
+    /// Adds delivery documents for the next `chunk` events of each
+    /// partition of `parts` at or after its cursor, and moves the cursors
+    /// past them. With `only_near`, a partition another consumer has
+    /// materialized meanwhile (more than half a chunk ahead of the frontier
+    /// now) is left as it is: consumers that all see the window run low at
+    /// once don't each add a chunk.
+    async fn materialize(&self, stream: &str, group: &str, parts: &[u32], chunk: u64, only_near: bool) -> Result<()> {
+        let now = self.now();
+        in_tx!(self, "fetch", |s| self.materialize_in(s, stream, group, parts, chunk, only_near, now).await)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn materialize_in(
+        &self,
+        s: &mut ClientSession,
+        stream: &str,
+        group: &str,
+        parts: &[u32],
+        chunk: u64,
+        only_near: bool,
+        now: Timestamp,
+    ) -> TxResult<()> {
+        const OP: &str = "fetch";
+        let (frontiers, mut cursors) = self.lock_group(s, stream, group, OP).await?;
+        let sd = self
+            .collection(STREAMS)
+            .find_one(doc! { "name": stream })
+            .session(&mut *s)
+            .await
+            .map_err(txe(OP))?
+            .ok_or_else(|| Error::stream_not_found(stream))?;
+        let hws = get_map(&sd, "next_sequences");
+        let mut docs = Vec::new();
+        for &p in parts {
+            let (f, c) = fc(&frontiers, &cursors, p);
+            let hw = hws.get(&p).copied().unwrap_or(0);
+            if c > hw {
+                cursors.entry(p).or_insert_with(|| f.saturating_add(1));
+                continue;
+            }
+            if only_near && c.saturating_sub(1).saturating_sub(f) >= chunk / 2 {
+                continue;
+            }
+            let hi = hw.min(c.saturating_add(chunk - 1));
+            let range = doc! { "partition": i64::from(p), "sequence": { "$gte": int(c), "$lte": int(hi) } };
+            let mut have = BTreeSet::new();
+            let mut cur = self
+                .deliveries()
+                .find(sg_and(stream, group, range.clone()))
+                .projection(doc! { "sequence": 1 })
+                .session(&mut *s)
+                .await
+                .map_err(txe(OP))?;
+            while let Some(d) = cur.next(&mut *s).await {
+                have.insert(int_of(&d.map_err(txe(OP))?, "sequence"));
+            }
+            let mut filter = doc! { "stream": stream };
+            filter.extend(range);
+            let mut events = self
+                .collection(EVENTS)
+                .find(filter)
+                .projection(doc! { "_id": 1, "sequence": 1 })
+                .session(&mut *s)
+                .await
+                .map_err(txe(OP))?;
+            while let Some(e) = events.next(&mut *s).await {
+                let e = e.map_err(txe(OP))?;
+                let q = int_of(&e, "sequence");
+                if have.contains(&q) {
+                    continue;
+                }
+                let id = e.get("_id").cloned().unwrap_or(Bson::Null);
+                docs.push(doc! {
+                    "stream": stream,
+                    "group": group,
+                    "event_id": id,
+                    "partition": i64::from(p),
+                    "sequence": int(q),
+                    "status": AVAILABLE,
+                    "attempt": 0_i64,
+                    "lease_id": Bson::Null,
+                    "consumer_id": Bson::Null,
+                    "expires_at": Bson::Null,
+                    "created_at": dt(now),
+                });
+            }
+            cursors.insert(p, hi.saturating_add(1));
+        }
+        if !docs.is_empty() {
+            self.deliveries().insert_many(docs).session(&mut *s).await.map_err(txe(OP))?;
+        }
+        self.write_maps(s, stream, group, None, Some(&cursors), OP).await
+    }
+
+    /// Claims up to `limit` deliveries; returns the leases and the spent
+    /// positions it dead-lettered. Candidates are read per partition above
+    /// the frontier, in sequence order; their events are read before
+    /// anything is claimed; then one `update_many` (an aggregation update
+    /// giving each delivery its own lease id) claims those still claimable,
+    /// and a `find` by lease id says which this call won.
+    #[allow(clippy::too_many_arguments)]
+    async fn claim(
+        &self,
+        stream: &str,
+        group: &str,
+        scope: &[u32],
+        max_attempts: u32,
+        limit: usize,
+        consumer: &str,
+        lease_for: Duration,
+    ) -> Result<(Vec<Lease>, Vec<(u32, u64)>)> {
+        let mut leases = Vec::new();
+        let mut spent = Vec::new();
+        for round in 0..CLAIM_ROUNDS {
+            let (won, dead, raced) =
+                self.claim_round(stream, group, scope, max_attempts, limit - leases.len(), consumer, lease_for).await?;
+            leases.extend(won);
+            spent.extend(dead);
+            if !raced || leases.len() >= limit {
+                break;
+            }
+            tokio::time::sleep(super::backoff(round + 1)).await;
+        }
+        leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
+        Ok((leases, spent))
+    }
+
+    /// One round of `claim`; `raced` is true when others took candidates
+    /// this round wanted (another round may find more).
+    #[allow(clippy::too_many_arguments)]
+    async fn claim_round(
+        &self,
+        stream: &str,
+        group: &str,
+        scope: &[u32],
+        max_attempts: u32,
+        limit: usize,
+        consumer: &str,
+        lease_for: Duration,
+    ) -> Result<(Vec<Lease>, Vec<(u32, u64)>, bool)> {
+        const OP: &str = "fetch";
+        let now = self.now();
+        let g = self
+            .collection(GROUPS)
+            .find_one(doc! { "stream": stream, "name": group })
+            .projection(doc! { "frontiers": 1 })
+            .await
+            .map_err(err(OP))?
+            .ok_or_else(|| Error::group_not_found(stream, group))?;
+        let frontiers = get_map(&g, "frontiers");
+        let per = i64::try_from(limit + SPENT_PER_FETCH).unwrap_or(i64::MAX);
+        let mut cands: Vec<Document> = Vec::new();
+        for &p in scope {
+            let mut filter = sg_and(
+                stream,
+                group,
+                doc! { "partition": i64::from(p), "sequence": { "$gt": int(frontiers.get(&p).copied().unwrap_or(0)) } },
+            );
+            filter.extend(claimable(now));
+            cands.extend(
+                self.find_all(DELIVERIES, filter, Some(doc! { "partition": 1, "sequence": 1 }), Some(per), None)
+                    .await
+                    .map_err(err(OP))?,
+            );
+        }
+        let key = |d: &Document| (u32_of(d, "partition"), int_of(d, "sequence"));
+        cands.sort_by_key(key);
+        // The walk of the group core: in (partition, sequence) order until
+        // `limit` claims; spent deliveries met on the way are dead-lettered
+        // (at most limit + 64 a fetch; past that a partition stops).
+        let (mut spent_left, mut claims, mut dead) = (limit + SPENT_PER_FETCH, Vec::new(), Vec::new());
+        let mut stopped: Option<u32> = None;
+        for d in cands {
+            if claims.len() >= limit {
+                break;
+            }
+            let p = u32_of(&d, "partition");
+            if stopped == Some(p) {
+                continue;
+            }
+            let holder = !matches!(d.get("lease_id"), None | Some(Bson::Null));
+            if d.get_str("status") == Ok(LEASED) && holder && rules::spent(u32_of(&d, "attempt"), max_attempts) {
+                if spent_left == 0 {
+                    stopped = Some(p);
+                    continue;
+                }
+                spent_left -= 1;
+                dead.push(d);
+            } else {
+                claims.push(d);
+            }
+        }
+        // Their events, before anything changes.
+        let ids: Vec<Bson> = claims.iter().filter_map(|d| d.get("event_id").cloned()).collect();
+        let mut events: HashMap<String, Event> = HashMap::new();
+        if !ids.is_empty() {
+            let name: Arc<str> = Arc::from(stream);
+            for e in self.find_all(EVENTS, doc! { "_id": { "$in": ids } }, None, None, None).await.map_err(err(OP))? {
+                let e = decode_event(&name, e)?;
+                events.insert(e.id().to_owned(), e);
+            }
+        }
+        let event_key = |d: &Document| match d.get("event_id") {
+            Some(Bson::String(s)) => s.clone(),
+            Some(other) => other.to_string(),
+            None => String::new(),
+        };
+        claims.retain(|d| {
+            let found = events.contains_key(&event_key(d));
+            if !found {
+                let (p, q) = key(d);
+                tracing::warn!(stream, group, partition = p, sequence = q, "a delivery has no event document");
+            }
+            found
+        });
+        let mut dead_positions = Vec::new();
+        if !dead.is_empty() {
+            let ids: Vec<Bson> = dead.iter().filter_map(|d| d.get("_id").cloned()).collect();
+            let mut filter = doc! { "_id": { "$in": ids }, "status": LEASED, "lease_id": { "$ne": Bson::Null } };
+            filter.extend(claimable(now));
+            self.deliveries()
+                .update_many(
+                    filter,
+                    doc! { "$set": {
+                        "status": REJECTED, "lease_id": Bson::Null, "expires_at": Bson::Null,
+                        "reason": rules::EXPIRED_ON_LAST_ATTEMPT, "dead_lettered_at": dt(now),
+                    } },
+                )
+                .await
+                .map_err(werr(OP))?;
+            dead_positions = dead.iter().map(key).collect();
+        }
+        if claims.is_empty() {
+            return Ok((Vec::new(), dead_positions, false));
+        }
+        let ids: Vec<Bson> = claims.iter().filter_map(|d| d.get("_id").cloned()).collect();
+        let lease_ids: Vec<String> =
+            (0..claims.len()).map(|_| LeaseId::from_u128(crate::ids::new_lease_id()).to_string()).collect();
+        let expires = now.saturating_add(lease_for);
+        let mut filter = doc! { "_id": { "$in": ids.clone() } };
+        filter.extend(claimable(now));
+        let update = vec![doc! { "$set": {
+            "status": LEASED,
+            "lease_id": { "$arrayElemAt": [lease_ids.clone(), { "$indexOfArray": [ids, "$_id"] }] },
+            "consumer_id": consumer,
+            "leased_at": dt(now),
+            "expires_at": dt(expires),
+            "attempt": { "$add": [{ "$ifNull": ["$attempt", 0] }, 1] },
+        } }];
+        self.deliveries().update_many(filter, update).await.map_err(werr(OP))?;
+        let won = self
+            .find_all(
+                DELIVERIES,
+                sg_and(stream, group, doc! { "lease_id": { "$in": lease_ids.clone() }, "status": LEASED }),
+                None,
+                None,
+                None,
+            )
+            .await
+            .map_err(werr(OP))?;
+        let raced = won.len() < claims.len();
+        let group_name: Arc<str> = Arc::from(group);
+        let consumer: Arc<str> = Arc::from(consumer);
+        let mut leases = Vec::with_capacity(won.len());
+        for d in &won {
+            let Some(event) = events.get(&event_key(d)) else { continue };
+            leases.push(Lease {
+                lease_id: d.get_str("lease_id").unwrap_or_default().parse()?,
+                receipt: None,
+                group: group_name.clone(),
+                consumer_id: consumer.clone(),
+                attempt: u32_of(d, "attempt"),
+                expires_at: ts(d, "expires_at").unwrap_or(expires),
+                event: event.clone(),
+            });
+        }
+        Ok((leases, dead_positions, raced))
+    }
+
+    /// After positions were dead-lettered outside the group lock (spent
+    /// leases met by a claim): orders them and moves the frontier.
+    async fn settled(&self, stream: &str, group: &str, dead: &[(u32, u64)]) -> Result<()> {
+        const OP: &str = "fetch";
+        in_tx!(self, OP, |s| {
+            let (mut frontiers, cursors) = self.lock_group(s, stream, group, OP).await?;
+            self.mark_dead(s, stream, group, dead, OP).await?;
+            let parts: BTreeSet<u32> = dead.iter().map(|d| d.0).collect();
+            self.advance(s, stream, group, &mut frontiers, &cursors, &parts, OP).await
+        })
+    }
+
+    // ---- settles ----
+
+    /// Why settles on (stream, group) can't hold: `StreamNotFound`, then
+    /// `GroupNotFound`; None when both exist.
+    async fn missing(&self, stream: &str, group: &str) -> Result<Option<Error>> {
+        match self.partition_count(stream).await {
+            Err(e @ Error::StreamNotFound { .. }) => return Ok(Some(e)),
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
+        let found = self
+            .collection(GROUPS)
+            .find_one(doc! { "stream": stream, "name": group })
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(err("settle"))?;
+        Ok(found.is_none().then(|| Error::group_not_found(stream, group)))
+    }
+
+    /// Groups leases by (stream, group), keeping each one's index.
+    fn by_group(leases: &[LeaseRef]) -> BTreeMap<(Arc<str>, Arc<str>), Vec<usize>> {
+        let mut out: BTreeMap<(Arc<str>, Arc<str>), Vec<usize>> = BTreeMap::new();
+        for (i, l) in leases.iter().enumerate() {
+            out.entry((l.stream.clone(), l.group.clone())).or_default().push(i);
+        }
+        out
+    }
+
+    /// The deliveries `leases` still hold (fenced by lease id, position and
+    /// status), read in the session: position -> `_id`.
+    async fn held(
+        &self,
+        s: &mut ClientSession,
+        stream: &str,
+        group: &str,
+        leases: &[&LeaseRef],
+        op: &'static str,
+    ) -> TxResult<BTreeMap<(u32, u64), Bson>> {
+        let ids: Vec<String> = leases.iter().map(|l| l.lease_id.to_string()).collect();
+        let want: HashMap<String, (u32, u64)> =
+            leases.iter().map(|l| (l.lease_id.to_string(), (l.partition, l.sequence))).collect();
+        let docs = self
+            .find_all(
+                DELIVERIES,
+                sg_and(stream, group, doc! { "status": LEASED, "lease_id": { "$in": ids } }),
+                None,
+                None,
+                Some(s),
+            )
+            .await
+            .map_err(txe(op))?;
+        let mut out = BTreeMap::new();
+        for d in docs {
+            let pos = (u32_of(&d, "partition"), int_of(&d, "sequence"));
+            let lid = d.get_str("lease_id").unwrap_or_default();
+            if want.get(lid) == Some(&pos) {
+                out.insert(pos, d.get("_id").cloned().unwrap_or(Bson::Null));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Updates the held deliveries `ids` (still leased): all of them, or
+    /// the transaction runs again (a concurrent claim changed one).
+    async fn update_held(
+        &self,
+        s: &mut ClientSession,
+        ids: Vec<Bson>,
+        update: Document,
+        op: &'static str,
+    ) -> TxResult<()> {
+        let n = ids.len() as u64;
+        let r = self
+            .deliveries()
+            .update_many(doc! { "_id": { "$in": ids }, "status": LEASED }, update)
+            .session(&mut *s)
+            .await
+            .map_err(txe(op))?;
+        if r.matched_count != n {
+            return Err(TxFailure::Raced("a lease changed while it was settled"));
+        }
+        Ok(())
+    }
+
+    pub(super) async fn renew_many_impl(&self, leases: &[LeaseRef], d: Duration) -> Result<Vec<Result<Timestamp>>> {
+        let mut out: Vec<Option<Result<Timestamp>>> = vec![None; leases.len()];
+        for ((stream, group), idx) in Self::by_group(leases) {
+            let batch: Vec<&LeaseRef> = idx.iter().map(|&i| &leases[i]).collect();
+            let now = self.now();
+            let exp = now.saturating_add(d);
+            let renewed = in_tx!(self, "renew", |s| {
+                let held = self.held(s, &stream, &group, &batch, "renew").await?;
+                if !held.is_empty() {
+                    let ids = held.values().cloned().collect();
+                    self.update_held(
+                        s,
+                        ids,
+                        doc! { "$set": { "expires_at": dt(exp), "renewed_at": dt(now) } },
+                        "renew",
+                    )
+                    .await?;
+                }
+                Ok(held)
+            })?;
+            let missing = if renewed.len() < idx.len() { self.missing(&stream, &group).await? } else { None };
+            for i in idx {
+                let l = &leases[i];
+                out[i] = Some(match &missing {
+                    Some(e) => Err(e.clone()),
+                    None if renewed.contains_key(&(l.partition, l.sequence)) => Ok(exp),
+                    None => Err(l.stale()),
+                });
+            }
+        }
+        Ok(out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::failed("renew", "no result")))).collect())
+    }
+
+    pub(super) async fn ack_many_impl(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
+        const OP: &str = "ack";
+        let mut out: Vec<Option<Result<()>>> = vec![None; leases.len()];
+        for ((stream, group), idx) in Self::by_group(leases) {
+            let batch: Vec<&LeaseRef> = idx.iter().map(|&i| &leases[i]).collect();
+            let now = self.now();
+            let acked = in_tx!(self, OP, |s| {
+                let (mut frontiers, cursors) = self.lock_group(s, &stream, &group, OP).await?;
+                let held = self.held(s, &stream, &group, &batch, OP).await?;
+                if !held.is_empty() {
+                    let ids = held.values().cloned().collect();
+                    let set = doc! { "$set": {
+                        "status": ACKED, "acked_at": dt(now), "lease_id": Bson::Null, "expires_at": Bson::Null,
+                    } };
+                    self.update_held(s, ids, set, OP).await?;
+                    let parts: BTreeSet<u32> = held.keys().map(|k| k.0).collect();
+                    self.advance(s, &stream, &group, &mut frontiers, &cursors, &parts, OP).await?;
+                }
+                Ok(held)
+            });
+            let acked = match acked {
+                Ok(a) => a,
+                Err(e @ Error::GroupNotFound { .. }) => {
+                    let e = self.missing(&stream, &group).await?.unwrap_or(e);
+                    for i in idx {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            for i in idx {
+                let l = &leases[i];
+                out[i] = Some(if acked.contains_key(&(l.partition, l.sequence)) { Ok(()) } else { Err(l.stale()) });
+            }
+        }
+        Ok(out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::failed("ack", "no result")))).collect())
+    }
+
+    /// Dead-letters the delivery a lease holds, with `reason`; false when
+    /// the lease is stale.
+    async fn dead_letter(&self, lease: &LeaseRef, reason: &str, now: Timestamp, op: &'static str) -> Result<bool> {
+        let (stream, group) = (&*lease.stream, &*lease.group);
+        in_tx!(self, op, |s| {
+            let (mut frontiers, cursors) = self.lock_group(s, stream, group, op).await?;
+            let held = self.held(s, stream, group, &[lease], op).await?;
+            if held.is_empty() {
+                return Ok(false);
+            }
+            let set = doc! { "$set": {
+                "status": REJECTED, "dead_lettered_at": dt(now), "reason": reason,
+                "lease_id": Bson::Null, "expires_at": Bson::Null,
+            } };
+            self.update_held(s, held.values().cloned().collect(), set, op).await?;
+            self.mark_dead(s, stream, group, &[(lease.partition, lease.sequence)], op).await?;
+            let parts = BTreeSet::from([lease.partition]);
+            self.advance(s, stream, group, &mut frontiers, &cursors, &parts, op).await?;
+            Ok(true)
+        })
+    }
+
+    pub(super) async fn reject_impl(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
+        let reason = rules::rejected(reason);
+        match self.dead_letter(lease, &reason, self.now(), "reject").await {
+            Ok(true) => Ok(()),
+            Ok(false) | Err(Error::GroupNotFound { .. }) => {
+                Err(self.missing(&lease.stream, &lease.group).await?.unwrap_or_else(|| lease.stale()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(super) async fn retry_impl(
+        &self,
+        lease: &LeaseRef,
+        reason: &str,
+        delay: Option<Duration>,
+    ) -> Result<RetryOutcome> {
+        let g = self.load_group(&lease.stream, &lease.group).await?;
+        let fence = sg_and(
+            &lease.stream,
+            &lease.group,
+            doc! {
+                "partition": i64::from(lease.partition),
+                "sequence": int(lease.sequence),
+                "lease_id": lease.lease_id.to_string(),
+                "status": LEASED,
+            },
+        );
+        let d = self.deliveries().find_one(fence.clone()).await.map_err(err("retry"))?;
+        let Some(d) = d else { return Err(lease.stale()) };
+        let attempt = u32_of(&d, "attempt");
+        let now = self.now();
+        let decision = rules::retry(attempt, g.max_attempts, reason, delay, &g.settings.retry_backoff, now);
+        let outcome = decision.outcome();
+        match decision {
+            rules::RetryDecision::DeadLetter { reason } => {
+                if !self.dead_letter(lease, &reason, now, "retry").await? {
+                    return Err(lease.stale());
+                }
+            }
+            rules::RetryDecision::Reschedule { available_at } => {
+                // Claimable at once: the reference's 'available'. Later: a
+                // lease with no holder that expires when the backoff ends,
+                // which both implementations' claims take once it passes.
+                let (status, exp) =
+                    if available_at > now { (LEASED, dt(available_at)) } else { (AVAILABLE, Bson::Null) };
+                let mut filter = fence;
+                filter.insert("attempt", d.get("attempt").cloned().unwrap_or(Bson::Null));
+                let r = self
+                    .deliveries()
+                    .update_one(
+                        filter,
+                        doc! { "$set": {
+                            "status": status, "lease_id": Bson::Null, "consumer_id": Bson::Null, "expires_at": exp,
+                            "reason": reason, "retried_at": dt(now),
+                        } },
+                    )
+                    .await
+                    .map_err(werr("retry"))?;
+                if r.matched_count == 0 {
+                    return Err(lease.stale());
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    pub(super) async fn skip_impl(
+        &self,
+        stream: &str,
+        group: &str,
+        partition: u32,
+        sequence: u64,
+        reason: &str,
+    ) -> Result<bool> {
+        const OP: &str = "skip";
+        let g = self.load_group(stream, group).await?;
+        check_partitions(stream, &[partition], g.count)?;
+        if !g.partitions().contains(&partition) {
+            return Err(Error::invalid("partition", format!("group {group:?} does not consume partition {partition}")));
+        }
+        let hw = g.hw(partition);
+        if sequence == 0 || sequence > hw {
+            return Err(Error::invalid(
+                "sequence",
+                format!("sequence {sequence} is not in partition {partition} of stream {stream:?} (it holds 1..={hw})"),
+            ));
+        }
+        let now = self.now();
+        let reason = rules::skipped(reason);
+        in_tx!(self, OP, |s| {
+            let (mut frontiers, cursors) = self.lock_group(s, stream, group, OP).await?;
+            let (f, c) = fc(&frontiers, &cursors, partition);
+            let e = self
+                .collection(EVENTS)
+                .find_one(doc! { "stream": stream, "partition": i64::from(partition), "sequence": int(sequence) })
+                .projection(doc! { "_id": 1 })
+                .session(&mut *s)
+                .await
+                .map_err(txe(OP))?
+                .ok_or_else(|| {
+                    Error::failed(
+                        "skip",
+                        format!("stream {stream:?} partition {partition} has no event at sequence {sequence}"),
+                    )
+                })?;
+            let event_id = e.get("_id").cloned().unwrap_or(Bson::Null);
+            let d = self
+                .deliveries()
+                .find_one(sg_and(stream, group, doc! { "event_id": event_id.clone() }))
+                .session(&mut *s)
+                .await
+                .map_err(txe(OP))?;
+            let status = d.as_ref().and_then(|d| d.get_str("status").ok().map(str::to_owned));
+            if status.as_deref() == Some(REJECTED) {
+                return Ok(false);
+            }
+            if sequence <= f || status.as_deref() == Some(ACKED) || (status.is_none() && sequence < c) {
+                return Err(Error::invalid(
+                    "sequence",
+                    format!(
+                        "sequence {sequence} of partition {partition} is already settled for group {group:?} \
+                         (acknowledged, or before its start): nothing to skip"
+                    ),
+                )
+                .into());
+            }
+            let set = doc! {
+                "status": REJECTED, "lease_id": Bson::Null, "expires_at": Bson::Null, "reason": &reason,
+                "dead_lettered_at": dt(now),
+            };
+            match d {
+                Some(d) => {
+                    self.deliveries()
+                        .update_one(doc! { "_id": d.get("_id").cloned().unwrap_or(Bson::Null) }, doc! { "$set": set })
+                        .session(&mut *s)
+                        .await
+                        .map_err(txe(OP))?;
+                }
+                None => {
+                    let mut new = doc! {
+                        "stream": stream, "group": group, "event_id": event_id, "partition": i64::from(partition),
+                        "sequence": int(sequence), "attempt": 0_i64, "consumer_id": Bson::Null, "created_at": dt(now),
+                    };
+                    new.extend(set);
+                    self.deliveries().insert_one(new).session(&mut *s).await.map_err(txe(OP))?;
+                }
+            }
+            self.mark_dead(s, stream, group, &[(partition, sequence)], OP).await?;
+            self.advance(s, stream, group, &mut frontiers, &cursors, &BTreeSet::from([partition]), OP).await?;
+            Ok(true)
+        })
+    }
+
+    // ---- replay and reset ----
+
+    pub(super) async fn replay_impl(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64> {
+        let g = self.load_group(stream, group).await?;
+        let scope = g.scope(stream, replay.partitions.as_deref())?;
+        let now = self.now();
+        match &replay.from {
+            ReplayFrom::Sequence(from) => {
+                let starts: Vec<(u32, u64)> = scope.iter().map(|&p| (p, *from)).collect();
+                self.replay_after(stream, group, &starts, &g.hws, now).await
+            }
+            ReplayFrom::Time(t) => {
+                let firsts = self.first_at_or_after(stream, *t).await?;
+                let starts: Vec<(u32, u64)> =
+                    scope.iter().filter_map(|&p| firsts.get(&p).map(|&s| (p, s - 1))).collect();
+                if starts.is_empty() {
+                    return Err(Error::NoEventsInRange {
+                        stream: stream.to_owned(),
+                        group: group.to_owned(),
+                        detail: format!("no event at or after {t} in partitions {scope:?}"),
+                    });
+                }
+                self.replay_after(stream, group, &starts, &g.hws, now).await
+            }
+            ReplayFrom::Query(q) => {
+                let matched = self.all_matches(q, &scope).await?;
+                self.replay_matches(stream, group, &matched, now).await
+            }
+        }
+    }
+
+    /// Every (partition, sequence, event id) matching `q` in `scope`.
+    async fn all_matches(&self, q: &Query, scope: &[u32]) -> Result<Vec<(u32, u64, String)>> {
+        let mut q = q.clone();
+        q.limit = crate::model::limits::MAX_LIMIT;
+        q.cursor = None;
+        let mut out = Vec::new();
+        loop {
+            let page = self.query_impl(&q).await?;
+            out.extend(
+                page.events
+                    .iter()
+                    .filter(|e| scope.contains(&e.partition()))
+                    .map(|e| (e.partition(), e.sequence(), e.id().to_owned())),
+            );
+            match page.next_cursor {
+                Some(c) => q.cursor = Some(c),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// What a replay sets on a delivery it reopens.
+    fn reopened(now: Timestamp) -> Document {
+        doc! {
+            "$set": {
+                "status": AVAILABLE, "attempt": 0_i64, "lease_id": Bson::Null, "consumer_id": Bson::Null,
+                "expires_at": Bson::Null, "reason": "replay", "retried_at": dt(now),
+            },
+            "$unset": { MARK: "" },
+        }
+    }
+
+    async fn replay_after(
+        &self,
+        stream: &str,
+        group: &str,
+        starts: &[(u32, u64)],
+        hws: &[u64],
+        now: Timestamp,
+    ) -> Result<u64> {
+        const OP: &str = "replay";
+        // The high watermarks were read before: events appended since are
+        // above them, never settled, so nothing they change is counted.
+        in_tx!(self, OP, |s| {
+            let (mut frontiers, mut cursors) = self.lock_group(s, stream, group, OP).await?;
+            let mut reopened = 0u64;
+            for &(p, from) in starts {
+                let (f, c) = fc(&frontiers, &cursors, p);
+                let hw = hws.get(p as usize).copied().unwrap_or(0);
+                let upper = hw.min(c.saturating_sub(1));
+                let part = i64::from(p);
+                let open_below = self
+                    .deliveries()
+                    .count_documents(sg_and(
+                        stream,
+                        group,
+                        doc! { "partition": part, "sequence": { "$gt": int(from), "$lt": int(c), "$lte": int(hw) },
+                        "status": { "$nin": terminal() } },
+                    ))
+                    .session(&mut *s)
+                    .await
+                    .map_err(txe(OP))?;
+                let settled_above = self
+                    .deliveries()
+                    .count_documents(sg_and(
+                        stream,
+                        group,
+                        doc! { "partition": part, "sequence": { "$gt": int(from), "$gte": int(c), "$lte": int(hw) },
+                        "status": { "$in": terminal() } },
+                    ))
+                    .session(&mut *s)
+                    .await
+                    .map_err(txe(OP))?;
+                reopened += upper.saturating_sub(from).saturating_sub(open_below) + settled_above;
+                self.deliveries()
+                    .update_many(
+                        sg_and(
+                            stream,
+                            group,
+                            doc! { "partition": part, "sequence": { "$gt": int(from) }, "status": { "$in": terminal() } },
+                        ),
+                        Self::reopened(now),
+                    )
+                    .session(&mut *s)
+                    .await
+                    .map_err(txe(OP))?;
+                frontiers.insert(p, f.min(from));
+                cursors.insert(p, c.min(from.saturating_add(1)));
+            }
+            self.write_maps(s, stream, group, Some(&frontiers), Some(&cursors), OP).await?;
+            Ok(reopened)
+        })
+    }
+
+    async fn replay_matches(
+        &self,
+        stream: &str,
+        group: &str,
+        matched: &[(u32, u64, String)],
+        now: Timestamp,
+    ) -> Result<u64> {
+        const OP: &str = "replay";
+        in_tx!(self, OP, |s| {
+            let (mut frontiers, cursors) = self.lock_group(s, stream, group, OP).await?;
+            let mut reopened = 0u64;
+            for chunk in matched.chunks(1000) {
+                let ids: Vec<&str> = chunk.iter().map(|m| m.2.as_str()).collect();
+                let found = self
+                    .find_all(
+                        DELIVERIES,
+                        sg_and(stream, group, doc! { "event_id": { "$in": ids } }),
+                        None,
+                        None,
+                        Some(s),
+                    )
+                    .await
+                    .map_err(txe(OP))?;
+                let by_event: HashMap<String, &Document> =
+                    found.iter().filter_map(|d| Some((d.get_str("event_id").ok()?.to_owned(), d))).collect();
+                let (mut update, mut insert) = (Vec::new(), Vec::new());
+                for (p, q, id) in chunk {
+                    let d = by_event.get(id);
+                    let status = d.and_then(|d| d.get_str("status").ok());
+                    let (f, c) = fc(&frontiers, &cursors, *p);
+                    let settled = *q <= f || matches!(status, Some(ACKED | REJECTED)) || (status.is_none() && *q < c);
+                    if !settled {
+                        continue;
+                    }
+                    frontiers.insert(*p, f.min(q.saturating_sub(1)));
+                    reopened += 1;
+                    match d {
+                        Some(d) => update.push(d.get("_id").cloned().unwrap_or(Bson::Null)),
+                        None => insert.push(doc! {
+                            "stream": stream, "group": group, "event_id": id, "partition": i64::from(*p),
+                            "sequence": int(*q), "status": AVAILABLE, "attempt": 0_i64, "lease_id": Bson::Null,
+                            "consumer_id": Bson::Null, "expires_at": Bson::Null, "reason": "replay",
+                            "retried_at": dt(now), "created_at": dt(now),
+                        }),
+                    }
+                }
+                if !update.is_empty() {
+                    self.deliveries()
+                        .update_many(doc! { "_id": { "$in": update } }, Self::reopened(now))
+                        .session(&mut *s)
+                        .await
+                        .map_err(txe(OP))?;
+                }
+                if !insert.is_empty() {
+                    self.deliveries().insert_many(insert).session(&mut *s).await.map_err(txe(OP))?;
+                }
+            }
+            self.write_maps(s, stream, group, Some(&frontiers), None, OP).await?;
+            Ok(reopened)
+        })
+    }
+
+    pub(super) async fn reset_impl(&self, stream: &str, group: &str, reset: &Reset) -> Result<()> {
+        const OP: &str = "reset_group";
+        let g = self.load_group(stream, group).await?;
+        if let StartPosition::AfterPerPartition(m) = &reset.start {
+            check_partitions(stream, &m.keys().copied().collect::<Vec<_>>(), g.count)?;
+        }
+        let scope = g.scope(stream, reset.partitions.as_deref())?;
+        let starts = self.start_frontiers(stream, &reset.start, &scope, &g.hws).await?;
+        let parts: Vec<i64> = starts.keys().map(|&p| i64::from(p)).collect();
+        in_tx!(self, OP, |s| {
+            let (mut frontiers, mut cursors) = self.lock_group(s, stream, group, OP).await?;
+            self.deliveries()
+                .delete_many(sg_and(stream, group, doc! { "partition": { "$in": parts.clone() } }))
+                .session(&mut *s)
+                .await
+                .map_err(txe(OP))?;
+            for (&p, &f) in &starts {
+                frontiers.insert(p, f);
+                cursors.insert(p, f.saturating_add(1));
+            }
+            self.write_maps(s, stream, group, Some(&frontiers), Some(&cursors), OP).await
+        })
+    }
+
+    // ---- inspecting ----
+
+    pub(super) async fn lag_impl(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
+        let g = self.load_group(stream, group).await?;
+        let scope = g.scope(stream, partitions)?;
+        Ok(g.lag(stream, group, &scope))
+    }
+
+    pub(super) async fn group_info_impl(&self, stream: &str, group: &str) -> Result<GroupInfo> {
+        let g = self.load_group(stream, group).await?;
+        let scope = g.partitions();
+        let now = dt(self.now());
+        let sum = |cond: Document| doc! { "$sum": { "$cond": [cond, 1, 0] } };
+        let holder = doc! { "$ne": [{ "$ifNull": ["$lease_id", Bson::Null] }, Bson::Null] };
+        let pipeline = vec![
+            doc! { "$match": sg_and(stream, group, doc! { "status": { "$in": [LEASED, REJECTED] } }) },
+            doc! { "$group": {
+                "_id": Bson::Null,
+                "inflight": sum(doc! { "$and": [{ "$eq": ["$status", LEASED] }, holder.clone()] }),
+                "waiting": sum(doc! { "$and": [
+                    { "$eq": ["$status", LEASED] },
+                    { "$eq": [{ "$ifNull": ["$lease_id", Bson::Null] }, Bson::Null] },
+                    { "$gt": ["$expires_at", now] },
+                ] }),
+                "dead": sum(doc! { "$eq": ["$status", REJECTED] }),
+            } },
+        ];
+        let rows: Vec<Document> = self
+            .deliveries()
+            .aggregate(pipeline)
+            .await
+            .map_err(err("group_info"))?
+            .try_collect()
+            .await
+            .map_err(err("group_info"))?;
+        let r = rows.first();
+        let n = |f: &str| r.and_then(|r| get_u64(r, f)).unwrap_or(0);
+        Ok(GroupInfo {
+            summary: g.summary(group),
+            lag: g.lag(stream, group, &scope),
+            inflight: n("inflight"),
+            retry_waiting: n("waiting"),
+            dead_letters: n("dead"),
+        })
+    }
+
+    pub(super) async fn dead_letters_impl(
+        &self,
+        stream: &str,
+        group: &str,
+        opts: &DeadLetterOptions,
+    ) -> Result<Vec<DeadLetter>> {
+        const OP: &str = "dead_letters";
+        self.load_group(stream, group).await?;
+        // The order: the dead-letter mark (those the reference wrote have
+        // none and come first), then time, partition and sequence.
+        let sort = doc! { MARK: 1, "dead_lettered_at": 1, "partition": 1, "sequence": 1 };
+        let mut filter = sg_and(stream, group, doc! { "status": REJECTED });
+        if opts.after_position.is_some() || opts.after.is_some() {
+            let (cond, cursor) = match (&opts.after_position, &opts.after) {
+                (Some((p, q)), _) => (doc! { "partition": i64::from(*p), "sequence": int(*q) }, format!("{p}:{q}")),
+                (None, Some(id)) => (doc! { "event_id": id.as_str() }, id.clone()),
+                (None, None) => (Document::new(), String::new()),
+            };
+            let mut at = filter.clone();
+            at.extend(cond);
+            let a = self.deliveries().find_one(at).await.map_err(err(OP))?.ok_or_else(|| Error::CursorNotFound {
+                scope: format!("dead letters of {stream:?}/{group:?}"),
+                cursor,
+            })?;
+            filter.insert("$or", after_key(&a));
+        }
+        let lim = i64::try_from(opts.limit).unwrap_or(i64::MAX);
+        let docs = self.find_all(DELIVERIES, filter, Some(sort), Some(lim), None).await.map_err(err(OP))?;
+        let ids: Vec<Bson> = docs.iter().filter_map(|d| d.get("event_id").cloned()).collect();
+        let name: Arc<str> = Arc::from(stream);
+        let mut events: HashMap<String, Event> = HashMap::new();
+        if !ids.is_empty() {
+            for e in self.find_all(EVENTS, doc! { "_id": { "$in": ids } }, None, None, None).await.map_err(err(OP))? {
+                let e = decode_event(&name, e)?;
+                events.insert(e.id().to_owned(), e);
+            }
+        }
+        Ok(docs
+            .iter()
+            .map(|d| DeadLetter {
+                partition: u32_of(d, "partition"),
+                sequence: int_of(d, "sequence"),
+                event: d.get_str("event_id").ok().and_then(|id| events.get(id).cloned()),
+                damage: None,
+                reason: d.get_str("reason").unwrap_or_default().to_owned(),
+                attempts: u32_of(d, "attempt"),
+                dead_lettered_at: ts(d, "dead_lettered_at").unwrap_or_default(),
+            })
+            .collect())
+    }
+}
+
+/// The `$or` of "after this dead letter" in the order (mark, time,
+/// partition, sequence), where a missing mark or time comes first.
+fn after_key(a: &Document) -> Vec<Document> {
+    let value = |f: &str| a.get(f).cloned().filter(|v| !matches!(v, Bson::Null));
+    let keys = [MARK, "dead_lettered_at", "partition", "sequence"];
+    let mut out = Vec::new();
+    let mut equal = Document::new();
+    for k in keys {
+        let mut gt = equal.clone();
+        match value(k) {
+            // Every present value sorts after a missing one.
+            None => {
+                gt.insert(k, doc! { "$ne": Bson::Null });
+                equal.insert(k, Bson::Null);
+            }
+            Some(v) => {
+                gt.insert(k, doc! { "$gt": v.clone() });
+                equal.insert(k, v);
+            }
+        }
+        out.push(gt);
+    }
+    out
+}
