@@ -169,7 +169,8 @@ impl Rec {
     fn encode(&self, out: &mut Vec<u8>) -> usize {
         let h = RecordHeader { seq: self.seq, ts: self.ts, flags: self.flags, txn: self.txn };
         let meta: Metadata = self.metadata.as_object().cloned().unwrap_or_default();
-        let payload = rmp_serde::to_vec(&self.payload).expect("payload");
+        // The payload as an append encodes it (keys sorted in every build).
+        let payload = rheo::Payload::from_value(&self.payload).bytes();
         let doc = DocRef(&self.id, self.key.as_deref(), self.event_type.as_deref(), &meta, &payload);
         encode_record(out, &h, &doc).expect("record encodes")
     }
@@ -336,8 +337,22 @@ fn recovered(seqs: std::ops::RangeInclusive<u64>) -> Value {
     json!(seqs.collect::<Vec<u64>>())
 }
 
+/// Keys sorted, however this build's serde_json orders maps (the `mongo`
+/// feature turns on its `preserve_order`).
+fn sorted(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            Value::Object(keys.into_iter().map(|k| (k.clone(), sorted(&m[k]))).collect())
+        }
+        Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+        other => other.clone(),
+    }
+}
+
 fn pretty(v: &Value) -> Vec<u8> {
-    let mut s = serde_json::to_string_pretty(v).expect("json");
+    let mut s = serde_json::to_string_pretty(&sorted(v)).expect("json");
     s.push('\n');
     s.into_bytes()
 }

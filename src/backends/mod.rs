@@ -7,7 +7,7 @@
 //! | `native:PATH[?options]` | [`native::NativeBackend`]: the embedded log engine | always built |
 //! | `sqlite:PATH[?options]` | `sql::SqlBackend` on SQLite | `sqlite` |
 //! | `postgres://…`, `postgresql://…` | `sql::SqlBackend` on PostgreSQL | `postgres` |
-//! | `mongodb://…`, `mongodb+srv://…` | MongoDB | `mongo` (in progress: streams, appends and reads) |
+//! | `mongodb://…`, `mongodb+srv://…` | `mongo::MongoBackend` on MongoDB | `mongo` |
 //! | `redis://…`, `rediss://…` | Redis Streams | `redis` (not in this version yet) |
 //!
 //! A backend plugs in as a folder here with one arm in `open` (crate-private) behind its

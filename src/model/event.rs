@@ -20,6 +20,64 @@ use crate::msgpack::{Item, Reader, Scalar};
 /// A JSON object: the type of event metadata.
 pub type Metadata = Map<String, Value>;
 
+/// True when `serde_json::Map` keeps its keys sorted (its default). A
+/// dependency may turn on its `preserve_order` feature for the whole build
+/// (bson does, so the `mongo` feature does): maps then keep insertion
+/// order, and the encoders below sort them themselves.
+fn maps_are_sorted() -> bool {
+    static SORTED: OnceLock<bool> = OnceLock::new();
+    *SORTED.get_or_init(|| {
+        let mut m = Map::new();
+        m.insert("b".to_owned(), Value::Null);
+        m.insert("a".to_owned(), Value::Null);
+        m.keys().next().is_some_and(|k| k == "a")
+    })
+}
+
+/// A JSON value serialized in its canonical form, object keys sorted
+/// (format/README.md), whatever serde_json's features: byte for byte what
+/// `Value`'s own `Serialize` writes when its maps are sorted.
+pub(crate) struct Sorted<'a>(pub &'a Value);
+
+impl Serialize for Sorted<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        match self.0 {
+            Value::Object(m) => SortedMap(m).serialize(s),
+            Value::Array(a) => {
+                let mut seq = s.serialize_seq(Some(a.len()))?;
+                for v in a {
+                    seq.serialize_element(&Sorted(v))?;
+                }
+                seq.end()
+            }
+            other => other.serialize(s),
+        }
+    }
+}
+
+/// A JSON object serialized with its keys sorted (see [`Sorted`]).
+pub(crate) struct SortedMap<'a>(pub &'a Map<String, Value>);
+
+impl Serialize for SortedMap<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        if self.0.keys().is_sorted() {
+            for (k, v) in self.0 {
+                map.serialize_entry(k, &Sorted(v))?;
+            }
+        } else {
+            let mut entries: Vec<(&String, &Value)> = self.0.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (k, v) in entries {
+                map.serialize_entry(k, &Sorted(v))?;
+            }
+        }
+        map.end()
+    }
+}
+
 /// How a [`Payload`]'s bytes are encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -65,11 +123,15 @@ impl Payload {
     pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Payload> {
         let fail = |reason: String| Error::Payload { context: "encoding a payload".to_owned(), reason };
         let mut buf = Vec::with_capacity(128);
-        let direct = rmp_serde::encode::write_named(&mut buf, value).is_ok() && json_compatible(&buf);
+        // A JSON value or map writes its keys in its own order, which is
+        // insertion order when serde_json keeps it: through `Sorted` then.
+        let json = [std::any::type_name::<Value>(), std::any::type_name::<Map<String, Value>>()];
+        let unsorted_json = !maps_are_sorted() && json.contains(&std::any::type_name::<T>());
+        let direct = !unsorted_json && rmp_serde::encode::write_named(&mut buf, value).is_ok() && json_compatible(&buf);
         if !direct {
             let v = serde_json::to_value(value).map_err(|e| fail(e.to_string()))?;
             buf.clear();
-            rmp_serde::encode::write_named(&mut buf, &v).map_err(|e| fail(e.to_string()))?;
+            rmp_serde::encode::write_named(&mut buf, &Sorted(&v)).map_err(|e| fail(e.to_string()))?;
             if !json_compatible(&buf) {
                 return Err(fail(format!("nested deeper than {MAX_PAYLOAD_DEPTH} levels of arrays and objects")));
             }
@@ -166,7 +228,7 @@ impl Payload {
     pub fn from_value(value: &Value) -> Payload {
         let mut buf = Vec::with_capacity(128);
         // A JSON value always encodes: string keys, no byte strings.
-        let _ = rmp_serde::encode::write_named(&mut buf, value);
+        let _ = rmp_serde::encode::write_named(&mut buf, &Sorted(value));
         Payload { bytes: Bytes::from(buf), format: PayloadFormat::MessagePack, checked: false, json: OnceLock::new() }
     }
 
@@ -1036,6 +1098,32 @@ fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Maps are written with sorted keys whatever order they were built
+    /// in, with or without serde_json's `preserve_order` (the `mongo`
+    /// feature turns it on; .ci/run runs this under it).
+    #[test]
+    fn json_maps_encode_with_sorted_keys_in_every_build() {
+        let mut inner = Map::new();
+        inner.insert("z".to_owned(), json!(1));
+        inner.insert("m".to_owned(), json!([{"y": 1, "b": 2}]));
+        let mut m = Map::new();
+        m.insert("b".to_owned(), Value::Object(inner));
+        m.insert("a".to_owned(), json!("x"));
+        let v = Value::Object(m.clone());
+        let sorted: std::collections::BTreeMap<&str, serde_json::Value> =
+            [("a", json!("x")), ("b", json!({"m": [{"b": 2, "y": 1}], "z": 1}))].into_iter().collect();
+        // The canonical bytes, written without serde_json's maps.
+        let mut want = vec![0x82, 0xa1, b'a', 0xa1, b'x', 0xa1, b'b', 0x82, 0xa1, b'm', 0x91, 0x82];
+        want.extend([0xa1, b'b', 0x02, 0xa1, b'y', 0x01, 0xa1, b'z', 0x01]);
+        assert_eq!(rmp_serde::to_vec_named(&sorted).expect("encode"), want, "the expected bytes are canonical");
+        assert_eq!(&Payload::from_value(&v).bytes()[..], &want[..]);
+        assert_eq!(&Payload::encode(&v).expect("encode").bytes()[..], &want[..]);
+        assert_eq!(&Payload::encode(&m).expect("encode").bytes()[..], &want[..]);
+        let mut meta = Vec::new();
+        rmp_serde::encode::write_named(&mut meta, &SortedMap(&m)).expect("metadata");
+        assert_eq!(meta, want);
+    }
 
     #[test]
     fn prepare_takes_type_key_and_metadata_from_payload() {

@@ -19,7 +19,8 @@ use clap::{Parser, Subcommand};
 #[command(name = "rheo", version, about)]
 struct Args {
     /// Backend URL: `native:PATH[?options]` (the embedded engine, durable),
-    /// `memory:` (ephemeral), `sqlite:PATH` or `postgres://user@host/db`.
+    /// `memory:` (ephemeral), `sqlite:PATH`, `postgres://user@host/db` or
+    /// `mongodb://host/db?replicaSet=rs0`.
     #[arg(long, global = true, default_value = "native:./rheo-data")]
     backend: String,
     /// Machine-readable output: one JSON document, or JSON lines for

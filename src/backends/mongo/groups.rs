@@ -702,23 +702,34 @@ impl MongoBackend {
             .map_err(err(OP))?
             .ok_or_else(|| Error::group_not_found(stream, group))?;
         let frontiers = get_map(&g, "frontiers");
-        let per = i64::try_from(limit + SPENT_PER_FETCH).unwrap_or(i64::MAX);
-        let mut cands: Vec<Document> = Vec::new();
-        for &p in scope {
-            let mut filter = sg_and(
-                stream,
-                group,
-                doc! { "partition": i64::from(p), "sequence": { "$gt": int(frontiers.get(&p).copied().unwrap_or(0)) } },
-            );
-            filter.extend(claimable(now));
-            cands.extend(
-                self.find_all(DELIVERIES, filter, Some(doc! { "partition": 1, "sequence": 1 }), Some(per), None)
-                    .await
-                    .map_err(err(OP))?,
-            );
-        }
+        // One sorted `find` over every partition of the scope, each bounded
+        // below by its frontier (one index range per partition). The walk
+        // below takes at most `limit` claims and `limit + 64` spent ones,
+        // so `limit + 64` per partition is all it can use.
+        let per = limit + SPENT_PER_FETCH;
+        let ranges: Vec<Document> = scope
+            .iter()
+            .map(|&p| {
+                let f = frontiers.get(&p).copied().unwrap_or(0);
+                doc! { "partition": i64::from(p), "sequence": { "$gt": int(f) } }
+            })
+            .collect();
+        let mut filter = sg(stream, group);
+        filter.insert("$and", vec![doc! { "$or": ranges }, claimable(now)]);
+        let cap = i64::try_from(per.saturating_mul(scope.len())).unwrap_or(i64::MAX);
+        let mut cands = self
+            .find_all(DELIVERIES, filter, Some(doc! { "partition": 1, "sequence": 1 }), Some(cap), None)
+            .await
+            .map_err(err(OP))?;
         let key = |d: &Document| (u32_of(d, "partition"), int_of(d, "sequence"));
         cands.sort_by_key(key);
+        // No partition gives more than `per` (the walk's bound).
+        let mut taken: HashMap<u32, usize> = HashMap::new();
+        cands.retain(|d| {
+            let n = taken.entry(key(d).0).or_default();
+            *n += 1;
+            *n <= per
+        });
         // The walk of the group core: in (partition, sequence) order until
         // `limit` claims; spent deliveries met on the way are dead-lettered
         // (at most limit + 64 a fetch; past that a partition stops).
@@ -795,23 +806,23 @@ impl MongoBackend {
         filter.extend(claimable(now));
         let update = vec![doc! { "$set": {
             "status": LEASED,
-            "lease_id": { "$arrayElemAt": [lease_ids.clone(), { "$indexOfArray": [ids, "$_id"] }] },
+            "lease_id": { "$arrayElemAt": [lease_ids.clone(), { "$indexOfArray": [ids.clone(), "$_id"] }] },
             "consumer_id": consumer,
             "leased_at": dt(now),
             "expires_at": dt(expires),
             "attempt": { "$add": [{ "$ifNull": ["$attempt", 0] }, 1] },
         } }];
         self.deliveries().update_many(filter, update).await.map_err(werr(OP))?;
-        let won = self
-            .find_all(
-                DELIVERIES,
-                sg_and(stream, group, doc! { "lease_id": { "$in": lease_ids.clone() }, "status": LEASED }),
-                None,
-                None,
-                None,
-            )
+        // Which this call won: those of the candidates (by primary key) that
+        // now hold one of its lease ids.
+        let mine: std::collections::HashSet<&str> = lease_ids.iter().map(String::as_str).collect();
+        let won: Vec<Document> = self
+            .find_all(DELIVERIES, doc! { "_id": { "$in": ids } }, None, None, None)
             .await
-            .map_err(werr(OP))?;
+            .map_err(werr(OP))?
+            .into_iter()
+            .filter(|d| d.get_str("status") == Ok(LEASED) && d.get_str("lease_id").is_ok_and(|l| mine.contains(l)))
+            .collect();
         let raced = won.len() < claims.len();
         let group_name: Arc<str> = Arc::from(group);
         let consumer: Arc<str> = Arc::from(consumer);

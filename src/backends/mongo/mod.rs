@@ -7,11 +7,11 @@
 //! same database. What only this crate keeps lives in `rheo_rs_*`
 //! collections the reference never reads.
 //!
-//! **In progress.** This version has the schema, streams, appends (one
-//! multi-document transaction each, so a failure leaves no gap in the
-//! sequences) and reads. Consumer groups, queries and wakeups are not built
-//! yet: those calls return [`crate::Error::Unsupported`]
-//! and the capabilities say so.
+//! Every operation of the crate works here: appends are one multi-document
+//! transaction each (a failure leaves no gap in the sequences), and so is
+//! every change to a group's state; claims give each delivery its own lease
+//! id; wakeups come from one change stream per handle. `docs/guides/mongo.md`
+//! is the user's guide.
 //!
 //! URL options (query parameters; the driver's own, such as
 //! `directConnection` or `replicaSet`, pass through):

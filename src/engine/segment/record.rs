@@ -7,7 +7,7 @@
 use bytes::Bytes;
 
 use super::format::*;
-use crate::model::event::{Document, Metadata};
+use crate::model::event::{Document, Metadata, SortedMap};
 
 /// The fixed-size part of a record body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +36,7 @@ impl DocRef<'_> {
         rmp_serde::encode::write(out, self.0).map_err(e)?;
         rmp_serde::encode::write(out, &self.1).map_err(e)?;
         rmp_serde::encode::write(out, &self.2).map_err(e)?;
-        rmp_serde::encode::write_named(out, self.3).map_err(e)?;
+        rmp_serde::encode::write_named(out, &SortedMap(self.3)).map_err(e)?;
         out.extend_from_slice(self.4);
         Ok(())
     }
