@@ -301,3 +301,31 @@ async fn mongo_consumer_killed_mid_batch_is_redelivered_but_not_what_it_acked() 
     let _drop = Drop_(db);
     scale::killed_mid_batch(&url, "mongo_worker_process").await;
 }
+
+/// An append through one handle wakes a subscriber of another (the change
+/// stream), long before the wait's timeout; a wait with nothing appended
+/// times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a MongoDB-wire server: .ci/run starts one and runs these with RHEO_MONGO_URL set"]
+async fn mongo_appends_wake_subscribers_of_other_handles() {
+    let (writer, db, _drop) = open().await;
+    writer.create_stream("s", StreamOptions::new()).await.expect("create");
+    let reader = Rheo::open(&url_for(&db)).await.expect("a second handle");
+    let mut sub = reader.subscribe("s").await.expect("subscribe");
+    assert!(sub.wakes(), "the backend has wakeups");
+    // The change stream opens in the background: appends until one is seen.
+    let t = Instant::now();
+    let mut woke = false;
+    for i in 0..20 {
+        writer.append("s", &json!({"i": i}), AppendOptions::new()).await.expect("append");
+        if sub.wait(Duration::from_secs(3)).await {
+            woke = true;
+            break;
+        }
+    }
+    assert!(woke, "an append by another handle woke the subscriber ({:?})", t.elapsed());
+    while sub.wait(Duration::from_millis(300)).await {}
+    assert!(!sub.wait(Duration::from_millis(300)).await, "nothing appended: the wait times out");
+    writer.append("s", &json!({"last": true}), AppendOptions::new()).await.expect("append");
+    assert!(sub.wait(Duration::from_secs(30)).await, "woken again");
+}
