@@ -54,7 +54,10 @@ enum Target {
 /// A dotted path MongoDB reads as the crate does (no empty segment, none
 /// starting with `$`).
 fn mongo_path(prefix: &str, rest: &str) -> Option<String> {
-    let ok = rest.split('.').all(|s| !s.is_empty() && !s.starts_with('$') && !s.contains('\0'));
+    // MongoDB reads a segment as an array position only when it is the
+    // plain number; the crate also reads `01` or `+1` as one.
+    let plain = |s: &str| s.parse::<usize>().is_err() || s.parse::<usize>().is_ok_and(|n| n.to_string() == s);
+    let ok = rest.split('.').all(|s| !s.is_empty() && !s.starts_with('$') && !s.contains('\0') && plain(s));
     ok.then(|| format!("{prefix}.{rest}"))
 }
 
@@ -422,6 +425,8 @@ mod tests {
         assert_eq!(f("a", Op::Eq(json!({"b": 1}))), None);
         assert_eq!(f("a", Op::Eq(json!(9_007_199_254_740_993_i64))), None);
         assert_eq!(f("a.$b", Op::Eq(json!(1))), None);
+        assert_eq!(f("a.01", Op::Eq(json!(1))), None, "MongoDB reads 01 as a key, the crate as position 1");
+        assert_eq!(f("a.1", Op::Eq(json!(1))), Some(doc! { "payload.a.1": { "$eq": 1_i64 } }));
         assert_eq!(f("a", Op::Exists(false)), None);
         assert_eq!(f("key", Op::Eq(json!(1))), Some(nothing()), "a key is text");
         assert_eq!(f("partition", Op::Eq(json!("0"))), Some(nothing()));
