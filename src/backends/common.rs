@@ -3,9 +3,11 @@
 //! watermarks.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use crate::error::Result;
-use crate::model::group::{Backoff, GroupSummary, Lag, PartitionLag, check_partitions};
+use crate::error::{Error, Result};
+use crate::model::group::{Backoff, GroupSummary, Lag, PartitionLag, StartPosition, check_partitions};
+use crate::model::lease::LeaseRef;
 use crate::model::time::Timestamp;
 
 /// The group settings only this crate keeps (the reference's group rows
@@ -77,5 +79,136 @@ impl GroupRow {
             .map(|&p| PartitionLag::new(p, self.hw(p), self.frontiers.get(&p).copied().unwrap_or(0)))
             .collect();
         Lag::new(stream, group, per)
+    }
+}
+
+/// The frontier a group starts at in each partition of `parts`: `hws` are
+/// the stream's high watermarks and `firsts` (for `StartPosition::At`)
+/// each partition's first sequence at or after the time.
+pub(crate) fn start_frontiers(
+    start: &StartPosition,
+    parts: &[u32],
+    hws: &[u64],
+    firsts: &BTreeMap<u32, u64>,
+) -> BTreeMap<u32, u64> {
+    let hw = |p: u32| hws.get(p as usize).copied().unwrap_or(0);
+    parts
+        .iter()
+        .map(|&p| {
+            let f = match start {
+                StartPosition::Beginning => 0,
+                StartPosition::After(n) => *n,
+                StartPosition::AfterPerPartition(m) => m.get(&p).copied().unwrap_or(0),
+                StartPosition::At(_) => firsts.get(&p).map_or(hw(p), |s| s - 1),
+                StartPosition::Latest => hw(p),
+            };
+            (p, f)
+        })
+        .collect()
+}
+
+/// Which partitions of `scope` a fetch adds delivery rows to, in chunks
+/// ahead of the claims: (chunk, behind, near). A partition is behind when
+/// its cursor has not passed its high watermark; it is near (gets its next
+/// chunk before the claim) once fewer than half a chunk of its positions
+/// between frontier and cursor are left, so most fetches add none. (A
+/// claim that comes back short adds to every partition behind, so a
+/// position held back by a hole never starves the rest.)
+pub(crate) fn materialize_plan(g: &GroupRow, scope: &[u32], limit: usize, min: u64) -> (u64, Vec<u32>, Vec<u32>) {
+    let chunk = (limit as u64).saturating_mul(8).max(min);
+    let behind: Vec<u32> =
+        scope.iter().copied().filter(|&p| frontier_cursor(&g.frontiers, &g.cursors, p).1 <= g.hw(p)).collect();
+    let near = behind
+        .iter()
+        .copied()
+        .filter(|&p| {
+            let (f, c) = frontier_cursor(&g.frontiers, &g.cursors, p);
+            c.saturating_sub(1).saturating_sub(f) < chunk / 2
+        })
+        .collect();
+    (chunk, behind, near)
+}
+
+/// Checks a `skip` before anything is read: the partition exists and the
+/// group consumes it, the sequence is within `1..=high watermark`.
+pub(crate) fn check_skip(g: &GroupRow, stream: &str, group: &str, partition: u32, sequence: u64) -> Result<()> {
+    check_partitions(stream, &[partition], g.count)?;
+    if !g.partitions().contains(&partition) {
+        return Err(Error::invalid("partition", format!("group {group:?} does not consume partition {partition}")));
+    }
+    let hw = g.hw(partition);
+    if sequence == 0 || sequence > hw {
+        return Err(Error::invalid(
+            "sequence",
+            format!("sequence {sequence} is not in partition {partition} of stream {stream:?} (it holds 1..={hw})"),
+        ));
+    }
+    Ok(())
+}
+
+/// The error of a `skip` of a position already settled.
+pub(crate) fn already_settled(group: &str, partition: u32, sequence: u64) -> Error {
+    Error::invalid(
+        "sequence",
+        format!(
+            "sequence {sequence} of partition {partition} is already settled for group {group:?} \
+             (acknowledged, or before its start): nothing to skip"
+        ),
+    )
+}
+
+/// The starts of a replay by time: per partition of `scope` with an event
+/// at or after `t` (`firsts`), the sequence before it. `NoEventsInRange`
+/// when none has one.
+pub(crate) fn replay_time_starts(
+    stream: &str,
+    group: &str,
+    scope: &[u32],
+    firsts: &BTreeMap<u32, u64>,
+    t: Timestamp,
+) -> Result<Vec<(u32, u64)>> {
+    let starts: Vec<(u32, u64)> = scope.iter().filter_map(|&p| firsts.get(&p).map(|&s| (p, s - 1))).collect();
+    if starts.is_empty() {
+        return Err(Error::NoEventsInRange {
+            stream: stream.to_owned(),
+            group: group.to_owned(),
+            detail: format!("no event at or after {t} in partitions {scope:?}"),
+        });
+    }
+    Ok(starts)
+}
+
+/// Leases grouped by (stream, group), each with its index in `leases`.
+pub(crate) fn by_group(leases: &[LeaseRef]) -> BTreeMap<(Arc<str>, Arc<str>), Vec<usize>> {
+    let mut out: BTreeMap<(Arc<str>, Arc<str>), Vec<usize>> = BTreeMap::new();
+    for (i, l) in leases.iter().enumerate() {
+        out.entry((l.stream.clone(), l.group.clone())).or_default().push(i);
+    }
+    out
+}
+
+/// Every (partition, sequence, event id) matching `q` in `scope`, read
+/// page by page through the backend's own query (a replay by query).
+pub(crate) async fn all_matches(
+    backend: &impl crate::backend::Backend,
+    q: &crate::model::query::Query,
+    scope: &[u32],
+) -> Result<Vec<(u32, u64, String)>> {
+    let mut q = q.clone();
+    q.limit = crate::model::limits::MAX_LIMIT;
+    q.cursor = None;
+    let mut out = Vec::new();
+    loop {
+        let page = backend.query(&q).await?;
+        out.extend(
+            page.events
+                .iter()
+                .filter(|e| scope.contains(&e.partition()))
+                .map(|e| (e.partition(), e.sequence(), e.id().to_owned())),
+        );
+        match page.next_cursor {
+            Some(c) => q.cursor = Some(c),
+            None => return Ok(out),
+        }
     }
 }

@@ -30,7 +30,7 @@ use mongodb::options::ReturnDocument;
 
 use super::streams::{decode_event, get_map, get_u64};
 use super::{DELIVERIES, EVENTS, GROUPS, MongoBackend, Phase, SETTINGS, STREAMS, TxFailure, in_tx, map_err, txe};
-use crate::backends::common::{GroupRow, GroupSettings, frontier_cursor as fc};
+use crate::backends::common::{self, GroupRow, GroupSettings, frontier_cursor as fc};
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
 use crate::model::event::Event;
@@ -39,7 +39,6 @@ use crate::model::group::{
     StartPosition, check_partitions,
 };
 use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef, RetryOutcome};
-use crate::model::query::Query;
 use crate::model::time::Timestamp;
 
 /// Deliveries a materialization adds per partition at least (else 8
@@ -361,24 +360,11 @@ impl MongoBackend {
         parts: &[u32],
         hws: &[u64],
     ) -> Result<BTreeMap<u32, u64>> {
-        let hw = |p: u32| hws.get(p as usize).copied().unwrap_or(0);
         let firsts = match start {
             StartPosition::At(t) => self.first_at_or_after(stream, *t).await?,
             _ => BTreeMap::new(),
         };
-        Ok(parts
-            .iter()
-            .map(|&p| {
-                let f = match start {
-                    StartPosition::Beginning => 0,
-                    StartPosition::After(n) => *n,
-                    StartPosition::AfterPerPartition(m) => m.get(&p).copied().unwrap_or(0),
-                    StartPosition::At(_) => firsts.get(&p).map_or(hw(p), |s| s - 1),
-                    StartPosition::Latest => hw(p),
-                };
-                (p, f)
-            })
-            .collect())
+        Ok(common::start_frontiers(start, parts, hws, &firsts))
     }
 
     /// Per partition, the first sequence with a timestamp at or after `t`.
@@ -506,20 +492,7 @@ impl MongoBackend {
         if scope.is_empty() {
             return Ok(FetchReport::default());
         }
-        // Delivery documents are added in chunks ahead of the claims (see
-        // the SQL backends): most fetches add none.
-        let limit = opts.limit as u64;
-        let chunk = limit.saturating_mul(8).max(MATERIALIZE_MIN);
-        let behind: Vec<u32> =
-            scope.iter().copied().filter(|&p| fc(&g.frontiers, &g.cursors, p).1 <= g.hw(p)).collect();
-        let near: Vec<u32> = behind
-            .iter()
-            .copied()
-            .filter(|&p| {
-                let (f, c) = fc(&g.frontiers, &g.cursors, p);
-                c.saturating_sub(1).saturating_sub(f) < chunk / 2
-            })
-            .collect();
+        let (chunk, behind, near) = common::materialize_plan(&g, &scope, opts.limit, MATERIALIZE_MIN);
         if !near.is_empty() {
             self.materialize(stream, group, &near, chunk, true).await?;
         }
@@ -873,15 +846,6 @@ impl MongoBackend {
         Ok(found.is_none().then(|| Error::group_not_found(stream, group)))
     }
 
-    /// Groups leases by (stream, group), keeping each one's index.
-    fn by_group(leases: &[LeaseRef]) -> BTreeMap<(Arc<str>, Arc<str>), Vec<usize>> {
-        let mut out: BTreeMap<(Arc<str>, Arc<str>), Vec<usize>> = BTreeMap::new();
-        for (i, l) in leases.iter().enumerate() {
-            out.entry((l.stream.clone(), l.group.clone())).or_default().push(i);
-        }
-        out
-    }
-
     /// The deliveries `leases` still hold (fenced by lease id, position and
     /// status), read in the session: position -> `_id`.
     async fn held(
@@ -940,7 +904,7 @@ impl MongoBackend {
 
     pub(super) async fn renew_many_impl(&self, leases: &[LeaseRef], d: Duration) -> Result<Vec<Result<Timestamp>>> {
         let mut out: Vec<Option<Result<Timestamp>>> = vec![None; leases.len()];
-        for ((stream, group), idx) in Self::by_group(leases) {
+        for ((stream, group), idx) in common::by_group(leases) {
             let batch: Vec<&LeaseRef> = idx.iter().map(|&i| &leases[i]).collect();
             let now = self.now();
             let exp = now.saturating_add(d);
@@ -974,7 +938,7 @@ impl MongoBackend {
     pub(super) async fn ack_many_impl(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
         const OP: &str = "ack";
         let mut out: Vec<Option<Result<()>>> = vec![None; leases.len()];
-        for ((stream, group), idx) in Self::by_group(leases) {
+        for ((stream, group), idx) in common::by_group(leases) {
             let batch: Vec<&LeaseRef> = idx.iter().map(|&i| &leases[i]).collect();
             let now = self.now();
             let acked = in_tx!(self, OP, |s| {
@@ -1109,17 +1073,7 @@ impl MongoBackend {
     ) -> Result<bool> {
         const OP: &str = "skip";
         let g = self.load_group(stream, group).await?;
-        check_partitions(stream, &[partition], g.count)?;
-        if !g.partitions().contains(&partition) {
-            return Err(Error::invalid("partition", format!("group {group:?} does not consume partition {partition}")));
-        }
-        let hw = g.hw(partition);
-        if sequence == 0 || sequence > hw {
-            return Err(Error::invalid(
-                "sequence",
-                format!("sequence {sequence} is not in partition {partition} of stream {stream:?} (it holds 1..={hw})"),
-            ));
-        }
+        common::check_skip(&g, stream, group, partition, sequence)?;
         let now = self.now();
         let reason = rules::skipped(reason);
         in_tx!(self, OP, |s| {
@@ -1149,14 +1103,7 @@ impl MongoBackend {
                 return Ok(false);
             }
             if sequence <= f || status.as_deref() == Some(ACKED) || (status.is_none() && sequence < c) {
-                return Err(Error::invalid(
-                    "sequence",
-                    format!(
-                        "sequence {sequence} of partition {partition} is already settled for group {group:?} \
-                         (acknowledged, or before its start): nothing to skip"
-                    ),
-                )
-                .into());
+                return Err(common::already_settled(group, partition, sequence).into());
             }
             let set = doc! {
                 "status": REJECTED, "lease_id": Bson::Null, "expires_at": Bson::Null, "reason": &reason,
@@ -1198,41 +1145,12 @@ impl MongoBackend {
             }
             ReplayFrom::Time(t) => {
                 let firsts = self.first_at_or_after(stream, *t).await?;
-                let starts: Vec<(u32, u64)> =
-                    scope.iter().filter_map(|&p| firsts.get(&p).map(|&s| (p, s - 1))).collect();
-                if starts.is_empty() {
-                    return Err(Error::NoEventsInRange {
-                        stream: stream.to_owned(),
-                        group: group.to_owned(),
-                        detail: format!("no event at or after {t} in partitions {scope:?}"),
-                    });
-                }
+                let starts = common::replay_time_starts(stream, group, &scope, &firsts, *t)?;
                 self.replay_after(stream, group, &starts, &g.hws, now).await
             }
             ReplayFrom::Query(q) => {
-                let matched = self.all_matches(q, &scope).await?;
+                let matched = common::all_matches(self, q, &scope).await?;
                 self.replay_matches(stream, group, &matched, now).await
-            }
-        }
-    }
-
-    /// Every (partition, sequence, event id) matching `q` in `scope`.
-    async fn all_matches(&self, q: &Query, scope: &[u32]) -> Result<Vec<(u32, u64, String)>> {
-        let mut q = q.clone();
-        q.limit = crate::model::limits::MAX_LIMIT;
-        q.cursor = None;
-        let mut out = Vec::new();
-        loop {
-            let page = self.query_impl(&q).await?;
-            out.extend(
-                page.events
-                    .iter()
-                    .filter(|e| scope.contains(&e.partition()))
-                    .map(|e| (e.partition(), e.sequence(), e.id().to_owned())),
-            );
-            match page.next_cursor {
-                Some(c) => q.cursor = Some(c),
-                None => return Ok(out),
             }
         }
     }

@@ -34,7 +34,6 @@ use crate::model::group::{
     StartPosition, check_partitions,
 };
 use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef, RetryOutcome};
-use crate::model::query::Query;
 use crate::model::time::Timestamp;
 
 /// Rows a materialization adds per partition at least (else 8 fetches' worth).
@@ -47,7 +46,7 @@ const TERMINAL: &str = "('acked', 'rejected')";
 /// Rust-only group settings, kept in `rheo_rs_group_settings`.
 type Settings = crate::backends::common::GroupSettings;
 
-use crate::backends::common::{GroupRow, frontier_cursor as fc};
+use crate::backends::common::{self, GroupRow, frontier_cursor as fc};
 
 /// Reads a `{"0": n}` map (the reference writes integers; strings of
 /// digits are read too).
@@ -378,24 +377,11 @@ impl SqlBackend {
         count: u32,
     ) -> Result<BTreeMap<u32, u64>> {
         let hws = self.high_watermarks(stream, count).await?;
-        let hw = |p: u32| hws.get(p as usize).copied().unwrap_or(0);
         let firsts = match start {
             StartPosition::At(t) => self.first_at_or_after(stream, *t).await?,
             _ => BTreeMap::new(),
         };
-        Ok(parts
-            .iter()
-            .map(|&p| {
-                let f = match start {
-                    StartPosition::Beginning => 0,
-                    StartPosition::After(n) => *n,
-                    StartPosition::AfterPerPartition(m) => m.get(&p).copied().unwrap_or(0),
-                    StartPosition::At(_) => firsts.get(&p).map_or(hw(p), |s| s - 1),
-                    StartPosition::Latest => hw(p),
-                };
-                (p, f)
-            })
-            .collect())
+        Ok(common::start_frontiers(start, parts, &hws, &firsts))
     }
 
     /// Per partition, the first sequence with a timestamp at or after `t`.
@@ -537,23 +523,7 @@ impl SqlBackend {
         if scope.is_empty() {
             return Ok(FetchReport::default());
         }
-        // Delivery rows are added in chunks ahead of the claims: a partition
-        // gets its next chunk once fewer than half a chunk of its positions
-        // between frontier and cursor are left, so most fetches add none.
-        // (A claim that comes back short adds to every partition behind,
-        // so a position held back by a hole never starves the rest.)
-        let limit = opts.limit as u64;
-        let chunk = limit.saturating_mul(8).max(MATERIALIZE_MIN);
-        let behind: Vec<u32> =
-            scope.iter().copied().filter(|&p| fc(&g.frontiers, &g.cursors, p).1 <= g.hw(p)).collect();
-        let near: Vec<u32> = behind
-            .iter()
-            .copied()
-            .filter(|&p| {
-                let (f, c) = fc(&g.frontiers, &g.cursors, p);
-                c.saturating_sub(1).saturating_sub(f) < chunk / 2
-            })
-            .collect();
+        let (chunk, behind, near) = common::materialize_plan(&g, &scope, opts.limit, MATERIALIZE_MIN);
         if !near.is_empty() {
             super::retry_tx!(self, "fetch", self.materialize_tx(stream, group, &near, chunk).await)?;
         }
@@ -933,18 +903,9 @@ impl SqlBackend {
         Ok(rows.is_empty().then(|| Error::group_not_found(stream, group)))
     }
 
-    /// Groups leases by (stream, group), keeping each one's index.
-    fn by_group(leases: &[LeaseRef]) -> BTreeMap<(Arc<str>, Arc<str>), Vec<usize>> {
-        let mut out: BTreeMap<(Arc<str>, Arc<str>), Vec<usize>> = BTreeMap::new();
-        for (i, l) in leases.iter().enumerate() {
-            out.entry((l.stream.clone(), l.group.clone())).or_default().push(i);
-        }
-        out
-    }
-
     pub(super) async fn renew_many_impl(&self, leases: &[LeaseRef], d: Duration) -> Result<Vec<Result<Timestamp>>> {
         let mut out: Vec<Option<Result<Timestamp>>> = vec![None; leases.len()];
-        for ((stream, group), idx) in Self::by_group(leases) {
+        for ((stream, group), idx) in common::by_group(leases) {
             let mut s = self.stmt();
             let (st, gr) = sg(&mut s, &stream, &group);
             let arr = s.arg(lease_rows(idx.iter().map(|&i| {
@@ -981,7 +942,7 @@ impl SqlBackend {
 
     pub(super) async fn ack_many_impl(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
         let mut out: Vec<Option<Result<()>>> = vec![None; leases.len()];
-        for ((stream, group), idx) in Self::by_group(leases) {
+        for ((stream, group), idx) in common::by_group(leases) {
             let batch: Vec<&LeaseRef> = idx.iter().map(|&i| &leases[i]).collect();
             let acked = match super::retry_tx!(self, "ack", self.ack_tx(&stream, &group, &batch).await) {
                 Ok(a) => a,
@@ -1151,17 +1112,7 @@ impl SqlBackend {
         reason: &str,
     ) -> Result<bool> {
         let g = self.load_group(stream, group).await?;
-        check_partitions(stream, &[partition], g.count)?;
-        if !g.partitions().contains(&partition) {
-            return Err(Error::invalid("partition", format!("group {group:?} does not consume partition {partition}")));
-        }
-        let hw = g.hw(partition);
-        if sequence == 0 || sequence > hw {
-            return Err(Error::invalid(
-                "sequence",
-                format!("sequence {sequence} is not in partition {partition} of stream {stream:?} (it holds 1..={hw})"),
-            ));
-        }
+        common::check_skip(&g, stream, group, partition, sequence)?;
         let now = self.now();
         let reason = rules::skipped(reason);
         super::retry_tx!(self, "skip", self.skip_tx(stream, group, partition, sequence, &reason, now).await)
@@ -1203,13 +1154,7 @@ impl SqlBackend {
             return Ok(false);
         }
         if sequence <= f || status.as_deref() == Some("acked") || (status.is_none() && sequence < c) {
-            return Err(Error::invalid(
-                "sequence",
-                format!(
-                    "sequence {sequence} of partition {partition} is already settled for group {group:?} (acknowledged, or before its start): nothing to skip"
-                ),
-            )
-            .into());
+            return Err(common::already_settled(group, partition, sequence).into());
         }
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
@@ -1245,41 +1190,12 @@ impl SqlBackend {
             }
             ReplayFrom::Time(t) => {
                 let firsts = self.first_at_or_after(stream, *t).await?;
-                let starts: Vec<(u32, u64)> =
-                    scope.iter().filter_map(|&p| firsts.get(&p).map(|&s| (p, s - 1))).collect();
-                if starts.is_empty() {
-                    return Err(Error::NoEventsInRange {
-                        stream: stream.to_owned(),
-                        group: group.to_owned(),
-                        detail: format!("no event at or after {t} in partitions {scope:?}"),
-                    });
-                }
+                let starts = common::replay_time_starts(stream, group, &scope, &firsts, *t)?;
                 super::retry_tx!(self, "replay", self.replay_after_tx(stream, group, &starts, &g.hws, now).await)
             }
             ReplayFrom::Query(q) => {
-                let matched = self.all_matches(q, &scope).await?;
+                let matched = common::all_matches(self, q, &scope).await?;
                 super::retry_tx!(self, "replay", self.replay_matches_tx(stream, group, &matched, now).await)
-            }
-        }
-    }
-
-    /// Every (partition, sequence, event id) matching `q` in `scope`.
-    async fn all_matches(&self, q: &Query, scope: &[u32]) -> Result<Vec<(u32, u64, String)>> {
-        let mut q = q.clone();
-        q.limit = crate::model::limits::MAX_LIMIT;
-        q.cursor = None;
-        let mut out = Vec::new();
-        loop {
-            let page = self.query_impl(&q).await?;
-            out.extend(
-                page.events
-                    .iter()
-                    .filter(|e| scope.contains(&e.partition()))
-                    .map(|e| (e.partition(), e.sequence(), e.id().to_owned())),
-            );
-            match page.next_cursor {
-                Some(c) => q.cursor = Some(c),
-                None => return Ok(out),
             }
         }
     }
