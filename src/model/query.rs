@@ -449,7 +449,8 @@ impl Query {
             })
     }
 
-    fn sort_key(&self, e: &Event) -> SortKey {
+    /// The key of `e` in this query's order (what cursors hold).
+    pub(crate) fn sort_key(&self, e: &Event) -> SortKey {
         self.key_at(e.partition(), e.sequence(), e.timestamp())
     }
 

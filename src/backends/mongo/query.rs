@@ -276,11 +276,7 @@ impl MongoBackend {
             let n = docs.len();
             for d in docs {
                 let e = decode_event(&name, d)?;
-                last = Some(match q.order_by {
-                    OrderBy::Sequence => (0, e.sequence(), u64::from(e.partition())),
-                    OrderBy::Timestamp => (e.timestamp().as_millis(), u64::from(e.partition()), e.sequence()),
-                    OrderBy::Partition => (0, u64::from(e.partition()), e.sequence()),
-                });
+                last = Some(q.sort_key(&e));
                 if q.matches(&e) {
                     matched += 1;
                     builder.offer(e);
