@@ -6,7 +6,7 @@
 //! appending one event per call under `durability=sync`; one producer under
 //! `durability=none`; `append_batch` of 1,000 under `sync` and `none`.
 //! Compare the `sync` figures with the raw fsync rate of the same disk
-//! (`cargo run --release --example fsync_probe -- target`).
+//! (`cargo run --release -- bench --workload fsync --fsync-dir target`).
 
 #![allow(missing_docs)] // criterion_group! generates undocumented functions
 

@@ -2,7 +2,7 @@
 //!
 //! `cargo bench --bench engine_append`. Data goes to `target/` (a real disk)
 //! unless `RHEO_BENCH_DIR` says otherwise. Compare with the raw fsync rate
-//! of the same disk: `cargo run --release --example fsync_probe -- target`.
+//! of the same disk: `cargo run --release -- bench --workload fsync --fsync-dir target`.
 
 #![allow(missing_docs)] // criterion_group! generates undocumented functions
 

@@ -11,7 +11,7 @@
 //! puts in the table; `RHEO_BENCH_ONLY` (`native`, `sqlite`, `postgres`)
 //! keeps one backend. 200-byte payloads, 4 partitions, a 2-worker runtime.
 //! Compare durable figures with the raw fsync rate of the same disk
-//! (`cargo run --release --example fsync_probe -- target`).
+//! (`cargo run --release -- bench --workload fsync --fsync-dir target`).
 
 #![allow(missing_docs)]
 

@@ -62,6 +62,7 @@ pub use backend::{Backend, Subscription, Wakeups};
 pub use backends::memory::MemoryBackend;
 pub use backends::native::NativeBackend;
 pub use backends::native::{Durability, EngineOptions, RecoveryMode};
+pub use backends::redact_url;
 pub use client::{IndexBuild, Rheo, RheoBuilder};
 pub use decode::DecodeError;
 pub use engine::error::StorageError;

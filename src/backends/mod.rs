@@ -32,9 +32,14 @@ pub mod native;
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub mod sql;
 
-/// A URL with its password replaced, for messages.
-#[cfg(any(feature = "postgres", feature = "mongo"))]
-pub(crate) fn redact(url: &str) -> String {
+/// A backend URL with its password replaced by `***`, for logs and
+/// messages (every backend's errors name URLs this way).
+///
+/// ```
+/// assert_eq!(rheo::redact_url("postgres://app:secret@db/orders"), "postgres://app:***@db/orders");
+/// assert_eq!(rheo::redact_url("native:./data"), "native:./data");
+/// ```
+pub fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
             let userinfo = &url[s + 3..at];

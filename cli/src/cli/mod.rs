@@ -21,8 +21,11 @@ struct Args {
     /// Backend URL: `native:PATH[?options]` (the embedded engine, durable),
     /// `memory:` (ephemeral), `sqlite:PATH`, `postgres://user@host/db` or
     /// `mongodb://host/db?replicaSet=rs0`.
-    #[arg(long, global = true, default_value = "native:./rheo-data")]
-    backend: String,
+    /// `rheo bench` takes it more than once, to run each backend in turn.
+    /// Default: `native:./rheo-data` (`rheo bench`: a fresh directory
+    /// here, removed afterwards).
+    #[arg(long, global = true)]
+    backend: Vec<String>,
     /// Machine-readable output: one JSON document, or JSON lines for
     /// `read` and `tail`.
     #[arg(long, global = true)]
@@ -64,42 +67,52 @@ enum Command {
     Inspect(files::InspectArgs),
     /// Checks every checksum of a native data directory without opening it.
     Verify(files::VerifyArgs),
-    /// Measures append and fetch+ack throughput on the backend.
+    /// Runs the same workloads on every `--backend` given and prints them
+    /// side by side (events/s, latency percentiles, the disk's fsync rate).
     Bench(bench::BenchArgs),
 }
 
 /// A failed command: the one line printed after `error: `.
 #[derive(Debug)]
-pub struct CliError(String);
+pub struct CliError {
+    message: String,
+    /// A bad argument or value (exit code 2), not a failed operation.
+    usage: bool,
+}
 
 impl CliError {
-    /// An error with this message.
+    /// A failed operation (exit code 1) with this message.
     pub fn new(message: impl Into<String>) -> Self {
-        CliError(message.into())
+        CliError { message: message.into(), usage: false }
+    }
+
+    /// A bad argument or value (exit code 2) with this message.
+    pub fn usage(message: impl Into<String>) -> Self {
+        CliError { message: message.into(), usage: true }
     }
 }
 
 impl std::fmt::Display for CliError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
 impl From<rheo::Error> for CliError {
     fn from(e: rheo::Error) -> Self {
-        CliError(e.to_string())
+        CliError::new(e.to_string())
     }
 }
 
 impl From<std::io::Error> for CliError {
     fn from(e: std::io::Error) -> Self {
-        CliError(format!("writing output: {e}"))
+        CliError::new(format!("writing output: {e}"))
     }
 }
 
 impl From<demo::DemoError> for CliError {
     fn from(e: demo::DemoError) -> Self {
-        CliError(e.to_string())
+        CliError::new(e.to_string())
     }
 }
 
@@ -110,8 +123,10 @@ pub type CliResult = Result<bool, CliError>;
 /// The global options every command sees.
 #[derive(Debug, Clone)]
 pub struct Globals {
-    /// The backend URL.
+    /// The backend URL of every command but `bench`.
     pub backend: String,
+    /// Every `--backend` given, in order (`rheo bench` runs each).
+    pub backends: Vec<String>,
     /// JSON output.
     pub json: bool,
 }
@@ -158,14 +173,19 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let ctx = Globals { backend: args.backend, json: args.json };
+    if args.backend.len() > 1 && !matches!(args.command, Command::Bench(_)) {
+        eprintln!("--backend was given {} times; only `rheo bench` takes several (see --help)", args.backend.len());
+        return ExitCode::from(2);
+    }
+    let backend = args.backend.last().cloned().unwrap_or_else(|| "native:./rheo-data".to_owned());
+    let ctx = Globals { backend, backends: args.backend, json: args.json };
     let result = runtime.block_on(dispatch(&ctx, args.command));
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            if e.usage { ExitCode::from(2) } else { ExitCode::FAILURE }
         }
     }
 }

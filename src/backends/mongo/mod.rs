@@ -46,7 +46,7 @@ use mongodb::bson::Document;
 use mongodb::error::{ErrorKind, UNKNOWN_TRANSACTION_COMMIT_RESULT, WriteFailure};
 use parking_lot::RwLock;
 
-use super::redact;
+use super::redact_url;
 use crate::backend::{Backend, Subscription};
 use crate::backends::WakeupMap;
 use crate::error::{Error, Result};
@@ -341,7 +341,7 @@ impl MongoBackend {
         let (o, driver_url) = parse_url(url)?;
         let mut opts = mongodb::options::ClientOptions::parse(&driver_url)
             .await
-            .map_err(|e| Error::invalid("url", format!("{}: {e}", redact(url))))?;
+            .map_err(|e| Error::invalid("url", format!("{}: {e}", redact_url(url))))?;
         if opts.server_selection_timeout.is_none() {
             opts.server_selection_timeout = Some(o.connect_timeout);
         }
@@ -356,8 +356,8 @@ impl MongoBackend {
         }
         let database = opts.default_database.clone().unwrap_or_else(|| "rheo".to_owned());
         check_database_name(&database)?;
-        let client =
-            mongodb::Client::with_options(opts).map_err(|e| Error::invalid("url", format!("{}: {e}", redact(url))))?;
+        let client = mongodb::Client::with_options(opts)
+            .map_err(|e| Error::invalid("url", format!("{}: {e}", redact_url(url))))?;
         let db = client.database(&database);
         let backend = MongoBackend {
             client,
@@ -377,7 +377,7 @@ impl MongoBackend {
             .db
             .run_command(mongodb::bson::doc! { "hello": 1 })
             .await
-            .map_err(|e| Error::unavailable(NAME, "open", format!("cannot reach {}: {e}", redact(url))))?;
+            .map_err(|e| Error::unavailable(NAME, "open", format!("cannot reach {}: {e}", redact_url(url))))?;
         let replica_set = hello.get_str("setName").is_ok();
         let router = hello.get_str("msg").is_ok_and(|m| m == "isdbgrid");
         if !replica_set && !router {
@@ -387,7 +387,7 @@ impl MongoBackend {
                     "{}: the server is a standalone mongod, which has no multi-document transactions; \
                      rheo needs a replica set (one node will do: start mongod with --replSet and run \
                      rs.initiate()) or a sharded cluster",
-                    redact(url)
+                    redact_url(url)
                 ),
             ));
         }
@@ -562,9 +562,9 @@ mod tests {
 
     #[test]
     fn passwords_never_reach_a_message() {
-        assert_eq!(redact("mongodb://app:s3cret@h:27017/db?x=1"), "mongodb://app:***@h:27017/db?x=1");
-        assert_eq!(redact("mongodb://app@h/db"), "mongodb://app@h/db");
-        assert_eq!(redact("mongodb://h"), "mongodb://h");
+        assert_eq!(redact_url("mongodb://app:s3cret@h:27017/db?x=1"), "mongodb://app:***@h:27017/db?x=1");
+        assert_eq!(redact_url("mongodb://app@h/db"), "mongodb://app@h/db");
+        assert_eq!(redact_url("mongodb://h"), "mongodb://h");
     }
 
     #[test]

@@ -54,7 +54,7 @@ use async_trait::async_trait;
 use parking_lot::RwLock;
 
 #[cfg(feature = "postgres")]
-use super::redact;
+use super::redact_url;
 use crate::backend::{Backend, Subscription};
 use crate::error::{Error, Result};
 use crate::model::capabilities::Capabilities;
@@ -238,7 +238,7 @@ impl SqlBackend {
             driver_url.push_str(&pairs.join("&"));
         }
         let mut opts = PgConnectOptions::from_str(&driver_url)
-            .map_err(|e| Error::invalid("url", format!("{}: {e}", redact(url))))?
+            .map_err(|e| Error::invalid("url", format!("{}: {e}", redact_url(url))))?
             .application_name("rheo")
             // Every statement here is short and touches a few hundred rows,
             // but the planner's default 100-row guess for a JSON array can
@@ -265,7 +265,7 @@ impl SqlBackend {
             .max_lifetime(Some(Duration::from_secs(1800)))
             .connect_with(opts)
             .await
-            .map_err(|e| open_error("postgres", &redact(url), e))?;
+            .map_err(|e| open_error("postgres", &redact_url(url), e))?;
         let mut backend =
             Self::new(Dialect::Postgres, Pool::Pg(pool), Names::new(o.schema), clock, !custom_clock, true);
         backend.listen_pool = Some(listen_pool);
@@ -550,8 +550,8 @@ mod tests {
 
     #[test]
     fn urls_in_messages_hide_the_password() {
-        assert_eq!(redact("postgres://u:secret@h:5/db"), "postgres://u:***@h:5/db");
-        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact("postgres://h/db"), "postgres://h/db");
+        assert_eq!(redact_url("postgres://u:secret@h:5/db"), "postgres://u:***@h:5/db");
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
     }
 }

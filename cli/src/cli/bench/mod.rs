@@ -1,0 +1,620 @@
+//! `rheo bench`: the same workloads on every backend given, side by side,
+//! each case with its throughput, its latency percentiles and the raw
+//! fsync rate of the disk measured in the same run.
+
+mod peer;
+mod probe;
+mod report;
+mod stats;
+mod workload;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rheo::{MAX_BATCH_EVENTS, MAX_LIMIT, MAX_PARTITIONS, Rheo};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use self::probe::{FsyncProbe, Machine, Pattern};
+use self::stats::{Latencies, Summary};
+use self::workload::{Phase, PhaseOut, RheoTarget, Target, Workload};
+use super::output::print_json;
+use super::{CliError, CliResult, Globals};
+
+/// The most events one case appends.
+const MAX_EVENTS: u64 = 100_000_000;
+/// The most producer or consumer tasks per process.
+const MAX_TASKS: usize = 4096;
+/// The most processes of one case.
+const MAX_PROCESSES: usize = 64;
+/// The most payload bytes.
+const MAX_PAYLOAD: usize = 1 << 20;
+
+/// Arguments of `rheo bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Workloads to run (repeat it; default: all but `fsync`).
+    #[arg(long = "workload", value_enum)]
+    workloads: Vec<Workload>,
+    /// Producer tasks per process; a list (`1,16,256`) runs one case each.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    producers: Vec<usize>,
+    /// Consumer (or querier) tasks per process; a list runs one case each.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    consumers: Vec<usize>,
+    /// OS processes per case, each running the producers and consumers
+    /// given; a list runs one case each.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    processes: Vec<usize>,
+    /// Events per append_batch call, per fetch, per query.
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+    /// Events per case (prefilled for `consume` and `query`).
+    #[arg(long, default_value_t = 10_000)]
+    events: u64,
+    /// Size of each event's JSON payload, about.
+    #[arg(long, default_value_t = 200)]
+    payload_bytes: usize,
+    /// Partitions of each case's stream.
+    #[arg(long, default_value_t = 4)]
+    partitions: u32,
+    /// Runs every case this many times, alternating the backends' order.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Seconds of each fsync probe.
+    #[arg(long, default_value_t = 1.0)]
+    fsync_seconds: f64,
+    /// Where the fsync probe of a server backend writes (default: the
+    /// current directory; a native or SQLite backend's own directory is
+    /// probed for it).
+    #[arg(long)]
+    fsync_dir: Option<PathBuf>,
+    /// Writes `backends.md` and SVG charts of the results to this directory.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Results of earlier runs (`--json` output, or the peers script's) to
+    /// add to the report; with no `--backend`, nothing new runs.
+    #[arg(long = "from")]
+    from: Vec<PathBuf>,
+    /// Internal: runs one process's share of a case (`rheo bench` spawns it).
+    #[arg(long, hide = true)]
+    worker: Option<String>,
+}
+
+/// One measured case.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Case {
+    /// What ran: a backend's scheme with its durability setting, or a peer.
+    pub backend: String,
+    /// Its URL, password hidden.
+    pub url: String,
+    /// The stream (or stream key) the case ran on.
+    #[serde(default)]
+    pub stream: String,
+    /// A peer (not this crate), measured the same way.
+    #[serde(default)]
+    pub peer: bool,
+    /// What measured it.
+    pub tool: String,
+    /// The workload.
+    pub workload: Workload,
+    /// OS processes.
+    pub processes: usize,
+    /// Producer tasks per process (0 where the workload has none).
+    pub producers: usize,
+    /// Consumer tasks per process (0 where the workload has none).
+    pub consumers: usize,
+    /// Events per call.
+    pub batch: usize,
+    /// Payload bytes, about.
+    pub payload_bytes: usize,
+    /// Partitions (streams, for a peer).
+    pub partitions: u32,
+    /// Events appended, settled or returned in the timed part.
+    pub events: u64,
+    /// Calls or cycles.
+    pub ops: u64,
+    /// Seconds of the timed part.
+    pub secs: f64,
+    /// `events / secs`.
+    pub events_per_sec: f64,
+    /// What a latency sample is.
+    pub latency_of: String,
+    /// Latency percentiles.
+    pub latency: Summary,
+    /// The raw fsync rate (overwrite pattern) of the disk under the
+    /// backend, measured just before its cases; none for a volatile one.
+    pub fsync_per_sec: Option<f64>,
+    /// Whether the backend keeps what it acknowledged across a crash, as
+    /// configured.
+    pub durable: bool,
+    /// The 1-minute load average when it ended.
+    pub load: f64,
+    /// Which round.
+    pub round: usize,
+}
+
+/// A whole run: the machine, the probes and the cases.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Run {
+    /// The machine.
+    pub machine: Machine,
+    /// Every fsync probe of the run.
+    pub fsync: Vec<FsyncProbe>,
+    /// Every case.
+    pub cases: Vec<Case>,
+    /// Cases not run, and why.
+    #[serde(default)]
+    pub skipped: Vec<String>,
+}
+
+/// A backend opened for the bench.
+struct Opened {
+    /// The URL as given (passwords included: it is passed to workers).
+    raw: String,
+    url: String,
+    label: String,
+    durable: bool,
+    /// Where its data is, when on this machine's disk.
+    dir: Option<PathBuf>,
+    /// Whether several processes can open it at once.
+    shared: bool,
+    kind: Kind,
+}
+
+enum Kind {
+    Rheo(Rheo),
+    #[cfg(feature = "peers")]
+    Redis(peer::RedisPeer),
+}
+
+impl Opened {
+    async fn open(given: &str) -> Result<Self, CliError> {
+        let (name, url) = name_of(given);
+        if url.starts_with(peer::SCHEME) {
+            #[cfg(feature = "peers")]
+            {
+                let p = peer::RedisPeer::open(url).await?;
+                let label = if given.contains('#') { name } else { p.label() };
+                return Ok(Opened {
+                    raw: given.to_owned(),
+                    url: rheo::redact_url(url),
+                    label,
+                    durable: p.durable(),
+                    dir: None,
+                    shared: true,
+                    kind: Kind::Redis(p),
+                });
+            }
+            #[cfg(not(feature = "peers"))]
+            return Err(CliError::new(format!(
+                "{url}: bare Redis Streams is measured only by a build with the `peers` feature (scripts/bench-peers)"
+            )));
+        }
+        let rheo = Rheo::open(url).await?;
+        let durable = rheo.capabilities().durable;
+        Ok(Opened {
+            raw: given.to_owned(),
+            url: rheo::redact_url(url),
+            label: name,
+            durable,
+            dir: local_dir(url),
+            shared: !(url.starts_with("native:") || url.starts_with("memory:")),
+            kind: Kind::Rheo(rheo),
+        })
+    }
+
+    fn target(&self, stream: &str) -> Target {
+        match &self.kind {
+            Kind::Rheo(r) => Target::Rheo(RheoTarget { rheo: r.clone(), stream: stream.into(), group: "bench".into() }),
+            #[cfg(feature = "peers")]
+            Kind::Redis(p) => Target::Redis(p.target(stream)),
+        }
+    }
+}
+
+/// A URL's name in the results: the `#name` after it, else its scheme
+/// (with the native engine's `durability` when set); and the URL without
+/// the name.
+fn name_of(url: &str) -> (String, &str) {
+    if let Some((url, name)) = url.split_once('#') {
+        if !name.is_empty() {
+            return (name.to_owned(), url);
+        }
+        return (scheme_label(url), url);
+    }
+    (scheme_label(url), url)
+}
+
+fn scheme_label(url: &str) -> String {
+    let scheme = url.split(':').next().unwrap_or(url);
+    let scheme = if scheme == "postgresql" { "postgres" } else { scheme };
+    if scheme == "native"
+        && let Some((_, rest)) = url.split_once("durability=")
+    {
+        return format!("native (durability={})", rest.split('&').next().unwrap_or(rest));
+    }
+    scheme.to_owned()
+}
+
+/// The directory of a native or SQLite backend's data.
+fn local_dir(url: &str) -> Option<PathBuf> {
+    let path = url.strip_prefix("native:").or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = path.split('?').next().unwrap_or(path).trim_start_matches("//");
+    if path.is_empty() || path.starts_with(':') {
+        return None;
+    }
+    let p = Path::new(path);
+    if url.starts_with("native:") { Some(p.to_path_buf()) } else { p.parent().map(Path::to_path_buf) }
+}
+
+/// Checks the arguments' bounds (exit 2 on any).
+fn check(a: &BenchArgs) -> Result<(), CliError> {
+    let bad = |m: String| Err(CliError::usage(m));
+    if a.events == 0 || a.events > MAX_EVENTS {
+        return bad(format!("--events must be 1 to {MAX_EVENTS}"));
+    }
+    if a.batch == 0 || a.batch > MAX_BATCH_EVENTS.min(MAX_LIMIT) {
+        return bad(format!("--batch must be 1 to {}", MAX_BATCH_EVENTS.min(MAX_LIMIT)));
+    }
+    if a.partitions == 0 || a.partitions > MAX_PARTITIONS {
+        return bad(format!("--partitions must be 1 to {MAX_PARTITIONS}"));
+    }
+    if a.payload_bytes > MAX_PAYLOAD {
+        return bad(format!("--payload-bytes must be at most {MAX_PAYLOAD}"));
+    }
+    for (name, list, max) in [
+        ("--producers", &a.producers, MAX_TASKS),
+        ("--consumers", &a.consumers, MAX_TASKS),
+        ("--processes", &a.processes, MAX_PROCESSES),
+    ] {
+        if list.iter().any(|&n| n == 0 || n > max) {
+            return bad(format!("{name} values must be 1 to {max}"));
+        }
+    }
+    if a.rounds == 0 || a.rounds > 100 {
+        return bad("--rounds must be 1 to 100".to_owned());
+    }
+    if !(0.05..=60.0).contains(&a.fsync_seconds) {
+        return bad("--fsync-seconds must be 0.05 to 60".to_owned());
+    }
+    Ok(())
+}
+
+/// The cases of one backend: every workload with the producer, consumer
+/// and process counts that apply to it.
+fn cases(a: &BenchArgs, workloads: &[Workload]) -> Vec<(Workload, usize, usize, usize)> {
+    let mut out = Vec::new();
+    for &w in workloads {
+        let producers: &[usize] = if w.has_producers() { &a.producers } else { &[0] };
+        let consumers: &[usize] = if w.has_consumers() { &a.consumers } else { &[0] };
+        for &processes in &a.processes {
+            for &p in producers {
+                for &c in consumers {
+                    out.push((w, processes, p, c));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A progress bar on stderr, drawn only on a terminal.
+fn bar(len: u64, message: String) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({per_sec}, {eta} left)") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(message);
+    bar
+}
+
+/// Runs `rheo bench`.
+pub async fn run(ctx: &Globals, a: BenchArgs) -> CliResult {
+    if let Some(spec) = &a.worker {
+        return worker(ctx, spec).await;
+    }
+    check(&a)?;
+    let mut workloads = if a.workloads.is_empty() { Workload::CASES.to_vec() } else { a.workloads.clone() };
+    workloads.dedup();
+    let mut results = Run { machine: Machine::read(), fsync: Vec::new(), cases: Vec::new(), skipped: Vec::new() };
+    for path in &a.from {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| CliError::new(format!("cannot read {}: {e}", path.display())))?;
+        let earlier: Run = serde_json::from_str(&text)
+            .map_err(|e| CliError::new(format!("{} is not a bench result: {e}", path.display())))?;
+        results.fsync.extend(earlier.fsync);
+        results.cases.extend(earlier.cases);
+        results.skipped.extend(earlier.skipped);
+    }
+    // No backend given: a fresh native directory here (a real disk, unlike
+    // a tmpfs /tmp), removed afterwards.
+    let scratch;
+    let backends: Vec<String> = if !ctx.backends.is_empty() {
+        ctx.backends.clone()
+    } else if a.from.is_empty() {
+        scratch = tempfile::Builder::new()
+            .prefix("rheo-bench-")
+            .tempdir_in(".")
+            .map_err(|e| CliError::new(format!("cannot make a bench directory here: {e}")))?;
+        vec![format!("native:{}", scratch.path().display())]
+    } else {
+        Vec::new()
+    };
+    let fsync_dir = match &a.fsync_dir {
+        Some(d) => d.clone(),
+        None => PathBuf::from("."),
+    };
+    let fsync_time = Duration::from_secs_f64(a.fsync_seconds);
+    if workloads.contains(&Workload::Fsync) {
+        for pattern in [Pattern::Overwrite, Pattern::Append] {
+            let p = probe::fsync_rate(&fsync_dir, pattern, fsync_time)?;
+            eprintln!("fsync probe in {}: {:.0} fdatasync/s ({:?})", p.dir.display(), p.per_sec, p.pattern);
+            results.fsync.push(p);
+        }
+        workloads.retain(|w| *w != Workload::Fsync);
+    }
+    let new_cases = if workloads.is_empty() { Vec::new() } else { cases(&a, &workloads) };
+    for round in 0..if new_cases.is_empty() { 0 } else { a.rounds } {
+        let mut order: Vec<&String> = backends.iter().collect();
+        order.rotate_left(round % backends.len().max(1));
+        for url in order {
+            let opened = Opened::open(url).await?;
+            let fsync_per_sec = if opened.durable {
+                let dir = opened.dir.clone().unwrap_or_else(|| fsync_dir.clone());
+                let p = probe::fsync_rate(&dir, Pattern::Overwrite, fsync_time)?;
+                let rate = p.per_sec;
+                results.fsync.push(p);
+                Some(rate)
+            } else {
+                None
+            };
+            for &(w, processes, producers, consumers) in &new_cases {
+                let stream = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+                let target = opened.target(&stream);
+                if !target.supports(w) {
+                    results.skipped.push(format!("{} on {}: not supported", w.name(), opened.label));
+                    continue;
+                }
+                if processes > 1 && !opened.shared {
+                    results.skipped.push(format!(
+                        "{} on {} with {processes} processes: one process owns its data",
+                        w.name(),
+                        opened.label
+                    ));
+                    continue;
+                }
+                let case = run_case(&a, &opened, &target, &stream, (w, processes, producers, consumers)).await?;
+                let case = Case { fsync_per_sec, round, ..case };
+                eprintln!(
+                    "{:<24} {:<12} proc {:>2} prod {:>4} cons {:>2}: {:>10.0} events/s  p50 {}  p99 {}",
+                    case.backend,
+                    w.name(),
+                    processes,
+                    case.producers,
+                    case.consumers,
+                    case.events_per_sec,
+                    ms(case.latency.p50_us),
+                    ms(case.latency.p99_us)
+                );
+                results.cases.push(case);
+            }
+        }
+    }
+    if let Some(dir) = &a.report {
+        let written = report::write(dir, &results)?;
+        for path in written {
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    if ctx.json {
+        print_json(&results)?;
+    } else {
+        print!("{}", table(&results.cases));
+        for s in &results.skipped {
+            println!("skipped: {s}");
+        }
+    }
+    Ok(true)
+}
+
+/// Milliseconds, for a table cell.
+pub fn ms(us: u64) -> String {
+    let ms = us as f64 / 1000.0;
+    if ms >= 100.0 { format!("{ms:.0} ms") } else { format!("{ms:.2} ms") }
+}
+
+/// The cases as a table, one row per case (rounds merged by their median).
+pub fn table(cases: &[Case]) -> String {
+    let mut t = comfy_table::Table::new();
+    t.load_style(comfy_table::presets::ASCII_MARKDOWN);
+    t.set_header([
+        "backend", "workload", "proc", "prod", "cons", "batch", "events", "events/s", "p50", "p99", "max", "fsync/s",
+    ]);
+    for c in report::medians(cases) {
+        t.add_row([
+            c.backend.clone(),
+            c.workload.name().to_owned(),
+            c.processes.to_string(),
+            c.producers.to_string(),
+            c.consumers.to_string(),
+            c.batch.to_string(),
+            c.events.to_string(),
+            format!("{:.0}", c.events_per_sec),
+            ms(c.latency.p50_us),
+            ms(c.latency.p99_us),
+            ms(c.latency.max_us),
+            c.fsync_per_sec.map_or_else(|| "-".to_owned(), |f| format!("{f:.0}")),
+        ]);
+    }
+    for i in [2, 3, 4, 5, 6, 7, 8, 9, 10, 11] {
+        if let Some(col) = t.column_mut(i) {
+            col.set_cell_alignment(comfy_table::CellAlignment::Right);
+        }
+    }
+    format!("{t}\n")
+}
+
+/// Runs one case: sets its stream up, prefills it, runs its timed part in
+/// this process or in `processes` workers.
+async fn run_case(
+    a: &BenchArgs,
+    opened: &Opened,
+    target: &Target,
+    stream: &str,
+    (w, processes, producers, consumers): (Workload, usize, usize, usize),
+) -> Result<Case, CliError> {
+    target.setup(a.partitions).await?;
+    let label = format!("{} {}", opened.label, w.name());
+    if w.prefilled() {
+        let bar = bar(a.events, format!("{label}: prefill"));
+        workload::prefill(target, a.events, a.payload_bytes, &bar).await?;
+        bar.finish_and_clear();
+    }
+    let total = if w == Workload::Query { (a.events / a.batch as u64).max(1) } else { a.events };
+    let bar = bar(total, label);
+    let per_process = |i: usize| Phase {
+        workload: w,
+        producers,
+        consumers,
+        batch: a.batch,
+        events: if w.has_producers() || w == Workload::Query {
+            a.events / processes as u64 + u64::from((i as u64) < a.events % processes as u64)
+        } else {
+            0
+        },
+        total_events: a.events,
+        processes,
+        payload_bytes: a.payload_bytes,
+        first: 1
+            + (0..i)
+                .map(|j| a.events / processes as u64 + u64::from((j as u64) < a.events % processes as u64))
+                .sum::<u64>(),
+    };
+    let (out, secs) = if processes == 1 {
+        let phase = per_process(0);
+        let started = Instant::now();
+        let out = workload::run(target, &phase, &bar).await?;
+        (out, started.elapsed().as_secs_f64())
+    } else {
+        spawn_workers(&opened.raw, stream, (0..processes).map(per_process).collect(), &bar).await?
+    };
+    bar.finish_and_clear();
+    let secs = secs.max(1e-9);
+    Ok(Case {
+        backend: opened.label.clone(),
+        url: opened.url.clone(),
+        stream: stream.to_owned(),
+        peer: !matches!(opened.kind, Kind::Rheo(_)),
+        tool: "rheo bench".to_owned(),
+        workload: w,
+        processes,
+        producers: if w.has_producers() { producers } else { 0 },
+        consumers: if w.has_consumers() { consumers } else { 0 },
+        batch: if w == Workload::Append { 1 } else { a.batch },
+        payload_bytes: a.payload_bytes,
+        partitions: a.partitions,
+        events: out.events,
+        ops: out.ops,
+        secs,
+        events_per_sec: out.events as f64 / secs,
+        latency_of: w.latency_of().to_owned(),
+        latency: out.latencies.summary(),
+        fsync_per_sec: None,
+        durable: opened.durable,
+        load: probe::load_average(),
+        round: 0,
+    })
+}
+
+/// What a worker process is told to run.
+#[derive(Debug, Serialize, Deserialize)]
+struct WorkerSpec {
+    stream: String,
+    phase: Phase,
+}
+
+/// What a worker process reports.
+#[derive(Debug, Serialize, Deserialize)]
+struct WorkerOut {
+    events: u64,
+    ops: u64,
+    latencies: Vec<(u64, u64)>,
+}
+
+/// Runs a case's timed part in one worker process per phase: each opens
+/// the backend and says `ready`; the clock starts when all are, with a
+/// `go` line to each, and stops when the last reports.
+async fn spawn_workers(
+    url: &str,
+    stream: &str,
+    phases: Vec<Phase>,
+    bar: &ProgressBar,
+) -> Result<(PhaseOut, f64), CliError> {
+    let exe = std::env::current_exe().map_err(|e| CliError::new(format!("cannot find the rheo executable: {e}")))?;
+    let mut children = Vec::new();
+    for phase in phases {
+        let spec = serde_json::to_string(&WorkerSpec { stream: stream.to_owned(), phase })
+            .map_err(|e| CliError::new(format!("encoding a worker's spec: {e}")))?;
+        let mut child = tokio::process::Command::new(&exe)
+            .arg("--backend")
+            .arg(url)
+            .args(["bench", "--worker", &spec])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| CliError::new(format!("cannot start a worker process: {e}")))?;
+        let stdout = child.stdout.take().ok_or_else(|| CliError::new("a worker has no stdout"))?;
+        let stdin = child.stdin.take().ok_or_else(|| CliError::new("a worker has no stdin"))?;
+        children.push((child, stdin, BufReader::new(stdout).lines()));
+    }
+    for (_, _, lines) in &mut children {
+        match lines.next_line().await {
+            Ok(Some(l)) if l == "ready" => {}
+            other => return Err(CliError::new(format!("a worker process did not start: {other:?}"))),
+        }
+    }
+    let started = Instant::now();
+    for (_, stdin, _) in &mut children {
+        stdin.write_all(b"go\n").await.map_err(|e| CliError::new(format!("cannot start a worker: {e}")))?;
+        stdin.flush().await.map_err(|e| CliError::new(format!("cannot start a worker: {e}")))?;
+    }
+    let mut out = PhaseOut { events: 0, ops: 0, latencies: Latencies::new()? };
+    for (mut child, _, mut lines) in children {
+        let line = lines.next_line().await.map_err(|e| CliError::new(format!("reading a worker: {e}")))?;
+        let status = child.wait().await.map_err(|e| CliError::new(format!("waiting for a worker: {e}")))?;
+        let line = line.ok_or_else(|| CliError::new(format!("a worker process failed ({status})")))?;
+        let w: WorkerOut =
+            serde_json::from_str(&line).map_err(|e| CliError::new(format!("a worker's report {line:?}: {e}")))?;
+        out.events += w.events;
+        out.ops += w.ops;
+        out.latencies.merge(&Latencies::from_buckets(&w.latencies)?);
+        bar.inc(w.events);
+    }
+    Ok((out, started.elapsed().as_secs_f64()))
+}
+
+/// The worker side of [`spawn_workers`].
+async fn worker(ctx: &Globals, spec: &str) -> CliResult {
+    let spec: WorkerSpec =
+        serde_json::from_str(spec).map_err(|e| CliError::usage(format!("--worker is not a worker spec: {e}")))?;
+    let url = ctx.backends.first().ok_or_else(|| CliError::usage("a worker needs --backend"))?;
+    let opened = Opened::open(url).await?;
+    let target = opened.target(&spec.stream);
+    println!("ready");
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    match stdin.next_line().await {
+        Ok(Some(l)) if l == "go" => {}
+        other => return Err(CliError::new(format!("worker: expected `go`, got {other:?}"))),
+    }
+    let out = workload::run(&target, &spec.phase, &ProgressBar::hidden()).await?;
+    let report = WorkerOut { events: out.events, ops: out.ops, latencies: out.latencies.buckets() };
+    let line = serde_json::to_string(&report).map_err(|e| CliError::new(format!("encoding a report: {e}")))?;
+    println!("{line}");
+    Ok(true)
+}

@@ -1,0 +1,563 @@
+//! The workloads, and the targets they run on: a `Rheo` handle on any
+//! backend, or a peer measured the same way (bare Redis Streams, with the
+//! `peers` feature).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use indicatif::ProgressBar;
+use rheo::{AppendOptions, FetchOptions, GroupOptions, MAX_BATCH_EVENTS, Query, Rheo, StreamOptions};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::task::JoinSet;
+
+use super::probe::micros;
+use super::stats::Latencies;
+use crate::cli::CliError;
+
+/// What a case measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// Producers each append one event per call.
+    Append,
+    /// Producers each append `--batch` events per call, atomically.
+    AppendBatch,
+    /// Consumers drain a prefilled stream: fetch `--batch`, then ack them all.
+    Consume,
+    /// Producers (batches) and consumers at once; latency from append to ack.
+    EndToEnd,
+    /// Queriers ask for the events of one payload value, `--batch` at most.
+    Query,
+    /// The raw fsync rate of the disk, nothing else.
+    Fsync,
+}
+
+impl Workload {
+    /// Every workload that runs on a backend, in report order.
+    pub const CASES: [Workload; 5] =
+        [Workload::Append, Workload::AppendBatch, Workload::Consume, Workload::EndToEnd, Workload::Query];
+
+    /// Its command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Append => "append",
+            Workload::AppendBatch => "append-batch",
+            Workload::Consume => "consume",
+            Workload::EndToEnd => "end-to-end",
+            Workload::Query => "query",
+            Workload::Fsync => "fsync",
+        }
+    }
+
+    /// What one latency sample of it is.
+    pub fn latency_of(self) -> &'static str {
+        match self {
+            Workload::Append => "one append call",
+            Workload::AppendBatch => "one append_batch call",
+            Workload::Consume => "one fetch + ack_many cycle",
+            Workload::EndToEnd => "append call start to ack, per event",
+            Workload::Query => "one query call",
+            Workload::Fsync => "one write + fdatasync",
+        }
+    }
+
+    /// Whether producers run in it (the `--producers` values apply).
+    pub fn has_producers(self) -> bool {
+        matches!(self, Workload::Append | Workload::AppendBatch | Workload::EndToEnd)
+    }
+
+    /// Whether consumers run in it (the `--consumers` values apply;
+    /// queriers count as consumers).
+    pub fn has_consumers(self) -> bool {
+        matches!(self, Workload::Consume | Workload::EndToEnd | Workload::Query)
+    }
+
+    /// Whether its events are appended before the clock starts.
+    pub fn prefilled(self) -> bool {
+        matches!(self, Workload::Consume | Workload::Query)
+    }
+}
+
+/// What one process runs of a case: the timed part.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Phase {
+    /// The workload.
+    pub workload: Workload,
+    /// Producer tasks in this process.
+    pub producers: usize,
+    /// Consumer (or querier) tasks in this process.
+    pub consumers: usize,
+    /// Events per call (append-batch, end-to-end producers), the fetch
+    /// limit, the query limit.
+    pub batch: usize,
+    /// Events this process's producers append.
+    pub events: u64,
+    /// Events of the whole case (every process).
+    pub total_events: u64,
+    /// Processes running the case at once.
+    pub processes: usize,
+    /// Payload size, about.
+    pub payload_bytes: usize,
+    /// The first event number of this process (payloads' `n`).
+    pub first: u64,
+}
+
+/// What one process measured.
+#[derive(Debug, Clone)]
+pub struct PhaseOut {
+    /// Events appended, settled or returned.
+    pub events: u64,
+    /// Calls (or cycles) made.
+    pub ops: u64,
+    /// Latency samples.
+    pub latencies: Latencies,
+}
+
+/// One event to append: its payload and routing key.
+#[derive(Debug, Clone)]
+pub struct Item {
+    /// The JSON payload.
+    pub payload: Value,
+    /// The routing key.
+    pub key: String,
+}
+
+/// Distinct values of a payload's `k` field (what `query` asks for).
+pub const QUERY_VALUES: u64 = 100;
+/// Distinct routing keys.
+const KEYS: u64 = 1024;
+/// How long consumers wait with nothing to do before giving up.
+const STALL: Duration = Duration::from_secs(120);
+
+/// Microseconds since the Unix epoch (comparable across processes).
+pub fn wall_micros() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, micros)
+}
+
+/// The event numbered `n`: about `bytes` of JSON, stamped with `stamp`.
+pub fn item(n: u64, bytes: usize, stamp: u64) -> Item {
+    // `{"type":"bench","n":..,"k":..,"t":..,"pad":""}` is ~70 bytes.
+    let pad = "x".repeat(bytes.saturating_sub(70));
+    Item {
+        payload: json!({"type": "bench", "n": n, "k": n % QUERY_VALUES, "t": stamp, "pad": pad}),
+        key: format!("k{}", n % KEYS),
+    }
+}
+
+/// What a consume call settled.
+#[derive(Debug, Default)]
+pub struct Consumed {
+    /// Events acknowledged.
+    pub count: usize,
+    /// Their `t` stamps, when asked for.
+    pub stamps: Vec<u64>,
+}
+
+/// How far a group is: events appended to the stream, events not yet
+/// settled by the group.
+#[derive(Debug, Clone, Copy)]
+pub struct Backlog {
+    /// Events in the stream.
+    pub appended: u64,
+    /// Events the group has not settled.
+    pub unsettled: u64,
+}
+
+/// A handle on a Rheo stream and its bench group.
+#[derive(Clone, Debug)]
+pub struct RheoTarget {
+    /// The handle.
+    pub rheo: Rheo,
+    /// The stream.
+    pub stream: Arc<str>,
+    /// The group.
+    pub group: Arc<str>,
+}
+
+/// What a case runs on.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// A backend of this crate.
+    Rheo(RheoTarget),
+    /// Bare Redis Streams.
+    #[cfg(feature = "peers")]
+    Redis(super::peer::RedisTarget),
+}
+
+impl Target {
+    /// Creates the case's stream (and group) on the target.
+    pub async fn setup(&self, partitions: u32) -> Result<(), CliError> {
+        match self {
+            Target::Rheo(t) => {
+                t.rheo.create_stream(&t.stream, StreamOptions::new().partitions(partitions)).await?;
+                t.rheo.create_group(&t.stream, &t.group, GroupOptions::new()).await?;
+                Ok(())
+            }
+            #[cfg(feature = "peers")]
+            Target::Redis(t) => t.setup().await,
+        }
+    }
+
+    /// Whether it can run `w`.
+    pub fn supports(&self, w: Workload) -> bool {
+        match self {
+            Target::Rheo(_) => w != Workload::Fsync,
+            #[cfg(feature = "peers")]
+            Target::Redis(_) => !matches!(w, Workload::Query | Workload::Fsync),
+        }
+    }
+
+    /// Appends one event.
+    pub async fn append(&self, item: Item) -> Result<(), CliError> {
+        match self {
+            Target::Rheo(t) => {
+                t.rheo.append(&t.stream, &item.payload, AppendOptions::new().key(item.key)).await?;
+                Ok(())
+            }
+            #[cfg(feature = "peers")]
+            Target::Redis(t) => t.append(item).await,
+        }
+    }
+
+    /// Appends events atomically.
+    pub async fn append_batch(&self, items: Vec<Item>) -> Result<(), CliError> {
+        match self {
+            Target::Rheo(t) => {
+                let items = items.into_iter().map(|i| (i.payload, AppendOptions::new().key(i.key)));
+                t.rheo.append_batch_with(&t.stream, items).await?;
+                Ok(())
+            }
+            #[cfg(feature = "peers")]
+            Target::Redis(t) => t.append_batch(items).await,
+        }
+    }
+
+    /// Claims up to `limit` events and acknowledges them all.
+    pub async fn consume(&self, limit: usize, stamps: bool) -> Result<Consumed, CliError> {
+        match self {
+            Target::Rheo(t) => {
+                let leases = t.rheo.fetch(&t.stream, &t.group, FetchOptions::new().limit(limit)).await?;
+                let mut out = Consumed { count: leases.len(), stamps: Vec::new() };
+                if stamps {
+                    out.stamps = leases.iter().filter_map(|l| l.event.field("t").and_then(|v| v.as_u64())).collect();
+                }
+                for (lease, r) in leases.iter().zip(t.rheo.ack_many(leases.iter()).await?) {
+                    r.map_err(|e| {
+                        CliError::new(format!(
+                            "ack of {}/{} #{}: {e}",
+                            lease.stream(),
+                            lease.partition(),
+                            lease.sequence()
+                        ))
+                    })?;
+                }
+                Ok(out)
+            }
+            #[cfg(feature = "peers")]
+            Target::Redis(t) => t.consume(limit, stamps).await,
+        }
+    }
+
+    /// Queries the events whose `k` is `k`, at most `limit`; returns how many.
+    pub async fn query(&self, k: u64, limit: usize) -> Result<usize, CliError> {
+        match self {
+            Target::Rheo(t) => Ok(t.rheo.query(&Query::new(&*t.stream).eq("k", k).limit(limit)).await?.len()),
+            #[cfg(feature = "peers")]
+            Target::Redis(_) => Err(CliError::new("bare Redis Streams has no query")),
+        }
+    }
+
+    /// How far the group is.
+    pub async fn backlog(&self) -> Result<Backlog, CliError> {
+        match self {
+            Target::Rheo(t) => {
+                let lag = t.rheo.lag(&t.stream, &t.group).await?;
+                Ok(Backlog { appended: lag.partitions.iter().map(|p| p.high_watermark).sum(), unsettled: lag.total })
+            }
+            #[cfg(feature = "peers")]
+            Target::Redis(t) => t.backlog().await,
+        }
+    }
+}
+
+/// Appends `events` before the clock starts, in atomic batches of up to
+/// 1,000 (numbered from 1, payloads as the case's).
+pub async fn prefill(target: &Target, events: u64, payload_bytes: usize, bar: &ProgressBar) -> Result<(), CliError> {
+    let chunk = 1000.min(MAX_BATCH_EVENTS) as u64;
+    let mut n = 1;
+    while n <= events {
+        let end = (n + chunk).min(events + 1);
+        target.append_batch((n..end).map(|i| item(i, payload_bytes, 0)).collect()).await?;
+        bar.inc(end - n);
+        n = end;
+    }
+    Ok(())
+}
+
+/// This task's share of `total` split over `tasks`.
+fn share(total: u64, tasks: usize, index: usize) -> u64 {
+    let tasks = tasks.max(1) as u64;
+    let index = index as u64;
+    total / tasks + u64::from(index < total % tasks)
+}
+
+/// Runs the timed part of a case in this process. The clock is the
+/// caller's: this returns when the work is done.
+pub async fn run(target: &Target, phase: &Phase, bar: &ProgressBar) -> Result<PhaseOut, CliError> {
+    let settled = Arc::new(AtomicU64::new(0));
+    let mut tasks: JoinSet<Result<TaskOut, CliError>> = JoinSet::new();
+    let producing = phase.workload.has_producers();
+    if producing {
+        let mut first = phase.first;
+        for p in 0..phase.producers {
+            let count = share(phase.events, phase.producers, p);
+            let (target, phase, bar) = (target.clone(), phase.clone(), bar.clone());
+            tasks.spawn(async move { produce(&target, &phase, first, count, &bar).await });
+            first += count;
+        }
+    }
+    match phase.workload {
+        Workload::Consume | Workload::EndToEnd => {
+            for _ in 0..phase.consumers {
+                let (target, phase, bar, settled) = (target.clone(), phase.clone(), bar.clone(), settled.clone());
+                tasks.spawn(async move { consume(&target, &phase, &settled, &bar).await });
+            }
+        }
+        Workload::Query => {
+            let queries = (phase.events / phase.batch.max(1) as u64).max(1);
+            for q in 0..phase.consumers {
+                let count = share(queries, phase.consumers, q);
+                let (target, phase, bar) = (target.clone(), phase.clone(), bar.clone());
+                tasks.spawn(async move { query(&target, &phase, q as u64, count, &bar).await });
+            }
+        }
+        Workload::Append | Workload::AppendBatch | Workload::Fsync => {}
+    }
+    let mut out = PhaseOut { events: 0, ops: 0, latencies: Latencies::new()? };
+    while let Some(joined) = tasks.join_next().await {
+        let task = match joined {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                tasks.abort_all();
+                return Err(e);
+            }
+            Err(e) => {
+                tasks.abort_all();
+                return Err(CliError::new(format!("a bench task failed: {e}")));
+            }
+        };
+        // End to end counts what the consumers settled, with their latency
+        // samples; its producers' calls are not samples of it.
+        if phase.workload == Workload::EndToEnd && task.producer {
+            continue;
+        }
+        out.events += task.events;
+        out.ops += task.ops;
+        out.latencies.merge(&task.latencies);
+    }
+    Ok(out)
+}
+
+/// What one task of a case did.
+struct TaskOut {
+    /// A producer (else a consumer or querier).
+    producer: bool,
+    /// Events it appended, settled or was returned.
+    events: u64,
+    /// Calls or cycles it made.
+    ops: u64,
+    /// Its latency samples.
+    latencies: Latencies,
+}
+
+/// One producer: `count` events numbered from `first`, one call per event
+/// or per batch.
+async fn produce(
+    target: &Target,
+    phase: &Phase,
+    first: u64,
+    count: u64,
+    bar: &ProgressBar,
+) -> Result<TaskOut, CliError> {
+    let mut latencies = Latencies::new()?;
+    let per_call = if phase.workload == Workload::Append { 1 } else { phase.batch.max(1) as u64 };
+    let stamped = phase.workload == Workload::EndToEnd;
+    let (mut n, end, mut ops) = (first, first + count, 0);
+    while n < end {
+        let take = per_call.min(end - n);
+        let started = Instant::now();
+        let stamp = if stamped { wall_micros() } else { 0 };
+        if take == 1 && phase.workload == Workload::Append {
+            target.append(item(n, phase.payload_bytes, stamp)).await?;
+        } else {
+            target.append_batch((n..n + take).map(|i| item(i, phase.payload_bytes, stamp)).collect()).await?;
+        }
+        if !stamped {
+            latencies.record(micros(started.elapsed()));
+            bar.inc(take);
+        }
+        ops += 1;
+        n += take;
+    }
+    Ok(TaskOut { producer: true, events: count, ops, latencies })
+}
+
+/// One consumer: fetch and ack until the case's events are all settled.
+async fn consume(target: &Target, phase: &Phase, settled: &AtomicU64, bar: &ProgressBar) -> Result<TaskOut, CliError> {
+    let mut latencies = Latencies::new()?;
+    let stamps = phase.workload == Workload::EndToEnd;
+    let (mut mine, mut ops) = (0u64, 0u64);
+    let mut idle_since: Option<Instant> = None;
+    loop {
+        if phase.processes == 1 && settled.load(Ordering::Acquire) >= phase.total_events {
+            break;
+        }
+        let started = Instant::now();
+        let got = target.consume(phase.batch, stamps).await?;
+        if got.count == 0 {
+            // Done when every event of the case is in and settled (other
+            // processes' consumers included); else wait a moment.
+            let b = target.backlog().await?;
+            if b.appended >= phase.total_events && b.unsettled == 0 {
+                break;
+            }
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > STALL {
+                return Err(CliError::new(format!(
+                    "consumers made no progress for {} s: {} of {} events appended, {} unsettled",
+                    STALL.as_secs(),
+                    b.appended,
+                    phase.total_events,
+                    b.unsettled
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            continue;
+        }
+        idle_since = None;
+        ops += 1;
+        let n = got.count as u64;
+        if stamps {
+            let now = wall_micros();
+            for t in got.stamps {
+                latencies.record(now.saturating_sub(t));
+            }
+        } else {
+            latencies.record(micros(started.elapsed()));
+        }
+        mine += n;
+        settled.fetch_add(n, Ordering::AcqRel);
+        bar.inc(n);
+    }
+    Ok(TaskOut { producer: false, events: mine, ops, latencies })
+}
+
+/// One querier: `count` queries for spread-out values of `k`.
+async fn query(target: &Target, phase: &Phase, index: u64, count: u64, bar: &ProgressBar) -> Result<TaskOut, CliError> {
+    let mut latencies = Latencies::new()?;
+    let mut events = 0u64;
+    for i in 0..count {
+        let k = (index * 37 + i * 7) % QUERY_VALUES;
+        let started = Instant::now();
+        let n = target.query(k, phase.batch).await? as u64;
+        latencies.record(micros(started.elapsed()));
+        events += n;
+        bar.inc(1);
+    }
+    Ok(TaskOut { producer: false, events, ops: count, latencies })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_add_up() {
+        for (total, tasks) in [(10, 3), (3, 10), (0, 4), (1024, 1024), (7, 1)] {
+            let sum: u64 = (0..tasks).map(|i| share(total, tasks, i)).sum();
+            assert_eq!(sum, total, "{total} over {tasks}");
+        }
+    }
+
+    /// Every workload on a backend, for a few hundred events: what a case
+    /// reports is what the stream and the group hold afterwards.
+    async fn counts_match_the_store(url: &str) {
+        let rheo = Rheo::open(url).await.unwrap();
+        let events = 300u64;
+        for w in Workload::CASES {
+            for (producers, consumers) in [(1, 1), (3, 2)] {
+                let stream = format!("counts-{}-{producers}-{consumers}", w.name());
+                let target = Target::Rheo(RheoTarget {
+                    rheo: rheo.clone(),
+                    stream: stream.as_str().into(),
+                    group: "bench".into(),
+                });
+                target.setup(4).await.unwrap();
+                if w.prefilled() {
+                    prefill(&target, events, 120, &ProgressBar::hidden()).await.unwrap();
+                }
+                let phase = Phase {
+                    workload: w,
+                    producers,
+                    consumers,
+                    batch: 7,
+                    events,
+                    total_events: events,
+                    processes: 1,
+                    payload_bytes: 120,
+                    first: 1,
+                };
+                let bar = ProgressBar::hidden();
+                let out = run(&target, &phase, &bar).await.unwrap();
+                let lag = rheo.lag(&stream, "bench").await.unwrap();
+                let stored: u64 = lag.partitions.iter().map(|p| p.high_watermark).sum();
+                assert_eq!(stored, events, "{w:?} {producers}/{consumers}: events in the stream");
+                match w {
+                    Workload::Append | Workload::AppendBatch => {
+                        assert_eq!(out.events, events, "{w:?}: events appended");
+                        let per_call = if w == Workload::Append { 1 } else { 7 };
+                        let calls: u64 = (0..producers).map(|p| share(events, producers, p).div_ceil(per_call)).sum();
+                        assert_eq!(out.ops, calls, "{w:?}: calls");
+                        assert_eq!(lag.total, events, "{w:?}: nothing consumed");
+                    }
+                    Workload::Consume | Workload::EndToEnd => {
+                        assert_eq!(out.events, events, "{w:?}: events settled");
+                        assert_eq!(lag.total, 0, "{w:?}: the group settled every event");
+                        assert_eq!(out.latencies.len(), if w == Workload::EndToEnd { events } else { out.ops });
+                    }
+                    Workload::Query => {
+                        // Each of the 42 queries asks for one of 100 values of
+                        // `k`, each held by 3 of the 300 events.
+                        let queries = events / 7;
+                        assert_eq!(out.ops, queries);
+                        assert_eq!(out.events, queries * 3, "query: events returned");
+                    }
+                    Workload::Fsync => unreachable!(),
+                }
+                assert_eq!(bar.position(), if w == Workload::Query { events / 7 } else { events }, "{w:?}: progress");
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn counts_match_the_store_on_memory() {
+        counts_match_the_store("memory:").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn counts_match_the_store_on_native() {
+        let dir = tempfile::tempdir().unwrap();
+        counts_match_the_store(&format!("native:{}", dir.path().display())).await;
+    }
+
+    #[test]
+    fn payloads_are_about_the_size_asked() {
+        for bytes in [200usize, 1000, 4096] {
+            let len = serde_json::to_vec(&item(123_456, bytes, wall_micros()).payload).unwrap().len();
+            assert!(len.abs_diff(bytes) < 40, "{bytes} asked, {len} made");
+        }
+        assert_eq!(item(5, 0, 0).payload["k"], 5);
+    }
+}
