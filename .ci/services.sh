@@ -26,9 +26,10 @@ start_postgres() {
   chown postgres:postgres "$dir"
   runuser -u postgres -- "$PGBIN/initdb" -D "$dir/data" -A trust -U postgres -E UTF8 --no-sync >"$dir/initdb.log" 2>&1 \
     || { cat "$dir/initdb.log"; return 1; }
-  # fsync=off: CI only (the benchmarks in docs/benchmarks.md say what they ran with).
+  # fsync=off: CI only (the benchmarks in docs/benchmarks.md say what they
+  # ran with); PG_FSYNC=on for a durable server (scripts/bench-peers).
   runuser -u postgres -- "$PGBIN/pg_ctl" -D "$dir/data" -l "$dir/log" -w \
-    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" start >/dev/null \
+    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=${PG_FSYNC:-off} -c max_connections=${PG_MAX_CONNECTIONS:-200}" start >/dev/null \
     || { cat "$dir/log"; return 1; }
   runuser -u postgres -- "$PGBIN/psql" -h 127.0.0.1 -p "$port" -U postgres -qc 'CREATE DATABASE rheo_test' \
     || { cat "$dir/log"; return 1; }
@@ -72,11 +73,36 @@ start_mongo() {
   echo "mongo: SecantusDB $SECANTUS_VERSION on 127.0.0.1:$port ($dir), installed and started in $(( $(date +%s) - t0 )) s"
 }
 
+# Redis 7 from the machine's packages (installed when missing), with any
+# extra redis-server arguments (`--appendonly yes --appendfsync always`).
+# Exports REDIS_PORT and RHEO_REDIS_URL of the server it started last.
+start_redis() {
+  if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
+    echo "installing redis-server and redis-tools (apt-get)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
+  fi
+  local port dir
+  port=$(free_port)
+  dir=$(mktemp -d /tmp/rheo-redis.XXXXXX)
+  SERVICE_DIRS+=("redis:$dir:$port")
+  redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" --save '' --appendonly no \
+    --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" "$@" \
+    || { cat "$dir/redis.log"; return 1; }
+  for _ in $(seq 1 100); do redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done
+  redis-cli -h 127.0.0.1 -p "$port" ping | grep -q PONG || { cat "$dir/redis.log"; return 1; }
+  export REDIS_PORT="$port" RHEO_REDIS_URL="redis://127.0.0.1:$port/"
+  echo "redis: $(redis-server --version | cut -d' ' -f3) on 127.0.0.1:$port ($dir) $*"
+}
+
 stop_services() {
   local entry kind dir
   for entry in "${SERVICE_DIRS[@]}"; do
     kind=${entry%%:*}
     dir=${entry#*:}
+    if [ "$kind" = redis ]; then
+      redis-cli -h 127.0.0.1 -p "${dir##*:}" shutdown nosave >/dev/null 2>&1 || true
+      dir=${dir%:*}
+    fi
     case "$kind" in
       pg) runuser -u postgres -- "$PGBIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true ;;
       mongo)

@@ -140,7 +140,8 @@ pub struct Case {
 /// A whole run: the machine, the probes and the cases.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Run {
-    /// The machine.
+    /// The machine (absent from a peer tool's results).
+    #[serde(default)]
     pub machine: Machine,
     /// Every fsync probe of the run.
     pub fsync: Vec<FsyncProbe>,
@@ -434,7 +435,10 @@ pub fn table(cases: &[Case]) -> String {
     t.set_header([
         "backend", "workload", "proc", "prod", "cons", "batch", "events", "events/s", "p50", "p99", "max", "fsync/s",
     ]);
-    for c in report::medians(cases) {
+    let mut rows = report::medians(cases);
+    // By workload, then the counts; backends in the order they ran.
+    rows.sort_by_key(|c| (c.workload, c.processes, c.producers, c.consumers));
+    for c in rows {
         t.add_row([
             c.backend.clone(),
             c.workload.name().to_owned(),

@@ -95,7 +95,7 @@ pub fn micros(d: Duration) -> u64 {
 }
 
 /// The machine a run measured on.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Machine {
     /// The CPU model, from `/proc/cpuinfo`.
     pub cpu: String,
