@@ -574,14 +574,16 @@ fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
         files.push(p.flush().inspect_err(|e| s.poison.set_with(e.to_string(), Some(Arc::new(e.clone()))))?);
     }
     let mut seen: Vec<*const ()> = Vec::new();
+    let mut to_sync: Vec<&Arc<dyn VfsFile>> = Vec::new();
     for f in files.iter().chain(jobs.iter().flat_map(|j| &j.files)) {
         let key = Arc::as_ptr(f).cast::<()>();
         if seen.contains(&key) {
             continue;
         }
         seen.push(key);
-        f.sync_data().map_err(|e| poisoned(s, crate::engine::error::poisoned("storage", "fdatasync failed", e)))?;
+        to_sync.push(f);
     }
+    sync_all(&to_sync).map_err(|e| poisoned(s, crate::engine::error::poisoned("storage", "fdatasync failed", e)))?;
     let mut txns: Vec<(&Arc<dyn TxnRecord>, u64)> = Vec::new();
     for (log, txn) in jobs.iter().filter_map(|j| j.txn.as_ref()) {
         match txns.iter_mut().find(|(l, _)| std::ptr::addr_eq(Arc::as_ptr(l), Arc::as_ptr(log))) {
@@ -604,6 +606,40 @@ fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The most files synced at once (one thread each beyond the first).
+const PARALLEL_SYNCS: usize = 8;
+
+/// Syncs the files, several at once: a round that wrote to several
+/// partitions (a multi-partition batch, or writers of several partitions)
+/// waits for about one device flush instead of one per file, as the block
+/// layer merges flushes that are pending together. The first error is
+/// returned after every sync has finished (none is left running).
+fn sync_all(files: &[&Arc<dyn VfsFile>]) -> std::io::Result<()> {
+    match files {
+        [] => Ok(()),
+        [one] => one.sync_data(),
+        _ => {
+            let mut first_err = None;
+            for chunk in files.chunks(PARALLEL_SYNCS) {
+                let Some((head, rest)) = chunk.split_first() else { continue };
+                std::thread::scope(|scope| {
+                    let others: Vec<_> = rest.iter().map(|f| scope.spawn(move || f.sync_data())).collect();
+                    let mut results = vec![head.sync_data()];
+                    for h in others {
+                        results.push(h.join().unwrap_or_else(|_| Err(std::io::Error::other("a sync thread panicked"))));
+                    }
+                    for r in results {
+                        if let Err(e) = r {
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                });
+            }
+            first_err.map_or(Ok(()), Err)
+        }
+    }
 }
 
 /// Poisons the engine with `e`'s reason (`e` is `Error::Poisoned`) and
@@ -629,6 +665,58 @@ mod tests {
         assert_eq!(refused.io_error_kind(), Some(std::io::ErrorKind::StorageFull), "{refused}");
     }
     use std::time::Duration;
+
+    /// A file that counts its syncs and fails them when told.
+    #[derive(Debug)]
+    struct Counted {
+        syncs: std::sync::atomic::AtomicU32,
+        fail: bool,
+    }
+
+    impl VfsFile for Counted {
+        fn read_at(&self, _: &mut [u8], _: u64) -> std::io::Result<usize> {
+            Ok(0)
+        }
+        fn write_all_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            Ok(0)
+        }
+        fn set_len(&self, _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.syncs.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(5));
+            if self.fail { Err(std::io::Error::from_raw_os_error(5)) } else { Ok(()) }
+        }
+    }
+
+    #[test]
+    fn several_files_are_all_synced_once_and_a_failure_is_reported_after_all() {
+        for failing in [None, Some(0), Some(3), Some(11)] {
+            let files: Vec<Arc<dyn VfsFile>> = (0..12)
+                .map(|i| {
+                    Arc::new(Counted { syncs: std::sync::atomic::AtomicU32::new(0), fail: Some(i) == failing })
+                        as Arc<dyn VfsFile>
+                })
+                .collect();
+            let refs: Vec<&Arc<dyn VfsFile>> = files.iter().collect();
+            let result = sync_all(&refs);
+            assert_eq!(result.is_err(), failing.is_some(), "{failing:?}");
+            if let Err(e) = result {
+                assert_eq!(e.raw_os_error(), Some(5));
+            }
+            for f in &files {
+                let syncs = Arc::clone(f);
+                // Every file was synced exactly once, the failing one included.
+                let counted = format!("{syncs:?}");
+                assert!(counted.contains("syncs: 1"), "{failing:?}: {counted}");
+            }
+        }
+        assert!(sync_all(&[]).is_ok());
+    }
 
     #[test]
     fn an_inline_ioter_commits_on_the_waiting_or_dropping_thread() {

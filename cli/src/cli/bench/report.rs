@@ -336,7 +336,7 @@ fn markdown(run: &Run, cases: &[Case], charts: &[(&str, &str)], scales: &[(Workl
     let _ = writeln!(s, "# Backends and peers side by side\n");
     let _ = writeln!(
         s,
-        "Written by `rheo bench --report` (`scripts/bench-peers` runs it: see\n[docs/benchmarks.md](../benchmarks.md)). Every figure is one case of\n`rheo bench` (or of `pgbench` / `redis-benchmark` where the tool column\nsays so); where a case ran several rounds, the round with the median\nevents/s is shown.\n"
+        "Written by `rheo bench --report` (`scripts/bench-peers` runs it: see\n[docs/benchmarks.md](../benchmarks.md)). Every figure is one case of\n`rheo bench` (or of `pgbench` / `redis-benchmark` where the tool column\nsays so); where a case ran several rounds, the round with the median\nevents/s is shown.\n\nA row marked (peer) is not a Rheo backend: bare Redis Streams (`XADD`;\n`XREADGROUP` + `XACK`), a hand-written PostgreSQL `FOR UPDATE SKIP LOCKED`\nqueue (claim with a lease, then `DELETE`), `XADD` from `redis-benchmark`.\nThey keep no leases to fence, no retries, dead letters or contiguous\nfrontier: what a user would build by hand instead. \"vs native\" is the\nrow's events/s over native's in the same configuration.\n"
     );
     let _ = writeln!(s, "## Machine\n");
     let _ = writeln!(s, "- {} × {}, {} GiB, Linux {}", m.cpus, m.cpu, m.memory_gib, m.kernel);
