@@ -580,7 +580,11 @@ async fn spawn_workers(
     for (_, _, lines) in &mut children {
         match lines.next_line().await {
             Ok(Some(l)) if l == "ready" => {}
-            other => return Err(CliError::new(format!("a worker process did not start: {other:?}"))),
+            Ok(Some(l)) => return Err(CliError::new(format!("a worker process said {l:?} instead of `ready`"))),
+            Ok(None) => {
+                return Err(CliError::new("a worker process exited before it was ready (its error is above)"));
+            }
+            Err(e) => return Err(CliError::new(format!("reading a worker process: {e}"))),
         }
     }
     let started = Instant::now();

@@ -14,6 +14,20 @@ use tokio::task::JoinSet;
 
 use super::probe::micros;
 use super::stats::Latencies;
+
+/// The latency samples of one process's tasks: one histogram behind a lock
+/// (a histogram per task would be ~190 KB each, 190 MB for 1,024 producers,
+/// and its allocation would be measured with the backend).
+type Samples = std::sync::Mutex<Latencies>;
+
+/// Records samples into the shared histogram.
+fn record(samples: &Samples, micros: impl IntoIterator<Item = u64>) {
+    // A poisoned lock means a task panicked; its samples still count.
+    let mut h = samples.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for m in micros {
+        h.record(m);
+    }
+}
 use crate::cli::CliError;
 
 /// What a case measures.
@@ -307,30 +321,32 @@ fn share(total: u64, tasks: usize, index: usize) -> u64 {
 /// caller's: this returns when the work is done.
 pub async fn run(target: &Target, phase: &Phase, bar: &ProgressBar) -> Result<PhaseOut, CliError> {
     let settled = Arc::new(AtomicU64::new(0));
+    let samples = Arc::new(Samples::new(Latencies::new()?));
     let mut tasks: JoinSet<Result<TaskOut, CliError>> = JoinSet::new();
     let producing = phase.workload.has_producers();
     if producing {
         let mut first = phase.first;
         for p in 0..phase.producers {
             let count = share(phase.events, phase.producers, p);
-            let (target, phase, bar) = (target.clone(), phase.clone(), bar.clone());
-            tasks.spawn(async move { produce(&target, &phase, first, count, &bar).await });
+            let (target, phase, bar, samples) = (target.clone(), phase.clone(), bar.clone(), samples.clone());
+            tasks.spawn(async move { produce(&target, &phase, first, count, &bar, &samples).await });
             first += count;
         }
     }
     match phase.workload {
         Workload::Consume | Workload::EndToEnd => {
             for _ in 0..phase.consumers {
-                let (target, phase, bar, settled) = (target.clone(), phase.clone(), bar.clone(), settled.clone());
-                tasks.spawn(async move { consume(&target, &phase, &settled, &bar).await });
+                let (target, phase, bar, settled, samples) =
+                    (target.clone(), phase.clone(), bar.clone(), settled.clone(), samples.clone());
+                tasks.spawn(async move { consume(&target, &phase, &settled, &bar, &samples).await });
             }
         }
         Workload::Query => {
             let queries = (phase.events / phase.batch.max(1) as u64).max(1);
             for q in 0..phase.consumers {
                 let count = share(queries, phase.consumers, q);
-                let (target, phase, bar) = (target.clone(), phase.clone(), bar.clone());
-                tasks.spawn(async move { query(&target, &phase, q as u64, count, &bar).await });
+                let (target, phase, bar, samples) = (target.clone(), phase.clone(), bar.clone(), samples.clone());
+                tasks.spawn(async move { query(&target, &phase, q as u64, count, &bar, &samples).await });
             }
         }
         Workload::Append | Workload::AppendBatch | Workload::Fsync => {}
@@ -355,8 +371,9 @@ pub async fn run(target: &Target, phase: &Phase, bar: &ProgressBar) -> Result<Ph
         }
         out.events += task.events;
         out.ops += task.ops;
-        out.latencies.merge(&task.latencies);
     }
+    out.latencies =
+        std::mem::replace(&mut *samples.lock().unwrap_or_else(std::sync::PoisonError::into_inner), Latencies::new()?);
     Ok(out)
 }
 
@@ -368,8 +385,6 @@ struct TaskOut {
     events: u64,
     /// Calls or cycles it made.
     ops: u64,
-    /// Its latency samples.
-    latencies: Latencies,
 }
 
 /// One producer: `count` events numbered from `first`, one call per event
@@ -380,8 +395,8 @@ async fn produce(
     first: u64,
     count: u64,
     bar: &ProgressBar,
+    samples: &Samples,
 ) -> Result<TaskOut, CliError> {
-    let mut latencies = Latencies::new()?;
     let per_call = if phase.workload == Workload::Append { 1 } else { phase.batch.max(1) as u64 };
     let stamped = phase.workload == Workload::EndToEnd;
     let (mut n, end, mut ops) = (first, first + count, 0);
@@ -395,18 +410,23 @@ async fn produce(
             target.append_batch((n..n + take).map(|i| item(i, phase.payload_bytes, stamp)).collect()).await?;
         }
         if !stamped {
-            latencies.record(micros(started.elapsed()));
+            record(samples, [micros(started.elapsed())]);
             bar.inc(take);
         }
         ops += 1;
         n += take;
     }
-    Ok(TaskOut { producer: true, events: count, ops, latencies })
+    Ok(TaskOut { producer: true, events: count, ops })
 }
 
 /// One consumer: fetch and ack until the case's events are all settled.
-async fn consume(target: &Target, phase: &Phase, settled: &AtomicU64, bar: &ProgressBar) -> Result<TaskOut, CliError> {
-    let mut latencies = Latencies::new()?;
+async fn consume(
+    target: &Target,
+    phase: &Phase,
+    settled: &AtomicU64,
+    bar: &ProgressBar,
+    samples: &Samples,
+) -> Result<TaskOut, CliError> {
     let stamps = phase.workload == Workload::EndToEnd;
     let (mut mine, mut ops) = (0u64, 0u64);
     let mut idle_since: Option<Instant> = None;
@@ -441,32 +461,36 @@ async fn consume(target: &Target, phase: &Phase, settled: &AtomicU64, bar: &Prog
         let n = got.count as u64;
         if stamps {
             let now = wall_micros();
-            for t in got.stamps {
-                latencies.record(now.saturating_sub(t));
-            }
+            record(samples, got.stamps.into_iter().map(|t| now.saturating_sub(t)));
         } else {
-            latencies.record(micros(started.elapsed()));
+            record(samples, [micros(started.elapsed())]);
         }
         mine += n;
         settled.fetch_add(n, Ordering::AcqRel);
         bar.inc(n);
     }
-    Ok(TaskOut { producer: false, events: mine, ops, latencies })
+    Ok(TaskOut { producer: false, events: mine, ops })
 }
 
 /// One querier: `count` queries for spread-out values of `k`.
-async fn query(target: &Target, phase: &Phase, index: u64, count: u64, bar: &ProgressBar) -> Result<TaskOut, CliError> {
-    let mut latencies = Latencies::new()?;
+async fn query(
+    target: &Target,
+    phase: &Phase,
+    index: u64,
+    count: u64,
+    bar: &ProgressBar,
+    samples: &Samples,
+) -> Result<TaskOut, CliError> {
     let mut events = 0u64;
     for i in 0..count {
         let k = (index * 37 + i * 7) % QUERY_VALUES;
         let started = Instant::now();
         let n = target.query(k, phase.batch).await? as u64;
-        latencies.record(micros(started.elapsed()));
+        record(samples, [micros(started.elapsed())]);
         events += n;
         bar.inc(1);
     }
-    Ok(TaskOut { producer: false, events, ops: count, latencies })
+    Ok(TaskOut { producer: false, events, ops: count })
 }
 
 #[cfg(test)]
