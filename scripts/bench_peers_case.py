@@ -66,7 +66,7 @@ def redis_benchmark(d, workload, clients, per, fsync, port):
     events = int(sys.argv[8]) if len(sys.argv) > 8 else 0
     ms = lambda k: float(row[k]) * 1000
     secs = events / rps if events else 1.0
-    return case(f"redis XADD via redis-benchmark ({aof})", "redis-benchmark", workload, clients, per,
+    return case(f"redis-benchmark XADD ({aof})", "redis-benchmark", workload, clients, per,
                 events or int(rps), secs, ms("p50_latency_ms"), ms("p99_latency_ms"), ms("max_latency_ms"), fsync,
                 aof == "aof always", f"redis://127.0.0.1:{port}/", "one XADD")
 

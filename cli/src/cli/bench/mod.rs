@@ -327,6 +327,10 @@ pub async fn run(ctx: &Globals, a: BenchArgs) -> CliResult {
             std::fs::read_to_string(path).map_err(|e| CliError::new(format!("cannot read {}: {e}", path.display())))?;
         let earlier: Run = serde_json::from_str(&text)
             .map_err(|e| CliError::new(format!("{} is not a bench result: {e}", path.display())))?;
+        // The report's machine is this one; its start, the earliest run's.
+        if !earlier.machine.started_at.is_empty() && earlier.machine.started_at < results.machine.started_at {
+            results.machine.started_at = earlier.machine.started_at;
+        }
         results.fsync.extend(earlier.fsync);
         results.cases.extend(earlier.cases);
         results.skipped.extend(earlier.skipped);

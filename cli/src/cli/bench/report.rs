@@ -146,7 +146,7 @@ fn scale_points(cases: &[Case], w: Workload, dim: Dim) -> Vec<&Case> {
 }
 
 fn color(i: usize) -> RGBColor {
-    const COLORS: [RGBColor; 8] = [
+    const COLORS: [RGBColor; 10] = [
         RGBColor(0x1f, 0x77, 0xb4),
         RGBColor(0xff, 0x7f, 0x0e),
         RGBColor(0x2c, 0xa0, 0x2c),
@@ -155,6 +155,8 @@ fn color(i: usize) -> RGBColor {
         RGBColor(0x8c, 0x56, 0x4b),
         RGBColor(0xe3, 0x77, 0xc2),
         RGBColor(0x7f, 0x7f, 0x7f),
+        RGBColor(0xbc, 0xbd, 0x22),
+        RGBColor(0x17, 0xbe, 0xcf),
     ];
     COLORS[i % COLORS.len()]
 }
@@ -181,8 +183,11 @@ fn bars(
 ) -> Result<(), CliError> {
     let workloads: Vec<Workload> =
         Workload::CASES.into_iter().filter(|w| cases.iter().any(|c| c.workload == *w)).collect();
-    let root = SVGBackend::new(path, (960, 520)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| chart_error(path, e))?;
+    let whole = SVGBackend::new(path, (1180, 520)).into_drawing_area();
+    whole.fill(&WHITE).map_err(|e| chart_error(path, e))?;
+    let (root, side) = whole.split_horizontally(920);
+    let all: Vec<(String, usize)> = backends.iter().cloned().zip(0..).collect();
+    legend(path, &side, &all, false)?;
     let range = log_range(cases.iter().flat_map(|c| {
         let (v, dot) = value(c);
         std::iter::once(v).chain(dot)
@@ -219,22 +224,13 @@ fn bars(
             .collect();
         chart
             .draw_series(mine.iter().map(|&(x, v, _)| Rectangle::new([(x, floor), (x + width * 0.9, v)], c.filled())))
-            .map_err(|e| chart_error(path, e))?
-            .label(backend.as_str())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+            .map_err(|e| chart_error(path, e))?;
         chart
             .draw_series(mine.iter().filter_map(|&(x, _, dot)| {
                 dot.map(|d| Circle::new((x + width * 0.45, d.max(floor)), 3, BLACK.filled()))
             }))
             .map_err(|e| chart_error(path, e))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.85))
-        .draw()
-        .map_err(|e| chart_error(path, e))?;
     for (i, w) in workloads.iter().enumerate() {
         let (px, py) = chart.backend_coord(&(i as f64 + 0.5, floor));
         root.draw(&Text::new(
@@ -244,15 +240,40 @@ fn bars(
         ))
         .map_err(|e| chart_error(path, e))?;
     }
-    root.present().map_err(|e| chart_error(path, e))?;
+    whole.present().map_err(|e| chart_error(path, e))?;
+    Ok(())
+}
+
+/// The backends' colors, one per line, in `area` (beside a chart).
+fn legend<DB: DrawingBackend>(
+    path: &Path,
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    backends: &[(String, usize)],
+    lines: bool,
+) -> Result<(), CliError> {
+    for (i, (b, color_index)) in backends.iter().enumerate() {
+        let y = 60 + 22 * i32::try_from(i).unwrap_or(0);
+        let c = color(*color_index);
+        if lines {
+            area.draw(&PathElement::new(vec![(4, y), (22, y)], c.stroke_width(3))).map_err(|e| chart_error(path, e))?;
+        } else {
+            area.draw(&Rectangle::new([(4, y - 6), (18, y + 6)], c.filled())).map_err(|e| chart_error(path, e))?;
+        }
+        area.draw(&Text::new(b.as_str(), (28, y - 7), ("sans-serif", 13))).map_err(|e| chart_error(path, e))?;
+    }
     Ok(())
 }
 
 /// A scale curve: events/s (left) and p99 (right) against a count, one
 /// line per backend, both axes log scale.
 fn scale(path: &Path, w: Workload, dim: Dim, backends: &[String], points: &[&Case]) -> Result<(), CliError> {
-    let root = SVGBackend::new(path, (1100, 460)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| chart_error(path, e))?;
+    let whole = SVGBackend::new(path, (1360, 460)).into_drawing_area();
+    whole.fill(&WHITE).map_err(|e| chart_error(path, e))?;
+    let (root, side) = whole.split_horizontally(1100);
+    // Colors stay those of the backend's place in the whole report.
+    let shown: Vec<(String, usize)> =
+        backends.iter().cloned().zip(0..).filter(|(b, _)| points.iter().any(|c| &c.backend == b)).collect();
+    legend(path, &side, &shown, true)?;
     let panels = root.split_evenly((1, 2));
     // x is log2 of the count, labelled with the counts.
     let top = points.iter().map(|c| dim.of(c)).max().unwrap_or(1).max(2);
@@ -282,7 +303,7 @@ fn scale(path: &Path, w: Workload, dim: Dim, backends: &[String], points: &[&Cas
             .y_label_formatter(&|v| human(*v))
             .draw()
             .map_err(|e| chart_error(path, e))?;
-        for (b, backend) in backends.iter().enumerate() {
+        for (backend, b) in &shown {
             let mut line: Vec<(f64, f64)> = points
                 .iter()
                 .filter(|c| &c.backend == backend)
@@ -295,25 +316,14 @@ fn scale(path: &Path, w: Workload, dim: Dim, backends: &[String], points: &[&Cas
                 continue;
             }
             line.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let c = color(b);
-            chart
-                .draw_series(LineSeries::new(line.clone(), c.stroke_width(2)))
-                .map_err(|e| chart_error(path, e))?
-                .label(backend.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], c.stroke_width(2)));
+            let c = color(*b);
+            chart.draw_series(LineSeries::new(line.clone(), c.stroke_width(2))).map_err(|e| chart_error(path, e))?;
             chart
                 .draw_series(line.into_iter().map(|p| Circle::new(p, 3, c.filled())))
                 .map_err(|e| chart_error(path, e))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.85))
-            .draw()
-            .map_err(|e| chart_error(path, e))?;
     }
-    root.present().map_err(|e| chart_error(path, e))?;
+    whole.present().map_err(|e| chart_error(path, e))?;
     Ok(())
 }
 
@@ -347,18 +357,33 @@ fn markdown(run: &Run, cases: &[Case], charts: &[(&str, &str)], scales: &[(Workl
         let _ = writeln!(s, "- 1-minute load average at the end of the cases: {lo:.2}–{hi:.2}");
     }
     let _ = writeln!(s, "\n## Raw fsync rate of the disk, in the same run\n");
-    let _ = writeln!(s, "256-byte write + `fdatasync`, per probe:\n");
-    let _ = writeln!(s, "| when | directory | pattern | fdatasync/s | p50 | p99 |\n|---|---|---|---:|---:|---:|");
-    for p in &run.fsync {
-        let pattern = if p.pattern == Pattern::Overwrite { "overwrite" } else { "append" };
+    let _ = writeln!(
+        s,
+        "256-byte write + `fdatasync`, one probe (1 s by default) before each durable backend's cases, on\nthe disk under it, each shown in its cases' fsync/s column; the spread of all of them:\n"
+    );
+    let _ = writeln!(
+        s,
+        "| pattern | probes | from | to | fdatasync/s (min / median / max) | p99 (median) |\n|---|---:|---|---|---|---:|"
+    );
+    for pattern in [Pattern::Overwrite, Pattern::Append] {
+        let mut of: Vec<&super::probe::FsyncProbe> = run.fsync.iter().filter(|p| p.pattern == pattern).collect();
+        if of.is_empty() {
+            continue;
+        }
+        of.sort_by(|a, b| a.per_sec.total_cmp(&b.per_sec));
+        let mut p99: Vec<u64> = of.iter().map(|p| p.latency.p99_us).collect();
+        p99.sort_unstable();
+        let from = of.iter().map(|p| p.at.as_str()).min().unwrap_or("");
+        let to = of.iter().map(|p| p.at.as_str()).max().unwrap_or("");
+        let name = if pattern == Pattern::Overwrite { "overwrite" } else { "append" };
         let _ = writeln!(
             s,
-            "| {} | `{}` | {pattern} | {:.0} | {} | {} |",
-            p.at,
-            p.dir.display(),
-            p.per_sec,
-            ms(p.latency.p50_us),
-            ms(p.latency.p99_us)
+            "| {name} | {} | {from} | {to} | {:.0} / {:.0} / {:.0} | {} |",
+            of.len(),
+            of[0].per_sec,
+            of[(of.len() - 1) / 2].per_sec,
+            of[of.len() - 1].per_sec,
+            ms(p99[(p99.len() - 1) / 2])
         );
     }
     for (title, file) in charts {
