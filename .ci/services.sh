@@ -1,6 +1,7 @@
 # Service start and stop for .ci/run and for local runs of the service suites.
 # Source it: `. .ci/services.sh; start_postgres; ...; stop_services`.
-# Every server listens on 127.0.0.1 on a free port, in a temporary directory,
+# Every server listens on 127.0.0.1 on a free port, in a temporary directory
+# under SERVICE_BASE (default /tmp),
 # and is stopped by stop_services (also on exit, via a trap the caller sets).
 # Needs root (it installs what is missing with apt-get and runs PostgreSQL as
 # the postgres user).
@@ -22,7 +23,7 @@ start_postgres() {
   local port dir t0
   t0=$(date +%s)
   port=$(free_port)
-  dir=$(mktemp -d /tmp/rheo-pg.XXXXXX)
+  dir=$(mktemp -d "${SERVICE_BASE:-/tmp}/rheo-pg.XXXXXX")
   chown postgres:postgres "$dir"
   runuser -u postgres -- "$PGBIN/initdb" -D "$dir/data" -A trust -U postgres -E UTF8 --no-sync >"$dir/initdb.log" 2>&1 \
     || { cat "$dir/initdb.log"; return 1; }
@@ -48,7 +49,7 @@ start_mongo() {
   local port dir t0 py
   t0=$(date +%s)
   port=$(free_port)
-  dir=$(mktemp -d /tmp/rheo-mongo.XXXXXX)
+  dir=$(mktemp -d "${SERVICE_BASE:-/tmp}/rheo-mongo.XXXXXX")
   SERVICE_DIRS+=("mongo:$dir")
   python3 -m venv "$dir/venv" || { echo "python3 -m venv failed (install python3-venv)"; return 1; }
   "$dir/venv/bin/pip" install -q --disable-pip-version-check "secantusdb==$SECANTUS_VERSION" >"$dir/pip.log" 2>&1 \
@@ -83,7 +84,7 @@ start_redis() {
   fi
   local port dir
   port=$(free_port)
-  dir=$(mktemp -d /tmp/rheo-redis.XXXXXX)
+  dir=$(mktemp -d "${SERVICE_BASE:-/tmp}/rheo-redis.XXXXXX")
   SERVICE_DIRS+=("redis:$dir:$port")
   redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" --save '' --appendonly no \
     --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" "$@" \

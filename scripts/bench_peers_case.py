@@ -33,7 +33,7 @@ def case(backend, tool, workload, clients, per, events, secs, p50, p99, mx, fsyn
         "batch": per, "payload_bytes": 200, "partitions": 1, "events": events, "ops": events // max(per, 1),
         "secs": secs, "events_per_sec": events / max(secs, 1e-9), "latency_of": latency_of,
         "latency": {"p50_us": int(p50), "p99_us": int(p99), "max_us": int(mx)},
-        "fsync_per_sec": fsync, "durable": durable, "load": load(), "round": 0,
+        "fsync_per_sec": fsync if durable else None, "durable": durable, "load": load(), "round": 0,
     }
 
 

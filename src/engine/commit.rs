@@ -625,8 +625,19 @@ fn sync_all(files: &[&Arc<dyn VfsFile>]) -> std::io::Result<()> {
             for chunk in files.chunks(PARALLEL_SYNCS) {
                 let Some((head, rest)) = chunk.split_first() else { continue };
                 std::thread::scope(|scope| {
-                    let others: Vec<_> = rest.iter().map(|f| scope.spawn(move || f.sync_data())).collect();
-                    let mut results = vec![head.sync_data()];
+                    // A thread the OS refuses: that file is synced here.
+                    let mut results = Vec::with_capacity(chunk.len());
+                    let mut others = Vec::with_capacity(rest.len());
+                    for f in rest {
+                        match std::thread::Builder::new()
+                            .name("rheo-sync".into())
+                            .spawn_scoped(scope, move || f.sync_data())
+                        {
+                            Ok(h) => others.push(h),
+                            Err(_) => results.push(f.sync_data()),
+                        }
+                    }
+                    results.push(head.sync_data());
                     for h in others {
                         results.push(h.join().unwrap_or_else(|_| Err(std::io::Error::other("a sync thread panicked"))));
                     }

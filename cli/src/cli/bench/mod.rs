@@ -203,7 +203,10 @@ impl Opened {
             label: name,
             durable,
             dir: local_dir(url),
-            shared: !(url.starts_with("native:") || url.starts_with("memory:")),
+            // Several processes reach the same data: not a native directory
+            // (locked), `memory:` or `sqlite::memory:` (one per process).
+            shared: !(url.starts_with("native:") || url.starts_with("memory:"))
+                && (!url.starts_with("sqlite:") || local_dir(url).is_some()),
             kind: Kind::Rheo(rheo),
         })
     }
@@ -316,11 +319,16 @@ fn bar(len: u64, message: String) -> ProgressBar {
 /// Runs `rheo bench`.
 pub async fn run(ctx: &Globals, a: BenchArgs) -> CliResult {
     if let Some(spec) = &a.worker {
-        return worker(ctx, spec).await;
+        return worker(spec).await;
     }
     check(&a)?;
     let mut workloads = if a.workloads.is_empty() { Workload::CASES.to_vec() } else { a.workloads.clone() };
-    workloads.dedup();
+    let mut seen = Vec::new();
+    workloads.retain(|w| {
+        let first = !seen.contains(w);
+        seen.push(*w);
+        first
+    });
     let mut results = Run { machine: Machine::read(), fsync: Vec::new(), cases: Vec::new(), skipped: Vec::new() };
     for path in &a.from {
         let text =
@@ -333,7 +341,11 @@ pub async fn run(ctx: &Globals, a: BenchArgs) -> CliResult {
         }
         results.fsync.extend(earlier.fsync);
         results.cases.extend(earlier.cases);
-        results.skipped.extend(earlier.skipped);
+        for why in earlier.skipped {
+            if !results.skipped.contains(&why) {
+                results.skipped.push(why);
+            }
+        }
     }
     // No backend given: a fresh native directory here (a real disk, unlike
     // a tmpfs /tmp), removed afterwards.
@@ -380,19 +392,31 @@ pub async fn run(ctx: &Globals, a: BenchArgs) -> CliResult {
             for &(w, processes, producers, consumers) in &new_cases {
                 let stream = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
                 let target = opened.target(&stream);
-                if !target.supports(w) {
-                    results.skipped.push(format!("{} on {}: not supported", w.name(), opened.label));
-                    continue;
-                }
-                if processes > 1 && !opened.shared {
-                    results.skipped.push(format!(
+                let skip = if !target.supports(w) {
+                    Some(format!("{} on {}: not supported", w.name(), opened.label))
+                } else if processes > 1 && !opened.shared {
+                    Some(format!(
                         "{} on {} with {processes} processes: one process owns its data",
                         w.name(),
                         opened.label
-                    ));
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = skip {
+                    if !results.skipped.contains(&why) {
+                        results.skipped.push(why);
+                    }
                     continue;
                 }
-                let case = run_case(&a, &opened, &target, &stream, (w, processes, producers, consumers)).await?;
+                let case =
+                    run_case(&a, &opened, &target, &stream, (w, processes, producers, consumers)).await.map_err(|e| {
+                        CliError::new(format!(
+                            "{} on {} ({processes} processes, {producers} producers, {consumers} consumers, stream {stream}): {e}",
+                            w.name(),
+                            opened.label
+                        ))
+                    })?;
                 let case = Case { fsync_per_sec, round, ..case };
                 eprintln!(
                     "{:<24} {:<12} proc {:>2} prod {:>4} cons {:>2}: {:>10.0} events/s  p50 {}  p99 {}",
@@ -524,7 +548,8 @@ async fn run_case(
         consumers: if w.has_consumers() { consumers } else { 0 },
         batch: if w == Workload::Append { 1 } else { a.batch },
         payload_bytes: a.payload_bytes,
-        partitions: a.partitions,
+        // A peer's stream is one log.
+        partitions: if matches!(opened.kind, Kind::Rheo(_)) { a.partitions } else { 1 },
         events: out.events,
         ops: out.ops,
         secs,
@@ -553,9 +578,14 @@ struct WorkerOut {
     latencies: Vec<(u64, u64)>,
 }
 
+/// The environment variable that hands a worker its backend URL (not its
+/// command line, which `ps` shows with any password in it).
+const WORKER_BACKEND: &str = "RHEO_BENCH_WORKER_BACKEND";
+
 /// Runs a case's timed part in one worker process per phase: each opens
 /// the backend and says `ready`; the clock starts when all are, with a
-/// `go` line to each, and stops when the last reports.
+/// `go` line to each, and stops when the last has reported (before the
+/// processes exit). A worker that fails fails the case at once.
 async fn spawn_workers(
     url: &str,
     stream: &str,
@@ -564,59 +594,81 @@ async fn spawn_workers(
 ) -> Result<(PhaseOut, f64), CliError> {
     let exe = std::env::current_exe().map_err(|e| CliError::new(format!("cannot find the rheo executable: {e}")))?;
     let mut children = Vec::new();
-    for phase in phases {
+    for (i, phase) in phases.into_iter().enumerate() {
         let spec = serde_json::to_string(&WorkerSpec { stream: stream.to_owned(), phase })
-            .map_err(|e| CliError::new(format!("encoding a worker's spec: {e}")))?;
+            .map_err(|e| CliError::new(format!("encoding worker {i}'s spec: {e}")))?;
         let mut child = tokio::process::Command::new(&exe)
-            .arg("--backend")
-            .arg(url)
+            .env(WORKER_BACKEND, url)
             .args(["bench", "--worker", &spec])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| CliError::new(format!("cannot start a worker process: {e}")))?;
-        let stdout = child.stdout.take().ok_or_else(|| CliError::new("a worker has no stdout"))?;
-        let stdin = child.stdin.take().ok_or_else(|| CliError::new("a worker has no stdin"))?;
+            .map_err(|e| CliError::new(format!("cannot start worker process {i}: {e}")))?;
+        let stdout = child.stdout.take().ok_or_else(|| CliError::new(format!("worker {i} has no stdout")))?;
+        let stdin = child.stdin.take().ok_or_else(|| CliError::new(format!("worker {i} has no stdin")))?;
         children.push((child, stdin, BufReader::new(stdout).lines()));
     }
-    for (_, _, lines) in &mut children {
+    for (i, (_, _, lines)) in children.iter_mut().enumerate() {
         match lines.next_line().await {
             Ok(Some(l)) if l == "ready" => {}
-            Ok(Some(l)) => return Err(CliError::new(format!("a worker process said {l:?} instead of `ready`"))),
+            Ok(Some(l)) => return Err(CliError::new(format!("worker process {i} said {l:?} instead of `ready`"))),
             Ok(None) => {
-                return Err(CliError::new("a worker process exited before it was ready (its error is above)"));
+                return Err(CliError::new(format!(
+                    "worker process {i} exited before it was ready (its error is above)"
+                )));
             }
-            Err(e) => return Err(CliError::new(format!("reading a worker process: {e}"))),
+            Err(e) => return Err(CliError::new(format!("reading worker process {i}: {e}"))),
         }
     }
     let started = Instant::now();
-    for (_, stdin, _) in &mut children {
-        stdin.write_all(b"go\n").await.map_err(|e| CliError::new(format!("cannot start a worker: {e}")))?;
-        stdin.flush().await.map_err(|e| CliError::new(format!("cannot start a worker: {e}")))?;
+    for (i, (_, stdin, _)) in children.iter_mut().enumerate() {
+        let go = async {
+            stdin.write_all(b"go\n").await?;
+            stdin.flush().await
+        };
+        go.await.map_err(|e| CliError::new(format!("cannot start worker process {i}: {e}")))?;
+    }
+    // Every report is read at once: the first to fail ends the case.
+    let mut reports = tokio::task::JoinSet::new();
+    let mut processes = Vec::new();
+    for (i, (child, stdin, mut lines)) in children.into_iter().enumerate() {
+        processes.push((child, stdin));
+        reports.spawn(async move { (i, lines.next_line().await) });
     }
     let mut out = PhaseOut { events: 0, ops: 0, latencies: Latencies::new()? };
-    for (mut child, _, mut lines) in children {
-        let line = lines.next_line().await.map_err(|e| CliError::new(format!("reading a worker: {e}")))?;
-        let status = child.wait().await.map_err(|e| CliError::new(format!("waiting for a worker: {e}")))?;
-        let line = line.ok_or_else(|| CliError::new(format!("a worker process failed ({status})")))?;
-        let w: WorkerOut =
-            serde_json::from_str(&line).map_err(|e| CliError::new(format!("a worker's report {line:?}: {e}")))?;
+    while let Some(joined) = reports.join_next().await {
+        let (i, line) = joined.map_err(|e| CliError::new(format!("reading a worker process: {e}")))?;
+        let line = match line {
+            Ok(Some(line)) => line,
+            Ok(None) => return Err(CliError::new(format!("worker process {i} failed (its error is above)"))),
+            Err(e) => return Err(CliError::new(format!("reading worker process {i}: {e}"))),
+        };
+        let w: WorkerOut = serde_json::from_str(&line)
+            .map_err(|e| CliError::new(format!("worker process {i}'s report {line:?}: {e}")))?;
         out.events += w.events;
         out.ops += w.ops;
         out.latencies.merge(&Latencies::from_buckets(&w.latencies)?);
         bar.inc(w.events);
     }
-    Ok((out, started.elapsed().as_secs_f64()))
+    let secs = started.elapsed().as_secs_f64();
+    for (i, (mut child, _)) in processes.into_iter().enumerate() {
+        let status = child.wait().await.map_err(|e| CliError::new(format!("waiting for worker process {i}: {e}")))?;
+        if !status.success() {
+            return Err(CliError::new(format!("worker process {i} exited with {status} after its report")));
+        }
+    }
+    Ok((out, secs))
 }
 
 /// The worker side of [`spawn_workers`].
-async fn worker(ctx: &Globals, spec: &str) -> CliResult {
+async fn worker(spec: &str) -> CliResult {
     let spec: WorkerSpec =
         serde_json::from_str(spec).map_err(|e| CliError::usage(format!("--worker is not a worker spec: {e}")))?;
-    let url = ctx.backends.first().ok_or_else(|| CliError::usage("a worker needs --backend"))?;
-    let opened = Opened::open(url).await?;
+    let url = std::env::var(WORKER_BACKEND)
+        .map_err(|_| CliError::usage(format!("a worker takes its backend from {WORKER_BACKEND}")))?;
+    let opened = Opened::open(&url).await?;
     let target = opened.target(&spec.stream);
     println!("ready");
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();

@@ -164,15 +164,22 @@ mod imp {
                 .query_async(&mut c)
                 .await
                 .map_err(|e| fail("XINFO", e))?;
-            let num = |v: Option<&redis::Value>| match v {
-                Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
-                _ => 0,
+            let num = |name: &str, v: Option<&redis::Value>| match v {
+                Some(redis::Value::Int(n)) => {
+                    u64::try_from(*n).map_err(|_| CliError::new(format!("redis-streams: {name} is {n}")))
+                }
+                // Redis before 7 has no `lag`; 7 answers nil when it cannot
+                // tell: the bench would not know when it is done.
+                other => Err(CliError::new(format!(
+                    "redis-streams: XINFO GROUPS gives {name} = {other:?} on {} (Redis 7 with an exact lag is needed)",
+                    self.key
+                ))),
             };
             let group = groups
                 .iter()
                 .find(|g| matches!(g.get("name"), Some(redis::Value::BulkString(n)) if n == GROUP.as_bytes()))
                 .ok_or_else(|| CliError::new(format!("redis-streams: no group {GROUP} on {}", self.key)))?;
-            Ok(Backlog { appended, unsettled: num(group.get("lag")) + num(group.get("pending")) })
+            Ok(Backlog { appended, unsettled: num("lag", group.get("lag"))? + num("pending", group.get("pending"))? })
         }
     }
 }

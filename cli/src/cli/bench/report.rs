@@ -402,8 +402,8 @@ fn markdown(run: &Run, cases: &[Case], charts: &[(&str, &str)], scales: &[(Workl
         for c in &of {
             let native = of.iter().find(|n| {
                 n.backend == "native"
-                    && (n.processes, n.producers, n.consumers, n.batch)
-                        == (c.processes, c.producers, c.consumers, c.batch)
+                    && (n.processes, n.producers, n.consumers, n.batch, n.partitions, n.payload_bytes)
+                        == (c.processes, c.producers, c.consumers, c.batch, c.partitions, c.payload_bytes)
             });
             let ratio = native
                 .map_or_else(|| "".to_owned(), |n| format!("{:.2}×", c.events_per_sec / n.events_per_sec.max(1e-9)));

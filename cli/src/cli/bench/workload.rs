@@ -257,7 +257,11 @@ impl Target {
                 if stamps {
                     out.stamps = leases.iter().filter_map(|l| l.event.field("t").and_then(|v| v.as_u64())).collect();
                 }
-                for (lease, r) in leases.iter().zip(t.rheo.ack_many(leases.iter()).await?) {
+                let acks = t.rheo.ack_many(leases.iter()).await?;
+                if acks.len() != leases.len() {
+                    return Err(CliError::new(format!("ack_many answered {} of {} leases", acks.len(), leases.len())));
+                }
+                for (lease, r) in leases.iter().zip(acks) {
                     r.map_err(|e| {
                         CliError::new(format!(
                             "ack of {}/{} #{}: {e}",
@@ -429,7 +433,9 @@ async fn consume(
 ) -> Result<TaskOut, CliError> {
     let stamps = phase.workload == Workload::EndToEnd;
     let (mut mine, mut ops) = (0u64, 0u64);
-    let mut idle_since: Option<Instant> = None;
+    // Idle since when, and the backlog then: any change in the group's
+    // backlog (another consumer's progress) restarts the clock.
+    let mut idle: Option<(Instant, u64, u64)> = None;
     loop {
         if phase.processes == 1 && settled.load(Ordering::Acquire) >= phase.total_events {
             break;
@@ -443,7 +449,13 @@ async fn consume(
             if b.appended >= phase.total_events && b.unsettled == 0 {
                 break;
             }
-            let since = *idle_since.get_or_insert_with(Instant::now);
+            let since = match idle {
+                Some((since, appended, unsettled)) if (appended, unsettled) == (b.appended, b.unsettled) => since,
+                _ => {
+                    idle = Some((Instant::now(), b.appended, b.unsettled));
+                    Instant::now()
+                }
+            };
             if since.elapsed() > STALL {
                 return Err(CliError::new(format!(
                     "consumers made no progress for {} s: {} of {} events appended, {} unsettled",
@@ -456,7 +468,7 @@ async fn consume(
             tokio::time::sleep(Duration::from_millis(2)).await;
             continue;
         }
-        idle_since = None;
+        idle = None;
         ops += 1;
         let n = got.count as u64;
         if stamps {
