@@ -677,14 +677,30 @@ mod tests {
     }
     use std::time::Duration;
 
-    /// A file that counts its syncs and fails them when told.
-    #[derive(Debug)]
-    struct Counted {
-        syncs: std::sync::atomic::AtomicU32,
-        fail: bool,
+    /// What a test file's sync does.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum OnSync {
+        Succeed,
+        /// Fails with EIO (after a short sleep, like a real sync).
+        Fail,
+        /// Panics (a bug anywhere in a commit).
+        Panic,
     }
 
-    impl VfsFile for Counted {
+    /// A file that counts its syncs and does `on_sync` at each.
+    #[derive(Debug)]
+    struct TestFile {
+        syncs: std::sync::atomic::AtomicU32,
+        on_sync: OnSync,
+    }
+
+    impl TestFile {
+        fn new(on_sync: OnSync) -> Arc<TestFile> {
+            Arc::new(TestFile { syncs: std::sync::atomic::AtomicU32::new(0), on_sync })
+        }
+    }
+
+    impl VfsFile for TestFile {
         fn read_at(&self, _: &mut [u8], _: u64) -> std::io::Result<usize> {
             Ok(0)
         }
@@ -699,31 +715,36 @@ mod tests {
         }
         fn sync_data(&self) -> std::io::Result<()> {
             self.syncs.fetch_add(1, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(5));
-            if self.fail { Err(std::io::Error::from_raw_os_error(5)) } else { Ok(()) }
+            match self.on_sync {
+                OnSync::Panic => panic!("sync_data panicked"),
+                OnSync::Fail => {
+                    std::thread::sleep(Duration::from_millis(5));
+                    Err(std::io::Error::from_raw_os_error(5))
+                }
+                OnSync::Succeed => {
+                    std::thread::sleep(Duration::from_millis(5));
+                    Ok(())
+                }
+            }
         }
     }
 
     #[test]
     fn several_files_are_all_synced_once_and_a_failure_is_reported_after_all() {
         for failing in [None, Some(0), Some(3), Some(11)] {
-            let files: Vec<Arc<dyn VfsFile>> = (0..12)
-                .map(|i| {
-                    Arc::new(Counted { syncs: std::sync::atomic::AtomicU32::new(0), fail: Some(i) == failing })
-                        as Arc<dyn VfsFile>
-                })
+            let files: Vec<Arc<TestFile>> = (0..12)
+                .map(|i| TestFile::new(if Some(i) == failing { OnSync::Fail } else { OnSync::Succeed }))
                 .collect();
-            let refs: Vec<&Arc<dyn VfsFile>> = files.iter().collect();
+            let dyns: Vec<Arc<dyn VfsFile>> = files.iter().map(|f| f.clone() as Arc<dyn VfsFile>).collect();
+            let refs: Vec<&Arc<dyn VfsFile>> = dyns.iter().collect();
             let result = sync_all(&refs);
             assert_eq!(result.is_err(), failing.is_some(), "{failing:?}");
             if let Err(e) = result {
                 assert_eq!(e.raw_os_error(), Some(5));
             }
-            for f in &files {
-                let syncs = Arc::clone(f);
-                // Every file was synced exactly once, the failing one included.
-                let counted = format!("{syncs:?}");
-                assert!(counted.contains("syncs: 1"), "{failing:?}: {counted}");
+            // Every file was synced exactly once, the failing one included.
+            for (i, f) in files.iter().enumerate() {
+                assert_eq!(f.syncs.load(Ordering::SeqCst), 1, "{failing:?}: file {i}");
             }
         }
         assert!(sync_all(&[]).is_ok());
@@ -788,33 +809,11 @@ mod tests {
         committer.shutdown();
     }
 
-    /// A file whose sync panics (a bug anywhere in a commit).
-    #[derive(Debug)]
-    struct PanickingFile;
-
-    impl VfsFile for PanickingFile {
-        fn read_at(&self, _: &mut [u8], _: u64) -> std::io::Result<usize> {
-            Ok(0)
-        }
-        fn write_all_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn len(&self) -> std::io::Result<u64> {
-            Ok(0)
-        }
-        fn set_len(&self, _: u64) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn sync_data(&self) -> std::io::Result<()> {
-            panic!("sync_data panicked")
-        }
-    }
-
     #[test]
     fn a_panic_while_leading_fails_the_round_and_poisons_instead_of_hanging() {
         let committer = Committer::start(Durability::Sync, Arc::new(Poison::default())).expect("start");
         parked(&committer);
-        let job = Job { files: vec![Arc::new(PanickingFile)], ..Job::default() };
+        let job = Job { files: vec![TestFile::new(OnSync::Panic)], ..Job::default() };
         let ticket = committer.submit(job);
         let led = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ticket.wait()));
         assert!(led.is_err(), "the leader's commit panicked");

@@ -36,23 +36,23 @@ mod imp {
     impl RedisPeer {
         /// Connects and reads the server's AOF settings.
         pub async fn open(url: &str) -> Result<Self, CliError> {
-            let redis_url = format!("redis:{}", &url[super::SCHEME.len()..]);
+            let rest = url
+                .strip_prefix(super::SCHEME)
+                .ok_or_else(|| CliError::usage(format!("{url}: expected {}//host:port/", super::SCHEME)))?;
+            let redis_url = format!("redis:{rest}");
             let client = redis::Client::open(redis_url.as_str()).map_err(|e| fail("bad URL", e))?;
             let mut conn = client.get_multiplexed_async_connection().await.map_err(|e| fail("cannot connect", e))?;
-            let get = |pairs: Vec<String>| pairs.get(1).cloned().unwrap_or_default();
-            let appendonly: Vec<String> = redis::cmd("CONFIG")
+            // Name, value, name, value (Redis 7 takes several names).
+            let pairs: Vec<String> = redis::cmd("CONFIG")
                 .arg("GET")
                 .arg("appendonly")
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| fail("CONFIG GET", e))?;
-            let appendfsync: Vec<String> = redis::cmd("CONFIG")
-                .arg("GET")
                 .arg("appendfsync")
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| fail("CONFIG GET", e))?;
-            Ok(RedisPeer { conn, appendonly: get(appendonly), appendfsync: get(appendfsync) })
+            let get =
+                |name: &str| pairs.chunks_exact(2).find(|kv| kv[0] == name).map(|kv| kv[1].clone()).unwrap_or_default();
+            Ok(RedisPeer { conn, appendonly: get("appendonly"), appendfsync: get("appendfsync") })
         }
 
         /// `redis-streams (aof always)`, `(aof everysec)` or `(no aof)`.
