@@ -267,11 +267,30 @@ pub enum Error {
         /// The storage error underneath (its source is the `io::Error`).
         source: Option<Cause>,
     },
-    /// The data directory is open in another process (or handle).
-    #[error("data directory {} is in use by another process (its LOCK file is held)", path.display())]
+    /// The data directory is open for writing in another process (or by
+    /// another handle of this one). A read-only open
+    /// (`native:PATH?read_only=true`) works beside it.
+    #[error(
+        "data directory {} is in use by {holder} (its LOCK file is held); to look inside while it runs, open it read-only (native:{}?read_only=true, as the rheo commands that only read do)",
+        path.display(), path.display()
+    )]
     Locked {
         /// The data directory.
         path: PathBuf,
+        /// Who holds it, as far as known: `process 1234`, or another handle
+        /// of this process.
+        holder: String,
+    },
+    /// A write was asked of a read-only open.
+    #[error(
+        "{operation} is not possible on data directory {}: it is open read-only (only the process holding its LOCK writes)",
+        path.display()
+    )]
+    ReadOnly {
+        /// The data directory.
+        path: PathBuf,
+        /// What was asked (`append to stream "orders"`).
+        operation: String,
     },
     /// A previous durable write failed; the writer refuses further writes
     /// until the data directory is reopened.

@@ -112,6 +112,9 @@ pub(crate) async fn open(url: &str, cx: &OpenContext) -> Result<Arc<dyn Backend>
         "memory" => Ok(Arc::new(memory::MemoryBackend::with_clock(cx.clock.clone()))),
         "native" => {
             let (path, opts) = native::parse_url(rest, EngineOptions::default())?;
+            if opts.read_only {
+                return Ok(Arc::new(native::ReadOnlyNative::open(&path, opts, cx.clock.clone()).await?));
+            }
             Ok(Arc::new(native::NativeBackend::open(&path, opts, cx.clock.clone()).await?))
         }
         #[cfg(feature = "sqlite")]

@@ -15,6 +15,7 @@ pub mod index;
 pub mod inspect;
 pub mod log;
 pub mod options;
+pub mod overlay;
 pub mod segment;
 pub mod stream;
 pub mod vfs;
@@ -72,14 +73,53 @@ impl Engine {
         Engine::open(Arc::new(vfs), opts)
     }
 
+    /// Opens the data directory at `path` read-only, without its lock: a
+    /// private view ([`overlay::OverlayVfs`]) of what a reopen would
+    /// recover now, while another process may hold the directory and keep
+    /// writing. Nothing in the directory is created, written, truncated or
+    /// removed, whatever recovery finds (a torn tail is cut in the view
+    /// only). The view does not follow later writes: open another one.
+    /// `Strict` recovery acts as `TolerateTornTail` (a live writer's tail
+    /// is always in flight); no background index builder runs.
+    pub fn open_read_only(path: impl AsRef<std::path::Path>, opts: EngineOptions) -> Result<Engine> {
+        let path = path.as_ref();
+        let missing = |why: &str| Error::failed("open", format!("no Rheo data directory at {}: {why}", path.display()));
+        let base = StdVfs::existing(path).map_err(|e| missing(&e.to_string()))?;
+        if !base.exists(manifest::MANIFEST).map_err(|e| io_err(&base, manifest::MANIFEST, "stat", e))? {
+            return Err(missing("it has no MANIFEST"));
+        }
+        Engine::open_view(Arc::new(overlay::OverlayVfs::new(Arc::new(base))), opts)
+    }
+
+    /// Opens a read-only view through `vfs` (an [`overlay::OverlayVfs`]):
+    /// see [`Engine::open_read_only`].
+    pub fn open_view(vfs: Arc<overlay::OverlayVfs>, mut opts: EngineOptions) -> Result<Engine> {
+        opts.background_indexing = false;
+        opts.inline_io = true;
+        if opts.recovery == options::RecoveryMode::Strict {
+            opts.recovery = options::RecoveryMode::TolerateTornTail;
+        }
+        Engine::open_inner(vfs, opts, true)
+    }
+
     /// Opens a data directory through `vfs`, recovering every stream.
     pub fn open(vfs: Arc<dyn Vfs>, opts: EngineOptions) -> Result<Engine> {
+        Engine::open_inner(vfs, opts, false)
+    }
+
+    fn open_inner(vfs: Arc<dyn Vfs>, opts: EngineOptions, view: bool) -> Result<Engine> {
         let lock = vfs.lock(LOCK).map_err(|e| match e.kind() {
-            std::io::ErrorKind::WouldBlock => Error::Locked { path: vfs.describe("") },
+            std::io::ErrorKind::WouldBlock => Error::Locked { path: vfs.describe(""), holder: e.to_string() },
             _ => io_err(&*vfs, LOCK, "lock", e),
         })?;
         let body = match manifest::load(&*vfs)? {
             Some(body) => body,
+            None if view => {
+                return Err(Error::failed(
+                    "open",
+                    format!("no Rheo data directory at {}: it has no MANIFEST", vfs.describe("").display()),
+                ));
+            }
             None => {
                 vfs.create_dir_all(STREAMS).map_err(|e| io_err(&*vfs, STREAMS, "create", e))?;
                 vfs.sync_dir("").map_err(|e| sync_err(&*vfs, "", e))?;

@@ -94,6 +94,12 @@ pub struct EngineOptions {
     /// read. For single-threaded embedding, deterministic tests and
     /// fuzzing; keep it off in a server.
     pub inline_io: bool,
+    /// Open read-only (default false): no lock is taken, so another process
+    /// may hold the directory and write; nothing in the directory is ever
+    /// written; every write is refused with `Error::ReadOnly`; reads follow
+    /// the writer's appends and group changes (the native backend's
+    /// `ReadOnlyNative`).
+    pub read_only: bool,
 }
 
 impl Default for EngineOptions {
@@ -107,6 +113,7 @@ impl Default for EngineOptions {
             checkpoint_interval: Duration::from_secs(300),
             background_indexing: true,
             inline_io: false,
+            read_only: false,
         }
     }
 }
@@ -161,6 +168,11 @@ impl EngineOptions {
     /// Sets `inline_io`: Whether the engine's work runs on the calling thread.
     pub fn inline_io(mut self, inline_io: bool) -> Self {
         self.inline_io = inline_io;
+        self
+    }
+    /// Sets `read_only`: Whether to open without the lock, for reading only.
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
         self
     }
 }

@@ -58,6 +58,13 @@ pub trait Vfs: Send + Sync + fmt::Debug + 'static {
     /// parent); without, a missing file is `NotFound`.
     fn open(&self, path: &str, create: bool) -> io::Result<Arc<dyn VfsFile>>;
 
+    /// Opens an existing file for reading only (a missing file is
+    /// `NotFound`). Writing through the handle fails. A read-only view
+    /// (`engine::overlay`) opens every file this way.
+    fn open_read(&self, path: &str) -> io::Result<Arc<dyn VfsFile>> {
+        self.open(path, false)
+    }
+
     /// True when a file or directory exists at `path`.
     fn exists(&self, path: &str) -> io::Result<bool>;
 
@@ -145,6 +152,16 @@ impl StdVfs {
         Ok(StdVfs { root: root.as_ref().to_path_buf() })
     }
 
+    /// A VFS rooted at an existing directory (`NotFound` when it is missing;
+    /// nothing is created).
+    pub fn existing(root: impl AsRef<Path>) -> io::Result<Self> {
+        let root = root.as_ref();
+        if !std::fs::metadata(root)?.is_dir() {
+            return Err(io::Error::new(io::ErrorKind::NotADirectory, format!("{} is not a directory", root.display())));
+        }
+        Ok(StdVfs { root: root.to_path_buf() })
+    }
+
     fn path(&self, p: &str) -> PathBuf {
         if p.is_empty() { self.root.clone() } else { self.root.join(p) }
     }
@@ -182,15 +199,32 @@ impl VfsFile for StdFile {
     }
 }
 
+/// The lock files this process holds (canonical paths), so that a second
+/// open in the same process is told so rather than blamed on another.
+static HELD: std::sync::LazyLock<Mutex<BTreeSet<PathBuf>>> = std::sync::LazyLock::new(Default::default);
+
 #[derive(Debug)]
-struct StdLock(#[allow(dead_code)] std::fs::File);
+struct StdLock {
+    _file: std::fs::File,
+    path: Option<PathBuf>,
+}
 impl VfsLock for StdLock {}
+impl Drop for StdLock {
+    fn drop(&mut self) {
+        if let Some(p) = &self.path {
+            HELD.lock().remove(p);
+        }
+    }
+}
 
 impl Vfs for StdVfs {
     fn open(&self, path: &str, create: bool) -> io::Result<Arc<dyn VfsFile>> {
         let f =
             std::fs::OpenOptions::new().read(true).write(true).create(create).truncate(false).open(self.path(path))?;
         Ok(Arc::new(StdFile(f)))
+    }
+    fn open_read(&self, path: &str) -> io::Result<Arc<dyn VfsFile>> {
+        Ok(Arc::new(StdFile(std::fs::File::open(self.path(path))?)))
     }
     fn exists(&self, path: &str) -> io::Result<bool> {
         self.path(path).try_exists()
@@ -223,10 +257,32 @@ impl Vfs for StdVfs {
     fn lock(&self, path: &str) -> io::Result<Box<dyn VfsLock>> {
         let f =
             std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(self.path(path))?;
+        let canonical = std::fs::canonicalize(self.path(path)).ok();
         match f.try_lock() {
-            Ok(()) => Ok(Box::new(StdLock(f))),
+            Ok(()) => {
+                // Who holds it, for the message of the next one who tries
+                // (informational: nothing reads it to decide anything).
+                use std::os::unix::fs::FileExt;
+                let pid = format!("{}\n", std::process::id());
+                if let Err(e) = f.set_len(0).and_then(|()| f.write_all_at(pid.as_bytes(), 0)) {
+                    tracing::debug!(error = %e, "could not record the lock holder's pid");
+                }
+                if let Some(c) = &canonical {
+                    HELD.lock().insert(c.clone());
+                }
+                Ok(Box::new(StdLock { _file: f, path: canonical }))
+            }
             Err(std::fs::TryLockError::WouldBlock) => {
-                Err(io::Error::new(io::ErrorKind::WouldBlock, "held by another process or handle"))
+                let here = canonical.as_ref().is_some_and(|c| HELD.lock().contains(c));
+                let who = if here {
+                    "another handle in this process (share that handle: Rheo is Clone; or drop it first)".to_owned()
+                } else {
+                    match std::fs::read_to_string(self.path(path)).ok().and_then(|t| t.trim().parse::<u32>().ok()) {
+                        Some(pid) => format!("process {pid}"),
+                        None => "another process".to_owned(),
+                    }
+                };
+                Err(io::Error::new(io::ErrorKind::WouldBlock, who))
             }
             Err(std::fs::TryLockError::Error(e)) => Err(e),
         }
@@ -492,7 +548,7 @@ impl Vfs for MemVfs {
     fn lock(&self, path: &str) -> io::Result<Box<dyn VfsLock>> {
         let mut s = self.state.lock();
         if !s.locks.insert(path.to_owned()) {
-            return Err(io::Error::new(io::ErrorKind::WouldBlock, "held by another handle"));
+            return Err(io::Error::new(io::ErrorKind::WouldBlock, "another handle"));
         }
         Ok(Box::new(MemLock { state: self.state.clone(), path: path.to_owned() }))
     }

@@ -42,6 +42,9 @@ use crate::model::query::{Page, Query};
 use crate::model::routing::route;
 use crate::model::time::{Clock, Timestamp};
 
+mod readonly;
+pub use readonly::{REFRESH_INTERVAL, ReadOnlyNative};
+
 const BACKEND: &str = "native";
 
 /// Fetches of at most this many deliveries read their events on the calling
@@ -73,7 +76,8 @@ fn boolean(k: &str, v: &str) -> Result<bool> {
 /// `max_delay_ms` (of `batched`, default 5), `segment_bytes`,
 /// `preallocate_bytes`, `checkpoint_bytes`, `checkpoint_interval_ms`,
 /// `recovery=strict|tolerate_torn_tail|truncate_at_first_damage`,
-/// `background_indexing=true|false`, `inline_io=true|false`.
+/// `background_indexing=true|false`, `inline_io=true|false`,
+/// `read_only=true|false` (a [`ReadOnlyNative`] open, beside a writer).
 ///
 /// ```
 /// use rheo::{Durability, EngineOptions};
@@ -105,6 +109,7 @@ pub fn parse_url(rest: &str, mut opts: EngineOptions) -> Result<(String, EngineO
             "checkpoint_interval_ms" => opts.checkpoint_interval = Duration::from_millis(number(v)?),
             "background_indexing" => opts.background_indexing = boolean(k, v)?,
             "inline_io" => opts.inline_io = boolean(k, v)?,
+            "read_only" => opts.read_only = boolean(k, v)?,
             "recovery" => {
                 opts.recovery = match v {
                     "strict" => RecoveryMode::Strict,
@@ -133,7 +138,16 @@ pub fn parse_url(rest: &str, mut opts: EngineOptions) -> Result<(String, EngineO
 
 impl NativeBackend {
     /// Opens (recovering) the data directory at `path`.
+    /// With `opts.read_only`, open a [`ReadOnlyNative`] instead.
     pub async fn open(path: &str, opts: EngineOptions, clock: Arc<dyn Clock>) -> Result<Self> {
+        if opts.read_only {
+            return Err(Error::invalid(
+                "read_only",
+                format!(
+                    "{path}: a read-only open is a ReadOnlyNative (ReadOnlyNative::open, or the URL native:{path}?read_only=true)"
+                ),
+            ));
+        }
         let path = path.to_owned();
         let engine = if opts.inline_io {
             Engine::open_dir(&path, opts)?
