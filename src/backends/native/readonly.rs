@@ -22,7 +22,9 @@ use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
 use crate::model::time::{Clock, Timestamp};
 
-/// How long a view is served before the directory is looked at again.
+/// How long a view is served, at least, before the directory is looked at
+/// again (and at least twice as long as the last refresh took, so that a
+/// reader of a large directory spends at most about a third of a core).
 pub const REFRESH_INTERVAL: Duration = Duration::from_millis(50);
 /// Opens of a new view tried before the previous one is kept: a view read
 /// while the writer rotates a checkpoint or rolls a segment may find files
@@ -42,8 +44,11 @@ const MAX_FINGERPRINT_FILES: usize = 100_000;
 /// follow the writer's appends and group changes within about that long.
 /// A refresh reopens the view, which costs about what the writer's
 /// recovery costs (the active segments are scanned, each delivery WAL
-/// replayed since its checkpoint): it suits inspection, `rheo tail` and
-/// `rheo top`, not a hot path. Group state is as the writer last wrote
+/// replayed since its checkpoint; on the 2-core test machine about 30 ms
+/// for 25k events in 4 partitions, 50 ms for 1.2M events in 4 partitions
+/// with 375 MiB of segments and a 4 MiB WAL, `docs/benchmarks.md`), so a
+/// view is kept at least twice as long as its last refresh took. It suits inspection, `rheo tail` and `rheo top`, not a hot
+/// path. Group state is as the writer last wrote
 /// it to its WAL; leases are shown as of the reader's clock.
 ///
 /// ```no_run
@@ -66,6 +71,8 @@ struct View {
     backend: NativeBackend,
     fingerprint: Fingerprint,
     looked: Instant,
+    /// How long the last open of a view took.
+    cost: Duration,
 }
 
 /// (path, length, modification time) of every file of the directory.
@@ -116,13 +123,10 @@ impl ReadOnlyNative {
     pub async fn open(path: &str, opts: EngineOptions, clock: Arc<dyn Clock>) -> Result<Self> {
         let path = PathBuf::from(path);
         let (p, o, c) = (path.clone(), opts.clone(), clock.clone());
+        let started = Instant::now();
         let (backend, fingerprint) = blocking(move || open_view(&p, &o, &c)).await?;
-        Ok(ReadOnlyNative {
-            path,
-            opts,
-            clock,
-            current: tokio::sync::Mutex::new(View { backend, fingerprint, looked: Instant::now() }),
-        })
+        let view = View { backend, fingerprint, looked: Instant::now(), cost: started.elapsed() };
+        Ok(ReadOnlyNative { path, opts, clock, current: tokio::sync::Mutex::new(view) })
     }
 
     /// The current view, refreshed first when it is older than
@@ -131,7 +135,7 @@ impl ReadOnlyNative {
     /// cut off by a writer caught mid-rotation.
     async fn view(&self) -> Result<NativeBackend> {
         let mut v = self.current.lock().await;
-        if v.looked.elapsed() < REFRESH_INTERVAL {
+        if v.looked.elapsed() < REFRESH_INTERVAL.max(v.cost * 2) {
             return Ok(v.backend.clone());
         }
         let path = self.path.clone();
@@ -141,7 +145,11 @@ impl ReadOnlyNative {
             return Ok(v.backend.clone());
         }
         let (p, o, c) = (self.path.clone(), self.opts.clone(), self.clock.clone());
-        match blocking(move || open_view(&p, &o, &c)).await {
+        let started = Instant::now();
+        let opened = blocking(move || open_view(&p, &o, &c)).await;
+        v.cost = started.elapsed();
+        v.looked = Instant::now();
+        match opened {
             Ok((backend, fingerprint)) => {
                 v.backend = backend;
                 v.fingerprint = fingerprint;
