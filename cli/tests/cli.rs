@@ -375,7 +375,7 @@ fn inspect_dumps_segments_indexes_and_wal() {
     let text = cli.ok(&["inspect", segments[0].to_str().unwrap(), "--limit", "1"]);
     assert!(text.contains("more (use --limit)"), "{text}");
     let missing = cli.fails(&["inspect", "/nonexistent/00000000000000000001.log"]);
-    assert!(missing.contains("read /nonexistent/00000000000000000001.log"), "{missing}");
+    assert_eq!(missing, "error: /nonexistent/00000000000000000001.log: no such file");
     assert!(cli.fails(&["inspect", "Cargo.toml"]).contains("not a data file"));
 }
 
@@ -418,7 +418,7 @@ fn verify_passes_then_reports_each_corruption_with_file_and_offset() {
     assert!(has(&wal, 32), "{report}");
     assert_eq!(problems.len(), 3, "{report}");
 
-    assert!(cli.fails(&["verify", "/nonexistent-dir"]).contains("not a directory"));
+    assert_eq!(cli.fails(&["verify", "/nonexistent-dir"]), "error: /nonexistent-dir: no such directory");
 }
 
 #[test]
@@ -796,4 +796,88 @@ fn a_damaged_header_or_footer_of_a_sealed_segment_is_reported_and_its_records_st
     let events = cli.json_lines(&["read", "s", "--limit", "1000"]);
     let seqs: Vec<u64> = events.iter().map(|e| e["sequence"].as_u64().unwrap()).collect();
     assert_eq!(seqs, (1..=60).collect::<Vec<_>>());
+}
+
+/// Runs with `--json` and expects failure with one JSON object on stderr
+/// (`error` and `message`) and this exit code; returns the object.
+fn json_error(cli: &Cli, args: &[&str], code: i32) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let out = cli.run(&all);
+    assert_eq!(out.status.code(), Some(code), "rheo {all:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8(out.stderr).expect("utf-8 stderr");
+    assert_eq!(err.lines().count(), 1, "rheo {all:?}: one stderr line: {err:?}");
+    let v: Value = serde_json::from_str(&err).unwrap_or_else(|e| panic!("rheo {all:?}: not JSON ({e}): {err}"));
+    assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    v
+}
+
+#[test]
+fn every_bad_value_exits_2_and_a_failed_operation_exits_1() {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s"]);
+    cli.ok(&["append", "s", r#"{"total":5}"#]);
+    cli.ok(&["group", "create", "s", "g"]);
+    for (args, says) in [
+        (
+            &["query", "s", "--where", "total>abc"][..],
+            r#"abc is not a number: a number field compared with text never matches; quote it, total>"abc", to compare text"#,
+        ),
+        (&["query", "s", "--where", "total"][..], "expected path=value"),
+        (&["fetch", "s", "g", "--lease", "0"][..], "--lease 0: must be between 1 and 86400 seconds"),
+        (&["fetch", "s", "g", "--limit", "20000"][..], "--limit 20000: must be between 1 and 10000"),
+        (&["read", "s", "--limit", "0"][..], "--limit 0: must be between 1 and 10000"),
+        (&["group", "create", "s", "h", "--max-attempts", "0"][..], "--max-attempts 0: must be between 1 and 1000000"),
+        (&["query", "s", "--from", "yesterday"][..], "is not a time"),
+        (&["stream", "create", "t", "--partitions", "0"][..], "partition count 0"),
+        (&["fetch", "s", "g", "--limit", "many"][..], "invalid value 'many'"),
+        (&["ack", "s", "g", "not-a-ref"][..], "not a lease reference"),
+        (&["nonsense"][..], "unrecognized subcommand"),
+    ] {
+        let out = cli.run(args);
+        assert_eq!(out.status.code(), Some(2), "rheo {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let err = fails_with(out, args);
+        assert!(err.contains(says), "rheo {args:?}: {err}");
+    }
+    // Quoted text in a range comparison is allowed (and matches nothing here).
+    assert_eq!(cli.json(&["query", "s", "--where", r#"total>"abc""#])["events"], serde_json::json!([]));
+    // The backend URL: an unknown scheme lists the known ones.
+    let out = Command::new(env!("CARGO_BIN_EXE_rheo")).args(["--backend", "foo:x", "stream", "list"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.starts_with("error: invalid --backend URL: ") && err.contains("native:PATH, sqlite:PATH"), "{err}");
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_rheo")).args(["--backend", "native:", "stream", "list"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs a directory"));
+    // Failed operations: exit 1.
+    for (args, says) in [
+        (&["group", "info", "s", "nope"][..], r#"group "nope" does not exist"#),
+        (&["stream", "create", "s"][..], r#"stream "s" already exists"#),
+        (&["inspect", "/nonexistent/file.log"][..], "/nonexistent/file.log: no such file"),
+    ] {
+        let out = cli.run(args);
+        assert_eq!(out.status.code(), Some(1), "rheo {args:?}");
+        let err = fails_with(out, args);
+        assert!(err.contains(says), "rheo {args:?}: {err}");
+    }
+}
+
+#[test]
+fn json_errors_are_one_object_on_stderr() {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s"]);
+    let v = json_error(&cli, &["fetch", "s", "g", "--lease", "0"], 2);
+    assert_eq!(v["error"], "usage");
+    assert_eq!(v["message"], "--lease 0: must be between 1 and 86400 seconds");
+    // A clap error too: --json is seen before the arguments are parsed.
+    let v = json_error(&cli, &["fetch", "s", "g", "--limit", "x"], 2);
+    assert_eq!(v["error"], "usage");
+    assert!(v["message"].as_str().unwrap().contains("--limit"), "{v}");
+    assert_eq!(json_error(&cli, &["group"], 2)["error"], "usage");
+    let v = json_error(&cli, &["group", "info", "s", "nope"], 1);
+    assert_eq!(v["error"], "not_found");
+    assert!(v["message"].as_str().unwrap().contains("nope"), "{v}");
+    assert_eq!(json_error(&cli, &["stream", "create", "s"], 1)["error"], "already_exists");
+    assert_eq!(json_error(&cli, &["inspect", "/nonexistent"], 1)["error"], "not_found");
 }

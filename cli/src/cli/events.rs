@@ -8,7 +8,7 @@ use rheo::{AppendOptions, Event, OrderBy, Query, Rheo};
 use serde_json::{Value, json};
 
 use super::output::{Table, line, print_json, print_json_line, short_json};
-use super::{CliError, CliResult, Globals, parse};
+use super::{CliError, CliResult, ErrorKind, Globals, parse};
 
 /// The most events `append` sends in one batch.
 const APPEND_BATCH_MAX: usize = 1000;
@@ -138,7 +138,7 @@ pub async fn append(ctx: &Globals, a: AppendArgs) -> CliResult {
                 continue;
             }
             let v = payload(&text, &format!("stdin line {}", n + 1), a.event_type.as_deref())
-                .map_err(|e| CliError::new(format!("{e} (stopped with {} event(s) appended)", appended.len())))?;
+                .map_err(|e| CliError::usage(format!("{e} (stopped with {} event(s) appended)", appended.len())))?;
             batch.push(v);
             if batch.len() == APPEND_BATCH_MAX {
                 flush(&rheo, &a.stream, &opts, &mut batch, &mut appended).await?;
@@ -146,7 +146,7 @@ pub async fn append(ctx: &Globals, a: AppendArgs) -> CliResult {
         }
         flush(&rheo, &a.stream, &opts, &mut batch, &mut appended).await?;
         if appended.is_empty() {
-            return Err(CliError::new("nothing to append: give JSON payloads as arguments or JSON lines on stdin"));
+            return Err(CliError::usage("nothing to append: give JSON payloads as arguments or JSON lines on stdin"));
         }
     } else {
         let mut payloads = Vec::with_capacity(a.payloads.len());
@@ -189,10 +189,10 @@ async fn flush(
 /// One payload: a JSON object (or any JSON value), with `type` set when asked.
 fn payload(text: &str, what: &str, event_type: Option<&str>) -> Result<Value, CliError> {
     let mut v: Value =
-        serde_json::from_str(text).map_err(|e| CliError::new(format!("{what} is not valid JSON: {e}")))?;
+        serde_json::from_str(text).map_err(|e| CliError::usage(format!("{what} is not valid JSON: {e}")))?;
     if let Some(t) = event_type {
         let Value::Object(map) = &mut v else {
-            return Err(CliError::new(format!("{what}: --type needs a JSON object payload")));
+            return Err(CliError::usage(format!("{what}: --type needs a JSON object payload")));
         };
         map.insert("type".into(), Value::String(t.to_owned()));
     }
@@ -202,7 +202,7 @@ fn payload(text: &str, what: &str, event_type: Option<&str>) -> Result<Value, Cl
 /// Runs `rheo read`.
 pub async fn read(ctx: &Globals, a: ReadArgs) -> CliResult {
     let rheo = ctx.open().await?;
-    let events = rheo.read(&a.stream, a.partition, a.after, a.limit).await?;
+    let events = rheo.read(&a.stream, a.partition, a.after, parse::limit(a.limit)?).await?;
     print_events(ctx, &events, "no events")?;
     Ok(true)
 }
@@ -267,7 +267,7 @@ pub async fn query(ctx: &Globals, a: QueryArgs) -> CliResult {
     if a.desc {
         q = q.descending();
     }
-    q = q.limit(a.limit);
+    q = q.limit(parse::limit(a.limit)?);
     if let Some(c) = &a.cursor {
         q = q.cursor(c.parse()?);
     }
@@ -314,10 +314,10 @@ pub async fn tail(ctx: &Globals, a: TailArgs) -> CliResult {
         .await?
         .into_iter()
         .find(|s| s.name == a.stream)
-        .ok_or_else(|| CliError::new(format!("stream {:?} does not exist", a.stream)))?;
+        .ok_or_else(|| CliError::of(ErrorKind::NotFound, format!("stream {:?} does not exist", a.stream)))?;
     let partitions: Vec<u32> = match a.partition {
         Some(p) if p >= info.partition_count => {
-            return Err(CliError::new(format!(
+            return Err(CliError::usage(format!(
                 "--partition {p}: stream {:?} has {} partition(s)",
                 a.stream, info.partition_count
             )));

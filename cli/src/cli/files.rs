@@ -9,7 +9,7 @@ use rheo::inspect::{self, FileFinding};
 use serde_json::json;
 
 use super::output::{line, print_json};
-use super::{CliError, CliResult, Globals};
+use super::{CliError, CliResult, ErrorKind, Globals};
 
 /// The most records `inspect` lists from one file unless `--limit`.
 const INSPECT_RECORDS_DEFAULT: usize = 1000;
@@ -35,7 +35,10 @@ pub struct VerifyArgs {
 
 /// Runs `rheo inspect FILE`.
 pub fn inspect(ctx: &Globals, a: InspectArgs) -> CliResult {
-    let (kind, bytes, r) = inspect::inspect_file(&a.file, a.limit).map_err(|e| CliError::new(e.to_string()))?;
+    if !a.file.exists() {
+        return Err(CliError::of(ErrorKind::NotFound, format!("{}: no such file", a.file.display())));
+    }
+    let (kind, bytes, r) = inspect::inspect_file(&a.file, a.limit)?;
     if ctx.json {
         print_json(&json!({"file": a.file.display().to_string(), "kind": kind, "bytes": bytes,
             "header": r.header, "records": r.records, "record_count": r.count, "trailer": r.trailer,
@@ -73,7 +76,10 @@ pub fn verify(ctx: &Globals, a: VerifyArgs) -> CliResult {
         Some(d) => d,
         None => native_dir(&ctx.backend)?,
     };
-    let report = inspect::verify_dir(&dir).map_err(|e| CliError::new(e.to_string()))?;
+    if !dir.is_dir() {
+        return Err(CliError::of(ErrorKind::NotFound, format!("{}: no such directory", dir.display())));
+    }
+    let report = inspect::verify_dir(&dir)?;
     let entry = |p: &FileFinding| json!({"file": p.file.display().to_string(), "kind": p.kind, "offset": p.offset, "reason": p.reason});
     if ctx.json {
         print_json(&json!({"dir": dir.display().to_string(), "files": report.files, "records": report.records,
@@ -100,7 +106,7 @@ pub fn verify(ctx: &Globals, a: VerifyArgs) -> CliResult {
 /// The directory of a `native:PATH[?options]` URL.
 fn native_dir(backend: &str) -> Result<PathBuf, CliError> {
     let path = backend.strip_prefix("native:").ok_or_else(|| {
-        CliError::new(format!("verify reads a native data directory; give DIR (the backend is {backend:?})"))
+        CliError::usage(format!("verify reads a native data directory; give DIR (the backend is {backend:?})"))
     })?;
     Ok(PathBuf::from(path.split('?').next().unwrap_or(path)))
 }

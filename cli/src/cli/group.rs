@@ -1,7 +1,5 @@
 //! `rheo group ...`, `rheo dlq list`, `rheo fetch` and `rheo ack`.
 
-use std::time::Duration;
-
 use clap::{Args, Subcommand};
 use rheo::{
     DeadLetterOptions, FetchOptions, GroupOptions, GroupSummary, Lag, LeaseRef, ReplayOptions, ResetOptions,
@@ -190,7 +188,7 @@ pub async fn run_group(ctx: &Globals, command: GroupCommand) -> CliResult {
         GroupCommand::Create(a) => {
             let mut opts = GroupOptions::new().start(a.start.position()?);
             if let Some(n) = a.max_attempts {
-                opts = opts.max_attempts(n);
+                opts = opts.max_attempts(parse::in_range("--max-attempts", n, 1, rheo::MAX_ATTEMPTS, "")?);
             }
             let rheo = ctx.open().await?;
             let g = rheo.create_group(&a.at.stream, &a.at.group, opts).await?;
@@ -234,7 +232,7 @@ pub async fn run_group(ctx: &Globals, command: GroupCommand) -> CliResult {
         }
         GroupCommand::Reset(a) => {
             if !a.confirm {
-                return Err(CliError::new(format!(
+                return Err(CliError::usage(format!(
                     "resetting group {:?} drops its pending deliveries: add --confirm",
                     a.at.group
                 )));
@@ -295,7 +293,7 @@ pub async fn run_group(ctx: &Globals, command: GroupCommand) -> CliResult {
 async fn skip_range(ctx: &Globals, a: &SkipArgs) -> Result<(), CliError> {
     let (first, last) = (a.sequence, a.through.unwrap_or(a.sequence));
     if first == 0 || last < first || last - first >= SKIP_RANGE_MAX {
-        return Err(CliError::new(format!(
+        return Err(CliError::usage(format!(
             "--sequence must be at least 1 and --through from it to {} positions after it (got {first} to {last})",
             SKIP_RANGE_MAX - 1
         )));
@@ -304,10 +302,10 @@ async fn skip_range(ctx: &Globals, a: &SkipArgs) -> Result<(), CliError> {
     let (stream, group, p) = (&a.at.stream, &a.at.group, a.partition);
     let lag = rheo.lag_of(stream, group, &[p]).await?;
     let Some(part) = lag.partitions.iter().find(|l| l.partition == p) else {
-        return Err(CliError::new(format!("group {group} on {stream} does not consume partition {p}")));
+        return Err(CliError::usage(format!("group {group} on {stream} does not consume partition {p}")));
     };
     if last > part.high_watermark {
-        return Err(CliError::new(format!(
+        return Err(CliError::usage(format!(
             "--through {last} is past partition {p}'s high watermark ({}); nothing was skipped",
             part.high_watermark
         )));
@@ -370,12 +368,12 @@ fn lag_table(lag: &Lag) -> Table {
 /// Runs `rheo dlq list`.
 pub async fn run_dlq(ctx: &Globals, command: DlqCommand) -> CliResult {
     let DlqCommand::List(a) = command;
-    let mut opts = DeadLetterOptions::new().limit(a.limit);
+    let mut opts = DeadLetterOptions::new().limit(parse::limit(a.limit)?);
     if let Some(id) = a.after {
         opts = opts.after(id);
     }
     if let Some(at) = &a.after_position {
-        let bad = || CliError::new(format!("--after-position {at:?}: expected PARTITION:SEQ, e.g. 0:42"));
+        let bad = || CliError::usage(format!("--after-position {at:?}: expected PARTITION:SEQ, e.g. 0:42"));
         let (p, seq) = at.split_once(':').ok_or_else(bad)?;
         opts = opts.after_position(p.parse().map_err(|_| bad())?, seq.parse().map_err(|_| bad())?);
     }
@@ -411,7 +409,7 @@ pub async fn run_dlq(ctx: &Globals, command: DlqCommand) -> CliResult {
 /// Runs `rheo fetch`: each lease with its reference (`ref`), which `rheo
 /// ack` takes.
 pub async fn fetch(ctx: &Globals, a: FetchArgs) -> CliResult {
-    let opts = FetchOptions::new().limit(a.limit).lease(Duration::from_secs(a.lease));
+    let opts = FetchOptions::new().limit(parse::limit(a.limit)?).lease(parse::seconds("--lease", a.lease, 1)?);
     let report = ctx.open().await?.fetch_report(&a.at.stream, &a.at.group, opts).await?;
     // Damage goes to stderr, so that stdout stays the leases alone.
     for d in &report.damaged {
@@ -458,7 +456,7 @@ pub async fn ack(ctx: &Globals, a: AckArgs) -> CliResult {
     for text in &a.leases {
         let r: LeaseRef = text.parse()?;
         if *r.stream != *a.stream || *r.group != *a.group {
-            return Err(CliError::new(format!(
+            return Err(CliError::usage(format!(
                 "lease {text:?} belongs to group {:?} of stream {:?}, not {:?} of {:?}",
                 r.group, r.stream, a.group, a.stream
             )));
