@@ -140,12 +140,14 @@ fn append_from_arguments_and_stdin_then_read() {
     assert_eq!(after[0]["sequence"], 3);
     assert!(cli.ok(&["read", "s"]).contains("PAYLOAD"));
 
-    // Stdin is appended in batches; a long run prints only its count.
-    let many: String = (0..1200).map(|n| format!("{{\"m\":{n}}}\n")).collect();
+    // Stdin is appended in batches; a long run prints only its count, and
+    // off a terminal no progress at all on stderr.
+    let many: String = (0..3200).map(|n| format!("{{\"m\":{n}}}\n")).collect();
     let out = cli.run_stdin(&["append", "s"], &many);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), "appended 1200 event(s) to s\n");
-    assert_eq!(cli.json(&["stream", "list"])[0]["high_watermarks"], serde_json::json!([1204]));
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "appended 3200 event(s) to s\n");
+    assert_eq!(String::from_utf8(out.stderr).unwrap(), "", "no progress output off a terminal");
+    assert_eq!(cli.json(&["stream", "list"])[0]["high_watermarks"], serde_json::json!([3204]));
 }
 
 #[test]
@@ -880,4 +882,78 @@ fn json_errors_are_one_object_on_stderr() {
     assert!(v["message"].as_str().unwrap().contains("nope"), "{v}");
     assert_eq!(json_error(&cli, &["stream", "create", "s"], 1)["error"], "already_exists");
     assert_eq!(json_error(&cli, &["inspect", "/nonexistent"], 1)["error"], "not_found");
+}
+
+#[test]
+fn read_only_commands_on_a_missing_directory_fail_and_create_nothing() {
+    let parent = tempfile::tempdir().unwrap();
+    let missing = parent.path().join("nothing-here");
+    let backend = format!("native:{}?segment_bytes=4096", missing.display());
+    for args in [
+        &["read", "s"][..],
+        &["query", "s"][..],
+        &["tail", "s", "--count", "1"][..],
+        &["stream", "list"][..],
+        &["index", "status", "s"][..],
+        &["group", "list", "s"][..],
+        &["group", "info", "s", "g"][..],
+        &["group", "lag", "s", "g"][..],
+        &["dlq", "list", "s", "g"][..],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rheo")).arg("--backend").arg(&backend).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "rheo {args:?}");
+        let err = fails_with(out, args);
+        let expected = format!("error: no Rheo data directory at {} (no MANIFEST); check --backend", missing.display());
+        assert_eq!(err, expected, "rheo {args:?}");
+        assert!(!missing.exists(), "rheo {args:?} created {}", missing.display());
+    }
+    // An empty directory is not a data directory either.
+    std::fs::create_dir(&missing).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rheo"))
+        .args(["--json", "--backend", &backend, "stream", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err: Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(err["error"], "not_found");
+    assert_eq!(std::fs::read_dir(&missing).unwrap().count(), 0, "nothing created in the empty directory");
+    // SQLite: a missing file is not created by a read.
+    let db = parent.path().join("none.db");
+    let out = Command::new(env!("CARGO_BIN_EXE_rheo"))
+        .args(["--backend", &format!("sqlite:{}", db.display()), "stream", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no SQLite database at"));
+    assert!(!db.exists());
+    // A writing command creates the directory, then reads work.
+    let out = Command::new(env!("CARGO_BIN_EXE_rheo"))
+        .args(["--backend", &backend, "stream", "create", "s"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_rheo")).args(["--backend", &backend, "stream", "list"]).output().unwrap();
+    assert!(out.status.success());
+}
+
+#[test]
+fn read_without_partition_reads_every_partition_in_order() {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s", "--partitions", "3"]);
+    cli.ok(&["append", "s", r#"{"n":1}"#, r#"{"n":2}"#, "--partition", "2"]);
+    cli.ok(&["append", "s", r#"{"n":3}"#, "--partition", "0"]);
+    cli.ok(&["append", "s", r#"{"n":4}"#, r#"{"n":5}"#]);
+    let at = |events: &[Value]| -> Vec<(u64, u64)> {
+        events.iter().map(|e| (e["partition"].as_u64().unwrap(), e["sequence"].as_u64().unwrap())).collect()
+    };
+    // Unkeyed events without --partition go to partition 0.
+    assert_eq!(at(&cli.json_lines(&["read", "s"])), [(0, 1), (0, 2), (0, 3), (2, 1), (2, 2)]);
+    assert_eq!(at(&cli.json_lines(&["read", "s", "--limit", "4"])), [(0, 1), (0, 2), (0, 3), (2, 1)]);
+    assert_eq!(at(&cli.json_lines(&["read", "s", "--after", "1"])), [(0, 2), (0, 3), (2, 2)]);
+    assert_eq!(at(&cli.json_lines(&["read", "s", "--partition", "2"])), [(2, 1), (2, 2)]);
+    assert!(cli.fails(&["read", "nope"]).contains(r#"stream "nope" does not exist"#));
+    let text = cli.ok(&["read", "s", "--limit", "1"]);
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(text.starts_with("PARTITION  SEQ  TIMESTAMP"), "{text}");
 }

@@ -10,6 +10,7 @@ mod output;
 mod parse;
 mod stream;
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -231,9 +232,30 @@ pub struct Globals {
 }
 
 impl Globals {
-    /// Opens the backend.
-    pub async fn open(&self) -> Result<rheo::Rheo, CliError> {
+    /// Opens the backend for a command that changes it (creating a
+    /// missing native directory or SQLite file).
+    pub async fn open_write(&self) -> Result<rheo::Rheo, CliError> {
         Ok(rheo::Rheo::open(&self.backend).await?)
+    }
+
+    /// Opens the backend for a command that only reads: a native
+    /// directory or SQLite file that does not exist is an error (a wrong
+    /// `--backend`), never created.
+    pub async fn open_read(&self) -> Result<rheo::Rheo, CliError> {
+        let missing = |what: String| Err(CliError::of(ErrorKind::NotFound, format!("{what}; check --backend")));
+        if let Some(rest) = self.backend.strip_prefix("native:") {
+            let dir = Path::new(rest.split('?').next().unwrap_or(rest));
+            if !dir.as_os_str().is_empty() && !dir.join("MANIFEST").is_file() {
+                return missing(format!("no Rheo data directory at {} (no MANIFEST)", dir.display()));
+            }
+        } else if let Some(rest) = self.backend.strip_prefix("sqlite:") {
+            let rest = rest.strip_prefix("//").unwrap_or(rest);
+            let file = rest.split('?').next().unwrap_or(rest);
+            if !file.is_empty() && file != ":memory:" && !Path::new(file).is_file() {
+                return missing(format!("no SQLite database at {file}"));
+            }
+        }
+        self.open_write().await
     }
 }
 
@@ -323,8 +345,8 @@ async fn dispatch(ctx: &Globals, command: Command) -> CliResult {
     }
 }
 
-/// `rheo demo`: the narration on stdout, or under `--json` its lines as
-/// `{"backend": .., "lines": [..]}`.
+/// `rheo demo`: the narration on stdout as it runs, or under `--json` its
+/// lines as `{"backend": .., "lines": [..]}`.
 async fn demo_command(ctx: &Globals) -> CliResult {
     if !ctx.json {
         demo::run(&ctx.backend, &mut std::io::stdout()).await?;
@@ -334,6 +356,6 @@ async fn demo_command(ctx: &Globals) -> CliResult {
     demo::run(&ctx.backend, &mut buf).await?;
     let text = String::from_utf8_lossy(&buf);
     let lines: Vec<&str> = text.lines().collect();
-    output::print_json(&serde_json::json!({"backend": ctx.backend, "lines": lines}))?;
+    output::render(ctx, output::Output::new(&serde_json::json!({"backend": ctx.backend, "lines": lines}))?)?;
     Ok(true)
 }
