@@ -957,3 +957,113 @@ fn read_without_partition_reads_every_partition_in_order() {
     assert_eq!(text.lines().count(), 2, "{text}");
     assert!(text.starts_with("PARTITION  SEQ  TIMESTAMP"), "{text}");
 }
+
+/// Fetches `limit` leases of `s`/`g` with `--lease 60` and returns their references.
+fn fetch_refs(cli: &Cli, limit: &str) -> Vec<String> {
+    let leases = cli.json(&["fetch", "s", "g", "--limit", limit, "--lease", "60"]);
+    leases.as_array().unwrap().iter().map(|l| l["ref"].as_str().unwrap().to_owned()).collect()
+}
+
+fn setup_three(max_attempts: &str) -> Cli {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s"]);
+    cli.ok(&["append", "s", r#"{"n":1}"#, r#"{"n":2}"#, r#"{"n":3}"#]);
+    cli.ok(&["group", "create", "s", "g", "--max-attempts", max_attempts]);
+    cli
+}
+
+#[test]
+fn retry_gives_deliveries_back_and_dead_letters_the_last_attempt() {
+    let cli = setup_three("2");
+    let refs = fetch_refs(&cli, "1");
+    let text = cli.ok(&["retry", &refs[0], "--reason", "flaky"]);
+    assert!(text.starts_with(&format!("retried {}: claimable again at ", refs[0])), "{text}");
+    // Redelivered at once (no backoff): attempt 2.
+    let again = cli.json(&["fetch", "s", "g", "--limit", "1"]);
+    assert_eq!((again[0]["event"]["sequence"].as_u64(), again[0]["attempt"].as_u64()), (Some(1), Some(2)));
+    let out = cli.json(&["retry", again[0]["ref"].as_str().unwrap(), "--reason", "still flaky"]);
+    assert_eq!(out[0]["ok"], true);
+    assert_eq!(out[0]["outcome"], "dead_lettered");
+    let dead = cli.json(&["dlq", "list", "s", "g"]);
+    assert_eq!(dead[0]["sequence"], 1);
+    assert_eq!(dead[0]["attempts"], 2);
+    assert!(dead[0]["reason"].as_str().unwrap().contains("still flaky"), "{dead}");
+    // The first lease is stale now: a failed operation naming it.
+    let out = cli.run(&["retry", &refs[0]]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = fails_with(out, &["retry"]);
+    assert!(err.starts_with(&format!("error: retry {}: stale lease", refs[0])), "{err}");
+    let v = json_error(&cli, &["retry", &refs[0]], 1);
+    assert_eq!(v["error"], "stale_lease");
+}
+
+#[test]
+fn retry_with_delay_keeps_the_delivery_back_until_then() {
+    let cli = setup_three("5");
+    let refs = fetch_refs(&cli, "1");
+    let out = cli.json(&["retry", &refs[0], "--delay", "60"]);
+    assert_eq!(out[0]["outcome"], "scheduled");
+    let at = out[0]["available_at"].as_u64().unwrap();
+    // Not claimable for a minute: the next fetch gets sequences 2 and 3 only.
+    let leases = cli.json(&["fetch", "s", "g", "--limit", "10"]);
+    let seqs: Vec<u64> = leases.as_array().unwrap().iter().map(|l| l["event"]["sequence"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, [2, 3]);
+    assert_eq!(cli.json(&["group", "info", "s", "g"])["retry_waiting"], 1, "available at {at}");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    assert!(u128::from(at) > now + 50_000, "available at {at}, now {now}");
+    let v = json_error(&cli, &["retry", &refs[0], "--delay", "100000"], 2);
+    assert_eq!(v["message"], "--delay 100000: must be between 0 and 86400 seconds");
+}
+
+#[test]
+fn reject_dead_letters_and_dlq_list_shows_it() {
+    let cli = setup_three("5");
+    let refs = fetch_refs(&cli, "2");
+    let text = cli.ok(&["reject", &refs[0], &refs[1], "--reason", "bad payload"]);
+    assert_eq!(
+        text,
+        format!(
+            "rejected {} (dead-lettered: bad payload)\nrejected {} (dead-lettered: bad payload)\n",
+            refs[0], refs[1]
+        )
+    );
+    let dead = cli.json(&["dlq", "list", "s", "g"]);
+    let dead: Vec<(u64, &str)> = dead
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["sequence"].as_u64().unwrap(), d["reason"].as_str().unwrap()))
+        .collect();
+    assert_eq!(dead, [(1, "bad payload"), (2, "bad payload")]);
+    assert!(cli.ok(&["dlq", "list", "s", "g"]).contains("bad payload"));
+    assert_eq!(cli.json(&["group", "info", "s", "g"])["dead_letters"], 2);
+    // Again: both stale, one error naming both; the JSON says which.
+    let out = cli.run(&["--json", "reject", &refs[0], &refs[1]]);
+    assert_eq!(out.status.code(), Some(1));
+    let docs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((docs[0]["ok"].as_bool(), docs[1]["ok"].as_bool()), (Some(false), Some(false)));
+    let err: Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(err["error"], "stale_lease");
+    let message = err["message"].as_str().unwrap();
+    assert!(message.starts_with("2 of 2 leases failed") && message.contains(&refs[1]), "{message}");
+}
+
+#[test]
+fn renew_extends_a_lease() {
+    let cli = setup_three("5");
+    let leases = cli.json(&["fetch", "s", "g", "--limit", "1", "--lease", "5"]);
+    let (r, first) = (leases[0]["ref"].as_str().unwrap(), leases[0]["expires_at"].as_u64().unwrap());
+    let out = cli.json(&["renew", r, "--lease", "3600"]);
+    assert_eq!(out[0]["ok"], true);
+    let renewed = out[0]["expires_at"].as_u64().unwrap();
+    assert!(renewed > first + 3_000_000, "{renewed} about an hour after {first}");
+    assert!(cli.ok(&["renew", r]).starts_with(&format!("renewed {r} until ")));
+    assert_eq!(
+        json_error(&cli, &["renew", r, "--lease", "0"], 2)["message"],
+        "--lease 0: must be between 1 and 86400 seconds"
+    );
+    assert_eq!(json_error(&cli, &["renew", "lr1:nope"], 2)["error"], "usage");
+    cli.ok(&["ack", "s", "g", r]);
+    let err = cli.fails(&["renew", r]);
+    assert!(err.starts_with(&format!("error: renew {r}: stale lease")), "{err}");
+}

@@ -3,7 +3,7 @@
 use clap::{Args, Subcommand};
 use rheo::{
     DeadLetterOptions, FetchOptions, GroupOptions, GroupSummary, Lag, LeaseRef, ReplayOptions, ResetOptions,
-    StartPosition,
+    RetryOutcome, StartPosition,
 };
 use serde_json::{Value, json};
 
@@ -182,6 +182,43 @@ pub struct AckArgs {
     /// Lease references as printed by `rheo fetch` (`lr1:...`).
     #[arg(required = true, value_name = "LEASE_REF")]
     leases: Vec<String>,
+}
+
+/// Arguments of `rheo retry`.
+#[derive(Debug, Args)]
+pub struct RetryArgs {
+    /// Lease references as printed by `rheo fetch` (`lr1:...`).
+    #[arg(required = true, value_name = "LEASE_REF")]
+    leases: Vec<String>,
+    /// Why (kept as the dead letter's reason if it runs out of attempts).
+    #[arg(long, default_value = "retried with rheo retry")]
+    reason: String,
+    /// Claimable again after this many seconds (0 to 86400); default: the
+    /// group's backoff.
+    #[arg(long, value_name = "SECS")]
+    delay: Option<u64>,
+}
+
+/// Arguments of `rheo reject`.
+#[derive(Debug, Args)]
+pub struct RejectArgs {
+    /// Lease references as printed by `rheo fetch` (`lr1:...`).
+    #[arg(required = true, value_name = "LEASE_REF")]
+    leases: Vec<String>,
+    /// Why (the dead letter's reason).
+    #[arg(long, default_value = "rejected with rheo reject")]
+    reason: String,
+}
+
+/// Arguments of `rheo renew`.
+#[derive(Debug, Args)]
+pub struct RenewArgs {
+    /// Lease references as printed by `rheo fetch` (`lr1:...`).
+    #[arg(required = true, value_name = "LEASE_REF")]
+    leases: Vec<String>,
+    /// The new lease duration from now, in seconds (1 to 86400).
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    lease: u64,
 }
 
 /// Runs `rheo group ...`.
@@ -437,6 +474,57 @@ pub async fn ack(ctx: &Globals, a: AckArgs) -> CliResult {
     let results = ctx.open_write().await?.ack_many(refs.iter()).await?;
     let done = results.into_iter().map(|r| r.map(|()| (json!({}), String::new())));
     settled(ctx, "ack", "acked", &a.leases, done)
+}
+
+/// Runs `rheo retry`: each lease is given back, claimable again after
+/// `--delay` (or the group's backoff), or dead-lettered when it has used
+/// all its attempts.
+pub async fn retry(ctx: &Globals, a: RetryArgs) -> CliResult {
+    let refs = lease_refs(&a.leases)?;
+    let delay = a.delay.map(|d| parse::seconds("--delay", d, 0)).transpose()?;
+    let rheo = ctx.open_write().await?;
+    let mut results = Vec::with_capacity(refs.len());
+    for r in refs {
+        let outcome = match delay {
+            Some(d) => rheo.retry_after(r, &a.reason, d).await,
+            None => rheo.retry(r, &a.reason).await,
+        };
+        results.push(outcome.map(|o| match o {
+            RetryOutcome::Scheduled { available_at } => (
+                json!({"outcome": "scheduled", "available_at": available_at}),
+                format!(": claimable again at {available_at}"),
+            ),
+            RetryOutcome::DeadLettered => {
+                (json!({"outcome": "dead_lettered"}), ": out of attempts, dead-lettered".to_owned())
+            }
+        }));
+    }
+    settled(ctx, "retry", "retried", &a.leases, results)
+}
+
+/// Runs `rheo reject`: each lease's delivery is dead-lettered.
+pub async fn reject(ctx: &Globals, a: RejectArgs) -> CliResult {
+    let refs = lease_refs(&a.leases)?;
+    let rheo = ctx.open_write().await?;
+    let mut results = Vec::with_capacity(refs.len());
+    for r in refs {
+        let done = rheo.reject(r, &a.reason).await;
+        results.push(done.map(|()| (json!({}), format!(" (dead-lettered: {})", a.reason))));
+    }
+    settled(ctx, "reject", "rejected", &a.leases, results)
+}
+
+/// Runs `rheo renew`: each lease is extended to `--lease` seconds from now.
+pub async fn renew(ctx: &Globals, a: RenewArgs) -> CliResult {
+    let refs = lease_refs(&a.leases)?;
+    let lease = parse::seconds("--lease", a.lease, 1)?;
+    let rheo = ctx.open_write().await?;
+    let mut results = Vec::with_capacity(refs.len());
+    for r in refs {
+        let expiry = rheo.renew(r, lease).await;
+        results.push(expiry.map(|t| (json!({"expires_at": t}), format!(" until {t}"))));
+    }
+    settled(ctx, "renew", "renewed", &a.leases, results)
 }
 
 /// Prints what became of each lease of `rheo ack|retry|reject|renew`: per

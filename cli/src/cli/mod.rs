@@ -64,6 +64,13 @@ enum Command {
     Fetch(group::FetchArgs),
     /// Acknowledges leases by their references (as printed by `fetch`).
     Ack(group::AckArgs),
+    /// Gives leased deliveries back for another attempt (after `--delay`
+    /// seconds, or the group's backoff); out of attempts, dead-letters them.
+    Retry(group::RetryArgs),
+    /// Dead-letters leased deliveries (`dlq list` shows them).
+    Reject(group::RejectArgs),
+    /// Extends leases to `--lease` seconds from now.
+    Renew(group::RenewArgs),
     /// Dumps the records of one data file (segment, index, WAL, checkpoint).
     Inspect(files::InspectArgs),
     /// Checks every checksum of a native data directory without opening it.
@@ -339,6 +346,9 @@ async fn dispatch(ctx: &Globals, command: Command) -> CliResult {
         Command::Dlq(c) => group::run_dlq(ctx, c).await,
         Command::Fetch(a) => group::fetch(ctx, a).await,
         Command::Ack(a) => group::ack(ctx, a).await,
+        Command::Retry(a) => group::retry(ctx, a).await,
+        Command::Reject(a) => group::reject(ctx, a).await,
+        Command::Renew(a) => group::renew(ctx, a).await,
         Command::Inspect(a) => files::inspect(ctx, a),
         Command::Verify(a) => files::verify(ctx, a),
         Command::Bench(a) => bench::run(ctx, a).await,
