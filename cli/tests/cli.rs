@@ -899,6 +899,7 @@ fn read_only_commands_on_a_missing_directory_fail_and_create_nothing() {
         &["group", "info", "s", "g"][..],
         &["group", "lag", "s", "g"][..],
         &["dlq", "list", "s", "g"][..],
+        &["top", "--iterations", "1"][..],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_rheo")).arg("--backend").arg(&backend).args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(1), "rheo {args:?}");
@@ -1066,4 +1067,64 @@ fn renew_extends_a_lease() {
     cli.ok(&["ack", "s", "g", r]);
     let err = cli.fails(&["renew", r]);
     assert!(err.starts_with(&format!("error: renew {r}: stale lease")), "{err}");
+}
+
+#[test]
+fn top_prints_a_json_line_per_refresh_with_each_groups_numbers() {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s", "--partitions", "2"]);
+    cli.ok(&["stream", "create", "t"]);
+    cli.ok(&["append", "s", r#"{"n":1}"#, r#"{"n":2}"#, r#"{"n":3}"#, "--partition", "0"]);
+    cli.ok(&["append", "s", r#"{"n":4}"#, "--partition", "1"]);
+    cli.ok(&["append", "t", r#"{"n":5}"#]);
+    cli.ok(&["group", "create", "s", "g"]);
+    cli.ok(&["group", "create", "s", "h"]);
+    cli.ok(&["group", "create", "t", "g"]);
+    let leases = cli.json(&["fetch", "s", "g", "--limit", "2", "--lease", "60"]);
+    cli.ok(&["ack", "s", "g", leases[0]["ref"].as_str().unwrap()]);
+    cli.ok(&["reject", leases[1]["ref"].as_str().unwrap()]);
+    cli.ok(&["fetch", "s", "g", "--limit", "1", "--lease", "60"]);
+
+    let lines = cli.json_lines(&["top", "--iterations", "2", "--interval", "0.2"]);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for (i, refresh) in lines.iter().enumerate() {
+        assert!(refresh["at"].as_u64().is_some(), "{refresh}");
+        let rows: Vec<(&str, &str, u64, u64, u64)> = refresh["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                let n = |k: &str| g[k].as_u64().unwrap();
+                (
+                    g["stream"].as_str().unwrap(),
+                    g["group"].as_str().unwrap(),
+                    n("lag"),
+                    n("in_flight"),
+                    n("dead_letters"),
+                )
+            })
+            .collect();
+        // g: sequence 1 acked, 2 dead (the frontier passes both), 3 in flight, 4 due.
+        assert_eq!(rows, [("s", "g", 2, 1, 1), ("s", "h", 4, 0, 0), ("t", "g", 1, 0, 0)], "refresh {i}");
+        let rates =
+            |k: &str| -> Vec<Value> { refresh["groups"].as_array().unwrap().iter().map(|g| g[k].clone()).collect() };
+        if i == 0 {
+            assert!(rates("append_rate").iter().all(Value::is_null), "no rate before a second refresh: {refresh}");
+        } else {
+            assert!(rates("append_rate").iter().all(|r| r.as_f64() == Some(0.0)), "{refresh}");
+            assert!(rates("ack_rate").iter().all(|r| r.as_f64() == Some(0.0)), "{refresh}");
+        }
+    }
+    // Named streams only; an unknown one is not found.
+    let only = cli.json_lines(&["top", "t", "--iterations", "1"]);
+    assert_eq!(only[0]["groups"].as_array().unwrap().len(), 1);
+    assert_eq!(json_error(&cli, &["top", "nope", "--iterations", "1"], 1)["error"], "not_found");
+    assert_eq!(
+        json_error(&cli, &["top", "--interval", "0"], 2)["message"],
+        "--interval 0: must be between 0.1 and 3600 seconds"
+    );
+    // Off a terminal, without --json, the lines are JSON too.
+    let plain = cli.ok(&["top", "--iterations", "1"]);
+    let v: Value = serde_json::from_str(plain.trim()).unwrap();
+    assert_eq!(v["groups"][0]["lag"], 2);
 }

@@ -9,6 +9,7 @@ mod group;
 mod output;
 mod parse;
 mod stream;
+mod top;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -71,6 +72,11 @@ enum Command {
     Reject(group::RejectArgs),
     /// Extends leases to `--lease` seconds from now.
     Renew(group::RenewArgs),
+    /// A live view, refreshed every `--interval`: per stream and group the
+    /// lag, in-flight deliveries, dead letters, and appended/acked events
+    /// per second. In a terminal it redraws the screen; piped or under
+    /// `--json`, one JSON line per refresh.
+    Top(top::TopArgs),
     /// Dumps the records of one data file (segment, index, WAL, checkpoint).
     Inspect(files::InspectArgs),
     /// Checks every checksum of a native data directory without opening it.
@@ -349,6 +355,7 @@ async fn dispatch(ctx: &Globals, command: Command) -> CliResult {
         Command::Retry(a) => group::retry(ctx, a).await,
         Command::Reject(a) => group::reject(ctx, a).await,
         Command::Renew(a) => group::renew(ctx, a).await,
+        Command::Top(a) => top::run(ctx, a).await,
         Command::Inspect(a) => files::inspect(ctx, a),
         Command::Verify(a) => files::verify(ctx, a),
         Command::Bench(a) => bench::run(ctx, a).await,
