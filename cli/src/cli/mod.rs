@@ -29,7 +29,8 @@ struct Args {
     #[arg(long, global = true)]
     backend: Vec<String>,
     /// Machine-readable output: one JSON document, or JSON lines for
-    /// `read` and `tail`.
+    /// `read`, `tail` and `top`; an error is one JSON object on stderr,
+    /// `{"error": KIND, "message": ...}`.
     #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
@@ -49,7 +50,8 @@ enum Command {
     Index(stream::IndexCommand),
     /// Appends events: JSON payloads from the arguments, or JSON lines from stdin.
     Append(events::AppendArgs),
-    /// Reads one partition in sequence order.
+    /// Reads events in sequence order: one partition (`--partition`), or
+    /// every partition in turn (0's events, then 1's, ...) up to `--limit`.
     Read(events::ReadArgs),
     /// Queries a stream's history.
     Query(events::QueryArgs),
