@@ -93,6 +93,11 @@ fn fails_with(out: Output, args: &[&str]) -> String {
     lines[0].to_owned()
 }
 
+/// Runs the binary on this backend URL.
+fn rheo_at(backend: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rheo")).arg("--backend").arg(backend).args(args).output().expect("run rheo")
+}
+
 fn payloads(events: &[Value]) -> Vec<Value> {
     events.iter().map(|e| e["payload"].clone()).collect()
 }
@@ -844,12 +849,11 @@ fn every_bad_value_exits_2_and_a_failed_operation_exits_1() {
     // Quoted text in a range comparison is allowed (and matches nothing here).
     assert_eq!(cli.json(&["query", "s", "--where", r#"total>"abc""#])["events"], serde_json::json!([]));
     // The backend URL: an unknown scheme lists the known ones.
-    let out = Command::new(env!("CARGO_BIN_EXE_rheo")).args(["--backend", "foo:x", "stream", "list"]).output().unwrap();
+    let out = rheo_at("foo:x", &["stream", "list"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.starts_with("error: invalid --backend URL: ") && err.contains("native:PATH, sqlite:PATH"), "{err}");
-    let out =
-        Command::new(env!("CARGO_BIN_EXE_rheo")).args(["--backend", "native:", "stream", "list"]).output().unwrap();
+    let out = rheo_at("native:", &["stream", "list"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs a directory"));
     // Failed operations: exit 1.
@@ -901,7 +905,7 @@ fn read_only_commands_on_a_missing_directory_fail_and_create_nothing() {
         &["dlq", "list", "s", "g"][..],
         &["top", "--iterations", "1"][..],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_rheo")).arg("--backend").arg(&backend).args(args).output().unwrap();
+        let out = rheo_at(&backend, args);
         assert_eq!(out.status.code(), Some(1), "rheo {args:?}");
         let err = fails_with(out, args);
         let expected = format!("error: no Rheo data directory at {} (no MANIFEST); check --backend", missing.display());
@@ -910,31 +914,21 @@ fn read_only_commands_on_a_missing_directory_fail_and_create_nothing() {
     }
     // An empty directory is not a data directory either.
     std::fs::create_dir(&missing).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_rheo"))
-        .args(["--json", "--backend", &backend, "stream", "list"])
-        .output()
-        .unwrap();
+    let out = rheo_at(&backend, &["--json", "stream", "list"]);
     assert_eq!(out.status.code(), Some(1));
     let err: Value = serde_json::from_slice(&out.stderr).unwrap();
     assert_eq!(err["error"], "not_found");
     assert_eq!(std::fs::read_dir(&missing).unwrap().count(), 0, "nothing created in the empty directory");
     // SQLite: a missing file is not created by a read.
     let db = parent.path().join("none.db");
-    let out = Command::new(env!("CARGO_BIN_EXE_rheo"))
-        .args(["--backend", &format!("sqlite:{}", db.display()), "stream", "list"])
-        .output()
-        .unwrap();
+    let out = rheo_at(&format!("sqlite:{}", db.display()), &["stream", "list"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no SQLite database at"));
     assert!(!db.exists());
     // A writing command creates the directory, then reads work.
-    let out = Command::new(env!("CARGO_BIN_EXE_rheo"))
-        .args(["--backend", &backend, "stream", "create", "s"])
-        .output()
-        .unwrap();
+    let out = rheo_at(&backend, &["stream", "create", "s"]);
     assert!(out.status.success());
-    let out =
-        Command::new(env!("CARGO_BIN_EXE_rheo")).args(["--backend", &backend, "stream", "list"]).output().unwrap();
+    let out = rheo_at(&backend, &["stream", "list"]);
     assert!(out.status.success());
 }
 
