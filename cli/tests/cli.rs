@@ -93,6 +93,11 @@ fn fails_with(out: Output, args: &[&str]) -> String {
     lines[0].to_owned()
 }
 
+/// Runs the binary on this backend URL.
+fn rheo_at(backend: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rheo")).arg("--backend").arg(backend).args(args).output().expect("run rheo")
+}
+
 fn payloads(events: &[Value]) -> Vec<Value> {
     events.iter().map(|e| e["payload"].clone()).collect()
 }
@@ -140,12 +145,14 @@ fn append_from_arguments_and_stdin_then_read() {
     assert_eq!(after[0]["sequence"], 3);
     assert!(cli.ok(&["read", "s"]).contains("PAYLOAD"));
 
-    // Stdin is appended in batches; a long run prints only its count.
-    let many: String = (0..1200).map(|n| format!("{{\"m\":{n}}}\n")).collect();
+    // Stdin is appended in batches; a long run prints only its count, and
+    // off a terminal no progress at all on stderr.
+    let many: String = (0..3200).map(|n| format!("{{\"m\":{n}}}\n")).collect();
     let out = cli.run_stdin(&["append", "s"], &many);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), "appended 1200 event(s) to s\n");
-    assert_eq!(cli.json(&["stream", "list"])[0]["high_watermarks"], serde_json::json!([1204]));
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "appended 3200 event(s) to s\n");
+    assert_eq!(String::from_utf8(out.stderr).unwrap(), "", "no progress output off a terminal");
+    assert_eq!(cli.json(&["stream", "list"])[0]["high_watermarks"], serde_json::json!([3204]));
 }
 
 #[test]
@@ -375,7 +382,7 @@ fn inspect_dumps_segments_indexes_and_wal() {
     let text = cli.ok(&["inspect", segments[0].to_str().unwrap(), "--limit", "1"]);
     assert!(text.contains("more (use --limit)"), "{text}");
     let missing = cli.fails(&["inspect", "/nonexistent/00000000000000000001.log"]);
-    assert!(missing.contains("read /nonexistent/00000000000000000001.log"), "{missing}");
+    assert_eq!(missing, "error: /nonexistent/00000000000000000001.log: no such file");
     assert!(cli.fails(&["inspect", "Cargo.toml"]).contains("not a data file"));
 }
 
@@ -418,7 +425,7 @@ fn verify_passes_then_reports_each_corruption_with_file_and_offset() {
     assert!(has(&wal, 32), "{report}");
     assert_eq!(problems.len(), 3, "{report}");
 
-    assert!(cli.fails(&["verify", "/nonexistent-dir"]).contains("not a directory"));
+    assert_eq!(cli.fails(&["verify", "/nonexistent-dir"]), "error: /nonexistent-dir: no such directory");
 }
 
 #[test]
@@ -796,4 +803,322 @@ fn a_damaged_header_or_footer_of_a_sealed_segment_is_reported_and_its_records_st
     let events = cli.json_lines(&["read", "s", "--limit", "1000"]);
     let seqs: Vec<u64> = events.iter().map(|e| e["sequence"].as_u64().unwrap()).collect();
     assert_eq!(seqs, (1..=60).collect::<Vec<_>>());
+}
+
+/// Runs with `--json` and expects failure with one JSON object on stderr
+/// (`error` and `message`) and this exit code; returns the object.
+fn json_error(cli: &Cli, args: &[&str], code: i32) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let out = cli.run(&all);
+    assert_eq!(out.status.code(), Some(code), "rheo {all:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8(out.stderr).expect("utf-8 stderr");
+    assert_eq!(err.lines().count(), 1, "rheo {all:?}: one stderr line: {err:?}");
+    let v: Value = serde_json::from_str(&err).unwrap_or_else(|e| panic!("rheo {all:?}: not JSON ({e}): {err}"));
+    assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    v
+}
+
+#[test]
+fn every_bad_value_exits_2_and_a_failed_operation_exits_1() {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s"]);
+    cli.ok(&["append", "s", r#"{"total":5}"#]);
+    cli.ok(&["group", "create", "s", "g"]);
+    for (args, says) in [
+        (
+            &["query", "s", "--where", "total>abc"][..],
+            r#"abc is not a number: a number field compared with text never matches; quote it, total>"abc", to compare text"#,
+        ),
+        (&["query", "s", "--where", "total"][..], "expected path=value"),
+        (&["fetch", "s", "g", "--lease", "0"][..], "--lease 0: must be between 1 and 86400 seconds"),
+        (&["fetch", "s", "g", "--limit", "20000"][..], "--limit 20000: must be between 1 and 10000"),
+        (&["read", "s", "--limit", "0"][..], "--limit 0: must be between 1 and 10000"),
+        (&["group", "create", "s", "h", "--max-attempts", "0"][..], "--max-attempts 0: must be between 1 and 1000000"),
+        (&["query", "s", "--from", "yesterday"][..], "is not a time"),
+        (&["stream", "create", "t", "--partitions", "0"][..], "partition count 0"),
+        (&["fetch", "s", "g", "--limit", "many"][..], "invalid value 'many'"),
+        (&["ack", "s", "g", "not-a-ref"][..], "not a lease reference"),
+        (&["nonsense"][..], "unrecognized subcommand"),
+    ] {
+        let out = cli.run(args);
+        assert_eq!(out.status.code(), Some(2), "rheo {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let err = fails_with(out, args);
+        assert!(err.contains(says), "rheo {args:?}: {err}");
+    }
+    // Quoted text in a range comparison is allowed (and matches nothing here).
+    assert_eq!(cli.json(&["query", "s", "--where", r#"total>"abc""#])["events"], serde_json::json!([]));
+    // The backend URL: an unknown scheme lists the known ones.
+    let out = rheo_at("foo:x", &["stream", "list"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.starts_with("error: invalid --backend URL: ") && err.contains("native:PATH, sqlite:PATH"), "{err}");
+    let out = rheo_at("native:", &["stream", "list"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs a directory"));
+    // Failed operations: exit 1.
+    for (args, says) in [
+        (&["group", "info", "s", "nope"][..], r#"group "nope" does not exist"#),
+        (&["stream", "create", "s"][..], r#"stream "s" already exists"#),
+        (&["inspect", "/nonexistent/file.log"][..], "/nonexistent/file.log: no such file"),
+    ] {
+        let out = cli.run(args);
+        assert_eq!(out.status.code(), Some(1), "rheo {args:?}");
+        let err = fails_with(out, args);
+        assert!(err.contains(says), "rheo {args:?}: {err}");
+    }
+}
+
+#[test]
+fn json_errors_are_one_object_on_stderr() {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s"]);
+    let v = json_error(&cli, &["fetch", "s", "g", "--lease", "0"], 2);
+    assert_eq!(v["error"], "usage");
+    assert_eq!(v["message"], "--lease 0: must be between 1 and 86400 seconds");
+    // A clap error too: --json is seen before the arguments are parsed.
+    let v = json_error(&cli, &["fetch", "s", "g", "--limit", "x"], 2);
+    assert_eq!(v["error"], "usage");
+    assert!(v["message"].as_str().unwrap().contains("--limit"), "{v}");
+    assert_eq!(json_error(&cli, &["group"], 2)["error"], "usage");
+    let v = json_error(&cli, &["group", "info", "s", "nope"], 1);
+    assert_eq!(v["error"], "not_found");
+    assert!(v["message"].as_str().unwrap().contains("nope"), "{v}");
+    assert_eq!(json_error(&cli, &["stream", "create", "s"], 1)["error"], "already_exists");
+    assert_eq!(json_error(&cli, &["inspect", "/nonexistent"], 1)["error"], "not_found");
+}
+
+#[test]
+fn read_only_commands_on_a_missing_directory_fail_and_create_nothing() {
+    let parent = tempfile::tempdir().unwrap();
+    let missing = parent.path().join("nothing-here");
+    let backend = format!("native:{}?segment_bytes=4096", missing.display());
+    for args in [
+        &["read", "s"][..],
+        &["query", "s"][..],
+        &["tail", "s", "--count", "1"][..],
+        &["stream", "list"][..],
+        &["index", "status", "s"][..],
+        &["group", "list", "s"][..],
+        &["group", "info", "s", "g"][..],
+        &["group", "lag", "s", "g"][..],
+        &["dlq", "list", "s", "g"][..],
+        &["top", "--iterations", "1"][..],
+    ] {
+        let out = rheo_at(&backend, args);
+        assert_eq!(out.status.code(), Some(1), "rheo {args:?}");
+        let err = fails_with(out, args);
+        let expected = format!("error: no Rheo data directory at {} (no MANIFEST); check --backend", missing.display());
+        assert_eq!(err, expected, "rheo {args:?}");
+        assert!(!missing.exists(), "rheo {args:?} created {}", missing.display());
+    }
+    // An empty directory is not a data directory either.
+    std::fs::create_dir(&missing).unwrap();
+    let out = rheo_at(&backend, &["--json", "stream", "list"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err: Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(err["error"], "not_found");
+    assert_eq!(std::fs::read_dir(&missing).unwrap().count(), 0, "nothing created in the empty directory");
+    // SQLite: a missing file is not created by a read.
+    let db = parent.path().join("none.db");
+    let out = rheo_at(&format!("sqlite:{}", db.display()), &["stream", "list"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no SQLite database at"));
+    assert!(!db.exists());
+    // A writing command creates the directory, then reads work.
+    let out = rheo_at(&backend, &["stream", "create", "s"]);
+    assert!(out.status.success());
+    let out = rheo_at(&backend, &["stream", "list"]);
+    assert!(out.status.success());
+}
+
+#[test]
+fn read_without_partition_reads_every_partition_in_order() {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s", "--partitions", "3"]);
+    cli.ok(&["append", "s", r#"{"n":1}"#, r#"{"n":2}"#, "--partition", "2"]);
+    cli.ok(&["append", "s", r#"{"n":3}"#, "--partition", "0"]);
+    cli.ok(&["append", "s", r#"{"n":4}"#, r#"{"n":5}"#]);
+    let at = |events: &[Value]| -> Vec<(u64, u64)> {
+        events.iter().map(|e| (e["partition"].as_u64().unwrap(), e["sequence"].as_u64().unwrap())).collect()
+    };
+    // Unkeyed events without --partition go to partition 0.
+    assert_eq!(at(&cli.json_lines(&["read", "s"])), [(0, 1), (0, 2), (0, 3), (2, 1), (2, 2)]);
+    assert_eq!(at(&cli.json_lines(&["read", "s", "--limit", "4"])), [(0, 1), (0, 2), (0, 3), (2, 1)]);
+    assert_eq!(at(&cli.json_lines(&["read", "s", "--after", "1"])), [(0, 2), (0, 3), (2, 2)]);
+    assert_eq!(at(&cli.json_lines(&["read", "s", "--partition", "2"])), [(2, 1), (2, 2)]);
+    assert!(cli.fails(&["read", "nope"]).contains(r#"stream "nope" does not exist"#));
+    let text = cli.ok(&["read", "s", "--limit", "1"]);
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(text.starts_with("PARTITION  SEQ  TIMESTAMP"), "{text}");
+}
+
+/// Fetches `limit` leases of `s`/`g` with `--lease 60` and returns their references.
+fn fetch_refs(cli: &Cli, limit: &str) -> Vec<String> {
+    let leases = cli.json(&["fetch", "s", "g", "--limit", limit, "--lease", "60"]);
+    leases.as_array().unwrap().iter().map(|l| l["ref"].as_str().unwrap().to_owned()).collect()
+}
+
+fn setup_three(max_attempts: &str) -> Cli {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s"]);
+    cli.ok(&["append", "s", r#"{"n":1}"#, r#"{"n":2}"#, r#"{"n":3}"#]);
+    cli.ok(&["group", "create", "s", "g", "--max-attempts", max_attempts]);
+    cli
+}
+
+#[test]
+fn retry_gives_deliveries_back_and_dead_letters_the_last_attempt() {
+    let cli = setup_three("2");
+    let refs = fetch_refs(&cli, "1");
+    let text = cli.ok(&["retry", &refs[0], "--reason", "flaky"]);
+    assert!(text.starts_with(&format!("retried {}: claimable again at ", refs[0])), "{text}");
+    // Redelivered at once (no backoff): attempt 2.
+    let again = cli.json(&["fetch", "s", "g", "--limit", "1"]);
+    assert_eq!((again[0]["event"]["sequence"].as_u64(), again[0]["attempt"].as_u64()), (Some(1), Some(2)));
+    let out = cli.json(&["retry", again[0]["ref"].as_str().unwrap(), "--reason", "still flaky"]);
+    assert_eq!(out[0]["ok"], true);
+    assert_eq!(out[0]["outcome"], "dead_lettered");
+    let dead = cli.json(&["dlq", "list", "s", "g"]);
+    assert_eq!(dead[0]["sequence"], 1);
+    assert_eq!(dead[0]["attempts"], 2);
+    assert!(dead[0]["reason"].as_str().unwrap().contains("still flaky"), "{dead}");
+    // The first lease is stale now: a failed operation naming it.
+    let out = cli.run(&["retry", &refs[0]]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = fails_with(out, &["retry"]);
+    assert!(err.starts_with(&format!("error: retry {}: stale lease", refs[0])), "{err}");
+    let v = json_error(&cli, &["retry", &refs[0]], 1);
+    assert_eq!(v["error"], "stale_lease");
+}
+
+#[test]
+fn retry_with_delay_keeps_the_delivery_back_until_then() {
+    let cli = setup_three("5");
+    let refs = fetch_refs(&cli, "1");
+    let out = cli.json(&["retry", &refs[0], "--delay", "60"]);
+    assert_eq!(out[0]["outcome"], "scheduled");
+    let at = out[0]["available_at"].as_u64().unwrap();
+    // Not claimable for a minute: the next fetch gets sequences 2 and 3 only.
+    let leases = cli.json(&["fetch", "s", "g", "--limit", "10"]);
+    let seqs: Vec<u64> = leases.as_array().unwrap().iter().map(|l| l["event"]["sequence"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, [2, 3]);
+    assert_eq!(cli.json(&["group", "info", "s", "g"])["retry_waiting"], 1, "available at {at}");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    assert!(u128::from(at) > now + 50_000, "available at {at}, now {now}");
+    let v = json_error(&cli, &["retry", &refs[0], "--delay", "100000"], 2);
+    assert_eq!(v["message"], "--delay 100000: must be between 0 and 86400 seconds");
+}
+
+#[test]
+fn reject_dead_letters_and_dlq_list_shows_it() {
+    let cli = setup_three("5");
+    let refs = fetch_refs(&cli, "2");
+    let text = cli.ok(&["reject", &refs[0], &refs[1], "--reason", "bad payload"]);
+    assert_eq!(
+        text,
+        format!(
+            "rejected {} (dead-lettered: bad payload)\nrejected {} (dead-lettered: bad payload)\n",
+            refs[0], refs[1]
+        )
+    );
+    let dead = cli.json(&["dlq", "list", "s", "g"]);
+    let dead: Vec<(u64, &str)> = dead
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["sequence"].as_u64().unwrap(), d["reason"].as_str().unwrap()))
+        .collect();
+    assert_eq!(dead, [(1, "bad payload"), (2, "bad payload")]);
+    assert!(cli.ok(&["dlq", "list", "s", "g"]).contains("bad payload"));
+    assert_eq!(cli.json(&["group", "info", "s", "g"])["dead_letters"], 2);
+    // Again: both stale, one error naming both; the JSON says which.
+    let out = cli.run(&["--json", "reject", &refs[0], &refs[1]]);
+    assert_eq!(out.status.code(), Some(1));
+    let docs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((docs[0]["ok"].as_bool(), docs[1]["ok"].as_bool()), (Some(false), Some(false)));
+    let err: Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(err["error"], "stale_lease");
+    let message = err["message"].as_str().unwrap();
+    assert!(message.starts_with("2 of 2 leases failed") && message.contains(&refs[1]), "{message}");
+}
+
+#[test]
+fn renew_extends_a_lease() {
+    let cli = setup_three("5");
+    let leases = cli.json(&["fetch", "s", "g", "--limit", "1", "--lease", "5"]);
+    let (r, first) = (leases[0]["ref"].as_str().unwrap(), leases[0]["expires_at"].as_u64().unwrap());
+    let out = cli.json(&["renew", r, "--lease", "3600"]);
+    assert_eq!(out[0]["ok"], true);
+    let renewed = out[0]["expires_at"].as_u64().unwrap();
+    assert!(renewed > first + 3_000_000, "{renewed} about an hour after {first}");
+    assert!(cli.ok(&["renew", r]).starts_with(&format!("renewed {r} until ")));
+    assert_eq!(
+        json_error(&cli, &["renew", r, "--lease", "0"], 2)["message"],
+        "--lease 0: must be between 1 and 86400 seconds"
+    );
+    assert_eq!(json_error(&cli, &["renew", "lr1:nope"], 2)["error"], "usage");
+    cli.ok(&["ack", "s", "g", r]);
+    let err = cli.fails(&["renew", r]);
+    assert!(err.starts_with(&format!("error: renew {r}: stale lease")), "{err}");
+}
+
+#[test]
+fn top_prints_a_json_line_per_refresh_with_each_groups_numbers() {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s", "--partitions", "2"]);
+    cli.ok(&["stream", "create", "t"]);
+    cli.ok(&["append", "s", r#"{"n":1}"#, r#"{"n":2}"#, r#"{"n":3}"#, "--partition", "0"]);
+    cli.ok(&["append", "s", r#"{"n":4}"#, "--partition", "1"]);
+    cli.ok(&["append", "t", r#"{"n":5}"#]);
+    cli.ok(&["group", "create", "s", "g"]);
+    cli.ok(&["group", "create", "s", "h"]);
+    cli.ok(&["group", "create", "t", "g"]);
+    let leases = cli.json(&["fetch", "s", "g", "--limit", "2", "--lease", "60"]);
+    cli.ok(&["ack", "s", "g", leases[0]["ref"].as_str().unwrap()]);
+    cli.ok(&["reject", leases[1]["ref"].as_str().unwrap()]);
+    cli.ok(&["fetch", "s", "g", "--limit", "1", "--lease", "60"]);
+
+    let lines = cli.json_lines(&["top", "--iterations", "2", "--interval", "0.2"]);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for (i, refresh) in lines.iter().enumerate() {
+        assert!(refresh["at"].as_u64().is_some(), "{refresh}");
+        let rows: Vec<(&str, &str, u64, u64, u64)> = refresh["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                let n = |k: &str| g[k].as_u64().unwrap();
+                (
+                    g["stream"].as_str().unwrap(),
+                    g["group"].as_str().unwrap(),
+                    n("lag"),
+                    n("in_flight"),
+                    n("dead_letters"),
+                )
+            })
+            .collect();
+        // g: sequence 1 acked, 2 dead (the frontier passes both), 3 in flight, 4 due.
+        assert_eq!(rows, [("s", "g", 2, 1, 1), ("s", "h", 4, 0, 0), ("t", "g", 1, 0, 0)], "refresh {i}");
+        let rates =
+            |k: &str| -> Vec<Value> { refresh["groups"].as_array().unwrap().iter().map(|g| g[k].clone()).collect() };
+        if i == 0 {
+            assert!(rates("append_rate").iter().all(Value::is_null), "no rate before a second refresh: {refresh}");
+        } else {
+            assert!(rates("append_rate").iter().all(|r| r.as_f64() == Some(0.0)), "{refresh}");
+            assert!(rates("ack_rate").iter().all(|r| r.as_f64() == Some(0.0)), "{refresh}");
+        }
+    }
+    // Named streams only; an unknown one is not found.
+    let only = cli.json_lines(&["top", "t", "--iterations", "1"]);
+    assert_eq!(only[0]["groups"].as_array().unwrap().len(), 1);
+    assert_eq!(json_error(&cli, &["top", "nope", "--iterations", "1"], 1)["error"], "not_found");
+    assert_eq!(
+        json_error(&cli, &["top", "--interval", "0"], 2)["message"],
+        "--interval 0: must be between 0.1 and 3600 seconds"
+    );
+    // Off a terminal, without --json, the lines are JSON too.
+    let plain = cli.ok(&["top", "--iterations", "1"]);
+    let v: Value = serde_json::from_str(plain.trim()).unwrap();
+    assert_eq!(v["groups"][0]["lag"], 2);
 }

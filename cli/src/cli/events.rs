@@ -7,7 +7,9 @@ use clap::Args;
 use rheo::{AppendOptions, Event, OrderBy, Query, Rheo};
 use serde_json::{Value, json};
 
-use super::output::{Table, line, print_json, print_json_line, short_json};
+use comfy_table::Table;
+
+use super::output::{Output, progress, render, short_json, table};
 use super::{CliError, CliResult, Globals, parse};
 
 /// The most events `append` sends in one batch.
@@ -36,13 +38,14 @@ pub struct AppendArgs {
 pub struct ReadArgs {
     /// The stream.
     stream: String,
-    /// The partition.
-    #[arg(long, default_value_t = 0)]
-    partition: u32,
-    /// Reads events with sequence above this.
+    /// Reads only this partition. Without it, every partition in turn:
+    /// partition 0's events, then partition 1's, ..., up to `--limit` in all.
+    #[arg(long)]
+    partition: Option<u32>,
+    /// Reads events with sequence above this (in each partition read).
     #[arg(long, default_value_t = 0)]
     after: u64,
-    /// The most events to read.
+    /// The most events to read (1 to 10,000).
     #[arg(long, default_value_t = 100)]
     limit: usize,
 }
@@ -130,7 +133,8 @@ pub async fn append(ctx: &Globals, a: AppendArgs) -> CliResult {
     }
     let mut appended: Vec<Event> = Vec::new();
     if a.payloads.is_empty() {
-        let rheo = ctx.open().await?;
+        let rheo = ctx.open_write().await?;
+        let bar = progress(None, "{spinner} appending to {msg}: {pos} events ({per_sec})", a.stream.clone());
         let mut batch = Vec::new();
         for (n, text) in std::io::stdin().lock().lines().enumerate() {
             let text = text.map_err(|e| CliError::new(format!("reading stdin: {e}")))?;
@@ -138,35 +142,34 @@ pub async fn append(ctx: &Globals, a: AppendArgs) -> CliResult {
                 continue;
             }
             let v = payload(&text, &format!("stdin line {}", n + 1), a.event_type.as_deref())
-                .map_err(|e| CliError::new(format!("{e} (stopped with {} event(s) appended)", appended.len())))?;
+                .map_err(|e| CliError::usage(format!("{e} (stopped with {} event(s) appended)", appended.len())))?;
             batch.push(v);
             if batch.len() == APPEND_BATCH_MAX {
                 flush(&rheo, &a.stream, &opts, &mut batch, &mut appended).await?;
+                bar.set_position(appended.len() as u64);
             }
         }
         flush(&rheo, &a.stream, &opts, &mut batch, &mut appended).await?;
+        bar.finish_and_clear();
         if appended.is_empty() {
-            return Err(CliError::new("nothing to append: give JSON payloads as arguments or JSON lines on stdin"));
+            return Err(CliError::usage("nothing to append: give JSON payloads as arguments or JSON lines on stdin"));
         }
     } else {
         let mut payloads = Vec::with_capacity(a.payloads.len());
         for (n, text) in a.payloads.iter().enumerate() {
             payloads.push(payload(text, &format!("argument {}", n + 1), a.event_type.as_deref())?);
         }
-        let rheo = ctx.open().await?;
+        let rheo = ctx.open_write().await?;
         for chunk in payloads.chunks_mut(APPEND_BATCH_MAX) {
             let mut batch = chunk.to_vec();
             flush(&rheo, &a.stream, &opts, &mut batch, &mut appended).await?;
         }
     }
-    if ctx.json {
-        print_json(&appended)?;
-    } else {
-        if appended.len() <= APPEND_TABLE_MAX {
-            event_table(&appended).print("")?;
-        }
-        line(format!("appended {} event(s) to {}", appended.len(), a.stream))?;
+    let mut out = Output::new(&appended)?;
+    if appended.len() <= APPEND_TABLE_MAX {
+        out = out.table(event_table(&appended), "");
     }
+    render(ctx, out.line(format!("appended {} event(s) to {}", appended.len(), a.stream)))?;
     Ok(true)
 }
 
@@ -189,40 +192,47 @@ async fn flush(
 /// One payload: a JSON object (or any JSON value), with `type` set when asked.
 fn payload(text: &str, what: &str, event_type: Option<&str>) -> Result<Value, CliError> {
     let mut v: Value =
-        serde_json::from_str(text).map_err(|e| CliError::new(format!("{what} is not valid JSON: {e}")))?;
+        serde_json::from_str(text).map_err(|e| CliError::usage(format!("{what} is not valid JSON: {e}")))?;
     if let Some(t) = event_type {
         let Value::Object(map) = &mut v else {
-            return Err(CliError::new(format!("{what}: --type needs a JSON object payload")));
+            return Err(CliError::usage(format!("{what}: --type needs a JSON object payload")));
         };
         map.insert("type".into(), Value::String(t.to_owned()));
     }
     Ok(v)
 }
 
-/// Runs `rheo read`.
+/// Runs `rheo read`: one partition, or every partition in turn (0, 1,
+/// ...) until `--limit` events are read.
 pub async fn read(ctx: &Globals, a: ReadArgs) -> CliResult {
-    let rheo = ctx.open().await?;
-    let events = rheo.read(&a.stream, a.partition, a.after, a.limit).await?;
-    print_events(ctx, &events, "no events")?;
+    let limit = parse::limit(a.limit)?;
+    let rheo = ctx.open_read().await?;
+    let partitions = match a.partition {
+        Some(p) => p..p + 1,
+        None => 0..stream_info(&rheo, &a.stream).await?.partition_count,
+    };
+    let mut events = Vec::new();
+    for p in partitions {
+        if events.len() == limit {
+            break;
+        }
+        events.extend(rheo.read(&a.stream, p, a.after, limit - events.len()).await?);
+    }
+    render(ctx, Output::lines(&events)?.table(event_table(&events), "no events"))?;
     Ok(true)
 }
 
-/// Prints events as JSON lines or a table.
-fn print_events(ctx: &Globals, events: &[Event], empty: &str) -> Result<(), CliError> {
-    if ctx.json {
-        for e in events {
-            print_json_line(e)?;
-        }
-        Ok(())
-    } else {
-        event_table(events).print(empty)
-    }
+/// A stream's description (`not_found` when it does not exist).
+pub async fn stream_info(rheo: &Rheo, stream: &str) -> Result<rheo::StreamInfo, CliError> {
+    let streams = rheo.list_streams().await?;
+    let info = streams.into_iter().find(|s| s.name == stream);
+    info.ok_or_else(|| rheo::Error::StreamNotFound { stream: stream.to_owned() }.into())
 }
 
 fn event_table(events: &[Event]) -> Table {
-    let mut t = Table::new(&["PARTITION", "SEQ", "TIMESTAMP", "KEY", "TYPE", "PAYLOAD"]);
+    let mut t = table(&["PARTITION", "SEQ", "TIMESTAMP", "KEY", "TYPE", "PAYLOAD"]);
     for e in events {
-        t.row(vec![
+        t.add_row([
             e.partition().to_string(),
             e.sequence().to_string(),
             e.timestamp().to_string(),
@@ -267,35 +277,31 @@ pub async fn query(ctx: &Globals, a: QueryArgs) -> CliResult {
     if a.desc {
         q = q.descending();
     }
-    q = q.limit(a.limit);
+    q = q.limit(parse::limit(a.limit)?);
     if let Some(c) = &a.cursor {
         q = q.cursor(c.parse()?);
     }
-    let rheo = ctx.open().await?;
-    let page = rheo.query_page(&q).await?;
+    let page = ctx.open_read().await?.query_page(&q).await?;
     let cursor = page.next_cursor.map(|c| c.to_string());
-    if ctx.json {
-        let mut doc = json!({"events": page.events, "next_cursor": cursor});
-        if a.explain {
-            doc["explain"] =
-                json!(page.explain.iter().map(|e| json!({"text": e.to_string(), "run": e})).collect::<Vec<_>>());
-        }
-        print_json(&doc)?;
-        return Ok(true);
+    let mut doc = json!({"events": page.events, "next_cursor": cursor});
+    if a.explain {
+        doc["explain"] =
+            json!(page.explain.iter().map(|e| json!({"text": e.to_string(), "run": e})).collect::<Vec<_>>());
     }
-    event_table(&page.events).print("no matching events")?;
+    let mut out = Output::new(&doc)?.table(event_table(&page.events), "no matching events");
     if let Some(c) = cursor {
-        line(format!("more: --cursor {c}"))?;
+        out = out.line(format!("more: --cursor {c}"));
     }
     if a.explain {
-        line("explain:")?;
+        out = out.line("explain:");
         if page.explain.is_empty() {
-            line("  (this backend does not explain its plans)")?;
+            out = out.line("  (this backend does not explain its plans)");
         }
         for e in &page.explain {
-            line(format!("  {e}"))?;
+            out = out.line(format!("  {e}"));
         }
     }
+    render(ctx, out)?;
     Ok(true)
 }
 
@@ -308,16 +314,11 @@ const TAIL_BATCH: usize = 500;
 /// `wait_for_events` between rounds that found nothing; stops at `--count`
 /// or on Ctrl-C.
 pub async fn tail(ctx: &Globals, a: TailArgs) -> CliResult {
-    let rheo = ctx.open().await?;
-    let info = rheo
-        .list_streams()
-        .await?
-        .into_iter()
-        .find(|s| s.name == a.stream)
-        .ok_or_else(|| CliError::new(format!("stream {:?} does not exist", a.stream)))?;
+    let rheo = ctx.open_read().await?;
+    let info = stream_info(&rheo, &a.stream).await?;
     let partitions: Vec<u32> = match a.partition {
         Some(p) if p >= info.partition_count => {
-            return Err(CliError::new(format!(
+            return Err(CliError::usage(format!(
                 "--partition {p}: stream {:?} has {} partition(s)",
                 a.stream, info.partition_count
             )));
@@ -338,9 +339,7 @@ pub async fn tail(ctx: &Globals, a: TailArgs) -> CliResult {
 
 async fn follow(ctx: &Globals, rheo: &Rheo, a: &TailArgs, partitions: &[u32], after: &mut [u64]) -> CliResult {
     let mut printed = 0u64;
-    if !ctx.json {
-        line(format!("following {} (Ctrl-C to stop)", a.stream))?;
-    }
+    render(ctx, Output::text_only().line(format!("following {} (Ctrl-C to stop)", a.stream)))?;
     loop {
         let mut found = false;
         for (i, &p) in partitions.iter().enumerate() {
@@ -353,18 +352,15 @@ async fn follow(ctx: &Globals, rheo: &Rheo, a: &TailArgs, partitions: &[u32], af
                 found = true;
             }
             for e in &events {
-                if ctx.json {
-                    print_json_line(e)?;
-                } else {
-                    line(format!(
-                        "{}/{} {} {} {}",
-                        e.partition(),
-                        e.sequence(),
-                        e.timestamp(),
-                        e.event_type().unwrap_or("-"),
-                        e.payload()
-                    ))?;
-                }
+                let text = format!(
+                    "{}/{} {} {} {}",
+                    e.partition(),
+                    e.sequence(),
+                    e.timestamp(),
+                    e.event_type().unwrap_or("-"),
+                    e.payload()
+                );
+                render(ctx, Output::lines(std::slice::from_ref(e))?.line(text))?;
             }
             printed += events.len() as u64;
             if a.count.is_some_and(|c| printed >= c) {

@@ -8,8 +8,8 @@ use clap::Args;
 use rheo::inspect::{self, FileFinding};
 use serde_json::json;
 
-use super::output::{line, print_json};
-use super::{CliError, CliResult, Globals};
+use super::output::{Output, render};
+use super::{CliError, CliResult, ErrorKind, Globals};
 
 /// The most records `inspect` lists from one file unless `--limit`.
 const INSPECT_RECORDS_DEFAULT: usize = 1000;
@@ -35,31 +35,32 @@ pub struct VerifyArgs {
 
 /// Runs `rheo inspect FILE`.
 pub fn inspect(ctx: &Globals, a: InspectArgs) -> CliResult {
-    let (kind, bytes, r) = inspect::inspect_file(&a.file, a.limit).map_err(|e| CliError::new(e.to_string()))?;
-    if ctx.json {
-        print_json(&json!({"file": a.file.display().to_string(), "kind": kind, "bytes": bytes,
-            "header": r.header, "records": r.records, "record_count": r.count, "trailer": r.trailer,
-            "problems": r.problems, "warnings": r.warnings}))?;
-    } else {
-        line(format!("{} ({kind:?}, {bytes} bytes)", a.file.display()))?;
-        line(format!("header: {}", r.header))?;
-        for rec in &r.records {
-            line(format!("  {rec}"))?;
-        }
-        if r.count > r.records.len() as u64 {
-            line(format!("  ... {} more (use --limit)", r.count - r.records.len() as u64))?;
-        }
-        line(format!("records: {}", r.count))?;
-        if !r.trailer.is_null() {
-            line(format!("trailer: {}", r.trailer))?;
-        }
-        for p in &r.problems {
-            line(format!("problem at offset {}: {}", p.offset, p.reason))?;
-        }
-        for p in &r.warnings {
-            line(format!("warning at offset {}: {}", p.offset, p.reason))?;
-        }
+    if !a.file.exists() {
+        return Err(CliError::of(ErrorKind::NotFound, format!("{}: no such file", a.file.display())));
     }
+    let (kind, bytes, r) = inspect::inspect_file(&a.file, a.limit)?;
+    let mut out = Output::new(&json!({"file": a.file.display().to_string(), "kind": kind, "bytes": bytes,
+        "header": r.header, "records": r.records, "record_count": r.count, "trailer": r.trailer,
+        "problems": r.problems, "warnings": r.warnings}))?
+    .line(format!("{} ({kind:?}, {bytes} bytes)", a.file.display()))
+    .line(format!("header: {}", r.header));
+    for rec in &r.records {
+        out = out.line(format!("  {rec}"));
+    }
+    if r.count > r.records.len() as u64 {
+        out = out.line(format!("  ... {} more (use --limit)", r.count - r.records.len() as u64));
+    }
+    out = out.line(format!("records: {}", r.count));
+    if !r.trailer.is_null() {
+        out = out.line(format!("trailer: {}", r.trailer));
+    }
+    for p in &r.problems {
+        out = out.line(format!("problem at offset {}: {}", p.offset, p.reason));
+    }
+    for p in &r.warnings {
+        out = out.line(format!("warning at offset {}: {}", p.offset, p.reason));
+    }
+    render(ctx, out)?;
     Ok(r.problems.is_empty())
 }
 
@@ -73,34 +74,37 @@ pub fn verify(ctx: &Globals, a: VerifyArgs) -> CliResult {
         Some(d) => d,
         None => native_dir(&ctx.backend)?,
     };
-    let report = inspect::verify_dir(&dir).map_err(|e| CliError::new(e.to_string()))?;
-    let entry = |p: &FileFinding| json!({"file": p.file.display().to_string(), "kind": p.kind, "offset": p.offset, "reason": p.reason});
-    if ctx.json {
-        print_json(&json!({"dir": dir.display().to_string(), "files": report.files, "records": report.records,
-            "ok": report.ok(), "problems": report.problems.iter().map(entry).collect::<Vec<_>>(),
-            "warnings": report.warnings.iter().map(entry).collect::<Vec<_>>()}))?;
-    } else {
-        for p in &report.problems {
-            line(format!("{} {} {}", p.file.display(), p.offset, p.reason))?;
-        }
-        for p in &report.warnings {
-            line(format!("{} {} warning: {}", p.file.display(), p.offset, p.reason))?;
-        }
-        let verdict = match (report.problems.len(), report.warnings.len()) {
-            (0, 0) => "ok".to_owned(),
-            (0, w) => format!("ok, {w} warning(s): the next open repairs them"),
-            (p, 0) => format!("{p} problem(s)"),
-            (p, w) => format!("{p} problem(s), {w} warning(s)"),
-        };
-        line(format!("checked {} files, {} records in {}: {verdict}", report.files, report.records, dir.display()))?;
+    if !dir.is_dir() {
+        return Err(CliError::of(ErrorKind::NotFound, format!("{}: no such directory", dir.display())));
     }
+    let report = inspect::verify_dir(&dir)?;
+    let entry = |p: &FileFinding| json!({"file": p.file.display().to_string(), "kind": p.kind, "offset": p.offset, "reason": p.reason});
+    let mut out = Output::new(&json!({"dir": dir.display().to_string(), "files": report.files,
+        "records": report.records, "ok": report.ok(),
+        "problems": report.problems.iter().map(entry).collect::<Vec<_>>(),
+        "warnings": report.warnings.iter().map(entry).collect::<Vec<_>>()}))?;
+    for p in &report.problems {
+        out = out.line(format!("{} {} {}", p.file.display(), p.offset, p.reason));
+    }
+    for p in &report.warnings {
+        out = out.line(format!("{} {} warning: {}", p.file.display(), p.offset, p.reason));
+    }
+    let verdict = match (report.problems.len(), report.warnings.len()) {
+        (0, 0) => "ok".to_owned(),
+        (0, w) => format!("ok, {w} warning(s): the next open repairs them"),
+        (p, 0) => format!("{p} problem(s)"),
+        (p, w) => format!("{p} problem(s), {w} warning(s)"),
+    };
+    out =
+        out.line(format!("checked {} files, {} records in {}: {verdict}", report.files, report.records, dir.display()));
+    render(ctx, out)?;
     Ok(report.ok())
 }
 
 /// The directory of a `native:PATH[?options]` URL.
 fn native_dir(backend: &str) -> Result<PathBuf, CliError> {
     let path = backend.strip_prefix("native:").ok_or_else(|| {
-        CliError::new(format!("verify reads a native data directory; give DIR (the backend is {backend:?})"))
+        CliError::usage(format!("verify reads a native data directory; give DIR (the backend is {backend:?})"))
     })?;
     Ok(PathBuf::from(path.split('?').next().unwrap_or(path)))
 }

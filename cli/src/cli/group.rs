@@ -1,16 +1,16 @@
 //! `rheo group ...`, `rheo dlq list`, `rheo fetch` and `rheo ack`.
 
-use std::time::Duration;
-
 use clap::{Args, Subcommand};
 use rheo::{
     DeadLetterOptions, FetchOptions, GroupOptions, GroupSummary, Lag, LeaseRef, ReplayOptions, ResetOptions,
-    StartPosition,
+    RetryOutcome, StartPosition,
 };
 use serde_json::{Value, json};
 
-use super::output::{Table, line, print_json, short_json};
-use super::{CliError, CliResult, Globals, events, parse};
+use comfy_table::Table;
+
+use super::output::{Output, render, short_json, table, to_json};
+use super::{CliError, CliResult, ErrorKind, Globals, events, parse};
 
 /// `rheo group ...`
 #[derive(Debug, Subcommand)]
@@ -184,68 +184,86 @@ pub struct AckArgs {
     leases: Vec<String>,
 }
 
+/// Arguments of `rheo retry`.
+#[derive(Debug, Args)]
+pub struct RetryArgs {
+    /// Lease references as printed by `rheo fetch` (`lr1:...`).
+    #[arg(required = true, value_name = "LEASE_REF")]
+    leases: Vec<String>,
+    /// Why (kept as the dead letter's reason if it runs out of attempts).
+    #[arg(long, default_value = "retried with rheo retry")]
+    reason: String,
+    /// Claimable again after this many seconds (0 to 86400); default: the
+    /// group's backoff.
+    #[arg(long, value_name = "SECS")]
+    delay: Option<u64>,
+}
+
+/// Arguments of `rheo reject`.
+#[derive(Debug, Args)]
+pub struct RejectArgs {
+    /// Lease references as printed by `rheo fetch` (`lr1:...`).
+    #[arg(required = true, value_name = "LEASE_REF")]
+    leases: Vec<String>,
+    /// Why (the dead letter's reason).
+    #[arg(long, default_value = "rejected with rheo reject")]
+    reason: String,
+}
+
+/// Arguments of `rheo renew`.
+#[derive(Debug, Args)]
+pub struct RenewArgs {
+    /// Lease references as printed by `rheo fetch` (`lr1:...`).
+    #[arg(required = true, value_name = "LEASE_REF")]
+    leases: Vec<String>,
+    /// The new lease duration from now, in seconds (1 to 86400).
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    lease: u64,
+}
+
 /// Runs `rheo group ...`.
 pub async fn run_group(ctx: &Globals, command: GroupCommand) -> CliResult {
-    match command {
+    let out = match command {
         GroupCommand::Create(a) => {
             let mut opts = GroupOptions::new().start(a.start.position()?);
             if let Some(n) = a.max_attempts {
-                opts = opts.max_attempts(n);
+                opts = opts.max_attempts(parse::in_range("--max-attempts", n, 1, rheo::MAX_ATTEMPTS, "")?);
             }
-            let rheo = ctx.open().await?;
-            let g = rheo.create_group(&a.at.stream, &a.at.group, opts).await?;
-            if ctx.json {
-                print_json(&g)?;
-            } else {
-                line(format!("created group {} on {} (max {} attempts)", g.name, a.at.stream, g.max_attempts))?;
-            }
+            let g = ctx.open_write().await?.create_group(&a.at.stream, &a.at.group, opts).await?;
+            let text = format!("created group {} on {} (max {} attempts)", g.name, a.at.stream, g.max_attempts);
+            Output::new(&g)?.line(text)
         }
         GroupCommand::List { stream } => {
-            let groups = ctx.open().await?.list_groups(&stream).await?;
-            if ctx.json {
-                print_json(&groups)?;
-            } else {
-                group_table(&groups).print("no groups")?;
-            }
+            let groups = ctx.open_read().await?.list_groups(&stream).await?;
+            Output::new(&groups)?.table(group_table(&groups), "no groups")
         }
         GroupCommand::Info(g) => {
-            let info = ctx.open().await?.group_info(&g.stream, &g.group).await?;
-            if ctx.json {
-                print_json(&info)?;
-            } else {
-                let s = &info.summary;
-                line(format!("group        {} on {}", s.name, g.stream))?;
-                line(format!("max attempts {}", s.max_attempts))?;
-                line(format!("created      {}", s.created_at))?;
-                line(format!("lag          {}", info.lag.total))?;
-                line(format!("in flight    {}", info.inflight))?;
-                line(format!("retrying     {}", info.retry_waiting))?;
-                line(format!("dead letters {}", info.dead_letters))?;
-            }
+            let info = ctx.open_read().await?.group_info(&g.stream, &g.group).await?;
+            let s = &info.summary;
+            Output::new(&info)?
+                .line(format!("group        {} on {}", s.name, g.stream))
+                .line(format!("max attempts {}", s.max_attempts))
+                .line(format!("created      {}", s.created_at))
+                .line(format!("lag          {}", info.lag.total))
+                .line(format!("in flight    {}", info.inflight))
+                .line(format!("retrying     {}", info.retry_waiting))
+                .line(format!("dead letters {}", info.dead_letters))
         }
         GroupCommand::Lag(g) => {
-            let lag = ctx.open().await?.lag(&g.stream, &g.group).await?;
-            if ctx.json {
-                print_json(&lag)?;
-            } else {
-                lag_table(&lag).print("no partitions")?;
-                line(format!("total lag {}", lag.total))?;
-            }
+            let lag = ctx.open_read().await?.lag(&g.stream, &g.group).await?;
+            Output::new(&lag)?.table(lag_table(&lag), "no partitions").line(format!("total lag {}", lag.total))
         }
         GroupCommand::Reset(a) => {
             if !a.confirm {
-                return Err(CliError::new(format!(
+                return Err(CliError::usage(format!(
                     "resetting group {:?} drops its pending deliveries: add --confirm",
                     a.at.group
                 )));
             }
             let opts = ResetOptions::confirmed().start(a.start.position()?);
-            ctx.open().await?.reset_group(&a.at.stream, &a.at.group, opts).await?;
-            if ctx.json {
-                print_json(&json!({"stream": a.at.stream, "group": a.at.group, "reset": true}))?;
-            } else {
-                line(format!("reset group {} on {}", a.at.group, a.at.stream))?;
-            }
+            ctx.open_write().await?.reset_group(&a.at.stream, &a.at.group, opts).await?;
+            Output::new(&json!({"stream": a.at.stream, "group": a.at.group, "reset": true}))?
+                .line(format!("reset group {} on {}", a.at.group, a.at.stream))
         }
         GroupCommand::Replay(a) => {
             let opts = if let Some(n) = a.from_sequence {
@@ -255,35 +273,32 @@ pub async fn run_group(ctx: &Globals, command: GroupCommand) -> CliResult {
             } else {
                 ReplayOptions::query(events::build_query(&a.at.stream, &a.conditions)?)
             };
-            let n = ctx.open().await?.replay(&a.at.stream, &a.at.group, opts).await?;
-            if ctx.json {
-                print_json(&json!({"stream": a.at.stream, "group": a.at.group, "replayed": n}))?;
-            } else {
-                line(format!("reopened {n} deliveries of group {} on {}", a.at.group, a.at.stream))?;
-            }
+            let n = ctx.open_write().await?.replay(&a.at.stream, &a.at.group, opts).await?;
+            Output::new(&json!({"stream": a.at.stream, "group": a.at.group, "replayed": n}))?
+                .line(format!("reopened {n} deliveries of group {} on {}", a.at.group, a.at.stream))
         }
         GroupCommand::Skip(a) if a.through.is_some() => skip_range(ctx, &a).await?,
         GroupCommand::Skip(a) => {
-            let rheo = ctx.open().await?;
+            let rheo = ctx.open_write().await?;
             let skipped = rheo.skip(&a.at.stream, &a.at.group, a.partition, a.sequence, &a.reason).await?;
-            if ctx.json {
-                print_json(&json!({
-                    "stream": a.at.stream, "group": a.at.group, "partition": a.partition,
-                    "sequence": a.sequence, "skipped": skipped,
-                }))?;
-            } else if skipped {
-                line(format!(
+            let doc = json!({
+                "stream": a.at.stream, "group": a.at.group, "partition": a.partition,
+                "sequence": a.sequence, "skipped": skipped,
+            });
+            Output::new(&doc)?.line(if skipped {
+                format!(
                     "dead-lettered partition {} sequence {} of group {} on {} (skipped: {})",
                     a.partition, a.sequence, a.at.group, a.at.stream, a.reason
-                ))?;
+                )
             } else {
-                line(format!(
+                format!(
                     "partition {} sequence {} already is a dead letter of group {} on {}",
                     a.partition, a.sequence, a.at.group, a.at.stream
-                ))?;
-            }
+                )
+            })
         }
-    }
+    };
+    render(ctx, out)?;
     Ok(true)
 }
 
@@ -292,22 +307,22 @@ pub async fn run_group(ctx: &Globals, command: GroupCommand) -> CliResult {
 /// consumed, the stretch ends at or before the high watermark), so that a
 /// position the group already settled (acknowledged, or dead) is counted as
 /// such instead of stopping the stretch.
-async fn skip_range(ctx: &Globals, a: &SkipArgs) -> Result<(), CliError> {
+async fn skip_range(ctx: &Globals, a: &SkipArgs) -> Result<Output, CliError> {
     let (first, last) = (a.sequence, a.through.unwrap_or(a.sequence));
     if first == 0 || last < first || last - first >= SKIP_RANGE_MAX {
-        return Err(CliError::new(format!(
+        return Err(CliError::usage(format!(
             "--sequence must be at least 1 and --through from it to {} positions after it (got {first} to {last})",
             SKIP_RANGE_MAX - 1
         )));
     }
-    let rheo = ctx.open().await?;
+    let rheo = ctx.open_write().await?;
     let (stream, group, p) = (&a.at.stream, &a.at.group, a.partition);
     let lag = rheo.lag_of(stream, group, &[p]).await?;
     let Some(part) = lag.partitions.iter().find(|l| l.partition == p) else {
-        return Err(CliError::new(format!("group {group} on {stream} does not consume partition {p}")));
+        return Err(CliError::usage(format!("group {group} on {stream} does not consume partition {p}")));
     };
     if last > part.high_watermark {
-        return Err(CliError::new(format!(
+        return Err(CliError::usage(format!(
             "--through {last} is past partition {p}'s high watermark ({}); nothing was skipped",
             part.high_watermark
         )));
@@ -327,42 +342,39 @@ async fn skip_range(ctx: &Globals, a: &SkipArgs) -> Result<(), CliError> {
                 } else {
                     format!("sequences {first} to {} are done ({skipped} skipped, {settled} already settled)", seq - 1)
                 };
-                return Err(CliError::new(format!(
-                    "partition {p} sequence {seq} of group {group} on {stream}: {e}; {done}"
-                )));
+                return Err(CliError::of(
+                    ErrorKind::of(&e),
+                    format!("partition {p} sequence {seq} of group {group} on {stream}: {e}; {done}"),
+                ));
             }
         }
     }
-    if ctx.json {
-        print_json(&json!({
-            "stream": stream, "group": group, "partition": p,
-            "from_sequence": first, "through_sequence": last, "skipped": skipped, "already": settled,
-        }))?;
-    } else {
-        line(format!(
-            "dead-lettered {skipped} positions of partition {p} (sequences {first} to {last}; {settled} were already settled) of group {group} on {stream} (skipped: {})",
-            a.reason
-        ))?;
-    }
-    Ok(())
+    let doc = json!({
+        "stream": stream, "group": group, "partition": p,
+        "from_sequence": first, "through_sequence": last, "skipped": skipped, "already": settled,
+    });
+    Ok(Output::new(&doc)?.line(format!(
+        "dead-lettered {skipped} positions of partition {p} (sequences {first} to {last}; {settled} were already settled) of group {group} on {stream} (skipped: {})",
+        a.reason
+    )))
 }
 
 fn group_table(groups: &[GroupSummary]) -> Table {
-    let mut t = Table::new(&["NAME", "MAX_ATTEMPTS", "PARTITIONS", "CREATED"]);
+    let mut t = table(&["NAME", "MAX_ATTEMPTS", "PARTITIONS", "CREATED"]);
     for g in groups {
         let parts = g
             .partitions
             .as_ref()
             .map_or_else(|| "all".to_owned(), |p| p.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
-        t.row(vec![g.name.clone(), g.max_attempts.to_string(), parts, g.created_at.to_string()]);
+        t.add_row([g.name.clone(), g.max_attempts.to_string(), parts, g.created_at.to_string()]);
     }
     t
 }
 
 fn lag_table(lag: &Lag) -> Table {
-    let mut t = Table::new(&["PARTITION", "HIGH_WATERMARK", "FRONTIER", "LAG"]);
+    let mut t = table(&["PARTITION", "HIGH_WATERMARK", "FRONTIER", "LAG"]);
     for p in &lag.partitions {
-        t.row(vec![p.partition.to_string(), p.high_watermark.to_string(), p.frontier.to_string(), p.lag.to_string()]);
+        t.add_row([p.partition.to_string(), p.high_watermark.to_string(), p.frontier.to_string(), p.lag.to_string()]);
     }
     t
 }
@@ -370,21 +382,17 @@ fn lag_table(lag: &Lag) -> Table {
 /// Runs `rheo dlq list`.
 pub async fn run_dlq(ctx: &Globals, command: DlqCommand) -> CliResult {
     let DlqCommand::List(a) = command;
-    let mut opts = DeadLetterOptions::new().limit(a.limit);
+    let mut opts = DeadLetterOptions::new().limit(parse::limit(a.limit)?);
     if let Some(id) = a.after {
         opts = opts.after(id);
     }
     if let Some(at) = &a.after_position {
-        let bad = || CliError::new(format!("--after-position {at:?}: expected PARTITION:SEQ, e.g. 0:42"));
+        let bad = || CliError::usage(format!("--after-position {at:?}: expected PARTITION:SEQ, e.g. 0:42"));
         let (p, seq) = at.split_once(':').ok_or_else(bad)?;
         opts = opts.after_position(p.parse().map_err(|_| bad())?, seq.parse().map_err(|_| bad())?);
     }
-    let dead = ctx.open().await?.dead_letters(&a.at.stream, &a.at.group, opts).await?;
-    if ctx.json {
-        print_json(&dead)?;
-        return Ok(true);
-    }
-    let mut t = Table::new(&["PARTITION", "SEQ", "EVENT_ID", "ATTEMPTS", "AT", "REASON", "PAYLOAD"]);
+    let dead = ctx.open_read().await?.dead_letters(&a.at.stream, &a.at.group, opts).await?;
+    let mut t = table(&["PARTITION", "SEQ", "EVENT_ID", "ATTEMPTS", "AT", "REASON", "PAYLOAD"]);
     for d in &dead {
         let (id, payload) = match (&d.event, &d.damage) {
             (Some(e), _) => (e.id().to_owned(), short_json(e.payload(), 60)),
@@ -394,7 +402,7 @@ pub async fn run_dlq(ctx: &Globals, command: DlqCommand) -> CliResult {
             ),
             (None, None) => ("-".to_owned(), "-".to_owned()),
         };
-        t.row(vec![
+        t.add_row([
             d.partition.to_string(),
             d.sequence.to_string(),
             id,
@@ -404,15 +412,15 @@ pub async fn run_dlq(ctx: &Globals, command: DlqCommand) -> CliResult {
             payload,
         ]);
     }
-    t.print("no dead letters")?;
+    render(ctx, Output::new(&dead)?.table(t, "no dead letters"))?;
     Ok(true)
 }
 
 /// Runs `rheo fetch`: each lease with its reference (`ref`), which `rheo
-/// ack` takes.
+/// ack`, `retry`, `reject` and `renew` take.
 pub async fn fetch(ctx: &Globals, a: FetchArgs) -> CliResult {
-    let opts = FetchOptions::new().limit(a.limit).lease(Duration::from_secs(a.lease));
-    let report = ctx.open().await?.fetch_report(&a.at.stream, &a.at.group, opts).await?;
+    let opts = FetchOptions::new().limit(parse::limit(a.limit)?).lease(parse::seconds("--lease", a.lease, 1)?);
+    let report = ctx.open_write().await?.fetch_report(&a.at.stream, &a.at.group, opts).await?;
     // Damage goes to stderr, so that stdout stays the leases alone.
     for d in &report.damaged {
         if ctx.json {
@@ -425,21 +433,15 @@ pub async fn fetch(ctx: &Globals, a: FetchArgs) -> CliResult {
         }
     }
     let leases = report.leases;
-    if ctx.json {
-        let mut docs = Vec::with_capacity(leases.len());
-        for l in &leases {
-            let mut v = serde_json::to_value(l).map_err(|e| CliError::new(format!("encoding a lease: {e}")))?;
-            if let Value::Object(m) = &mut v {
-                m.insert("ref".into(), Value::String(l.to_ref().to_string()));
-            }
-            docs.push(v);
-        }
-        print_json(&docs)?;
-        return Ok(true);
-    }
-    let mut t = Table::new(&["PARTITION", "SEQ", "ATTEMPT", "EXPIRES", "PAYLOAD", "REF"]);
+    let mut docs = Vec::with_capacity(leases.len());
+    let mut t = table(&["PARTITION", "SEQ", "ATTEMPT", "EXPIRES", "PAYLOAD", "REF"]);
     for l in &leases {
-        t.row(vec![
+        let mut v = to_json(l)?;
+        if let Value::Object(m) = &mut v {
+            m.insert("ref".into(), Value::String(l.to_ref().to_string()));
+        }
+        docs.push(v);
+        t.add_row([
             l.partition().to_string(),
             l.sequence().to_string(),
             l.attempt.to_string(),
@@ -448,39 +450,119 @@ pub async fn fetch(ctx: &Globals, a: FetchArgs) -> CliResult {
             l.to_ref().to_string(),
         ]);
     }
-    t.print("nothing to deliver")?;
+    render(ctx, Output::new(&docs)?.table(t, "nothing to deliver"))?;
     Ok(true)
 }
 
-/// Runs `rheo ack`: every reference is tried; exit 1 when any failed.
+/// Lease references as printed by `rheo fetch`, each checked (a usage
+/// error names the bad one).
+fn lease_refs(texts: &[String]) -> Result<Vec<LeaseRef>, CliError> {
+    texts.iter().map(|t| t.parse::<LeaseRef>().map_err(CliError::from)).collect()
+}
+
+/// Runs `rheo ack`: every reference is tried, in one call.
 pub async fn ack(ctx: &Globals, a: AckArgs) -> CliResult {
-    let mut refs = Vec::with_capacity(a.leases.len());
-    for text in &a.leases {
-        let r: LeaseRef = text.parse()?;
+    let refs = lease_refs(&a.leases)?;
+    for (text, r) in a.leases.iter().zip(&refs) {
         if *r.stream != *a.stream || *r.group != *a.group {
-            return Err(CliError::new(format!(
+            return Err(CliError::usage(format!(
                 "lease {text:?} belongs to group {:?} of stream {:?}, not {:?} of {:?}",
                 r.group, r.stream, a.group, a.stream
             )));
         }
-        refs.push(r);
     }
-    let results = ctx.open().await?.ack_many(refs.iter()).await?;
-    let mut all_ok = true;
-    let mut docs = Vec::with_capacity(results.len());
-    for (text, r) in a.leases.iter().zip(&results) {
-        all_ok &= r.is_ok();
-        let error = r.as_ref().err().map(ToString::to_string);
-        if !ctx.json {
-            match &error {
-                None => line(format!("acked {text}"))?,
-                Some(e) => eprintln!("error: ack {text}: {e}"),
+    let results = ctx.open_write().await?.ack_many(refs.iter()).await?;
+    let done = results.into_iter().map(|r| r.map(|()| (json!({}), String::new())));
+    settled(ctx, "ack", "acked", &a.leases, done)
+}
+
+/// Runs `rheo retry`: each lease is given back, claimable again after
+/// `--delay` (or the group's backoff), or dead-lettered when it has used
+/// all its attempts.
+pub async fn retry(ctx: &Globals, a: RetryArgs) -> CliResult {
+    let refs = lease_refs(&a.leases)?;
+    let delay = a.delay.map(|d| parse::seconds("--delay", d, 0)).transpose()?;
+    let rheo = ctx.open_write().await?;
+    let mut results = Vec::with_capacity(refs.len());
+    for r in refs {
+        let outcome = match delay {
+            Some(d) => rheo.retry_after(r, &a.reason, d).await,
+            None => rheo.retry(r, &a.reason).await,
+        };
+        results.push(outcome.map(|o| match o {
+            RetryOutcome::Scheduled { available_at } => (
+                json!({"outcome": "scheduled", "available_at": available_at}),
+                format!(": claimable again at {available_at}"),
+            ),
+            RetryOutcome::DeadLettered => {
+                (json!({"outcome": "dead_lettered"}), ": out of attempts, dead-lettered".to_owned())
             }
+        }));
+    }
+    settled(ctx, "retry", "retried", &a.leases, results)
+}
+
+/// Runs `rheo reject`: each lease's delivery is dead-lettered.
+pub async fn reject(ctx: &Globals, a: RejectArgs) -> CliResult {
+    let refs = lease_refs(&a.leases)?;
+    let rheo = ctx.open_write().await?;
+    let mut results = Vec::with_capacity(refs.len());
+    for r in refs {
+        let done = rheo.reject(r, &a.reason).await;
+        results.push(done.map(|()| (json!({}), format!(" (dead-lettered: {})", a.reason))));
+    }
+    settled(ctx, "reject", "rejected", &a.leases, results)
+}
+
+/// Runs `rheo renew`: each lease is extended to `--lease` seconds from now.
+pub async fn renew(ctx: &Globals, a: RenewArgs) -> CliResult {
+    let refs = lease_refs(&a.leases)?;
+    let lease = parse::seconds("--lease", a.lease, 1)?;
+    let rheo = ctx.open_write().await?;
+    let mut results = Vec::with_capacity(refs.len());
+    for r in refs {
+        let expiry = rheo.renew(r, lease).await;
+        results.push(expiry.map(|t| (json!({"expires_at": t}), format!(" until {t}"))));
+    }
+    settled(ctx, "renew", "renewed", &a.leases, results)
+}
+
+/// Prints what became of each lease of `rheo ack|retry|reject|renew`: per
+/// lease a line (`<done> <ref><detail>`) and a JSON document
+/// `{"ref", "ok", "error", ...fields}`; then, when any failed, the error
+/// (its kind the first failure's) naming each failed lease.
+fn settled(
+    ctx: &Globals,
+    verb: &str,
+    done: &str,
+    texts: &[String],
+    results: impl IntoIterator<Item = Result<(Value, String), rheo::Error>>,
+) -> CliResult {
+    let mut docs = Vec::with_capacity(texts.len());
+    let mut out_lines = Vec::new();
+    let mut failed: Vec<(String, ErrorKind)> = Vec::new();
+    for (text, r) in texts.iter().zip(results) {
+        let mut doc = json!({"ref": text, "ok": r.is_ok(), "error": r.as_ref().err().map(ToString::to_string)});
+        match r {
+            Ok((Value::Object(fields), detail)) => {
+                if let Value::Object(m) = &mut doc {
+                    m.extend(fields);
+                }
+                out_lines.push(format!("{done} {text}{detail}"));
+            }
+            Ok((_, detail)) => out_lines.push(format!("{done} {text}{detail}")),
+            Err(e) => failed.push((format!("{verb} {text}: {e}"), ErrorKind::of(&e))),
         }
-        docs.push(json!({"ref": text, "ok": r.is_ok(), "error": error}));
+        docs.push(doc);
     }
-    if ctx.json {
-        print_json(&docs)?;
+    let out = out_lines.into_iter().fold(Output::new(&docs)?, Output::line);
+    render(ctx, out)?;
+    match failed.first() {
+        None => Ok(true),
+        Some((message, kind)) if failed.len() == 1 => Err(CliError::of(*kind, message.clone())),
+        Some((_, kind)) => {
+            let all: Vec<String> = failed.iter().map(|(m, _)| m.clone()).collect();
+            Err(CliError::of(*kind, format!("{} of {} leases failed: {}", failed.len(), texts.len(), all.join("; "))))
+        }
     }
-    Ok(all_ok)
 }

@@ -9,7 +9,9 @@ mod group;
 mod output;
 mod parse;
 mod stream;
+mod top;
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -27,7 +29,8 @@ struct Args {
     #[arg(long, global = true)]
     backend: Vec<String>,
     /// Machine-readable output: one JSON document, or JSON lines for
-    /// `read` and `tail`.
+    /// `read`, `tail` and `top`; an error is one JSON object on stderr,
+    /// `{"error": KIND, "message": ...}`.
     #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
@@ -47,7 +50,8 @@ enum Command {
     Index(stream::IndexCommand),
     /// Appends events: JSON payloads from the arguments, or JSON lines from stdin.
     Append(events::AppendArgs),
-    /// Reads one partition in sequence order.
+    /// Reads events in sequence order: one partition (`--partition`), or
+    /// every partition in turn (0's events, then 1's, ...) up to `--limit`.
     Read(events::ReadArgs),
     /// Queries a stream's history.
     Query(events::QueryArgs),
@@ -63,6 +67,18 @@ enum Command {
     Fetch(group::FetchArgs),
     /// Acknowledges leases by their references (as printed by `fetch`).
     Ack(group::AckArgs),
+    /// Gives leased deliveries back for another attempt (after `--delay`
+    /// seconds, or the group's backoff); out of attempts, dead-letters them.
+    Retry(group::RetryArgs),
+    /// Dead-letters leased deliveries (`dlq list` shows them).
+    Reject(group::RejectArgs),
+    /// Extends leases to `--lease` seconds from now.
+    Renew(group::RenewArgs),
+    /// A live view, refreshed every `--interval`: per stream and group the
+    /// lag, in-flight deliveries, dead letters, and appended/acked events
+    /// per second. In a terminal it redraws the screen; piped or under
+    /// `--json`, one JSON line per refresh.
+    Top(top::TopArgs),
     /// Dumps the records of one data file (segment, index, WAL, checkpoint).
     Inspect(files::InspectArgs),
     /// Checks every checksum of a native data directory without opening it.
@@ -72,23 +88,115 @@ enum Command {
     Bench(bench::BenchArgs),
 }
 
-/// A failed command: the one line printed after `error: `.
+/// What kind of failure a [`CliError`] is: its `error` field under
+/// `--json`, and its exit code (2 for [`ErrorKind::Usage`], else 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// A bad argument or value: exit 2.
+    Usage,
+    /// The stream, group, file or cursor does not exist.
+    NotFound,
+    /// A stream or group of that name already exists.
+    AlreadyExists,
+    /// The data directory is held by another process.
+    Locked,
+    /// A lease no longer holds its delivery.
+    StaleLease,
+    /// Stored data failed a check (or has an unknown format version).
+    Corrupt,
+    /// The backend could not be reached, or the outcome is unknown.
+    Unavailable,
+    /// The disk is full.
+    NoSpace,
+    /// The backend does not implement the operation.
+    Unsupported,
+    /// Any other failed operation.
+    Failed,
+}
+
+impl ErrorKind {
+    /// The name under `--json` (`{"error": "<name>", ...}`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::Usage => "usage",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::AlreadyExists => "already_exists",
+            ErrorKind::Locked => "locked",
+            ErrorKind::StaleLease => "stale_lease",
+            ErrorKind::Corrupt => "corrupt",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::NoSpace => "no_space",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Failed => "failed",
+        }
+    }
+
+    /// The kind of a library error: the ones that mean bad input are usage
+    /// errors.
+    pub fn of(e: &rheo::Error) -> Self {
+        use rheo::Error as E;
+        match e {
+            E::InvalidArgument { .. }
+            | E::InvalidName { .. }
+            | E::InvalidPartition { .. }
+            | E::InvalidPartitionCount { .. }
+            | E::InvalidReplayOpts { .. }
+            | E::ConfirmRequired { .. }
+            | E::EventTooLarge { .. } => ErrorKind::Usage,
+            E::StreamNotFound { .. } | E::GroupNotFound { .. } | E::CursorNotFound { .. } => ErrorKind::NotFound,
+            E::AlreadyExists { .. } => ErrorKind::AlreadyExists,
+            E::Locked { .. } => ErrorKind::Locked,
+            E::StaleLease { .. } | E::ReceiptMismatch { .. } => ErrorKind::StaleLease,
+            E::Corrupt { .. } | E::UnsupportedVersion { .. } => ErrorKind::Corrupt,
+            E::BackendUnavailable { .. } | E::Ambiguous { .. } => ErrorKind::Unavailable,
+            E::NoSpace { .. } => ErrorKind::NoSpace,
+            E::Unsupported { .. } => ErrorKind::Unsupported,
+            _ => ErrorKind::Failed,
+        }
+    }
+}
+
+/// A failed command: the one line printed after `error: ` (under `--json`,
+/// one object `{"error": kind, "message": ...}` on stderr).
 #[derive(Debug)]
 pub struct CliError {
     message: String,
-    /// A bad argument or value (exit code 2), not a failed operation.
-    usage: bool,
+    kind: ErrorKind,
 }
 
 impl CliError {
     /// A failed operation (exit code 1) with this message.
     pub fn new(message: impl Into<String>) -> Self {
-        CliError { message: message.into(), usage: false }
+        CliError::of(ErrorKind::Failed, message)
     }
 
     /// A bad argument or value (exit code 2) with this message.
     pub fn usage(message: impl Into<String>) -> Self {
-        CliError { message: message.into(), usage: true }
+        CliError::of(ErrorKind::Usage, message)
+    }
+
+    /// An error of this kind with this message.
+    pub fn of(kind: ErrorKind, message: impl Into<String>) -> Self {
+        CliError { message: message.into(), kind }
+    }
+
+    /// Its kind.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// Its exit code: 2 for a usage error, else 1.
+    fn exit_code(&self) -> ExitCode {
+        if self.kind() == ErrorKind::Usage { ExitCode::from(2) } else { ExitCode::FAILURE }
+    }
+
+    /// Prints it on stderr: `error: message`, or one JSON object.
+    fn print(&self, json: bool) {
+        if json {
+            eprintln!("{}", serde_json::json!({"error": self.kind.name(), "message": self.message}));
+        } else {
+            eprintln!("error: {}", self.message);
+        }
     }
 }
 
@@ -100,7 +208,11 @@ impl std::fmt::Display for CliError {
 
 impl From<rheo::Error> for CliError {
     fn from(e: rheo::Error) -> Self {
-        CliError::new(e.to_string())
+        let message = match &e {
+            rheo::Error::InvalidArgument { argument: "url", reason } => format!("invalid --backend URL: {reason}"),
+            _ => e.to_string(),
+        };
+        CliError::of(ErrorKind::of(&e), message)
     }
 }
 
@@ -112,7 +224,10 @@ impl From<std::io::Error> for CliError {
 
 impl From<demo::DemoError> for CliError {
     fn from(e: demo::DemoError) -> Self {
-        CliError::new(e.to_string())
+        match e {
+            demo::DemoError::Rheo(e) => e.into(),
+            demo::DemoError::Io(e) => e.into(),
+        }
     }
 }
 
@@ -132,29 +247,57 @@ pub struct Globals {
 }
 
 impl Globals {
-    /// Opens the backend.
-    pub async fn open(&self) -> Result<rheo::Rheo, CliError> {
+    /// Opens the backend for a command that changes it (creating a
+    /// missing native directory or SQLite file).
+    pub async fn open_write(&self) -> Result<rheo::Rheo, CliError> {
         Ok(rheo::Rheo::open(&self.backend).await?)
+    }
+
+    /// Opens the backend for a command that only reads: a native
+    /// directory or SQLite file that does not exist is an error (a wrong
+    /// `--backend`), never created.
+    pub async fn open_read(&self) -> Result<rheo::Rheo, CliError> {
+        let missing = |what: String| Err(CliError::of(ErrorKind::NotFound, format!("{what}; check --backend")));
+        if let Some(rest) = self.backend.strip_prefix("native:") {
+            let dir = Path::new(rest.split('?').next().unwrap_or(rest));
+            if !dir.as_os_str().is_empty() && !dir.join("MANIFEST").is_file() {
+                return missing(format!("no Rheo data directory at {} (no MANIFEST)", dir.display()));
+            }
+        } else if let Some(rest) = self.backend.strip_prefix("sqlite:") {
+            let rest = rest.strip_prefix("//").unwrap_or(rest);
+            let file = rest.split('?').next().unwrap_or(rest);
+            if !file.is_empty() && file != ":memory:" && !Path::new(file).is_file() {
+                return missing(format!("no SQLite database at {file}"));
+            }
+        }
+        self.open_write().await
     }
 }
 
 /// Runs the command line: exit 0 on success, 1 when the command failed or
 /// found a problem, 2 on bad arguments; any error is one line on stderr.
 pub fn main() -> ExitCode {
+    // Known before clap parses, so that its errors are JSON too.
+    let json = std::env::args().skip(1).take_while(|a| a != "--").any(|a| a == "--json");
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) => {
-            use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+            use clap::error::ErrorKind as Clap;
+            if matches!(e.kind(), Clap::DisplayHelp | Clap::DisplayVersion) {
                 let _ = e.print();
                 return ExitCode::SUCCESS;
             }
-            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-                let _ = e.print();
-                return ExitCode::from(2);
+            if e.kind() == Clap::DisplayHelpOnMissingArgumentOrSubcommand {
+                if !json {
+                    let _ = e.print();
+                    return ExitCode::from(2);
+                }
+                let err = CliError::usage("a subcommand is missing (see --help)");
+                err.print(json);
+                return err.exit_code();
             }
             // One line: clap's message (which may continue on the next
-            // lines) without its usage block.
+            // lines) without its usage block and its `error: `.
             let rendered = e.render().to_string();
             let message: Vec<&str> = rendered
                 .lines()
@@ -162,20 +305,28 @@ pub fn main() -> ExitCode {
                 .map(str::trim)
                 .filter(|l| !l.is_empty())
                 .collect();
-            eprintln!("{} (see --help)", message.join(" "));
-            return ExitCode::from(2);
+            let message = message.join(" ");
+            let message = message.strip_prefix("error: ").unwrap_or(&message);
+            let err = CliError::usage(format!("{message} (see --help)"));
+            err.print(json);
+            return err.exit_code();
         }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
+            let err = CliError::new(format!("cannot start the async runtime: {e}"));
+            err.print(json);
+            return err.exit_code();
         }
     };
     if args.backend.len() > 1 && !matches!(args.command, Command::Bench(_)) {
-        eprintln!("--backend was given {} times; only `rheo bench` takes several (see --help)", args.backend.len());
-        return ExitCode::from(2);
+        let err = CliError::usage(format!(
+            "--backend was given {} times; only `rheo bench` takes several (see --help)",
+            args.backend.len()
+        ));
+        err.print(json);
+        return err.exit_code();
     }
     let backend = args.backend.last().cloned().unwrap_or_else(|| "native:./rheo-data".to_owned());
     let ctx = Globals { backend, backends: args.backend, json: args.json };
@@ -184,8 +335,8 @@ pub fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e}");
-            if e.usage { ExitCode::from(2) } else { ExitCode::FAILURE }
+            e.print(ctx.json);
+            e.exit_code()
         }
     }
 }
@@ -203,14 +354,18 @@ async fn dispatch(ctx: &Globals, command: Command) -> CliResult {
         Command::Dlq(c) => group::run_dlq(ctx, c).await,
         Command::Fetch(a) => group::fetch(ctx, a).await,
         Command::Ack(a) => group::ack(ctx, a).await,
+        Command::Retry(a) => group::retry(ctx, a).await,
+        Command::Reject(a) => group::reject(ctx, a).await,
+        Command::Renew(a) => group::renew(ctx, a).await,
+        Command::Top(a) => top::run(ctx, a).await,
         Command::Inspect(a) => files::inspect(ctx, a),
         Command::Verify(a) => files::verify(ctx, a),
         Command::Bench(a) => bench::run(ctx, a).await,
     }
 }
 
-/// `rheo demo`: the narration on stdout, or under `--json` its lines as
-/// `{"backend": .., "lines": [..]}`.
+/// `rheo demo`: the narration on stdout as it runs, or under `--json` its
+/// lines as `{"backend": .., "lines": [..]}`.
 async fn demo_command(ctx: &Globals) -> CliResult {
     if !ctx.json {
         demo::run(&ctx.backend, &mut std::io::stdout()).await?;
@@ -220,6 +375,6 @@ async fn demo_command(ctx: &Globals) -> CliResult {
     demo::run(&ctx.backend, &mut buf).await?;
     let text = String::from_utf8_lossy(&buf);
     let lines: Vec<&str> = text.lines().collect();
-    output::print_json(&serde_json::json!({"backend": ctx.backend, "lines": lines}))?;
+    output::render(ctx, output::Output::new(&serde_json::json!({"backend": ctx.backend, "lines": lines}))?)?;
     Ok(true)
 }

@@ -1,88 +1,161 @@
-//! Output helpers: JSON documents and lines, and aligned text tables.
+//! Output: every command builds one [`Output`] (its JSON value and its
+//! rendering for people: lines and tables) and [`render`] prints it, as
+//! JSON under `--json`, else as text. Also the tables (comfy-table) and
+//! the progress bars on stderr (indicatif) every command shares.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
+use comfy_table::{CellAlignment, Table, TableStyle, presets};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
+use serde_json::Value;
 
-use super::CliError;
+use super::{CliError, Globals};
 
-/// Prints one pretty JSON document on stdout.
-pub fn print_json<T: Serialize + ?Sized>(value: &T) -> Result<(), CliError> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| CliError::new(format!("encoding JSON: {e}")))?;
-    writeln!(std::io::stdout().lock(), "{text}")?;
-    Ok(())
-}
-
-/// Prints one compact JSON document on its own line (JSON lines) and flushes.
-pub fn print_json_line<T: Serialize + ?Sized>(value: &T) -> Result<(), CliError> {
-    let text = serde_json::to_string(value).map_err(|e| CliError::new(format!("encoding JSON: {e}")))?;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{text}")?;
-    out.flush()?;
-    Ok(())
-}
-
-/// Prints a line of text on stdout.
-pub fn line(text: impl std::fmt::Display) -> Result<(), CliError> {
-    writeln!(std::io::stdout().lock(), "{text}")?;
-    Ok(())
-}
-
-/// A text table whose columns are padded to their widest cell.
+/// What a command prints under `--json`.
 #[derive(Debug)]
-pub struct Table {
-    header: Vec<String>,
-    rows: Vec<Vec<String>>,
+enum Json {
+    /// One pretty document.
+    Document(Value),
+    /// One compact document per line (JSON lines).
+    Lines(Vec<Value>),
 }
 
-impl Table {
-    /// A table with these column titles.
-    pub fn new(header: &[&str]) -> Self {
-        Table { header: header.iter().map(|h| (*h).to_owned()).collect(), rows: Vec::new() }
+/// One part of the text rendering.
+#[derive(Debug)]
+enum Block {
+    /// A line of text.
+    Line(String),
+    /// A table, or this line when it has no rows.
+    Table(Box<Table>, String),
+}
+
+/// What a command prints: its JSON value and its text for people.
+#[derive(Debug)]
+#[must_use = "an output is printed by `render`"]
+pub struct Output {
+    json: Json,
+    text: Vec<Block>,
+}
+
+/// Encodes a value as JSON (an error only for a value serde can't encode).
+pub fn to_json(value: &(impl Serialize + ?Sized)) -> Result<Value, CliError> {
+    serde_json::to_value(value).map_err(|e| CliError::new(format!("encoding JSON: {e}")))
+}
+
+impl Output {
+    /// An output whose JSON is this one document.
+    pub fn new(value: &(impl Serialize + ?Sized)) -> Result<Self, CliError> {
+        Ok(Output { json: Json::Document(to_json(value)?), text: Vec::new() })
     }
 
-    /// Adds a row (missing cells are blank).
-    pub fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
+    /// An output whose JSON is one line per item (JSON lines).
+    pub fn lines<T: Serialize>(items: &[T]) -> Result<Self, CliError> {
+        let values = items.iter().map(to_json).collect::<Result<_, _>>()?;
+        Ok(Output { json: Json::Lines(values), text: Vec::new() })
     }
 
-    /// The table as text, one line per row, the last column unpadded.
-    pub fn render(&self) -> String {
-        let cols = self.header.len();
-        let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
-        for r in &self.rows {
-            for (i, c) in r.iter().enumerate().take(cols) {
-                widths[i] = widths[i].max(c.chars().count());
-            }
-        }
-        let mut out = String::new();
-        for r in std::iter::once(&self.header).chain(&self.rows) {
-            let mut line = String::new();
-            for (i, w) in widths.iter().enumerate() {
-                let cell = r.get(i).map_or("", String::as_str);
-                if i + 1 == cols {
-                    line.push_str(cell);
-                } else {
-                    line.push_str(cell);
-                    line.push_str(&" ".repeat(w - cell.chars().count() + 2));
+    /// An output with no JSON (nothing printed under `--json`).
+    pub fn text_only() -> Self {
+        Output { json: Json::Lines(Vec::new()), text: Vec::new() }
+    }
+
+    /// Adds a line of text.
+    pub fn line(mut self, text: impl std::fmt::Display) -> Self {
+        self.text.push(Block::Line(text.to_string()));
+        self
+    }
+
+    /// Adds a table, shown as `empty` when it has no rows (nothing when
+    /// `empty` is empty).
+    pub fn table(mut self, table: Table, empty: &str) -> Self {
+        self.text.push(Block::Table(Box::new(table), empty.to_owned()));
+        self
+    }
+
+    /// Prints it on stdout: as JSON, or as text.
+    pub fn print(self, json: bool) -> Result<(), CliError> {
+        let mut out = std::io::stdout().lock();
+        if json {
+            match self.json {
+                Json::Document(v) => writeln!(out, "{}", pretty(&v)?)?,
+                Json::Lines(items) => {
+                    for v in &items {
+                        writeln!(out, "{v}")?;
+                    }
                 }
             }
-            out.push_str(line.trim_end());
-            out.push('\n');
-        }
-        out
-    }
-
-    /// Prints the table on stdout, or `empty` when it has no rows.
-    pub fn print(&self, empty: &str) -> Result<(), CliError> {
-        let mut out = std::io::stdout().lock();
-        if self.rows.is_empty() {
-            writeln!(out, "{empty}")?;
         } else {
-            write!(out, "{}", self.render())?;
+            for block in self.text {
+                match block {
+                    Block::Line(l) => writeln!(out, "{l}")?,
+                    Block::Table(t, empty) if t.row_count() == 0 => {
+                        if !empty.is_empty() {
+                            writeln!(out, "{empty}")?;
+                        }
+                    }
+                    Block::Table(t, _) => writeln!(out, "{}", t.trim_fmt())?,
+                }
+            }
         }
+        out.flush()?;
         Ok(())
     }
+}
+
+/// Prints a command's output: JSON under `--json`, else its text.
+pub fn render(ctx: &Globals, output: Output) -> Result<(), CliError> {
+    output.print(ctx.json)
+}
+
+fn pretty(v: &Value) -> Result<String, CliError> {
+    serde_json::to_string_pretty(v).map_err(|e| CliError::new(format!("encoding JSON: {e}")))
+}
+
+/// A table in this style with this header.
+fn styled(style: TableStyle, header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_style(style);
+    t.set_header(header.iter().copied());
+    t
+}
+
+/// A plain table for terminals and pipes: no borders, columns two spaces
+/// apart, the first column at the margin.
+pub fn table(header: &[&str]) -> Table {
+    let mut t = styled(presets::NOTHING, header);
+    for col in t.column_iter_mut() {
+        col.set_padding((0, 2));
+    }
+    t
+}
+
+/// A Markdown table (`| a | b |`), as the bench prints.
+pub fn markdown_table(header: &[&str]) -> Table {
+    styled(presets::ASCII_MARKDOWN, header)
+}
+
+/// Aligns these columns (numbers) to the right.
+pub fn align_right(t: &mut Table, columns: impl IntoIterator<Item = usize>) {
+    for i in columns {
+        if let Some(col) = t.column_mut(i) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+}
+
+/// A progress bar (or, without `len`, a counter) on stderr, drawn only when
+/// stderr is a terminal: off one (a pipe, a file, a CI log) it prints
+/// nothing at all.
+pub fn progress(len: Option<u64>, template: &str, message: String) -> ProgressBar {
+    let target =
+        if std::io::stderr().is_terminal() { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
+    let bar = ProgressBar::with_draw_target(len, target);
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(message);
+    bar
 }
 
 /// A JSON value shortened to `max` characters for a table cell.
@@ -101,10 +174,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn columns_align_on_the_widest_cell() {
-        let mut t = Table::new(&["NAME", "N"]);
-        t.row(vec!["orders".into(), "4".into()]);
-        t.row(vec!["a".into(), "12".into()]);
-        assert_eq!(t.render(), "NAME    N\norders  4\na       12\n");
+    fn plain_tables_align_on_the_widest_cell_without_borders() {
+        let mut t = table(&["NAME", "N"]);
+        t.add_row(["orders", "4"]);
+        t.add_row(["a", "12"]);
+        assert_eq!(t.trim_fmt(), "NAME    N\norders  4\na       12");
+        align_right(&mut t, [1]);
+        assert_eq!(t.trim_fmt(), "NAME     N\norders   4\na       12");
+    }
+
+    #[test]
+    fn markdown_tables_have_pipes() {
+        let mut t = markdown_table(&["a", "b"]);
+        t.add_row(["1", "2"]);
+        assert!(t.to_string().starts_with("| a | b |"), "{t}");
     }
 }

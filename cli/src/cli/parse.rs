@@ -15,7 +15,7 @@ pub fn value(text: &str) -> Value {
 /// `path<value`, `path<=value`, `path in a,b,c`, `path exists`,
 /// `path missing`.
 pub fn condition(text: &str) -> Result<(String, Op), CliError> {
-    let bad = |why: &str| CliError::new(format!("--where {text:?}: {why}"));
+    let bad = |why: &str| CliError::usage(format!("--where {text:?}: {why}"));
     let t = text.trim();
     if let Some(path) = t.strip_suffix(" exists") {
         return Ok((checked_path(path, text)?, Op::Exists(true)));
@@ -31,28 +31,38 @@ pub fn condition(text: &str) -> Result<(String, Op), CliError> {
         bad("expected path=value, path>value, path>=value, path<value, path<=value, 'path in a,b', 'path exists' or 'path missing'")
     })?;
     let (path, rest) = t.split_at(at);
-    let (op, v): (fn(Value) -> Op, &str) = if let Some(v) = rest.strip_prefix(">=") {
-        (Op::Gte, v)
+    let (op, v, range): (fn(Value) -> Op, &str, bool) = if let Some(v) = rest.strip_prefix(">=") {
+        (Op::Gte, v, true)
     } else if let Some(v) = rest.strip_prefix("<=") {
-        (Op::Lte, v)
+        (Op::Lte, v, true)
     } else if let Some(v) = rest.strip_prefix('>') {
-        (Op::Gt, v)
+        (Op::Gt, v, true)
     } else if let Some(v) = rest.strip_prefix('<') {
-        (Op::Lt, v)
+        (Op::Lt, v, true)
     } else if let Some(v) = rest.strip_prefix("==") {
-        (Op::Eq, v)
+        (Op::Eq, v, false)
     } else if let Some(v) = rest.strip_prefix('=') {
-        (Op::Eq, v)
+        (Op::Eq, v, false)
     } else {
         return Err(bad("unknown comparison"));
     };
-    Ok((checked_path(path, text)?, op(value(v.trim()))))
+    let path = checked_path(path, text)?;
+    let comparison = &rest[..rest.len() - v.len()];
+    let v = v.trim();
+    // Unquoted text in a range comparison is almost always a typo of a
+    // number: a number field compared with a string never matches.
+    if range && serde_json::from_str::<Value>(v).is_err() {
+        return Err(bad(&format!(
+            "{v} is not a number: a number field compared with text never matches; quote it, {path}{comparison}\"{v}\", to compare text"
+        )));
+    }
+    Ok((path, op(value(v))))
 }
 
 fn checked_path(path: &str, text: &str) -> Result<String, CliError> {
     let path = path.trim();
     if path.is_empty() || path.contains(char::is_whitespace) {
-        return Err(CliError::new(format!("--where {text:?}: the field path is empty or has spaces")));
+        return Err(CliError::usage(format!("--where {text:?}: the field path is empty or has spaces")));
     }
     Ok(path.to_owned())
 }
@@ -64,8 +74,35 @@ pub fn time(text: &str) -> Result<Timestamp, CliError> {
         return Ok(Timestamp::from_millis(ms));
     }
     rfc3339(text).ok_or_else(|| {
-        CliError::new(format!("{text:?} is not a time (RFC 3339 like 2026-11-29T18:14:25Z, or milliseconds)"))
+        CliError::usage(format!("{text:?} is not a time (RFC 3339 like 2026-11-29T18:14:25Z, or milliseconds)"))
     })
+}
+
+/// Checks a number option: `FLAG VALUE: must be between MIN and MAX UNIT`
+/// (a usage error) when it is outside `min..=max`.
+pub fn in_range<T: PartialOrd + std::fmt::Display>(
+    flag: &str,
+    v: T,
+    min: T,
+    max: T,
+    unit: &str,
+) -> Result<T, CliError> {
+    if v < min || v > max {
+        let unit = if unit.is_empty() { String::new() } else { format!(" {unit}") };
+        return Err(CliError::usage(format!("{flag} {v}: must be between {min} and {max}{unit}")));
+    }
+    Ok(v)
+}
+
+/// Checks a `--limit`: 1 to [`rheo::MAX_LIMIT`].
+pub fn limit(v: usize) -> Result<usize, CliError> {
+    in_range("--limit", v, 1, rheo::MAX_LIMIT, "")
+}
+
+/// A `--lease` (or `--delay` from `min` 0) in seconds: `min` to
+/// [`rheo::MAX_LEASE`].
+pub fn seconds(flag: &str, v: u64, min: u64) -> Result<std::time::Duration, CliError> {
+    in_range(flag, v, min, rheo::MAX_LEASE.as_secs(), "seconds").map(std::time::Duration::from_secs)
 }
 
 fn rfc3339(s: &str) -> Option<Timestamp> {
@@ -148,6 +185,22 @@ mod tests {
         assert_eq!(condition("t missing").ok(), Some(("t".into(), Op::Exists(false))));
         assert!(condition("nothing here").is_err());
         assert!(condition("=1").is_err());
+        let err = condition("total>abc").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("abc is not a number") && err.contains(r#"quote it, total>"abc""#), "{err}");
+        assert_eq!(condition(r#"total>="abc""#).ok(), Some(("total".into(), Op::Gte(json!("abc")))));
+        assert!(condition("n<=x").is_err_and(|e| e.kind() == super::super::ErrorKind::Usage));
+    }
+
+    #[test]
+    fn ranges_say_the_flag_value_and_bounds() {
+        let err = seconds("--lease", 0, 1).err().map(|e| e.to_string());
+        assert_eq!(err.as_deref(), Some("--lease 0: must be between 1 and 86400 seconds"));
+        assert_eq!(seconds("--delay", 0, 0).ok(), Some(std::time::Duration::ZERO));
+        assert_eq!(
+            limit(20_000).err().map(|e| e.to_string()).as_deref(),
+            Some("--limit 20000: must be between 1 and 10000")
+        );
+        assert_eq!(limit(10_000).ok(), Some(10_000));
     }
 
     #[test]

@@ -1,11 +1,10 @@
 //! `rheo stream create|list` and `rheo index create|status`.
 
-use std::io::Write;
-
 use clap::{Args, Subcommand};
+use comfy_table::Table;
 use rheo::{IndexStatus, StreamInfo, StreamOptions};
 
-use super::output::{Table, line, print_json};
+use super::output::{Output, progress, render, table};
 use super::{CliResult, Globals};
 
 /// `rheo stream ...`
@@ -49,33 +48,25 @@ pub enum IndexCommand {
 
 /// Runs `rheo stream ...`.
 pub async fn run_stream(ctx: &Globals, command: StreamCommand) -> CliResult {
-    let rheo = ctx.open().await?;
-    match command {
+    let out = match command {
         StreamCommand::Create(a) => {
-            let info =
-                rheo.create_stream(&a.name, StreamOptions::new().partitions(a.partitions).indexes(a.indexes)).await?;
-            if ctx.json {
-                print_json(&info)?;
-            } else {
-                line(format!("created stream {} with {} partition(s)", info.name, info.partition_count))?;
-            }
+            let opts = StreamOptions::new().partitions(a.partitions).indexes(a.indexes);
+            let info = ctx.open_write().await?.create_stream(&a.name, opts).await?;
+            Output::new(&info)?.line(format!("created stream {} with {} partition(s)", info.name, info.partition_count))
         }
         StreamCommand::List => {
-            let streams = rheo.list_streams().await?;
-            if ctx.json {
-                print_json(&streams)?;
-            } else {
-                stream_table(&streams).print("no streams")?;
-            }
+            let streams = ctx.open_read().await?.list_streams().await?;
+            Output::new(&streams)?.table(stream_table(&streams), "no streams")
         }
-    }
+    };
+    render(ctx, out)?;
     Ok(true)
 }
 
 fn stream_table(streams: &[StreamInfo]) -> Table {
-    let mut t = Table::new(&["NAME", "PARTITIONS", "EVENTS", "INDEXES", "CREATED"]);
+    let mut t = table(&["NAME", "PARTITIONS", "EVENTS", "INDEXES", "CREATED"]);
     for s in streams {
-        t.row(vec![
+        t.add_row([
             s.name.clone(),
             s.partition_count.to_string(),
             s.high_watermarks.iter().sum::<u64>().to_string(),
@@ -88,45 +79,36 @@ fn stream_table(streams: &[StreamInfo]) -> Table {
 
 /// Runs `rheo index ...`.
 pub async fn run_index(ctx: &Globals, command: IndexCommand) -> CliResult {
-    let rheo = ctx.open().await?;
-    match command {
+    let out = match command {
         IndexCommand::Create { stream, field } => {
-            let build = rheo.create_index(&stream, &field).await?;
-            let human = !ctx.json;
+            let build = ctx.open_write().await?.create_index(&stream, &field).await?;
+            let bar = progress(None, "building index {msg} [{bar:30}] {pos}/{len} segments", field.clone());
             let done = build
                 .wait(|s| {
-                    if human {
-                        eprint!("\rbuilding index {}: {}/{} segments", s.field, s.segments_ready, s.segments_total);
-                        let _ = std::io::stderr().flush();
-                    }
+                    bar.set_length(s.segments_total);
+                    bar.set_position(s.segments_ready);
                 })
-                .await?;
-            if ctx.json {
-                print_json(&done)?;
-            } else {
-                eprintln!();
-                line(format!(
-                    "index {} on {stream} is built: {}/{} segments",
-                    done.field, done.segments_ready, done.segments_total
-                ))?;
-            }
+                .await;
+            bar.finish_and_clear();
+            let done = done?;
+            Output::new(&done)?.line(format!(
+                "index {} on {stream} is built: {}/{} segments",
+                done.field, done.segments_ready, done.segments_total
+            ))
         }
         IndexCommand::Status { stream } => {
-            let statuses = rheo.index_status(&stream).await?;
-            if ctx.json {
-                print_json(&statuses)?;
-            } else {
-                index_table(&statuses).print("no declared indexes")?;
-            }
+            let statuses = ctx.open_read().await?.index_status(&stream).await?;
+            Output::new(&statuses)?.table(index_table(&statuses), "no declared indexes")
         }
-    }
+    };
+    render(ctx, out)?;
     Ok(true)
 }
 
 fn index_table(statuses: &[IndexStatus]) -> Table {
-    let mut t = Table::new(&["FIELD", "READY", "SEGMENTS", "FAILED"]);
+    let mut t = table(&["FIELD", "READY", "SEGMENTS", "FAILED"]);
     for s in statuses {
-        t.row(vec![
+        t.add_row([
             s.field.clone(),
             if s.ready() { "yes".into() } else { "no".into() },
             format!("{}/{}", s.segments_ready, s.segments_total),

@@ -13,7 +13,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::ProgressBar;
 use rheo::{MAX_BATCH_EVENTS, MAX_LIMIT, MAX_PARTITIONS, Rheo};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -21,7 +21,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use self::probe::{FsyncProbe, Machine, Pattern};
 use self::stats::{Latencies, Summary};
 use self::workload::{Phase, PhaseOut, RheoTarget, Target, Workload};
-use super::output::print_json;
+use super::output::{Output, align_right, markdown_table, progress, render};
 use super::{CliError, CliResult, Globals};
 
 /// The most events one case appends.
@@ -308,12 +308,7 @@ fn cases(a: &BenchArgs, workloads: &[Workload]) -> Vec<(Workload, usize, usize, 
 
 /// A progress bar on stderr, drawn only on a terminal.
 fn bar(len: u64, message: String) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({per_sec}, {eta} left)") {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message(message);
-    bar
+    progress(Some(len), "{msg} [{bar:30}] {pos}/{len} ({per_sec}, {eta} left)", message)
 }
 
 /// Runs `rheo bench`.
@@ -439,14 +434,11 @@ pub async fn run(ctx: &Globals, a: BenchArgs) -> CliResult {
             eprintln!("wrote {}", path.display());
         }
     }
-    if ctx.json {
-        print_json(&results)?;
-    } else {
-        print!("{}", table(&results.cases));
-        for s in &results.skipped {
-            println!("skipped: {s}");
-        }
+    let mut out = Output::new(&results)?.table(table(&results.cases), "");
+    for s in &results.skipped {
+        out = out.line(format!("skipped: {s}"));
     }
+    render(ctx, out)?;
     Ok(true)
 }
 
@@ -457,10 +449,8 @@ pub fn ms(us: u64) -> String {
 }
 
 /// The cases as a table, one row per case (rounds merged by their median).
-pub fn table(cases: &[Case]) -> String {
-    let mut t = comfy_table::Table::new();
-    t.load_style(comfy_table::presets::ASCII_MARKDOWN);
-    t.set_header([
+pub fn table(cases: &[Case]) -> comfy_table::Table {
+    let mut t = markdown_table(&[
         "backend", "workload", "proc", "prod", "cons", "batch", "events", "events/s", "p50", "p99", "max", "fsync/s",
     ]);
     let mut rows = report::medians(cases);
@@ -482,12 +472,8 @@ pub fn table(cases: &[Case]) -> String {
             c.fsync_per_sec.map_or_else(|| "-".to_owned(), |f| format!("{f:.0}")),
         ]);
     }
-    for i in [2, 3, 4, 5, 6, 7, 8, 9, 10, 11] {
-        if let Some(col) = t.column_mut(i) {
-            col.set_cell_alignment(comfy_table::CellAlignment::Right);
-        }
-    }
-    format!("{t}\n")
+    align_right(&mut t, 2..12);
+    t
 }
 
 /// Runs one case: sets its stream up, prefills it, runs its timed part in
