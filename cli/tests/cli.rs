@@ -132,10 +132,13 @@ fn append_from_arguments_and_stdin_then_read() {
     assert_eq!(appended[1]["sequence"], 2);
     assert_eq!(appended[1]["payload"], serde_json::json!({"n": 2, "type": "t"}));
 
+    // From stdin, under --json: each event as a JSON line once appended.
     let out = cli.run_stdin(&["--json", "append", "s"], "{\"n\":3}\n\n{\"n\":4}\n");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(v.as_array().unwrap().len(), 2);
+    let lines: Vec<Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    assert_eq!(lines.iter().map(|e| e["sequence"].as_u64().unwrap()).collect::<Vec<_>>(), vec![3, 4]);
+    assert_eq!(lines[1]["payload"], serde_json::json!({"n": 4}));
 
     let events = cli.json_lines(&["read", "s", "--partition", "0"]);
     assert_eq!(events.iter().map(|e| e["sequence"].as_u64().unwrap()).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
@@ -450,13 +453,14 @@ fn bad_input_is_one_error_line_and_a_non_zero_exit() {
     let out = cli.run_stdin(&["append", "s"], "{\"ok\":1}\nnot json\n");
     let line = fails_with(out, &["append", "s"]);
     assert!(
-        line.contains("stdin line 2 is not valid JSON") && line.contains("stopped with 0 event(s) appended"),
+        line.contains("stdin line 2 is not valid JSON")
+            && line.contains("stopped after appending the 1 event(s) before it"),
         "{line}"
     );
     // Arguments are all checked first: nothing was appended by the bad run.
     assert!(cli.fails(&["append", "s", "{}", "oops"]).contains("argument 2"));
-    // Stdin goes in batches: line 1 was still in the batch the bad line stopped.
-    assert_eq!(cli.json(&["stream", "list"])[0]["high_watermarks"], serde_json::json!([0]));
+    // From stdin, the lines before the bad one are appended, as the error says.
+    assert_eq!(cli.json(&["stream", "list"])[0]["high_watermarks"], serde_json::json!([1]));
     // verify needs a directory: a memory backend has none.
     let out = Command::new(env!("CARGO_BIN_EXE_rheo")).args(["--backend", "memory:", "verify"]).output().unwrap();
     assert!(fails_with(out, &["verify"]).contains("native"));
@@ -1121,4 +1125,112 @@ fn top_prints_a_json_line_per_refresh_with_each_groups_numbers() {
     let plain = cli.ok(&["top", "--iterations", "1"]);
     let v: Value = serde_json::from_str(plain.trim()).unwrap();
     assert_eq!(v["groups"][0]["lag"], 2);
+}
+
+/// A `rheo append` reading stdin holds the directory (the writer); other
+/// `rheo` processes read it meanwhile: lag, dead letters, `tail` following
+/// the writer's appends, `top` seeing them, and a second writer refused
+/// with the holder's pid.
+#[test]
+fn read_commands_work_beside_a_process_that_holds_the_directory() {
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
+
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s", "--partitions", "2"]);
+    cli.ok(&["group", "create", "s", "g"]);
+    cli.ok(&["append", "s", r#"{"n":0}"#, r#"{"n":1}"#, "--partition", "0"]);
+    let leases = cli.json(&["fetch", "s", "g", "--limit", "1", "--lease", "60"]);
+    cli.ok(&["reject", leases[0]["ref"].as_str().unwrap(), "--reason", "bad order"]);
+
+    // The writer: appends each stdin line once read, prints it once durable.
+    let mut writer = cli
+        .command(&["--json", "append", "s", "--partition", "1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the writer");
+    let mut stdin = writer.stdin.take().expect("stdin");
+    let mut acks = std::io::BufReader::new(writer.stdout.take().expect("stdout")).lines();
+    let mut append = |n: u64| {
+        writeln!(stdin, "{{\"n\":{n}}}").and_then(|()| stdin.flush()).expect("write a line");
+        let line = acks.next().expect("an acknowledgement").expect("read");
+        let event: Value = serde_json::from_str(&line).expect("JSON line");
+        assert_eq!(event["payload"]["n"], n, "{line}");
+        Instant::now()
+    };
+    append(2);
+
+    // A second writer is refused, naming the holder and the read commands.
+    let refused = cli.fails(&["append", "s", r#"{"n":99}"#]);
+    assert!(refused.contains(&format!("in use by process {}", writer.id())), "{refused}");
+    assert!(refused.contains("these only read and work while it runs: read, query, tail"), "{refused}");
+    let json_err = cli.run(&["--json", "group", "reset", "s", "g", "--latest", "--confirm"]);
+    assert_eq!(json_err.status.code(), Some(1));
+    let err: Value = serde_json::from_slice(&json_err.stderr).expect("one JSON error");
+    assert_eq!(err["error"], "locked", "{err}");
+
+    // Reads see the writer's state, without the lock.
+    let lag = cli.json(&["group", "lag", "s", "g"]);
+    assert_eq!(lag["total"], 2, "sequence 1 of partition 0 was rejected: {lag}");
+    let dead = cli.json(&["dlq", "list", "s", "g"]);
+    assert_eq!(dead.as_array().map(Vec::len), Some(1), "{dead}");
+    assert_eq!(dead[0]["reason"], "bad order");
+    assert_eq!(cli.json(&["stream", "list"])[0]["high_watermarks"], serde_json::json!([2, 1]));
+    let read = cli.json_lines(&["read", "s", "--partition", "1"]);
+    assert_eq!(payloads(&read), vec![serde_json::json!({"n": 2})]);
+
+    // `tail` follows what the writer appends after it started.
+    let tail = cli
+        .command(&["--json", "tail", "s", "--from-end", "--count", "3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tail");
+    std::thread::sleep(Duration::from_millis(700));
+    let mut last_ack = Instant::now();
+    for n in 3..6 {
+        last_ack = append(n);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let tailed = tail.wait_with_output().expect("tail");
+    let caught_up = last_ack.elapsed();
+    assert!(tailed.status.success(), "{}", String::from_utf8_lossy(&tailed.stderr));
+    let seen: Vec<u64> = String::from_utf8(tailed.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("JSON line")["payload"]["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seen, vec![3, 4, 5]);
+    println!("tail saw the writer's last append {caught_up:?} after it was acknowledged (incl. its exit)");
+
+    // `top` sees the writer's appends as a rate.
+    let top = cli
+        .command(&["--json", "top", "--iterations", "2", "--interval", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn top");
+    let until = Instant::now() + Duration::from_millis(1600);
+    let mut n = 6;
+    while Instant::now() < until {
+        append(n);
+        n += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let top = top.wait_with_output().expect("top");
+    assert!(top.status.success(), "{}", String::from_utf8_lossy(&top.stderr));
+    let refreshes: Vec<Value> =
+        String::from_utf8(top.stdout).unwrap().lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect();
+    assert_eq!(refreshes.len(), 2);
+    let rate = refreshes[1]["groups"][0]["append_rate"].as_f64().expect("a rate on the second refresh");
+    assert!(rate > 1.0, "top saw no appends: {}", refreshes[1]);
+
+    drop(stdin);
+    let done = writer.wait_with_output().expect("writer");
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    assert_eq!(String::from_utf8(done.stderr).unwrap(), "", "no progress output off a terminal");
+    // Everything the writer acknowledged is there once it is gone.
+    assert_eq!(cli.json(&["stream", "list"])[0]["high_watermarks"], serde_json::json!([2, n - 2]));
 }

@@ -121,8 +121,9 @@ pub struct TailArgs {
 const APPEND_TABLE_MAX: usize = 50;
 
 /// Runs `rheo append`. Arguments are all checked before anything is
-/// appended; stdin is appended in batches as it is read, so a bad line stops
-/// the run after the batches before it (the error says how many).
+/// appended; stdin is appended in batches as it is read, and a bad line
+/// stops the run once every line before it is appended (the error says
+/// how many).
 pub async fn append(ctx: &Globals, a: AppendArgs) -> CliResult {
     let mut opts = AppendOptions::new();
     if let Some(k) = &a.key {
@@ -131,45 +132,108 @@ pub async fn append(ctx: &Globals, a: AppendArgs) -> CliResult {
     if let Some(p) = a.partition {
         opts = opts.partition(p);
     }
-    let mut appended: Vec<Event> = Vec::new();
     if a.payloads.is_empty() {
-        let rheo = ctx.open_write().await?;
-        let bar = progress(None, "{spinner} appending to {msg}: {pos} events ({per_sec})", a.stream.clone());
-        let mut batch = Vec::new();
-        for (n, text) in std::io::stdin().lock().lines().enumerate() {
-            let text = text.map_err(|e| CliError::new(format!("reading stdin: {e}")))?;
-            if text.trim().is_empty() {
-                continue;
-            }
-            let v = payload(&text, &format!("stdin line {}", n + 1), a.event_type.as_deref())
-                .map_err(|e| CliError::usage(format!("{e} (stopped with {} event(s) appended)", appended.len())))?;
-            batch.push(v);
-            if batch.len() == APPEND_BATCH_MAX {
-                flush(&rheo, &a.stream, &opts, &mut batch, &mut appended).await?;
-                bar.set_position(appended.len() as u64);
-            }
-        }
+        return append_stdin(ctx, &a, &opts).await;
+    }
+    let mut appended: Vec<Event> = Vec::new();
+    let mut payloads = Vec::with_capacity(a.payloads.len());
+    for (n, text) in a.payloads.iter().enumerate() {
+        payloads.push(payload(text, &format!("argument {}", n + 1), a.event_type.as_deref())?);
+    }
+    let rheo = ctx.open_write().await?;
+    for chunk in payloads.chunks_mut(APPEND_BATCH_MAX) {
+        let mut batch = chunk.to_vec();
         flush(&rheo, &a.stream, &opts, &mut batch, &mut appended).await?;
-        bar.finish_and_clear();
-        if appended.is_empty() {
-            return Err(CliError::usage("nothing to append: give JSON payloads as arguments or JSON lines on stdin"));
-        }
-    } else {
-        let mut payloads = Vec::with_capacity(a.payloads.len());
-        for (n, text) in a.payloads.iter().enumerate() {
-            payloads.push(payload(text, &format!("argument {}", n + 1), a.event_type.as_deref())?);
-        }
-        let rheo = ctx.open_write().await?;
-        for chunk in payloads.chunks_mut(APPEND_BATCH_MAX) {
-            let mut batch = chunk.to_vec();
-            flush(&rheo, &a.stream, &opts, &mut batch, &mut appended).await?;
-        }
     }
     let mut out = Output::new(&appended)?;
     if appended.len() <= APPEND_TABLE_MAX {
         out = out.table(event_table(&appended), "");
     }
     render(ctx, out.line(format!("appended {} event(s) to {}", appended.len(), a.stream)))?;
+    Ok(true)
+}
+
+/// Lines read from stdin ahead of the appends, at most.
+const STDIN_AHEAD: usize = 2 * APPEND_BATCH_MAX;
+
+/// `rheo append` of JSON lines on stdin, as they arrive: each batch is what
+/// was read while the previous one was appended (at most
+/// [`APPEND_BATCH_MAX`]), so a slow producer piped in sees each line
+/// appended at once and a fast one in batches. Under `--json` each event
+/// is printed (a JSON line) once appended, so a pipeline knows what is
+/// durable; the text output is the count (and the events, when few).
+/// Memory stays bounded however long it runs.
+async fn append_stdin(ctx: &Globals, a: &AppendArgs, opts: &AppendOptions) -> CliResult {
+    let rheo = ctx.open_write().await?;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<(usize, String), String>>(STDIN_AHEAD);
+    // A plain thread: a blocked read of stdin must not hold the runtime's
+    // shutdown. It ends at EOF, or when nobody receives any more.
+    std::thread::spawn(move || {
+        for (n, line) in std::io::stdin().lock().lines().enumerate() {
+            let item = line.map(|l| (n + 1, l)).map_err(|e| format!("reading stdin: {e}"));
+            let failed = item.is_err();
+            if tx.blocking_send(item).is_err() || failed {
+                return;
+            }
+        }
+    });
+    let bar = progress(None, "{spinner} appending to {msg}: {pos} events ({per_sec})", a.stream.clone());
+    let mut first: Vec<Event> = Vec::new();
+    let mut count = 0usize;
+    let mut batch = Vec::new();
+    // One stdin line: its payload, nothing (a blank line), or why it is bad.
+    let parse = |item: Result<(usize, String), String>| -> Result<Option<Value>, CliError> {
+        let (n, text) = item.map_err(CliError::new)?;
+        if text.trim().is_empty() {
+            return Ok(None);
+        }
+        payload(&text, &format!("stdin line {n}"), a.event_type.as_deref()).map(Some)
+    };
+    let mut bad = None;
+    while let Some(item) = rx.recv().await {
+        let mut next = Some(item);
+        while let Some(item) = next.take() {
+            match parse(item) {
+                Ok(Some(v)) => batch.push(v),
+                Ok(None) => {}
+                Err(e) => {
+                    bad = Some(e);
+                    break;
+                }
+            }
+            if batch.len() < APPEND_BATCH_MAX {
+                next = rx.try_recv().ok();
+            }
+        }
+        // Every line before a bad one is appended, then the run stops.
+        let mut appended = Vec::new();
+        flush(&rheo, &a.stream, opts, &mut batch, &mut appended).await?;
+        count += appended.len();
+        bar.set_position(count as u64);
+        if ctx.json {
+            render(ctx, Output::lines(&appended)?)?;
+        }
+        if first.len() <= APPEND_TABLE_MAX {
+            first.extend(appended.into_iter().take(APPEND_TABLE_MAX + 1 - first.len()));
+        }
+        if let Some(e) = bad {
+            bar.finish_and_clear();
+            let usage = e.kind() == super::ErrorKind::Usage;
+            let message = format!("{e} (stopped after appending the {count} event(s) before it)");
+            return Err(if usage { CliError::usage(message) } else { CliError::new(message) });
+        }
+    }
+    bar.finish_and_clear();
+    if count == 0 {
+        return Err(CliError::usage("nothing to append: give JSON payloads as arguments or JSON lines on stdin"));
+    }
+    if !ctx.json {
+        let mut out = Output::text_only();
+        if count <= APPEND_TABLE_MAX {
+            out = out.table(event_table(&first), "");
+        }
+        render(ctx, out.line(format!("appended {count} event(s) to {}", a.stream)))?;
+    }
     Ok(true)
 }
 
@@ -307,6 +371,10 @@ pub async fn query(ctx: &Globals, a: QueryArgs) -> CliResult {
 
 /// The longest a tail waits for a wakeup before polling again.
 const TAIL_POLL: Duration = Duration::from_millis(500);
+/// How often a tail polls a backend whose appends wake nobody here (a
+/// native directory read beside the process that writes it): with the
+/// view's refresh, another process's appends show within about 100 ms.
+const TAIL_POLL_UNWOKEN: Duration = Duration::from_millis(40);
 /// The most events a tail reads from one partition per round.
 const TAIL_BATCH: usize = 500;
 
@@ -339,6 +407,10 @@ pub async fn tail(ctx: &Globals, a: TailArgs) -> CliResult {
 
 async fn follow(ctx: &Globals, rheo: &Rheo, a: &TailArgs, partitions: &[u32], after: &mut [u64]) -> CliResult {
     let mut printed = 0u64;
+    // One subscription for the whole run, taken before the first read, so
+    // that an append between a read and the wait is not missed.
+    let mut appends = rheo.subscribe(&a.stream).await?;
+    let poll = if appends.wakes() { TAIL_POLL } else { TAIL_POLL_UNWOKEN };
     render(ctx, Output::text_only().line(format!("following {} (Ctrl-C to stop)", a.stream)))?;
     loop {
         let mut found = false;
@@ -368,7 +440,7 @@ async fn follow(ctx: &Globals, rheo: &Rheo, a: &TailArgs, partitions: &[u32], af
             }
         }
         if !found {
-            rheo.wait_for_events(&a.stream, TAIL_POLL).await?;
+            appends.wait(poll).await;
         }
     }
 }

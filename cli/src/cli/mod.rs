@@ -100,6 +100,8 @@ pub enum ErrorKind {
     AlreadyExists,
     /// The data directory is held by another process.
     Locked,
+    /// A write on a read-only open.
+    ReadOnly,
     /// A lease no longer holds its delivery.
     StaleLease,
     /// Stored data failed a check (or has an unknown format version).
@@ -122,6 +124,7 @@ impl ErrorKind {
             ErrorKind::NotFound => "not_found",
             ErrorKind::AlreadyExists => "already_exists",
             ErrorKind::Locked => "locked",
+            ErrorKind::ReadOnly => "read_only",
             ErrorKind::StaleLease => "stale_lease",
             ErrorKind::Corrupt => "corrupt",
             ErrorKind::Unavailable => "unavailable",
@@ -146,6 +149,7 @@ impl ErrorKind {
             E::StreamNotFound { .. } | E::GroupNotFound { .. } | E::CursorNotFound { .. } => ErrorKind::NotFound,
             E::AlreadyExists { .. } => ErrorKind::AlreadyExists,
             E::Locked { .. } => ErrorKind::Locked,
+            E::ReadOnly { .. } => ErrorKind::ReadOnly,
             E::StaleLease { .. } | E::ReceiptMismatch { .. } => ErrorKind::StaleLease,
             E::Corrupt { .. } | E::UnsupportedVersion { .. } => ErrorKind::Corrupt,
             E::BackendUnavailable { .. } | E::Ambiguous { .. } => ErrorKind::Unavailable,
@@ -250,7 +254,16 @@ impl Globals {
     /// Opens the backend for a command that changes it (creating a
     /// missing native directory or SQLite file).
     pub async fn open_write(&self) -> Result<rheo::Rheo, CliError> {
-        Ok(rheo::Rheo::open(&self.backend).await?)
+        rheo::Rheo::open(&self.backend).await.map_err(|e| {
+            let locked = matches!(e, rheo::Error::Locked { .. });
+            let mut err = CliError::from(e);
+            if locked {
+                err.message.push_str(&format!(
+                    ". This command writes; these only read and work while it runs: {READ_ONLY_COMMANDS}"
+                ));
+            }
+            err
+        })
     }
 
     /// Opens the backend for a command that only reads: a native
@@ -270,7 +283,23 @@ impl Globals {
                 return missing(format!("no SQLite database at {file}"));
             }
         }
-        self.open_write().await
+        Ok(rheo::Rheo::open(&read_only_url(&self.backend)).await?)
+    }
+}
+
+/// The commands that only read (they open a native directory read-only, so
+/// they work beside the process that holds it).
+pub const READ_ONLY_COMMANDS: &str = "read, query, tail, stream list, index status, group list, group info, \
+     group lag, dlq list, top, inspect, verify";
+
+/// A `native:` URL with `read_only=true` added (unless it says otherwise);
+/// any other URL as it is.
+fn read_only_url(url: &str) -> String {
+    let Some(rest) = url.strip_prefix("native:") else { return url.to_owned() };
+    match rest.split_once('?') {
+        Some((_, query)) if query.split('&').any(|kv| kv.starts_with("read_only=")) => url.to_owned(),
+        Some(_) => format!("{url}&read_only=true"),
+        None => format!("{url}?read_only=true"),
     }
 }
 
@@ -377,4 +406,15 @@ async fn demo_command(ctx: &Globals) -> CliResult {
     let lines: Vec<&str> = text.lines().collect();
     output::render(ctx, output::Output::new(&serde_json::json!({"backend": ctx.backend, "lines": lines}))?)?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn read_commands_open_native_directories_read_only() {
+        assert_eq!(super::read_only_url("native:./d"), "native:./d?read_only=true");
+        assert_eq!(super::read_only_url("native:./d?recovery=strict"), "native:./d?recovery=strict&read_only=true");
+        assert_eq!(super::read_only_url("native:./d?read_only=false"), "native:./d?read_only=false");
+        assert_eq!(super::read_only_url("sqlite:x.db"), "sqlite:x.db");
+    }
 }
