@@ -1234,3 +1234,28 @@ fn read_commands_work_beside_a_process_that_holds_the_directory() {
     // Everything the writer acknowledged is there once it is gone.
     assert_eq!(cli.json(&["stream", "list"])[0]["high_watermarks"], serde_json::json!([2, n - 2]));
 }
+
+/// `rheo read | head -1`: when the reader closes the pipe, rheo stops
+/// quietly (exit 0, nothing on stderr) instead of reporting a write error.
+#[test]
+fn a_closed_stdout_is_a_quiet_stop() {
+    use std::io::BufRead;
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s"]);
+    let many: String = (0..2000).map(|n| format!("{{\"n\":{n}}}\n")).collect();
+    assert!(cli.run_stdin(&["append", "s"], &many).status.success());
+    let mut child = cli
+        .command(&["--json", "read", "s", "--limit", "2000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    out.read_line(&mut first).expect("one line");
+    assert!(first.contains("\"sequence\":1"), "{first}");
+    drop(out);
+    let done = child.wait_with_output().expect("wait");
+    assert_eq!(String::from_utf8_lossy(&done.stderr), "", "nothing on stderr");
+    assert!(done.status.success(), "{:?}", done.status);
+}

@@ -114,6 +114,9 @@ pub enum ErrorKind {
     Unsupported,
     /// Any other failed operation.
     Failed,
+    /// Whoever read stdout closed it (`rheo tail | head`): the command
+    /// stops quietly, exit 0.
+    Closed,
 }
 
 impl ErrorKind {
@@ -131,6 +134,7 @@ impl ErrorKind {
             ErrorKind::NoSpace => "no_space",
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::Failed => "failed",
+            ErrorKind::Closed => "closed",
         }
     }
 
@@ -222,6 +226,10 @@ impl From<rheo::Error> for CliError {
 
 impl From<std::io::Error> for CliError {
     fn from(e: std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            // The reader went away (`rheo tail | head`): a quiet stop.
+            return CliError::of(ErrorKind::Closed, "stdout was closed");
+        }
         CliError::new(format!("writing output: {e}"))
     }
 }
@@ -363,6 +371,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
+        Err(e) if e.kind() == ErrorKind::Closed => ExitCode::SUCCESS,
         Err(e) => {
             e.print(ctx.json);
             e.exit_code()
