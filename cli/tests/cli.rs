@@ -1110,7 +1110,7 @@ fn top_prints_a_json_line_per_refresh_with_each_groups_numbers() {
             assert!(rates("append_rate").iter().all(Value::is_null), "no rate before a second refresh: {refresh}");
         } else {
             assert!(rates("append_rate").iter().all(|r| r.as_f64() == Some(0.0)), "{refresh}");
-            assert!(rates("ack_rate").iter().all(|r| r.as_f64() == Some(0.0)), "{refresh}");
+            assert!(rates("settle_rate").iter().all(|r| r.as_f64() == Some(0.0)), "{refresh}");
         }
     }
     // Named streams only; an unknown one is not found.

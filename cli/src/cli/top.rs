@@ -40,7 +40,7 @@ struct Row {
     append_rate: Option<f64>,
     /// Events the group's frontier moved past per second since the last
     /// refresh (null on the first).
-    ack_rate: Option<f64>,
+    settle_rate: Option<f64>,
 }
 
 /// One refresh: `{"at": .., "groups": [..]}`.
@@ -105,7 +105,7 @@ async fn snapshot(rheo: &Rheo, names: &[String], last: &mut Counters) -> Result<
                 let secs = now.duration_since(since).as_secs_f64();
                 (secs > 0.0).then(|| after.saturating_sub(before) as f64 / secs)
             };
-            let (append_rate, ack_rate) = match last.get(&key) {
+            let (append_rate, settle_rate) = match last.get(&key) {
                 Some(&(a0, f0, t0)) => (rate(a0, appended, t0), rate(f0, frontier, t0)),
                 None => (None, None),
             };
@@ -117,7 +117,7 @@ async fn snapshot(rheo: &Rheo, names: &[String], last: &mut Counters) -> Result<
                 in_flight: info.inflight,
                 dead_letters: info.dead_letters,
                 append_rate,
-                ack_rate,
+                settle_rate,
             });
         }
     }
@@ -127,7 +127,7 @@ async fn snapshot(rheo: &Rheo, names: &[String], last: &mut Counters) -> Result<
 /// Prints a refresh: a JSON line, or the screen redrawn.
 fn show(ctx: &Globals, refresh: &Refresh, screen: bool, interval: Duration) -> Result<(), CliError> {
     let rate = |r: Option<f64>| r.map_or_else(|| "-".to_owned(), |r| format!("{r:.1}"));
-    let mut t = table(&["STREAM", "GROUP", "LAG", "IN_FLIGHT", "DEAD", "APPENDED/S", "ACKED/S"]);
+    let mut t = table(&["STREAM", "GROUP", "LAG", "IN_FLIGHT", "DEAD", "APPENDED/S", "SETTLED/S"]);
     for g in &refresh.groups {
         t.add_row([
             g.stream.clone(),
@@ -136,7 +136,7 @@ fn show(ctx: &Globals, refresh: &Refresh, screen: bool, interval: Duration) -> R
             g.in_flight.to_string(),
             g.dead_letters.to_string(),
             rate(g.append_rate),
-            rate(g.ack_rate),
+            rate(g.settle_rate),
         ]);
     }
     align_right(&mut t, 2..7);
@@ -145,7 +145,11 @@ fn show(ctx: &Globals, refresh: &Refresh, screen: bool, interval: Duration) -> R
         print!("\x1b[2J\x1b[H");
         std::io::stdout().flush()?;
     }
-    let header =
-        format!("rheo top: {} at {}, every {:.1}s (Ctrl-C to stop)", ctx.backend, refresh.at, interval.as_secs_f64());
+    let header = format!(
+        "rheo top: {} at {}, every {:.1}s (Ctrl-C to stop)",
+        rheo::redact_url(&ctx.backend),
+        refresh.at,
+        interval.as_secs_f64()
+    );
     Output::lines(std::slice::from_ref(refresh))?.line(header).table(t, "no consumer groups").print(!screen)
 }
