@@ -1180,6 +1180,16 @@ fn read_commands_work_beside_a_process_that_holds_the_directory() {
     assert_eq!(cli.json(&["stream", "list"])[0]["high_watermarks"], serde_json::json!([2, 1]));
     let read = cli.json_lines(&["read", "s", "--partition", "1"]);
     assert_eq!(payloads(&read), vec![serde_json::json!({"n": 2})]);
+    // The file tools read files, beside the writer too.
+    let verified = cli.ok(&["verify"]);
+    assert!(verified.trim_end().ends_with(": ok"), "{verified}");
+    let segment = std::fs::read_dir(cli.data().join("streams/0000000000000001/00001"))
+        .expect("partition 1")
+        .map(|e| e.expect("entry").path())
+        .find(|p| p.extension().is_some_and(|x| x == "log"))
+        .expect("a segment");
+    let dump = cli.json(&["inspect", segment.to_str().expect("utf-8 path")]);
+    assert_eq!(dump["records"][0]["payload"], serde_json::json!({"n": 2}), "{dump}");
 
     // `tail` follows what the writer appends after it started.
     let tail = cli
