@@ -30,6 +30,9 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_millis(50);
 /// while the writer rotates a checkpoint or rolls a segment may find files
 /// from two moments, which the next try does not.
 const OPEN_TRIES: u32 = 5;
+/// How long after its last change a directory is still reopened on every
+/// refresh (see [`recently_modified`]).
+const RACY_WINDOW: Duration = Duration::from_secs(3);
 /// Files looked at for a change, at most (a directory with more is
 /// reopened on every refresh).
 const MAX_FINGERPRINT_FILES: usize = 100_000;
@@ -101,6 +104,16 @@ fn fingerprint(root: &Path) -> Fingerprint {
     out
 }
 
+/// True when a file changed within [`RACY_WINDOW`] of now: on a file
+/// system with coarse modification times (a second or two), a write in the
+/// same tick as the view's look leaves the fingerprint unchanged, so such a
+/// directory is reopened until it has been still for that long (as git
+/// treats "racily clean" files).
+fn recently_modified(fingerprint: &Fingerprint) -> bool {
+    let Some(horizon) = SystemTime::now().checked_sub(RACY_WINDOW) else { return true };
+    fingerprint.iter().any(|(_, _, modified)| modified.is_none_or(|m| m >= horizon))
+}
+
 fn open_view(path: &Path, opts: &EngineOptions, clock: &Arc<dyn Clock>) -> Result<(NativeBackend, Fingerprint)> {
     let mut last = None;
     for attempt in 0..OPEN_TRIES {
@@ -141,7 +154,7 @@ impl ReadOnlyNative {
         let path = self.path.clone();
         let now = blocking(move || Ok(fingerprint(&path))).await?;
         v.looked = Instant::now();
-        if now == v.fingerprint {
+        if now == v.fingerprint && !recently_modified(&now) {
             return Ok(v.backend.clone());
         }
         let (p, o, c) = (self.path.clone(), self.opts.clone(), self.clock.clone());
