@@ -40,7 +40,8 @@ const MAX_FINGERPRINT_FILES: usize = 100_000;
 /// A read-only open of a native data directory: no lock, nothing in the
 /// directory ever written, every write refused with [`Error::ReadOnly`].
 ///
-/// It serves a view of what a reopen would recover ([`Engine::open_read_only`]),
+/// It serves a view of what a reopen would recover (the engine recovering
+/// into an in-memory copy-on-write view, ADR 0016),
 /// and refreshes it when a call comes at least [`REFRESH_INTERVAL`] after the
 /// last look and the directory's files changed (their sizes and
 /// modification times): reads, queries, lag, group info and dead letters
