@@ -10,7 +10,7 @@ use crate::backend::{Backend, Subscription};
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::capabilities::Capabilities;
 use crate::model::damage::Damage;
-use crate::model::event::{AppendOptions, Event, NewEvent, Payload};
+use crate::model::event::{AppendOptions, Event, NewEvent, Payload, Position};
 use crate::model::group::{
     DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, ReplayFrom,
     ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
@@ -23,6 +23,10 @@ use crate::model::limits::{
 use crate::model::query::{Page, Query};
 use crate::model::time::{Clock, SystemClock, Timestamp};
 use crate::observe;
+
+/// How long an append answered as a duplicate waits for its original to
+/// become readable (it may be a concurrent append still in flight).
+const DUPLICATE_WAIT: Duration = Duration::from_secs(5);
 
 /// The entry point: a cheap-to-clone handle on one backend.
 ///
@@ -403,17 +407,59 @@ impl Rheo {
                 ),
             ));
         }
-        observe::appended(stream, events.len());
+        let duplicates = positions.iter().filter(|p| p.duplicate).count();
+        observe::appended(stream, events.len() - duplicates);
         let name: Arc<str> = Arc::from(stream);
-        Ok(events
-            .into_iter()
-            .zip(positions)
-            .map(|(mut e, at)| {
-                // The backend's word on where and when it stored the event.
-                e.timestamp = Some(at.timestamp);
-                e.into_event(&name, at.partition, at.sequence, at.timestamp)
-            })
-            .collect())
+        let mut out = Vec::with_capacity(events.len());
+        for (mut e, at) in events.into_iter().zip(positions) {
+            if at.duplicate {
+                out.push(self.original(call, stream, &e.id, at).await?);
+                continue;
+            }
+            // The backend's word on where and when it stored the event.
+            e.timestamp = Some(at.timestamp);
+            out.push(e.into_event(&name, at.partition, at.sequence, at.timestamp));
+        }
+        Ok(out)
+    }
+
+    /// The stored original of an appended duplicate, marked
+    /// [`Event::is_duplicate`]. It may still be on its way to being
+    /// published (a concurrent append of the same id that has not returned
+    /// yet): read again for up to [`DUPLICATE_WAIT`], then `Ambiguous`.
+    async fn original(&self, call: &'static str, stream: &str, id: &str, at: Position) -> Result<Event> {
+        let deadline = std::time::Instant::now() + DUPLICATE_WAIT;
+        let mut pause = Duration::from_micros(200);
+        loop {
+            let found = self.inner.backend.read(stream, at.partition, at.sequence - 1, 1).await?;
+            match found.into_iter().next() {
+                Some(e) if e.sequence() == at.sequence && e.id() == id => return Ok(e.into_duplicate()),
+                Some(e) if e.sequence() == at.sequence => {
+                    return Err(Error::failed(
+                        call,
+                        format!(
+                            "stream {stream:?}: id {id:?} was answered as a duplicate of partition {} sequence {}, which holds id {:?}",
+                            at.partition,
+                            at.sequence,
+                            e.id()
+                        ),
+                    ));
+                }
+                _ if std::time::Instant::now() >= deadline => {
+                    return Err(Error::ambiguous(
+                        call,
+                        format!(
+                            "stream {stream:?}: id {id:?} is a duplicate of partition {} sequence {}, which is not readable after {DUPLICATE_WAIT:?} (its own append may have failed); retry",
+                            at.partition, at.sequence
+                        ),
+                    ));
+                }
+                _ => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+            }
+        }
     }
 
     /// Events of one partition after a sequence, ascending; no group state.

@@ -140,6 +140,8 @@ macro_rules! suite {
                     append::append_payload_keeps_all_fields,
                     append::generated_ids_are_unique_time_ordered_uuid_v7,
                     append::explicit_id_and_timestamp_are_kept,
+                    append::an_append_retried_with_its_id_writes_nothing_and_answers_the_original,
+                    append::a_batch_appends_new_ids_and_answers_known_ones,
                     append::default_timestamp_is_the_backend_clock,
                     append::event_over_max_size_is_event_too_large_and_nothing_written,
                     append::batch_with_an_oversized_event_writes_nothing,
@@ -280,6 +282,7 @@ macro_rules! suite {
                 ];
                 concurrent: [
                     concurrency::competing_consumers_ack_every_event_exactly_once,
+                    concurrency::concurrent_appends_of_one_id_store_one_event,
                 ];
             }
         }

@@ -1269,3 +1269,40 @@ fn a_closed_stdout_is_a_quiet_stop() {
     assert_eq!(String::from_utf8_lossy(&done.stderr), "", "nothing on stderr");
     assert!(done.status.success(), "{:?}", done.status);
 }
+
+/// `append --id` and `--id-field`: running the same command or input again
+/// appends each event once and says which were already there.
+#[test]
+fn appends_with_ids_are_safe_to_run_again() {
+    let cli = Cli::new();
+    cli.ok(&["stream", "create", "s"]);
+    let first = cli.json(&["append", "s", r#"{"total":30}"#, "--id", "order-42"]);
+    assert_eq!(first[0]["id"], "order-42");
+    assert!(first[0].get("duplicate").is_none(), "{first}");
+    let again = cli.ok(&["append", "s", r#"{"total":31}"#, "--id", "order-42"]);
+    assert!(again.contains("appended 0 event(s) to s; 1 had an id already in the stream"), "{again}");
+    let again = cli.json(&["append", "s", r#"{"total":31}"#, "--id", "order-42"]);
+    assert_eq!((again[0]["duplicate"].as_bool(), again[0]["payload"]["total"].as_i64()), (Some(true), Some(30)));
+
+    let input = "{\"order_id\":\"a\",\"n\":1}\n{\"order_id\":7,\"n\":2}\n{\"order_id\":\"a\",\"n\":3}\n";
+    let out = cli.run_stdin(&["append", "s", "--id-field", "order_id"], input);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("appended 2 event(s) to s; 1 had an id already in the stream"), "{text}");
+    let out = cli.run_stdin(&["append", "s", "--id-field", "order_id"], input);
+    assert!(String::from_utf8(out.stdout).unwrap().contains("appended 0 event(s) to s; 3 had an id"));
+    let ids: Vec<String> =
+        cli.json_lines(&["read", "s"]).iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(ids, vec!["order-42", "a", "7"]);
+
+    // Bad uses are usage errors (exit 2), and nothing is appended.
+    for (args, says) in [
+        (vec!["append", "s", "{}", "{}", "--id", "x"], "--id names one event"),
+        (vec!["append", "s", r#"{"n":1}"#, "--id-field", "order_id"], "no string or number field"),
+    ] {
+        let out = cli.run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(says), "{args:?}");
+    }
+    assert_eq!(cli.json(&["stream", "list"])[0]["high_watermarks"], serde_json::json!([3]));
+}

@@ -23,6 +23,7 @@ use crate::model::time::Clock;
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mongo"))]
 pub(crate) mod common;
+pub(crate) mod dedupe;
 pub mod memory;
 #[cfg(feature = "mongo")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mongo")))]

@@ -100,6 +100,12 @@ pub struct EngineOptions {
     /// the writer's appends and group changes (the native backend's
     /// `ReadOnlyNative`).
     pub read_only: bool,
+    /// How long an append's producer-given id is remembered, per stream, so
+    /// that an append retried with the same id ([`AppendOptions::id`](crate::AppendOptions::id))
+    /// writes nothing and answers the original (default 2 minutes; zero
+    /// turns the check off). At most about a million ids per stream are
+    /// kept, about 50 bytes each (the native backend's `dedupe` module).
+    pub dedupe_window: Duration,
 }
 
 impl Default for EngineOptions {
@@ -114,6 +120,7 @@ impl Default for EngineOptions {
             background_indexing: true,
             inline_io: false,
             read_only: false,
+            dedupe_window: Duration::from_secs(120),
         }
     }
 }
@@ -168,6 +175,11 @@ impl EngineOptions {
     /// Sets `inline_io`: Whether the engine's work runs on the calling thread.
     pub fn inline_io(mut self, inline_io: bool) -> Self {
         self.inline_io = inline_io;
+        self
+    }
+    /// Sets `dedupe_window`: How long producer-given ids are remembered (zero: off).
+    pub fn dedupe_window(mut self, dedupe_window: Duration) -> Self {
+        self.dedupe_window = dedupe_window;
         self
     }
     /// Sets `read_only`: Whether to open without the lock, for reading only.

@@ -484,6 +484,8 @@ struct Inner {
     sequence: u64,
     timestamp: Timestamp,
     doc: Document,
+    /// Returned by an append that wrote nothing (see [`Event::is_duplicate`]).
+    duplicate: bool,
 }
 
 /// The document part of a stored event — id, key, type, metadata and
@@ -570,7 +572,7 @@ impl Document {
 
     /// The event at this position holding this document.
     pub fn into_event(self, stream: &Arc<str>, partition: u32, sequence: u64, timestamp: Timestamp) -> Event {
-        Event(Arc::new(Inner { stream: stream.clone(), partition, sequence, timestamp, doc: self }))
+        Event(Arc::new(Inner { stream: stream.clone(), partition, sequence, timestamp, doc: self, duplicate: false }))
     }
 }
 
@@ -597,6 +599,23 @@ pub struct Position {
     pub sequence: u64,
     /// Its timestamp: the one given to the append, else the backend's clock.
     pub timestamp: Timestamp,
+    /// True when nothing was written: an event with the same id was already
+    /// in the stream (within its dedupe window), and this is where that
+    /// original is (the facade returns it, marked
+    /// [`Event::is_duplicate`]).
+    pub duplicate: bool,
+}
+
+impl Position {
+    /// Where a new event was stored.
+    pub fn new(partition: u32, sequence: u64, timestamp: Timestamp) -> Self {
+        Position { partition, sequence, timestamp, duplicate: false }
+    }
+
+    /// Where the original of a duplicate is (nothing was written).
+    pub fn duplicate_of(partition: u32, sequence: u64, timestamp: Timestamp) -> Self {
+        Position { partition, sequence, timestamp, duplicate: true }
+    }
 }
 
 /// Everything an [`Event`] holds, to build one by hand (tests, tools,
@@ -657,6 +676,7 @@ impl From<EventParts> for Event {
             sequence: p.sequence,
             timestamp: p.timestamp,
             doc,
+            duplicate: false,
         }))
     }
 }
@@ -665,6 +685,38 @@ impl Event {
     /// Unique id; a time-ordered UUIDv7 when the producer gave none.
     pub fn id(&self) -> &str {
         self.0.doc.id()
+    }
+    /// True when this event was returned by an append that wrote nothing,
+    /// because an event with the same id was already in the stream (within
+    /// its dedupe window): this is that original, as stored. A producer
+    /// that retries an append after an `Ambiguous` error with the same
+    /// explicit id ([`AppendOptions::id`]) gets the original either way.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt").block_on(async {
+    /// use rheo::{AppendOptions, Rheo, StreamOptions};
+    /// let rheo = Rheo::open("memory:").await?;
+    /// rheo.create_stream("orders", StreamOptions::new()).await?;
+    /// let first = rheo.append("orders", &serde_json::json!({"n": 1}), AppendOptions::new().id("order-1")).await?;
+    /// let again = rheo.append("orders", &serde_json::json!({"n": 1}), AppendOptions::new().id("order-1")).await?;
+    /// assert!(!first.is_duplicate() && again.is_duplicate());
+    /// assert_eq!(again.sequence(), first.sequence());
+    /// # Ok::<(), rheo::Error>(()) }).expect("example");
+    /// ```
+    pub fn is_duplicate(&self) -> bool {
+        self.0.duplicate
+    }
+    /// This event, marked as returned by an append that wrote nothing.
+    pub(crate) fn into_duplicate(self) -> Event {
+        let i = &*self.0;
+        Event(Arc::new(Inner {
+            stream: i.stream.clone(),
+            partition: i.partition,
+            sequence: i.sequence,
+            timestamp: i.timestamp,
+            doc: i.doc.clone(),
+            duplicate: true,
+        }))
     }
     /// The stream it belongs to.
     pub fn stream(&self) -> &str {
@@ -838,7 +890,10 @@ impl<'de> Deserialize<'de> for Event {
 impl Serialize for Event {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let n = 7 + usize::from(self.key().is_some()) + usize::from(self.event_type().is_some());
+        let n = 7
+            + usize::from(self.key().is_some())
+            + usize::from(self.event_type().is_some())
+            + usize::from(self.is_duplicate());
         let mut st = s.serialize_struct("Event", n)?;
         st.serialize_field("id", self.id())?;
         st.serialize_field("stream", self.stream())?;
@@ -853,6 +908,9 @@ impl Serialize for Event {
         }
         st.serialize_field("metadata", self.metadata())?;
         st.serialize_field("payload", self.payload())?;
+        if self.is_duplicate() {
+            st.serialize_field("duplicate", &true)?;
+        }
         st.end()
     }
 }
@@ -1025,6 +1083,10 @@ pub struct NewEvent {
     pub payload: Payload,
     /// The producer's timestamp, if any.
     pub timestamp: Option<Timestamp>,
+    /// True when the producer gave the id ([`AppendOptions::id`]): only
+    /// such events can be duplicates (a generated id is new), so backends
+    /// that keep a window of recent ids keep only these.
+    pub id_given: bool,
 }
 
 impl NewEvent {
@@ -1041,7 +1103,9 @@ impl NewEvent {
         if let Some(m) = payload.top_metadata() {
             metadata.extend(m);
         }
+        let id_given = opts.id.is_some();
         NewEvent {
+            id_given,
             id: opts.id.unwrap_or_else(|| crate::ids::new_event_id().to_string()),
             key,
             event_type,

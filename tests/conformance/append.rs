@@ -249,3 +249,63 @@ pub async fn caused_by_links_correlation_and_causation(f: Fixture) {
     let stored = f.rheo.read(S, 0, 1, 1).await.expect("read").remove(0);
     assert_eq!(stored.lineage(), child.lineage(), "lineage survives storage");
 }
+
+/// An append retried with the id it was given writes nothing and answers
+/// the stored original, marked as a duplicate (the retry after `Ambiguous`).
+pub async fn an_append_retried_with_its_id_writes_nothing_and_answers_the_original(f: Fixture) {
+    stream(&f, 2).await;
+    let first = f.rheo.append(S, &json!({"n": 1}), AppendOptions::new().id("order-1").key("k")).await.expect("append");
+    assert!(!first.is_duplicate());
+    // The retry's payload and key differ: the original is what comes back.
+    let again = f.rheo.append(S, &json!({"n": 2}), AppendOptions::new().id("order-1")).await.expect("retry");
+    assert!(again.is_duplicate(), "{again:?}");
+    assert_eq!((again.partition(), again.sequence(), again.id()), (first.partition(), first.sequence(), "order-1"));
+    assert_eq!(again.payload().json().expect("json"), &json!({"n": 1}));
+    assert_eq!(again.key(), Some("k"));
+    let hw = high_watermarks(&f).await;
+    assert_eq!(hw.iter().sum::<u64>(), 1, "nothing written by the retry: {hw:?}");
+    // A new id appends as usual.
+    let other = f.rheo.append(S, &json!({"n": 3}), AppendOptions::new().id("order-2").key("k")).await.expect("append");
+    assert!(!other.is_duplicate());
+    assert_eq!(other.sequence(), first.sequence() + 1);
+}
+
+/// In a batch, events whose id is stored (or earlier in the batch) answer
+/// their original, marked; the others are appended, gapless, in order.
+pub async fn a_batch_appends_new_ids_and_answers_known_ones(f: Fixture) {
+    stream(&f, 1).await;
+    let stored = f.rheo.append(S, &json!({"n": 0}), AppendOptions::new().id("a")).await.expect("append");
+    let batch = vec![
+        (json!({"n": 1}), AppendOptions::new().id("a")),
+        (json!({"n": 2}), AppendOptions::new().id("b")),
+        (json!({"n": 3}), AppendOptions::new().id("b")),
+        (json!({"n": 4}), AppendOptions::new()),
+        (json!({"n": 5}), AppendOptions::new().id("c")),
+    ];
+    let out = f.rheo.append_batch_with(S, batch).await.expect("batch");
+    let shape: Vec<(u64, bool, i64)> = out
+        .iter()
+        .map(|e| (e.sequence(), e.is_duplicate(), e.payload().json().expect("json")["n"].as_i64().expect("n")))
+        .collect();
+    assert_eq!(shape, vec![(1, true, 0), (2, false, 2), (2, true, 2), (3, false, 4), (4, false, 5)]);
+    assert_eq!(stored.sequence(), 1);
+    let all = f.rheo.read(S, 0, 0, 100).await.expect("read");
+    let ids: Vec<&str> = all.iter().map(|e| e.id()).collect();
+    assert_eq!(ids.len(), 4);
+    assert_eq!((ids[0], ids[1], ids[3]), ("a", "b", "c"));
+    // A batch of known ids only writes nothing at all.
+    let again = f
+        .rheo
+        .append_batch_with(
+            S,
+            vec![(json!({}), AppendOptions::new().id("c")), (json!({}), AppendOptions::new().id("a"))],
+        )
+        .await
+        .expect("batch");
+    assert_eq!(again.iter().map(|e| (e.sequence(), e.is_duplicate())).collect::<Vec<_>>(), vec![(4, true), (1, true)]);
+    assert_eq!(high_watermarks(&f).await, vec![4]);
+}
+
+async fn high_watermarks(f: &Fixture) -> Vec<u64> {
+    f.rheo.list_streams().await.expect("list").into_iter().find(|s| s.name == S).expect("stream").high_watermarks
+}

@@ -31,6 +31,16 @@ pub struct AppendArgs {
     /// Appends to this partition instead of routing by key.
     #[arg(long)]
     partition: Option<u32>,
+    /// The event's id (one payload only). An append retried with an id the
+    /// stream already has writes nothing and prints the original, marked
+    /// duplicate: retrying after an error is safe.
+    #[arg(long)]
+    id: Option<String>,
+    /// Takes each event's id from this top-level payload field (a string
+    /// or a number), e.g. `--id-field order_id`: running the same input
+    /// again appends each line once.
+    #[arg(long, value_name = "FIELD", conflicts_with = "id")]
+    id_field: Option<String>,
 }
 
 /// Arguments of `rheo read`.
@@ -132,25 +142,67 @@ pub async fn append(ctx: &Globals, a: AppendArgs) -> CliResult {
     if let Some(p) = a.partition {
         opts = opts.partition(p);
     }
+    if a.id.is_some() && a.payloads.len() != 1 {
+        return Err(CliError::usage(format!(
+            "--id names one event: give exactly one payload (got {}); for many, use --id-field",
+            a.payloads.len()
+        )));
+    }
+    if let Some(id) = &a.id {
+        opts = opts.id(id.clone());
+    }
     if a.payloads.is_empty() {
         return append_stdin(ctx, &a, &opts).await;
     }
     let mut appended: Vec<Event> = Vec::new();
-    let mut payloads = Vec::with_capacity(a.payloads.len());
+    let mut items = Vec::with_capacity(a.payloads.len());
     for (n, text) in a.payloads.iter().enumerate() {
-        payloads.push(payload(text, &format!("argument {}", n + 1), a.event_type.as_deref())?);
+        items.push(item(&a, &opts, text, &format!("argument {}", n + 1))?);
     }
     let rheo = ctx.open_write().await?;
-    for chunk in payloads.chunks_mut(APPEND_BATCH_MAX) {
+    for chunk in items.chunks(APPEND_BATCH_MAX) {
         let mut batch = chunk.to_vec();
-        flush(&rheo, &a.stream, &opts, &mut batch, &mut appended).await?;
+        flush(&rheo, &a.stream, &mut batch, &mut appended).await?;
     }
     let mut out = Output::new(&appended)?;
     if appended.len() <= APPEND_TABLE_MAX {
         out = out.table(event_table(&appended), "");
     }
-    render(ctx, out.line(format!("appended {} event(s) to {}", appended.len(), a.stream)))?;
+    render(ctx, out.line(appended_line(&a.stream, appended.len(), duplicates(&appended))))?;
     Ok(true)
+}
+
+/// How many of these events were answered as duplicates (nothing written).
+fn duplicates(events: &[Event]) -> usize {
+    events.iter().filter(|e| e.is_duplicate()).count()
+}
+
+/// `appended N event(s) to S`, with how many were already there.
+fn appended_line(stream: &str, count: usize, duplicates: usize) -> String {
+    if duplicates == 0 {
+        return format!("appended {count} event(s) to {stream}");
+    }
+    format!(
+        "appended {} event(s) to {stream}; {duplicates} had an id already in the stream (nothing written; the original is shown)",
+        count - duplicates
+    )
+}
+
+/// One event to append: its payload and its options (its id from
+/// `--id-field` when asked).
+fn item(a: &AppendArgs, opts: &AppendOptions, text: &str, what: &str) -> Result<(Value, AppendOptions), CliError> {
+    let v = payload(text, what, a.event_type.as_deref())?;
+    let Some(field) = &a.id_field else { return Ok((v, opts.clone())) };
+    let id = match v.get(field) {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => {
+            return Err(CliError::usage(format!(
+                "{what}: --id-field {field:?}: the payload has no string or number field {field:?}"
+            )));
+        }
+    };
+    Ok((v, opts.clone().id(id)))
 }
 
 /// Lines read from stdin ahead of the appends, at most.
@@ -179,15 +231,15 @@ async fn append_stdin(ctx: &Globals, a: &AppendArgs, opts: &AppendOptions) -> Cl
     });
     let bar = progress(None, "{spinner} appending to {msg}: {pos} events ({per_sec})", a.stream.clone());
     let mut first: Vec<Event> = Vec::new();
-    let mut count = 0usize;
+    let (mut count, mut dups) = (0usize, 0usize);
     let mut batch = Vec::new();
     // One stdin line: its payload, nothing (a blank line), or why it is bad.
-    let parse = |item: Result<(usize, String), String>| -> Result<Option<Value>, CliError> {
-        let (n, text) = item.map_err(CliError::new)?;
+    let parse = |line: Result<(usize, String), String>| -> Result<Option<(Value, AppendOptions)>, CliError> {
+        let (n, text) = line.map_err(CliError::new)?;
         if text.trim().is_empty() {
             return Ok(None);
         }
-        payload(&text, &format!("stdin line {n}"), a.event_type.as_deref()).map(Some)
+        item(a, opts, &text, &format!("stdin line {n}")).map(Some)
     };
     let mut bad = None;
     while let Some(item) = rx.recv().await {
@@ -207,8 +259,9 @@ async fn append_stdin(ctx: &Globals, a: &AppendArgs, opts: &AppendOptions) -> Cl
         }
         // Every line before a bad one is appended, then the run stops.
         let mut appended = Vec::new();
-        flush(&rheo, &a.stream, opts, &mut batch, &mut appended).await?;
+        flush(&rheo, &a.stream, &mut batch, &mut appended).await?;
         count += appended.len();
+        dups += duplicates(&appended);
         bar.set_position(count as u64);
         if ctx.json {
             render(ctx, Output::lines(&appended)?)?;
@@ -232,7 +285,7 @@ async fn append_stdin(ctx: &Globals, a: &AppendArgs, opts: &AppendOptions) -> Cl
         if count <= APPEND_TABLE_MAX {
             out = out.table(event_table(&first), "");
         }
-        render(ctx, out.line(format!("appended {count} event(s) to {}", a.stream)))?;
+        render(ctx, out.line(appended_line(&a.stream, count, dups)))?;
     }
     Ok(true)
 }
@@ -241,15 +294,13 @@ async fn append_stdin(ctx: &Globals, a: &AppendArgs, opts: &AppendOptions) -> Cl
 async fn flush(
     rheo: &Rheo,
     stream: &str,
-    opts: &AppendOptions,
-    batch: &mut Vec<Value>,
+    batch: &mut Vec<(Value, AppendOptions)>,
     appended: &mut Vec<Event>,
 ) -> Result<(), CliError> {
     if batch.is_empty() {
         return Ok(());
     }
-    let items = batch.drain(..).map(|p| (p, opts.clone()));
-    appended.extend(rheo.append_batch_with(stream, items).await?);
+    appended.extend(rheo.append_batch_with(stream, batch.drain(..)).await?);
     Ok(())
 }
 

@@ -141,11 +141,19 @@ impl MemoryBackend {
         let now = self.clock.now();
         let mut out = Vec::with_capacity(routed.len());
         for (p, e) in routed {
+            // An id already in the stream (appended before, or earlier in
+            // this batch): nothing is written, the original is answered.
+            // The memory backend keeps every id, so its window is forever.
+            if let Some(&(op, oseq)) = log.ids.get(&e.id) {
+                let at = log.partitions.get(op as usize).and_then(|v| v.get(usize::try_from(oseq - 1).ok()?));
+                out.push(Position::duplicate_of(op, oseq, at.map_or(now, Event::timestamp)));
+                continue;
+            }
             let events = &mut log.partitions[p as usize];
             let seq = events.len() as u64 + 1;
             let event = e.clone().into_event(&log.name, p, seq, now);
-            log.ids.entry(event.id().to_owned()).or_insert((p, seq));
-            out.push(Position { partition: p, sequence: seq, timestamp: event.timestamp() });
+            log.ids.insert(event.id().to_owned(), (p, seq));
+            out.push(Position::new(p, seq, event.timestamp()));
             events.push(event);
         }
         Ok(out)

@@ -14,6 +14,7 @@ use super::{
     DELIVERIES, EVENTS, GROUPS, META, MongoBackend, Phase, SCHEMA_VERSION, SETTINGS, STREAM_INDEXES, STREAMS,
     TxFailure, is_duplicate, map_err, txe,
 };
+use crate::backends::dedupe::{Plan, dedupe_plan, resolve_plan};
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::event::{Event, EventParts, Metadata, NewEvent, Payload, Position};
 use crate::model::group::{StreamInfo, StreamOptions, check_partitions};
@@ -317,6 +318,33 @@ impl MongoBackend {
         batch: &Batch<'_>,
     ) -> std::result::Result<Vec<Position>, TxFailure> {
         let Batch { stream, events, routed, per, at } = *batch;
+        // Producer-given ids already stored (`_id` keeps every id forever):
+        // those events write nothing and answer their original.
+        let known = if events.iter().any(|e| e.id_given) {
+            self.stored_ids(session, stream, events).await?
+        } else {
+            BTreeMap::new()
+        };
+        let plan = dedupe_plan(events, &known);
+        let store = |p: &Plan| matches!(p, Plan::Store);
+        if !plan.iter().all(store) {
+            let (kept, kept_routes): (Vec<NewEvent>, Vec<u32>) = plan
+                .iter()
+                .zip(events.iter().zip(routed))
+                .filter(|(p, _)| store(p))
+                .map(|(_, (e, &r))| (e.clone(), r))
+                .unzip();
+            if kept.is_empty() {
+                return resolve_plan(plan, &[]).map_err(TxFailure::Rheo);
+            }
+            let mut kept_per: BTreeMap<u32, u64> = BTreeMap::new();
+            for &p in &kept_routes {
+                *kept_per.entry(p).or_default() += 1;
+            }
+            let fresh = Batch { stream, events: &kept, routed: &kept_routes, per: &kept_per, at };
+            let stored = Box::pin(self.append_in(session, &fresh)).await?;
+            return resolve_plan(plan, &stored).map_err(TxFailure::Rheo);
+        }
         // One update allocates every partition's range; the document's
         // write lock orders concurrent appenders.
         let inc: Document = per
@@ -349,19 +377,61 @@ impl MongoBackend {
             let seq = *slot;
             *slot += 1;
             docs.push(event_doc(stream, e, p, seq, at).map_err(TxFailure::Rheo)?);
-            positions.push(Position { partition: p, sequence: seq, timestamp: e.timestamp.unwrap_or(at) });
+            positions.push(Position::new(p, seq, e.timestamp.unwrap_or(at)));
         }
         match self.collection(EVENTS).insert_many(docs).session(&mut *session).await {
             Ok(_) => {}
-            Err(e) if is_duplicate(&e) => {
-                return Err(TxFailure::Rheo(Error::failed(
-                    "append",
-                    format!("mongo: stream {stream:?}: an event id of this batch is already stored (ids are unique)"),
-                )));
-            }
+            // An id stored by a concurrent append since the check: run the
+            // transaction again, and it is answered as a duplicate.
+            Err(e) if is_duplicate(&e) => return Err(TxFailure::Raced("append: an event id was stored concurrently")),
             Err(e) => return Err(txe("append")(e)),
         }
         Ok(positions)
+    }
+
+    /// The stored position of each producer-given id of `events` already
+    /// stored, read in the append's transaction. An id stored in another
+    /// stream is an error (ids are unique across the database).
+    async fn stored_ids(
+        &self,
+        session: &mut mongodb::ClientSession,
+        stream: &str,
+        events: &[NewEvent],
+    ) -> std::result::Result<BTreeMap<String, Position>, TxFailure> {
+        let ids: Vec<&str> = events.iter().filter(|e| e.id_given).map(|e| e.id.as_str()).collect();
+        let mut cursor = self
+            .collection(EVENTS)
+            .find(doc! { "_id": { "$in": ids } })
+            .projection(doc! { "stream": 1, "partition": 1, "sequence": 1, "timestamp": 1 })
+            .session(&mut *session)
+            .await
+            .map_err(txe("append"))?;
+        let mut out = BTreeMap::new();
+        while let Some(d) = cursor.next(&mut *session).await {
+            let d = d.map_err(txe("append"))?;
+            let id = d.get_str("_id").unwrap_or_default().to_owned();
+            let owner = d.get_str("stream").unwrap_or_default();
+            if owner != stream {
+                return Err(TxFailure::Rheo(Error::invalid(
+                    "id",
+                    format!(
+                        "stream {stream:?}: id {id:?} is already used by an event of stream {owner:?} (ids are unique across the database)"
+                    ),
+                )));
+            }
+            let bad = |what: &str| {
+                TxFailure::Rheo(Error::failed(
+                    "append",
+                    format!("mongo: stream {stream:?}: stored event {id:?} has no valid {what}"),
+                ))
+            };
+            let int = |k: &str| d.get_i64(k).ok().or_else(|| d.get_i32(k).ok().map(i64::from));
+            let partition = int("partition").and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad("partition"))?;
+            let sequence = int("sequence").and_then(|n| u64::try_from(n).ok()).ok_or_else(|| bad("sequence"))?;
+            let ts = d.get_datetime("timestamp").map_err(|_| bad("timestamp"))?;
+            out.insert(id, Position::duplicate_of(partition, sequence, Timestamp::from_millis(ts.timestamp_millis())));
+        }
+        Ok(out)
     }
 
     pub(super) async fn read_impl(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {

@@ -42,10 +42,14 @@ use crate::model::query::{Page, Query};
 use crate::model::routing::route;
 use crate::model::time::{Clock, Timestamp};
 
+mod dedupe;
 mod readonly;
 pub use readonly::{REFRESH_INTERVAL, ReadOnlyNative};
 
 const BACKEND: &str = "native";
+
+/// One stream's dedupe window, shared by its appends.
+type SharedWindow = Arc<parking_lot::Mutex<dedupe::Window>>;
 
 /// Fetches of at most this many deliveries read their events on the calling
 /// task; larger ones on the blocking pool.
@@ -60,6 +64,9 @@ pub struct NativeBackend {
     /// the engine has): appends bump it, `subscribe` hands out receivers.
     /// The engine stays free of any async runtime.
     wakeups: Arc<parking_lot::Mutex<HashMap<Arc<str>, Arc<Wakeups>>>>,
+    /// One dedupe window per stream (created on its first append with a
+    /// producer-given id).
+    dedupe: Arc<parking_lot::Mutex<HashMap<Arc<str>, SharedWindow>>>,
 }
 
 fn boolean(k: &str, v: &str) -> Result<bool> {
@@ -77,7 +84,9 @@ fn boolean(k: &str, v: &str) -> Result<bool> {
 /// `preallocate_bytes`, `checkpoint_bytes`, `checkpoint_interval_ms`,
 /// `recovery=strict|tolerate_torn_tail|truncate_at_first_damage`,
 /// `background_indexing=true|false`, `inline_io=true|false`,
-/// `read_only=true|false` (a [`ReadOnlyNative`] open, beside a writer).
+/// `read_only=true|false` (a [`ReadOnlyNative`] open, beside a writer),
+/// `dedupe_window_ms` (0 turns the check of producer-given ids off; at most
+/// a day).
 ///
 /// ```
 /// use rheo::{Durability, EngineOptions};
@@ -110,6 +119,7 @@ pub fn parse_url(rest: &str, mut opts: EngineOptions) -> Result<(String, EngineO
             "background_indexing" => opts.background_indexing = boolean(k, v)?,
             "inline_io" => opts.inline_io = boolean(k, v)?,
             "read_only" => opts.read_only = boolean(k, v)?,
+            "dedupe_window_ms" => opts.dedupe_window = Duration::from_millis(number(v)?.min(86_400_000)),
             "recovery" => {
                 opts.recovery = match v {
                     "strict" => RecoveryMode::Strict,
@@ -158,7 +168,7 @@ impl NativeBackend {
     }
 
     fn from_engine(engine: Engine, clock: Arc<dyn Clock>) -> Self {
-        NativeBackend { engine, clock, wakeups: Arc::default() }
+        NativeBackend { engine, clock, wakeups: Arc::default(), dedupe: Arc::default() }
     }
 
     /// Wraps an open engine (tests use a `MemVfs` or `FaultyVfs` engine).
@@ -285,9 +295,87 @@ impl NativeBackend {
         let out = events
             .iter()
             .zip(assigned)
-            .map(|(e, (partition, sequence))| Position { partition, sequence, timestamp: e.timestamp.unwrap_or(now) })
+            .map(|(e, (partition, sequence))| Position::new(partition, sequence, e.timestamp.unwrap_or(now)))
             .collect();
         Ok((out, ticket, s))
+    }
+}
+
+impl NativeBackend {
+    /// The dedupe window of a stream, filled from its recent records on
+    /// first use.
+    async fn window(&self, s: &Arc<Stream>) -> Result<SharedWindow> {
+        let duration = self.engine.options().dedupe_window;
+        let now = self.clock.now().as_millis();
+        let w = self
+            .dedupe
+            .lock()
+            .entry(s.name().clone())
+            .or_insert_with(|| Arc::new(parking_lot::Mutex::new(dedupe::Window::new(duration, now))))
+            .clone();
+        if !w.lock().loaded {
+            let (w2, s2) = (w.clone(), s.clone());
+            self.blocking(move || {
+                let mut fresh = dedupe::Window::new(duration, now);
+                fresh.load(&s2, now)?;
+                let mut held = w2.lock();
+                if !held.loaded {
+                    // Ids appended by this process meanwhile are in the log
+                    // the load read, or arrive after it: keep the loaded
+                    // window and let later appends add theirs.
+                    *held = fresh;
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(w)
+    }
+
+    /// `append_batch` with producer-given ids checked against the stream's
+    /// dedupe window: an id already there (or earlier in the batch) writes
+    /// nothing and answers the original's position; the others are
+    /// appended atomically, and their ids remembered. The window's lock is
+    /// held from the check until the records are handed to the group
+    /// commit, so two appends of one id cannot both write it.
+    async fn append_deduped(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
+        let s = self.engine.stream(stream)?;
+        let window = self.window(&s).await?;
+        let now = self.clock.now();
+        let (plan, stored, ticket) = {
+            let mut w = window.lock();
+            w.expire(now.as_millis());
+            let known = events
+                .iter()
+                .filter(|e| e.id_given)
+                .filter_map(|e| {
+                    let seen = w.get(&e.id)?;
+                    let at = Timestamp::from_millis(seen.at_ms);
+                    Some((e.id.clone(), Position::duplicate_of(seen.partition, seen.sequence, at)))
+                })
+                .collect();
+            let plan = crate::backends::dedupe::dedupe_plan(events, &known);
+            let fresh: Vec<NewEvent> = plan
+                .iter()
+                .zip(events)
+                .filter(|(p, _)| matches!(p, crate::backends::dedupe::Plan::Store))
+                .map(|(_, e)| e.clone())
+                .collect();
+            if fresh.is_empty() {
+                return crate::backends::dedupe::resolve_plan(plan, &[]);
+            }
+            let (stored, ticket, _) = self.append_events(stream, &fresh)?;
+            for (e, p) in fresh.iter().zip(&stored) {
+                if e.id_given {
+                    let seen = dedupe::Seen { partition: p.partition, sequence: p.sequence, at_ms: now.as_millis() };
+                    w.insert(&e.id, seen);
+                }
+            }
+            (plan, stored, ticket)
+        };
+        ticket.resolved().await?;
+        self.wakeup(&s).appended();
+        crate::backends::dedupe::resolve_plan(plan, &stored)
     }
 }
 
@@ -368,6 +456,9 @@ impl Backend for NativeBackend {
     }
 
     async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
+        if !self.engine.options().dedupe_window.is_zero() && events.iter().any(|e| e.id_given) {
+            return self.append_deduped(stream, events).await;
+        }
         let (out, ticket, s) = self.append_events(stream, events)?;
         ticket.resolved().await?;
         // Visible now (published before the ticket resolves): wake waiters.

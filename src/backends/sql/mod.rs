@@ -343,6 +343,13 @@ macro_rules! retry_tx {
             match $body {
                 Ok(v) => break Ok(v),
                 Err($crate::backends::sql::TxError::Rheo(e)) => break Err(e),
+                Err($crate::backends::sql::TxError::Raced(e)) => {
+                    if attempt < 4 {
+                        attempt += 1;
+                        continue;
+                    }
+                    break Err(e);
+                }
                 Err($crate::backends::sql::TxError::Sql(e, phase)) => {
                     if $crate::backends::sql::db::is_conflict(&e) && attempt < 4 {
                         attempt += 1;
@@ -362,6 +369,9 @@ pub(crate) use retry_tx;
 pub(crate) enum TxError {
     Rheo(Error),
     Sql(sqlx::Error, Phase),
+    /// Another transaction changed what this one read (an id appended
+    /// concurrently): run it again; this error after the last attempt.
+    Raced(Error),
 }
 
 impl From<Error> for TxError {

@@ -10,6 +10,7 @@ use super::db::{Arg, Phase, Row};
 use super::dialect::Dialect;
 use super::schema::{self, SCHEMA_VERSION, TABLES};
 use super::{IndexBuildState, Now, SqlBackend, TxError, at_commit, safe};
+use crate::backends::dedupe::{Plan, dedupe_plan, resolve_plan};
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::event::{Event, EventParts, Metadata, NewEvent, Payload, Position};
 use crate::model::group::{IndexStatus, MAX_INDEXES, StreamInfo, StreamOptions, check_partitions};
@@ -412,11 +413,29 @@ impl SqlBackend {
         routed: &[u32],
         now: Now,
     ) -> std::result::Result<Vec<Position>, TxError> {
+        let mut tx = self.pool.begin().await.map_err(safe)?;
+        // Producer-given ids already stored (the primary key keeps every id
+        // forever): those events write nothing and answer their original.
+        let known = if events.iter().any(|e| e.id_given) {
+            self.stored_ids(&mut tx, stream, events).await?
+        } else {
+            BTreeMap::new()
+        };
+        let plan = dedupe_plan(events, &known);
+        let (events, routed): (Vec<&NewEvent>, Vec<u32>) = plan
+            .iter()
+            .zip(events.iter().zip(routed))
+            .filter(|(p, _)| matches!(p, Plan::Store))
+            .map(|(_, (e, &r))| (e, r))
+            .unzip();
+        if events.is_empty() {
+            tx.commit().await.map_err(at_commit)?;
+            return resolve_plan(plan, &[]).map_err(TxError::Rheo);
+        }
         let mut per: BTreeMap<u32, u64> = BTreeMap::new();
-        for &p in routed {
+        for &p in &routed {
             *per.entry(p).or_default() += 1;
         }
-        let mut tx = self.pool.begin().await.map_err(safe)?;
         // Allocate sequences partition by partition in ascending order (the
         // row locks serialize appenders; the order rules out deadlocks).
         let mut next: BTreeMap<u32, u64> = BTreeMap::new();
@@ -441,7 +460,7 @@ impl SqlBackend {
         }
         let mut rows = Vec::with_capacity(events.len());
         let mut positions = Vec::with_capacity(events.len());
-        for (e, &p) in events.iter().zip(routed) {
+        for (e, &p) in events.iter().zip(&routed) {
             let slot = next.entry(p).or_insert(1);
             let seq = *slot;
             *slot += 1;
@@ -494,11 +513,14 @@ impl SqlBackend {
                 if super::db::is_unique_violation(&e)
                     && super::db::names_constraint(&e, &["pkey", "rheo_events.id"]) =>
             {
-                return Err(Error::invalid(
+                // An id committed by a concurrent append since the check:
+                // run again, and it is answered as a duplicate.
+                return Err(TxError::Raced(Error::invalid(
                     "id",
-                    format!("stream {stream:?}: an event with one of these ids already exists (event ids are unique)"),
-                )
-                .into());
+                    format!(
+                        "stream {stream:?}: an event with one of these ids was appended concurrently, again and again"
+                    ),
+                )));
             }
             Err(e) => return Err(safe(e)),
         };
@@ -522,7 +544,7 @@ impl SqlBackend {
             tx.all(&s).await.map_err(safe)?;
         }
         tx.commit().await.map_err(at_commit)?;
-        positions
+        let stored = positions
             .into_iter()
             .map(|(partition, sequence)| {
                 let timestamp = stamps.get(&(partition, sequence)).copied().ok_or_else(|| {
@@ -533,9 +555,47 @@ impl SqlBackend {
                         ),
                     ))
                 })?;
-                Ok(Position { partition, sequence, timestamp })
+                Ok(Position::new(partition, sequence, timestamp))
             })
-            .collect()
+            .collect::<std::result::Result<Vec<_>, TxError>>()?;
+        resolve_plan(plan, &stored).map_err(TxError::Rheo)
+    }
+
+    /// The stored position of each producer-given id of `events` already
+    /// in the database, read in the append's transaction. An id stored in
+    /// another stream is an error (ids are unique across the database).
+    async fn stored_ids(
+        &self,
+        tx: &mut super::db::Tx,
+        stream: &str,
+        events: &[NewEvent],
+    ) -> std::result::Result<BTreeMap<String, Position>, TxError> {
+        let ids: Vec<&str> = events.iter().filter(|e| e.id_given).map(|e| e.id.as_str()).collect();
+        let mut s = self.stmt();
+        let arr =
+            s.text(serde_json::to_string(&ids).map_err(|e| TxError::Rheo(Error::failed("append", e.to_string())))?);
+        let list = match self.d {
+            Dialect::Postgres => format!("SELECT jsonb_array_elements_text({arr}::jsonb)"),
+            Dialect::Sqlite => format!("SELECT value FROM json_each({arr})"),
+        };
+        s.push(&format!(
+            "SELECT id, stream, partition, sequence, {ts} FROM {t} WHERE id IN ({list})",
+            t = self.names.events(),
+            ts = self.d.ts_out("\"timestamp\"")
+        ));
+        let mut out = BTreeMap::new();
+        for r in tx.all(&s).await.map_err(safe)? {
+            let (id, owner) = (r.text(0)?, r.text(1)?);
+            if owner != stream {
+                return Err(Error::invalid(
+                    "id",
+                    format!("stream {stream:?}: id {id:?} is already used by an event of stream {owner:?} (ids are unique across the database)"),
+                )
+                .into());
+            }
+            out.insert(id, Position::duplicate_of(r.u32(2)?, r.u64(3)?, r.ts(4)?));
+        }
+        Ok(out)
     }
 
     pub(super) async fn read_impl(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {

@@ -61,6 +61,11 @@ pub struct BenchArgs {
     /// Partitions of each case's stream.
     #[arg(long, default_value_t = 4)]
     partitions: u32,
+    /// Gives every appended event an id of its own (`AppendOptions::id`),
+    /// as a producer that retries safely does: measures the dedupe check
+    /// (compare `native:DIR` with `native:DIR?dedupe_window_ms=0`).
+    #[arg(long)]
+    ids: bool,
     /// Runs every case this many times, alternating the backends' order.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
@@ -507,6 +512,7 @@ async fn run_case(
         total_events: a.events,
         processes,
         payload_bytes: a.payload_bytes,
+        ids: a.ids,
         first: 1
             + (0..i)
                 .map(|j| a.events / processes as u64 + u64::from((j as u64) < a.events % processes as u64))

@@ -116,6 +116,10 @@ pub struct Phase {
     pub payload_bytes: usize,
     /// The first event number of this process (payloads' `n`).
     pub first: u64,
+    /// Every appended event gets its own id (`AppendOptions::id`, as a
+    /// producer that retries safely gives), so the dedupe check runs.
+    #[serde(default)]
+    pub ids: bool,
 }
 
 /// What one process measured.
@@ -136,6 +140,25 @@ pub struct Item {
     pub payload: Value,
     /// The routing key.
     pub key: String,
+    /// Its id, when the case gives ids.
+    pub id: Option<String>,
+}
+
+impl Item {
+    /// Its append options.
+    fn options(self) -> (Value, AppendOptions) {
+        let opts = AppendOptions::new().key(self.key);
+        (self.payload, if let Some(id) = self.id { opts.id(id) } else { opts })
+    }
+}
+
+/// The event numbered `n` of a phase (with its id when the phase gives ids).
+fn phase_item(n: u64, phase: &Phase, stamp: u64) -> Item {
+    let mut it = item(n, phase.payload_bytes, stamp);
+    if phase.ids {
+        it.id = Some(format!("bench-{n}"));
+    }
+    it
 }
 
 /// Distinct values of a payload's `k` field (what `query` asks for).
@@ -157,6 +180,7 @@ pub fn item(n: u64, bytes: usize, stamp: u64) -> Item {
     Item {
         payload: json!({"type": "bench", "n": n, "k": n % QUERY_VALUES, "t": stamp, "pad": pad}),
         key: format!("k{}", n % KEYS),
+        id: None,
     }
 }
 
@@ -227,7 +251,8 @@ impl Target {
     pub async fn append(&self, item: Item) -> Result<(), CliError> {
         match self {
             Target::Rheo(t) => {
-                t.rheo.append(&t.stream, &item.payload, AppendOptions::new().key(item.key)).await?;
+                let (payload, opts) = item.options();
+                t.rheo.append(&t.stream, &payload, opts).await?;
                 Ok(())
             }
             #[cfg(feature = "peers")]
@@ -239,7 +264,7 @@ impl Target {
     pub async fn append_batch(&self, items: Vec<Item>) -> Result<(), CliError> {
         match self {
             Target::Rheo(t) => {
-                let items = items.into_iter().map(|i| (i.payload, AppendOptions::new().key(i.key)));
+                let items = items.into_iter().map(Item::options);
                 t.rheo.append_batch_with(&t.stream, items).await?;
                 Ok(())
             }
@@ -409,9 +434,9 @@ async fn produce(
         let started = Instant::now();
         let stamp = if stamped { wall_micros() } else { 0 };
         if take == 1 && phase.workload == Workload::Append {
-            target.append(item(n, phase.payload_bytes, stamp)).await?;
+            target.append(phase_item(n, phase, stamp)).await?;
         } else {
-            target.append_batch((n..n + take).map(|i| item(i, phase.payload_bytes, stamp)).collect()).await?;
+            target.append_batch((n..n + take).map(|i| phase_item(i, phase, stamp)).collect()).await?;
         }
         if !stamped {
             record(samples, [micros(started.elapsed())]);
@@ -544,6 +569,7 @@ mod tests {
                     processes: 1,
                     payload_bytes: 120,
                     first: 1,
+                    ids: producers > 1,
                 };
                 let bar = ProgressBar::hidden();
                 let out = run(&target, &phase, &bar).await.unwrap();

@@ -1,0 +1,244 @@
+//! The native backend's dedupe window: the ids given by producers to
+//! recent appends of one stream, so that an append retried with the same id
+//! writes nothing and answers the original.
+//!
+//! Each id is kept as a 64-bit hash (keyed per process) with its event's
+//! position and the second it was appended: 32 bytes per id, 40–66 with
+//! the tables' spare capacity (measured in the tests below), for the
+//! window's duration (`EngineOptions::dedupe_window`, default 2 minutes)
+//! and at most [`MAX_IDS`] ids per stream (the oldest go first). Only ids a
+//! producer gave are kept; a generated id is new by construction.
+//!
+//! A hash is not an id: two ids with the same hash (odds about n²/2⁶⁵ for
+//! n ids in the window) would answer the second as a duplicate of the
+//! first. The facade reads the original back and compares ids before
+//! answering, so such a collision is an error for that append, never an
+//! event silently dropped.
+//!
+//! The window starts empty in each process and is filled, on a stream's
+//! first append with a given id, from the stream's recent records (those
+//! within the window's duration, at most [`MAX_IDS`] in all): an append
+//! retried after the writer restarted is still recognised.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+
+use crate::engine::stream::Stream;
+use crate::error::Result;
+
+/// The most ids one stream's window holds.
+pub const MAX_IDS: usize = 1 << 20;
+
+/// Where an id's event is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// Its partition.
+    pub partition: u32,
+    /// Its sequence.
+    pub sequence: u64,
+    /// When it was appended (ms since the epoch).
+    pub at_ms: i64,
+}
+
+/// What the table keeps per id: 16 bytes.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    sequence: u64,
+    partition: u32,
+    /// Seconds since the window's base.
+    at_s: u32,
+}
+
+/// A hasher for keys that are already hashes.
+#[derive(Debug, Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are hashed here; fold anything else.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// One stream's window.
+#[derive(Debug)]
+pub struct Window {
+    duration_ms: i64,
+    /// The time (ms) that `Entry::at_s` counts from: a day before the
+    /// window was made, so that loaded records fit.
+    base_ms: i64,
+    keys: RandomState,
+    ids: HashMap<u64, Entry, BuildHasherDefault<Prehashed>>,
+    /// Hashes in the order they were inserted, oldest first: what expires
+    /// next (an entry's time is in `ids`).
+    order: VecDeque<u64>,
+    /// False until filled from the stream's recent records.
+    pub loaded: bool,
+}
+
+impl Window {
+    /// An empty window of this duration.
+    pub fn new(duration: std::time::Duration, now_ms: i64) -> Self {
+        Window {
+            duration_ms: i64::try_from(duration.as_millis()).unwrap_or(i64::MAX),
+            base_ms: now_ms.saturating_sub(86_400_000),
+            keys: RandomState::new(),
+            ids: HashMap::default(),
+            order: VecDeque::new(),
+            loaded: false,
+        }
+    }
+
+    fn hash(&self, id: &str) -> u64 {
+        self.keys.hash_one(id)
+    }
+
+    fn seconds(&self, ms: i64) -> u32 {
+        u32::try_from(ms.saturating_sub(self.base_ms).max(0) / 1000).unwrap_or(u32::MAX)
+    }
+
+    /// Drops what is older than the window at `now_ms` (to the second),
+    /// and the oldest beyond [`MAX_IDS`].
+    pub fn expire(&mut self, now_ms: i64) {
+        let horizon = self.seconds(now_ms.saturating_sub(self.duration_ms));
+        while let Some(&h) = self.order.front() {
+            let at = self.ids.get(&h).map(|e| e.at_s);
+            let over = self.order.len() > MAX_IDS;
+            if at.is_some_and(|at| at >= horizon) && !over {
+                // Still in the window (or an id inserted again since: it
+                // expires with its later time, the ones behind it wait).
+                break;
+            }
+            self.order.pop_front();
+            if over || at.is_some_and(|at| at < horizon) {
+                self.ids.remove(&h);
+            }
+        }
+    }
+
+    /// Where the event with this id is, if it is in the window.
+    pub fn get(&self, id: &str) -> Option<Seen> {
+        self.ids.get(&self.hash(id)).map(|e| Seen {
+            partition: e.partition,
+            sequence: e.sequence,
+            at_ms: self.base_ms + i64::from(e.at_s) * 1000,
+        })
+    }
+
+    /// Records an id (appended at `seen.at_ms`).
+    pub fn insert(&mut self, id: &str, seen: Seen) {
+        let h = self.hash(id);
+        let entry = Entry { sequence: seen.sequence, partition: seen.partition, at_s: self.seconds(seen.at_ms) };
+        self.ids.insert(h, entry);
+        self.order.push_back(h);
+        if self.order.len() > MAX_IDS {
+            self.expire(i64::MIN);
+        }
+    }
+
+    /// How many ids it holds.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Bytes it holds (its tables' capacity), for the docs' figure.
+    #[cfg(test)]
+    pub fn heap_bytes(&self) -> usize {
+        self.ids.capacity() * (std::mem::size_of::<(u64, Entry)>() + 1)
+            + self.order.capacity() * std::mem::size_of::<u64>()
+    }
+
+    /// Fills the window from the stream's records appended within its
+    /// duration before `now_ms` (at most [`MAX_IDS`], the newest of each
+    /// partition), by their stored timestamps. Blocking: it reads the log.
+    pub fn load(&mut self, stream: &Stream, now_ms: i64) -> Result<()> {
+        let log = &stream.log;
+        let partitions = log.partition_count().max(1);
+        let per_partition = (MAX_IDS / partitions as usize) as u64;
+        let horizon = now_ms.saturating_sub(self.duration_ms);
+        let mut found: Vec<(i64, String, u32, u64)> = Vec::new();
+        for p in 0..partitions {
+            let end = log.high_watermark(p);
+            let by_count = end.saturating_sub(per_partition);
+            let by_time = log.seek_time(p, horizon)?.map_or(end, |s| s.saturating_sub(1));
+            let mut after = by_count.max(by_time);
+            while after < end {
+                let records = log.read(p, after, 1024)?;
+                let Some(last) = records.last() else { break };
+                after = last.header.seq;
+                for r in records {
+                    if r.header.ts >= horizon {
+                        found.push((r.header.ts, r.doc.id().to_owned(), p, r.header.seq));
+                    }
+                }
+            }
+        }
+        found.sort_by_key(|f| f.0);
+        for (ts, id, partition, sequence) in found {
+            self.insert(&id, Seen { partition, sequence, at_ms: ts });
+        }
+        self.loaded = true;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const T0: i64 = 1_800_000_000_000;
+
+    fn seen(sequence: u64, at_ms: i64) -> Seen {
+        Seen { partition: 0, sequence, at_ms }
+    }
+
+    #[test]
+    fn ids_expire_after_the_window() {
+        let mut w = Window::new(Duration::from_secs(10), T0);
+        w.insert("a", seen(1, T0));
+        w.insert("b", seen(2, T0 + 5_000));
+        w.expire(T0 + 9_000);
+        assert_eq!(w.get("a"), Some(seen(1, T0)));
+        w.expire(T0 + 11_000);
+        assert_eq!(w.get("a"), None, "a is older than the window");
+        assert_eq!(w.get("b"), Some(seen(2, T0 + 5_000)));
+        w.expire(T0 + 60_000);
+        assert_eq!(w.len(), 0);
+        assert_eq!(w.get("never"), None);
+    }
+
+    #[test]
+    fn a_reinserted_id_outlives_its_first_entry() {
+        let mut w = Window::new(Duration::from_secs(10), T0);
+        w.insert("a", seen(1, T0));
+        w.insert("a", seen(7, T0 + 8_000));
+        w.expire(T0 + 15_000);
+        assert_eq!(w.get("a"), Some(seen(7, T0 + 8_000)), "the first entry's expiry must not drop the second");
+        w.expire(T0 + 19_000);
+        assert_eq!(w.get("a"), None);
+    }
+
+    #[test]
+    fn the_window_holds_at_most_max_ids_in_at_most_66_bytes_each() {
+        let mut w = Window::new(Duration::from_secs(3600), T0);
+        for i in 0..(MAX_IDS as u64 + 10) {
+            w.insert(&format!("id-{i}"), seen(i + 1, T0));
+        }
+        assert_eq!(w.len(), MAX_IDS);
+        assert_eq!(w.get("id-0"), None, "the oldest went first");
+        assert!(w.get(&format!("id-{}", MAX_IDS + 9)).is_some());
+        let per_id = w.heap_bytes() as f64 / w.len() as f64;
+        assert!(per_id <= 66.0, "{per_id:.1} bytes per id");
+        println!("dedupe window: {per_id:.1} bytes per id at {} ids", w.len());
+    }
+}
