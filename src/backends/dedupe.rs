@@ -3,7 +3,7 @@
 //! shared by every backend. Each backend finds the stored ids its own way
 //! (a window of recent ids, a primary key) and hands them here.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::error::{Error, Result};
 use crate::model::event::{NewEvent, Position};
@@ -21,25 +21,29 @@ pub(crate) enum Plan {
 
 /// The plan of a batch: events whose producer-given id is in `known` (or
 /// earlier in the batch) write nothing.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
 pub(crate) fn dedupe_plan(events: &[NewEvent], known: &BTreeMap<String, Position>) -> Vec<Plan> {
-    let mut first: BTreeMap<&str, usize> = BTreeMap::new();
-    events
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            if !e.id_given {
-                return Plan::Store;
-            }
-            if let Some(&at) = known.get(e.id.as_str()) {
-                return Plan::Original(at);
-            }
-            if let Some(&k) = first.get(e.id.as_str()) {
-                return Plan::SameAs(k);
-            }
+    plan_with(events, |i| known.get(events[i].id.as_str()).copied())
+}
+
+/// As [`dedupe_plan`], asking `stored(i)` where event `i`'s id is stored
+/// (called only for events whose id the producer gave, in order).
+pub(crate) fn plan_with(events: &[NewEvent], mut stored: impl FnMut(usize) -> Option<Position>) -> Vec<Plan> {
+    let mut first: HashMap<&str, usize> = HashMap::new();
+    let mut plan = Vec::with_capacity(events.len());
+    for (i, e) in events.iter().enumerate() {
+        if !e.id_given {
+            plan.push(Plan::Store);
+        } else if let Some(at) = stored(i) {
+            plan.push(Plan::Original(at));
+        } else if let Some(&k) = first.get(e.id.as_str()) {
+            plan.push(Plan::SameAs(k));
+        } else {
             first.insert(&e.id, i);
-            Plan::Store
-        })
-        .collect()
+            plan.push(Plan::Store);
+        }
+    }
+    plan
 }
 
 /// Each event's position, given the positions of the stored ones in order.

@@ -21,7 +21,7 @@
 //! retried after the writer restarted is still recognised.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
 use crate::engine::stream::Stream;
 use crate::error::Result;
@@ -29,7 +29,8 @@ use crate::error::Result;
 /// The most ids one stream's window holds.
 pub const MAX_IDS: usize = 1 << 20;
 
-/// Where an id's event is.
+/// Where an id's event is (sequence 0: reserved by an append in flight,
+/// see [`Window::reserve`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Seen {
     /// Its partition.
@@ -75,7 +76,9 @@ pub struct Window {
     /// The time (ms) that `Entry::at_s` counts from: a day before the
     /// window was made, so that loaded records fit.
     base_ms: i64,
-    keys: RandomState,
+    /// Seeded per window (foldhash: fast, and a hash is only a hint, see
+    /// the module's docs).
+    keys: foldhash::fast::RandomState,
     ids: HashMap<u64, Entry, BuildHasherDefault<Prehashed>>,
     /// Hashes in the order they were inserted, oldest first: what expires
     /// next (an entry's time is in `ids`).
@@ -90,15 +93,21 @@ impl Window {
         Window {
             duration_ms: i64::try_from(duration.as_millis()).unwrap_or(i64::MAX),
             base_ms: now_ms.saturating_sub(86_400_000),
-            keys: RandomState::new(),
+            keys: foldhash::fast::RandomState::default(),
             ids: HashMap::default(),
             order: VecDeque::new(),
             loaded: false,
         }
     }
 
-    fn hash(&self, id: &str) -> u64 {
+    /// The key of an id (compute it once per call, then use the `_key`
+    /// methods).
+    pub fn key(&self, id: &str) -> u64 {
         self.keys.hash_one(id)
+    }
+
+    fn hash(&self, id: &str) -> u64 {
+        self.key(id)
     }
 
     fn seconds(&self, ms: i64) -> u32 {
@@ -125,17 +134,50 @@ impl Window {
     }
 
     /// Where the event with this id is, if it is in the window.
+    #[cfg(test)]
     pub fn get(&self, id: &str) -> Option<Seen> {
-        self.ids.get(&self.hash(id)).map(|e| Seen {
+        self.get_key(self.hash(id))
+    }
+
+    /// [`Window::get`] by key.
+    pub fn get_key(&self, key: u64) -> Option<Seen> {
+        self.ids.get(&key).map(|e| Seen {
             partition: e.partition,
             sequence: e.sequence,
             at_ms: self.base_ms + i64::from(e.at_s) * 1000,
         })
     }
 
+    /// Reserves an id for an append about to be written: until
+    /// [`Window::fill`] (or [`Window::release`]) another append of it sees
+    /// it in flight and waits, so the window's lock need not be held while
+    /// the events are encoded.
+    pub fn reserve_key(&mut self, key: u64, at_ms: i64) {
+        self.insert_key(key, Seen { partition: 0, sequence: 0, at_ms });
+    }
+
+    /// Gives a reserved id its event's position.
+    pub fn fill_key(&mut self, key: u64, partition: u32, sequence: u64) {
+        if let Some(e) = self.ids.get_mut(&key) {
+            e.partition = partition;
+            e.sequence = sequence;
+        }
+    }
+
+    /// Drops a reservation whose append failed (nothing was written).
+    pub fn release_key(&mut self, key: u64) {
+        if self.ids.get(&key).is_some_and(|e| e.sequence == 0) {
+            self.ids.remove(&key);
+        }
+    }
+
     /// Records an id (appended at `seen.at_ms`).
     pub fn insert(&mut self, id: &str, seen: Seen) {
-        let h = self.hash(id);
+        self.insert_key(self.hash(id), seen);
+    }
+
+    /// [`Window::insert`] by key.
+    pub fn insert_key(&mut self, h: u64, seen: Seen) {
         let entry = Entry { sequence: seen.sequence, partition: seen.partition, at_s: self.seconds(seen.at_ms) };
         self.ids.insert(h, entry);
         self.order.push_back(h);
@@ -215,6 +257,21 @@ mod tests {
         w.expire(T0 + 60_000);
         assert_eq!(w.len(), 0);
         assert_eq!(w.get("never"), None);
+    }
+
+    #[test]
+    fn a_reservation_is_filled_or_released() {
+        let mut w = Window::new(Duration::from_secs(10), T0);
+        let (a, b) = (w.key("a"), w.key("b"));
+        w.reserve_key(a, T0);
+        w.reserve_key(b, T0);
+        assert_eq!(w.get("a").map(|s| s.sequence), Some(0), "in flight");
+        w.fill_key(a, 2, 9);
+        w.release_key(b);
+        assert_eq!(w.get("a"), Some(Seen { partition: 2, sequence: 9, at_ms: T0 }));
+        assert_eq!(w.get("b"), None);
+        w.release_key(a);
+        assert!(w.get("a").is_some(), "a filled id is not released");
     }
 
     #[test]

@@ -339,45 +339,93 @@ impl NativeBackend {
     /// held from the check until the records are handed to the group
     /// commit, so two appends of one id cannot both write it.
     async fn append_deduped(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
+        use crate::backends::dedupe::{Plan, plan_with, resolve_plan};
         let s = self.engine.stream(stream)?;
         let window = self.window(&s).await?;
         let now = self.clock.now();
-        let (plan, stored, ticket) = {
-            let mut w = window.lock();
-            w.expire(now.as_millis());
-            let known = events
-                .iter()
-                .filter(|e| e.id_given)
-                .filter_map(|e| {
-                    let seen = w.get(&e.id)?;
-                    let at = Timestamp::from_millis(seen.at_ms);
-                    Some((e.id.clone(), Position::duplicate_of(seen.partition, seen.sequence, at)))
-                })
-                .collect();
-            let plan = crate::backends::dedupe::dedupe_plan(events, &known);
-            let fresh: Vec<NewEvent> = plan
-                .iter()
-                .zip(events)
-                .filter(|(p, _)| matches!(p, crate::backends::dedupe::Plan::Store))
-                .map(|(_, e)| e.clone())
-                .collect();
-            if fresh.is_empty() {
-                return crate::backends::dedupe::resolve_plan(plan, &[]);
-            }
-            let (stored, ticket, _) = self.append_events(stream, &fresh)?;
-            for (e, p) in fresh.iter().zip(&stored) {
-                if e.id_given {
-                    let seen = dedupe::Seen { partition: p.partition, sequence: p.sequence, at_ms: now.as_millis() };
-                    w.insert(&e.id, seen);
+        let waiting_since = std::time::Instant::now();
+        // Each id hashed once (0 for generated ids, never looked up).
+        let keys: Vec<u64> = {
+            let w = window.lock();
+            events.iter().map(|e| if e.id_given { w.key(&e.id) } else { 0 }).collect()
+        };
+        // Under the window's lock: the plan, and a reservation of each new
+        // id. An id another append has reserved and not yet written is
+        // waited for (its outcome decides this one's).
+        let plan = loop {
+            {
+                let mut w = window.lock();
+                w.expire(now.as_millis());
+                let mut in_flight = false;
+                let plan = plan_with(events, |i| {
+                    let seen = w.get_key(keys[i])?;
+                    in_flight |= seen.sequence == 0;
+                    Some(Position::duplicate_of(seen.partition, seen.sequence, Timestamp::from_millis(seen.at_ms)))
+                });
+                if !in_flight {
+                    for ((p, e), &k) in plan.iter().zip(events).zip(&keys) {
+                        if *p == Plan::Store && e.id_given {
+                            w.reserve_key(k, now.as_millis());
+                        }
+                    }
+                    break plan;
                 }
             }
-            (plan, stored, ticket)
+            if waiting_since.elapsed() > IN_FLIGHT_WAIT {
+                return Err(Error::ambiguous(
+                    "append",
+                    format!(
+                        "stream {stream:?}: an append of one of these ids has been in flight for {IN_FLIGHT_WAIT:?}; retry"
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        };
+        let all_new = plan.iter().all(|p| *p == Plan::Store);
+        if plan.iter().all(|p| *p != Plan::Store) {
+            return resolve_plan(plan, &[]);
+        }
+        // The usual case (no duplicate) appends the events as given.
+        let copied: Vec<NewEvent>;
+        let fresh: &[NewEvent] = if all_new {
+            events
+        } else {
+            copied = plan.iter().zip(events).filter(|(p, _)| **p == Plan::Store).map(|(_, e)| e.clone()).collect();
+            &copied
+        };
+        let appended = self.append_events(stream, fresh);
+        let (stored, ticket) = {
+            let mut w = window.lock();
+            match appended {
+                Ok((stored, ticket, _)) => {
+                    let new_keys = plan.iter().zip(events).zip(&keys).filter(|((p, _), _)| **p == Plan::Store);
+                    for (((_, e), &k), p) in new_keys.zip(&stored) {
+                        if e.id_given {
+                            w.fill_key(k, p.partition, p.sequence);
+                        }
+                    }
+                    (stored, ticket)
+                }
+                Err(err) => {
+                    // Nothing was written: the ids are free again.
+                    for ((p, e), &k) in plan.iter().zip(events).zip(&keys) {
+                        if *p == Plan::Store && e.id_given {
+                            w.release_key(k);
+                        }
+                    }
+                    return Err(err);
+                }
+            }
         };
         ticket.resolved().await?;
         self.wakeup(&s).appended();
-        crate::backends::dedupe::resolve_plan(plan, &stored)
+        resolve_plan(plan, &stored)
     }
 }
+
+/// The longest an append waits for another append of the same id that is
+/// being written (normally microseconds).
+const IN_FLIGHT_WAIT: Duration = Duration::from_secs(5);
 
 /// The most matches of a replay by query reopened in one step (one WAL
 /// record of at most about 9 MiB, well under the record limit).
