@@ -413,7 +413,17 @@ impl Rheo {
         let mut out = Vec::with_capacity(events.len());
         for (mut e, at) in events.into_iter().zip(positions) {
             if at.duplicate {
-                out.push(self.original(call, stream, &e.id, at).await?);
+                // The batch's new events are committed already: whatever
+                // goes wrong now, the caller must not read "nothing was
+                // written".
+                let original = self.original(call, stream, &e.id, at).await.map_err(|err| match err {
+                    Error::Ambiguous { .. } => err,
+                    other => Error::ambiguous(
+                        call,
+                        format!("stream {stream:?}: the append was stored, but reading back the original of duplicate id {:?} failed: {other}", e.id),
+                    ),
+                })?;
+                out.push(original);
                 continue;
             }
             // The backend's word on where and when it stored the event.
@@ -431,7 +441,7 @@ impl Rheo {
         let deadline = std::time::Instant::now() + DUPLICATE_WAIT;
         let mut pause = Duration::from_micros(200);
         loop {
-            let found = self.inner.backend.read(stream, at.partition, at.sequence - 1, 1).await?;
+            let found = self.inner.backend.read(stream, at.partition, at.sequence.saturating_sub(1), 1).await?;
             match found.into_iter().next() {
                 Some(e) if e.sequence() == at.sequence && e.id() == id => return Ok(e.into_duplicate()),
                 Some(e) if e.sequence() == at.sequence => {

@@ -2,23 +2,26 @@
 //! recent appends of one stream, so that an append retried with the same id
 //! writes nothing and answers the original.
 //!
-//! Each id is kept as a 64-bit hash (keyed per process) with its event's
+//! Each id is kept as a 64-bit hash (seeded per window) with its event's
 //! position and the second it was appended: 32 bytes per id, 40–66 with
 //! the tables' spare capacity (measured in the tests below), for the
 //! window's duration (`EngineOptions::dedupe_window`, default 2 minutes)
 //! and at most [`MAX_IDS`] ids per stream (the oldest go first). Only ids a
 //! producer gave are kept; a generated id is new by construction.
 //!
-//! A hash is not an id: two ids with the same hash (odds about n²/2⁶⁵ for
-//! n ids in the window) would answer the second as a duplicate of the
-//! first. The facade reads the original back and compares ids before
-//! answering, so such a collision is an error for that append, never an
-//! event silently dropped.
+//! A hash is not an id: before answering a duplicate, the backend reads
+//! the stored record at the remembered position and compares ids, so two
+//! ids with one hash (odds about n²/2⁶⁵ for n ids) never make an event
+//! vanish; the later one is stored, and the window remembers it instead.
+//!
+//! Under load the cap is what bounds the window: at 70k appends with ids
+//! per second, 2²⁰ ids are about 15 s, not 2 minutes.
 //!
 //! The window starts empty in each process and is filled, on a stream's
-//! first append with a given id, from the stream's recent records (those
-//! within the window's duration, at most [`MAX_IDS`] in all): an append
-//! retried after the writer restarted is still recognised.
+//! first append with a given id, from the stream's last records (at most
+//! [`MAX_IDS`] in all, split between its partitions), each remembered as
+//! if appended at that moment: an append retried after the writer
+//! restarted is still recognised, whatever timestamp its event carries.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
@@ -106,6 +109,7 @@ impl Window {
         self.keys.hash_one(id)
     }
 
+    #[cfg(test)]
     fn hash(&self, id: &str) -> u64 {
         self.key(id)
     }
@@ -127,7 +131,11 @@ impl Window {
                 break;
             }
             self.order.pop_front();
-            if over || at.is_some_and(|at| at < horizon) {
+            // At the cap the oldest goes, unless an append is writing it.
+            let reserved = self.ids.get(&h).is_some_and(|e| e.sequence == 0);
+            if over && reserved {
+                self.order.push_back(h);
+            } else if over || at.is_some_and(|at| at < horizon) {
                 self.ids.remove(&h);
             }
         }
@@ -172,6 +180,7 @@ impl Window {
     }
 
     /// Records an id (appended at `seen.at_ms`).
+    #[cfg(test)]
     pub fn insert(&mut self, id: &str, seen: Seen) {
         self.insert_key(self.hash(id), seen);
     }
@@ -199,34 +208,27 @@ impl Window {
             + self.order.capacity() * std::mem::size_of::<u64>()
     }
 
-    /// Fills the window from the stream's records appended within its
-    /// duration before `now_ms` (at most [`MAX_IDS`], the newest of each
-    /// partition), by their stored timestamps. Blocking: it reads the log.
+    /// Fills the window from the stream's last records (at most
+    /// [`MAX_IDS`], split between its partitions), each remembered as
+    /// appended at `now_ms`: records carry the producer's timestamp, not
+    /// the time they were appended, so time can't choose them. Blocking: it
+    /// reads the log (about a second for 2²⁰ records).
     pub fn load(&mut self, stream: &Stream, now_ms: i64) -> Result<()> {
         let log = &stream.log;
         let partitions = log.partition_count().max(1);
         let per_partition = (MAX_IDS / partitions as usize) as u64;
-        let horizon = now_ms.saturating_sub(self.duration_ms);
-        let mut found: Vec<(i64, String, u32, u64)> = Vec::new();
         for p in 0..partitions {
             let end = log.high_watermark(p);
-            let by_count = end.saturating_sub(per_partition);
-            let by_time = log.seek_time(p, horizon)?.map_or(end, |s| s.saturating_sub(1));
-            let mut after = by_count.max(by_time);
+            let mut after = end.saturating_sub(per_partition);
             while after < end {
                 let records = log.read(p, after, 1024)?;
                 let Some(last) = records.last() else { break };
                 after = last.header.seq;
                 for r in records {
-                    if r.header.ts >= horizon {
-                        found.push((r.header.ts, r.doc.id().to_owned(), p, r.header.seq));
-                    }
+                    let key = self.key(r.doc.id());
+                    self.insert_key(key, Seen { partition: p, sequence: r.header.seq, at_ms: now_ms });
                 }
             }
-        }
-        found.sort_by_key(|f| f.0);
-        for (ts, id, partition, sequence) in found {
-            self.insert(&id, Seen { partition, sequence, at_ms: ts });
         }
         self.loaded = true;
         Ok(())

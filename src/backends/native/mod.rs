@@ -49,7 +49,14 @@ pub use readonly::{REFRESH_INTERVAL, ReadOnlyNative};
 const BACKEND: &str = "native";
 
 /// One stream's dedupe window, shared by its appends.
-type SharedWindow = Arc<parking_lot::Mutex<dedupe::Window>>;
+type SharedWindow = Arc<WindowSlot>;
+
+/// A stream's dedupe window, and the lock its one load from the log takes.
+#[derive(Debug)]
+struct WindowSlot {
+    window: parking_lot::Mutex<dedupe::Window>,
+    loading: tokio::sync::Mutex<()>,
+}
 
 /// Fetches of at most this many deliveries read their events on the calling
 /// task; larger ones on the blocking pool.
@@ -307,37 +314,42 @@ impl NativeBackend {
     async fn window(&self, s: &Arc<Stream>) -> Result<SharedWindow> {
         let duration = self.engine.options().dedupe_window;
         let now = self.clock.now().as_millis();
-        let w = self
+        let slot = self
             .dedupe
             .lock()
             .entry(s.name().clone())
-            .or_insert_with(|| Arc::new(parking_lot::Mutex::new(dedupe::Window::new(duration, now))))
-            .clone();
-        if !w.lock().loaded {
-            let (w2, s2) = (w.clone(), s.clone());
-            self.blocking(move || {
-                let mut fresh = dedupe::Window::new(duration, now);
-                fresh.load(&s2, now)?;
-                let mut held = w2.lock();
-                if !held.loaded {
-                    // Ids appended by this process meanwhile are in the log
-                    // the load read, or arrive after it: keep the loaded
-                    // window and let later appends add theirs.
-                    *held = fresh;
-                }
-                Ok(())
+            .or_insert_with(|| {
+                Arc::new(WindowSlot {
+                    window: parking_lot::Mutex::new(dedupe::Window::new(duration, now)),
+                    loading: tokio::sync::Mutex::new(()),
+                })
             })
-            .await?;
+            .clone();
+        if !slot.window.lock().loaded {
+            // One load per window: the others wait for it.
+            let _loading = slot.loading.lock().await;
+            if !slot.window.lock().loaded {
+                let (slot2, s2) = (slot.clone(), s.clone());
+                self.blocking(move || {
+                    let mut fresh = dedupe::Window::new(duration, now);
+                    fresh.load(&s2, now)?;
+                    *slot2.window.lock() = fresh;
+                    Ok(())
+                })
+                .await?;
+            }
         }
-        Ok(w)
+        Ok(slot)
     }
 
     /// `append_batch` with producer-given ids checked against the stream's
     /// dedupe window: an id already there (or earlier in the batch) writes
     /// nothing and answers the original's position; the others are
-    /// appended atomically, and their ids remembered. The window's lock is
-    /// held from the check until the records are handed to the group
-    /// commit, so two appends of one id cannot both write it.
+    /// appended atomically, and their ids remembered. New ids are reserved
+    /// under the window's lock before the append and filled after it, so
+    /// two appends of one id cannot both write it (the second waits for the
+    /// first). A window hit is checked against the stored record's id, so a
+    /// hash collision stores the event rather than answering a stranger.
     async fn append_deduped(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
         use crate::backends::dedupe::{Plan, plan_with, resolve_plan};
         let s = self.engine.stream(stream)?;
@@ -346,7 +358,7 @@ impl NativeBackend {
         let waiting_since = std::time::Instant::now();
         // Each id hashed once (0 for generated ids, never looked up).
         let keys: Vec<u64> = {
-            let w = window.lock();
+            let w = window.window.lock();
             events.iter().map(|e| if e.id_given { w.key(&e.id) } else { 0 }).collect()
         };
         // Under the window's lock: the plan, and a reservation of each new
@@ -354,14 +366,30 @@ impl NativeBackend {
         // waited for (its outcome decides this one's).
         let plan = loop {
             {
-                let mut w = window.lock();
+                let mut w = window.window.lock();
                 w.expire(now.as_millis());
                 let mut in_flight = false;
+                let mut failed = None;
                 let plan = plan_with(events, |i| {
                     let seen = w.get_key(keys[i])?;
-                    in_flight |= seen.sequence == 0;
+                    if seen.sequence == 0 {
+                        in_flight = true;
+                        return None;
+                    }
+                    // A hash is a hint: the stored record must have the id.
+                    match s.log.read(seen.partition, seen.sequence - 1, 1) {
+                        Ok(r) if r.first().is_some_and(|r| r.doc.id() == events[i].id) => {}
+                        Ok(_) => return None,
+                        Err(e) => {
+                            failed = Some(e);
+                            return None;
+                        }
+                    }
                     Some(Position::duplicate_of(seen.partition, seen.sequence, Timestamp::from_millis(seen.at_ms)))
                 });
+                if let Some(e) = failed {
+                    return Err(e);
+                }
                 if !in_flight {
                     for ((p, e), &k) in plan.iter().zip(events).zip(&keys) {
                         if *p == Plan::Store && e.id_given {
@@ -395,7 +423,7 @@ impl NativeBackend {
         };
         let appended = self.append_events(stream, fresh);
         let (stored, ticket) = {
-            let mut w = window.lock();
+            let mut w = window.window.lock();
             match appended {
                 Ok((stored, ticket, _)) => {
                     let new_keys = plan.iter().zip(events).zip(&keys).filter(|((p, _), _)| **p == Plan::Store);
@@ -698,6 +726,33 @@ impl Backend for NativeBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two ids whose hashes collide: the window's hint is checked against
+    /// the stored record, and the second event is stored, not answered
+    /// with the first.
+    #[tokio::test]
+    async fn a_hash_collision_in_the_dedupe_window_stores_the_event() {
+        use crate::model::event::{AppendOptions, Payload};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().display().to_string();
+        let clock: Arc<dyn Clock> = Arc::new(crate::model::time::SystemClock);
+        let b = NativeBackend::open(&path, EngineOptions::default(), clock.clone()).await.expect("open");
+        b.create_stream("s", &StreamOptions::new()).await.expect("stream");
+        let ev = |id: &str| NewEvent::prepare(Payload::from_value(&serde_json::json!({})), AppendOptions::new().id(id));
+        let first = b.append_batch("s", &[ev("a")]).await.expect("append a");
+        let slot = b.window(&b.engine.stream("s").expect("stream")).await.expect("window");
+        {
+            let mut w = slot.window.lock();
+            let kb = w.key("b");
+            let seen = dedupe::Seen { partition: 0, sequence: first[0].sequence, at_ms: clock.now().as_millis() };
+            w.insert_key(kb, seen);
+        }
+        let second = b.append_batch("s", &[ev("b")]).await.expect("append b");
+        assert!(!second[0].duplicate, "b is not a duplicate of a: {second:?}");
+        assert_eq!(second[0].sequence, 2);
+        // And a real retry of a is still recognised.
+        assert!(b.append_batch("s", &[ev("a")]).await.expect("retry a")[0].duplicate);
+    }
 
     #[test]
     fn a_replay_by_query_is_split_in_steps_of_bounded_size() {

@@ -31,7 +31,7 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_millis(50);
 /// from two moments, which the next try does not.
 const OPEN_TRIES: u32 = 5;
 /// How long after its last change a directory is still reopened on every
-/// refresh (see [`recently_modified`]).
+/// refresh (see [`racy`]).
 const RACY_WINDOW: Duration = Duration::from_secs(3);
 /// Files looked at for a change, at most (a directory with more is
 /// reopened on every refresh).
@@ -79,10 +79,23 @@ struct View {
     cost: Duration,
 }
 
-/// (path, length, modification time) of every file of the directory.
-type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
+/// (path, length, modification time) of every file of the directory,
+/// and when it was taken.
+#[derive(Debug, Clone, PartialEq)]
+struct Fingerprint {
+    files: Vec<(PathBuf, u64, Option<SystemTime>)>,
+    taken: SystemTime,
+}
+
+impl Fingerprint {
+    /// The same files, sizes and times (whenever taken).
+    fn same_files(&self, other: &Fingerprint) -> bool {
+        self.files == other.files
+    }
+}
 
 fn fingerprint(root: &Path) -> Fingerprint {
+    let taken = SystemTime::now();
     let mut out = Vec::new();
     let mut dirs = vec![root.to_path_buf()];
     while let Some(dir) = dirs.pop() {
@@ -91,7 +104,7 @@ fn fingerprint(root: &Path) -> Fingerprint {
             if out.len() >= MAX_FINGERPRINT_FILES {
                 // Too many to compare cheaply: always different.
                 out.push((PathBuf::new(), 0, Some(SystemTime::now())));
-                return out;
+                return Fingerprint { files: out, taken };
             }
             let Ok(meta) = entry.metadata() else { continue };
             if meta.is_dir() {
@@ -102,17 +115,19 @@ fn fingerprint(root: &Path) -> Fingerprint {
         }
     }
     out.sort();
-    out
+    Fingerprint { files: out, taken }
 }
 
-/// True when a file changed within [`RACY_WINDOW`] of now: on a file
-/// system with coarse modification times (a second or two), a write in the
-/// same tick as the view's look leaves the fingerprint unchanged, so such a
-/// directory is reopened until it has been still for that long (as git
-/// treats "racily clean" files).
-fn recently_modified(fingerprint: &Fingerprint) -> bool {
-    let Some(horizon) = SystemTime::now().checked_sub(RACY_WINDOW) else { return true };
-    fingerprint.iter().any(|(_, _, modified)| modified.is_none_or(|m| m >= horizon))
+/// True when a file's modification time is within [`RACY_WINDOW`] before
+/// `view` was taken (or later): modification times are coarse (a jiffy, or
+/// a second or two on some file systems), and the writer appends into
+/// preallocated space (the size does not change), so a write in the same
+/// tick as the view's fingerprint leaves it unchanged. Such a view is
+/// reopened until its files are older than that (as git treats "racily
+/// clean" files).
+fn racy(view: &Fingerprint) -> bool {
+    let Some(horizon) = view.taken.checked_sub(RACY_WINDOW) else { return true };
+    view.files.iter().any(|(_, _, modified)| modified.is_none_or(|m| m >= horizon))
 }
 
 fn open_view(path: &Path, opts: &EngineOptions, clock: &Arc<dyn Clock>) -> Result<(NativeBackend, Fingerprint)> {
@@ -155,7 +170,7 @@ impl ReadOnlyNative {
         let path = self.path.clone();
         let now = blocking(move || Ok(fingerprint(&path))).await?;
         v.looked = Instant::now();
-        if now == v.fingerprint && !recently_modified(&now) {
+        if now.same_files(&v.fingerprint) && !racy(&v.fingerprint) {
             return Ok(v.backend.clone());
         }
         let (p, o, c) = (self.path.clone(), self.opts.clone(), self.clock.clone());

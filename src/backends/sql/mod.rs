@@ -346,9 +346,15 @@ macro_rules! retry_tx {
                 Err($crate::backends::sql::TxError::Raced(e)) => {
                     if attempt < 4 {
                         attempt += 1;
+                        tokio::time::sleep(std::time::Duration::from_millis(1u64 << attempt)).await;
                         continue;
                     }
-                    break Err(e);
+                    // Nothing was committed: safe to retry later.
+                    break Err($crate::error::Error::BackendUnavailable {
+                        backend: $self.be(),
+                        operation: $op,
+                        cause: std::sync::Arc::new(e),
+                    });
                 }
                 Err($crate::backends::sql::TxError::Sql(e, phase)) => {
                     if $crate::backends::sql::db::is_conflict(&e) && attempt < 4 {
