@@ -30,6 +30,9 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_millis(50);
 /// while the writer rotates a checkpoint or rolls a segment may find files
 /// from two moments, which the next try does not.
 const OPEN_TRIES: u32 = 5;
+/// How long refreshes may keep failing before calls fail instead of
+/// answering from the last view.
+const STALE_AFTER: Duration = Duration::from_secs(10);
 /// How long after its last change a directory is still reopened on every
 /// refresh (see [`racy`]).
 const RACY_WINDOW: Duration = Duration::from_secs(3);
@@ -77,6 +80,8 @@ struct View {
     looked: Instant,
     /// How long the last open of a view took.
     cost: Duration,
+    /// Since when every refresh has failed (none: the last one worked).
+    failing_since: Option<Instant>,
 }
 
 /// (path, length, modification time) of every file of the directory,
@@ -154,14 +159,16 @@ impl ReadOnlyNative {
         let (p, o, c) = (path.clone(), opts.clone(), clock.clone());
         let started = Instant::now();
         let (backend, fingerprint) = blocking(move || open_view(&p, &o, &c)).await?;
-        let view = View { backend, fingerprint, looked: Instant::now(), cost: started.elapsed() };
+        let view = View { backend, fingerprint, looked: Instant::now(), cost: started.elapsed(), failing_since: None };
         Ok(ReadOnlyNative { path, opts, clock, current: tokio::sync::Mutex::new(view) })
     }
 
     /// The current view, refreshed first when it is older than
     /// [`REFRESH_INTERVAL`] and the directory changed. A refresh that fails
     /// keeps the previous view (and says so in the log): a reader is not
-    /// cut off by a writer caught mid-rotation.
+    /// cut off by a writer caught mid-rotation. Once refreshes have failed
+    /// for [`STALE_AFTER`], calls fail with the last error instead of
+    /// answering from an ever older view.
     async fn view(&self) -> Result<NativeBackend> {
         let mut v = self.current.lock().await;
         if v.looked.elapsed() < REFRESH_INTERVAL.max(v.cost * 2) {
@@ -182,8 +189,20 @@ impl ReadOnlyNative {
             Ok((backend, fingerprint)) => {
                 v.backend = backend;
                 v.fingerprint = fingerprint;
+                v.failing_since = None;
             }
             Err(e) => {
+                let since = *v.failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= STALE_AFTER {
+                    return Err(Error::failed(
+                        "read-only view",
+                        format!(
+                            "data directory {}: the view could not be refreshed for {:?}; the last attempt: {e}",
+                            self.path.display(),
+                            since.elapsed()
+                        ),
+                    ));
+                }
                 tracing::warn!(dir = %self.path.display(), error = %e, "could not refresh a read-only view; serving the previous one");
             }
         }
