@@ -142,7 +142,14 @@ fn open_view(path: &Path, opts: &EngineOptions, clock: &Arc<dyn Clock>) -> Resul
             std::thread::sleep(Duration::from_millis(20 << attempt.min(3)));
         }
         let before = fingerprint(path);
-        match Engine::open_read_only(path, opts.clone()) {
+        // What recovery logs about a view (a torn tail cut, group state
+        // above the log's end) is the writer's work in flight, not damage:
+        // not logged, or a reader beside a busy writer would log it on every
+        // refresh. Damage still fails the reads it affects.
+        let opened = tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
+            Engine::open_read_only(path, opts.clone())
+        });
+        match opened {
             Ok(engine) => return Ok((NativeBackend::from_engine(engine, clock.clone()), before)),
             // A missing directory or manifest does not come back by retrying.
             Err(e @ Error::Failed { .. }) if attempt == 0 && !path.join("MANIFEST").is_file() => return Err(e),
