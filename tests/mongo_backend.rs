@@ -143,15 +143,29 @@ async fn mongo_appends_atomically_with_contiguous_sequences_and_reads_them_back(
     assert_eq!(first.event_type(), Some("placed"));
     assert_eq!(first.metadata().get("schema"), Some(&json!("v1")));
     assert_eq!(first.timestamp(), one.timestamp());
-    // A batch holding an id already stored writes nothing: no event, no gap.
+    // A batch holding an id this stream already stored appends the rest and
+    // answers the original for it (idempotent appends), with no gap.
     let dup = vec![
         (json!({"x": 1}), AppendOptions::new().partition(0)),
         (json!({"x": 2}), AppendOptions::new().partition(0).id(one.id())),
     ];
-    let e = rheo.append_batch_with("orders", dup).await.expect_err("duplicate id");
-    assert!(e.to_string().contains("already stored"), "{e}");
+    let out = rheo.append_batch_with("orders", dup).await.expect("a batch with a stored id");
+    assert_eq!(out[0].sequence(), per[&0].len() as u64 + 1);
+    assert!(!out[0].is_duplicate());
+    assert!(out[1].is_duplicate());
+    assert_eq!(
+        (out[1].partition(), out[1].sequence(), out[1].payload().json().expect("json")),
+        (one.partition(), one.sequence(), &payload)
+    );
+    // An id stored by another stream is refused, and the batch writes nothing.
+    rheo.create_stream("others", StreamOptions::new()).await.expect("stream");
+    let foreign = vec![(json!({"x": 3}), AppendOptions::new()), (json!({"x": 4}), AppendOptions::new().id(one.id()))];
+    let e = rheo.append_batch_with("others", foreign).await.expect_err("an id of another stream");
+    assert!(e.to_string().contains("already used by an event of stream \"orders\""), "{e}");
     let after = rheo.append("orders", &json!({"x": 3}), AppendOptions::new().partition(0)).await.expect("append");
-    assert_eq!(after.sequence(), per[&0].len() as u64 + 1, "the failed batch left no gap");
+    assert_eq!(after.sequence(), per[&0].len() as u64 + 2, "no gap");
+    let others = rheo.append("others", &json!({"x": 5}), AppendOptions::new()).await.expect("append");
+    assert_eq!(others.sequence(), 1, "the refused batch left no event and no gap");
     // What the reference would see: its field names, a BSON date.
     let d = client()
         .await
@@ -166,8 +180,10 @@ async fn mongo_appends_atomically_with_contiguous_sequences_and_reads_them_back(
     }
     assert!(matches!(d.get("timestamp"), Some(mongodb::bson::Bson::DateTime(_))));
     let streams = rheo.list_streams().await.expect("list");
-    assert_eq!(streams.len(), 1);
-    assert_eq!(streams[0].high_watermarks.iter().sum::<u64>(), 12);
+    assert_eq!(streams.len(), 2);
+    let orders = streams.iter().find(|s| s.name == "orders").expect("orders");
+    // 11 before, one from the batch with a stored id, one after.
+    assert_eq!(orders.high_watermarks.iter().sum::<u64>(), 13);
 }
 
 #[tokio::test]
