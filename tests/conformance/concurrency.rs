@@ -94,27 +94,32 @@ pub async fn competing_consumers_ack_every_event_exactly_once(f: Fixture) {
     assert_eq!(f.rheo.group_info(S, G).await.expect("info").inflight, 0);
 }
 
-/// Eight producers append the same id at once: one event is stored, every
-/// producer gets it, seven of them marked as duplicates.
+/// Eight producers append the same id at once (twenty rounds, a new id
+/// each): one event is stored per id, every producer gets it, seven of them
+/// marked as duplicates.
 pub async fn concurrent_appends_of_one_id_store_one_event(f: Fixture) {
     stream(&f, 2).await;
-    let tasks: Vec<_> = (0..8)
-        .map(|n| {
-            let rheo = f.rheo.clone();
-            tokio::spawn(async move {
-                rheo.append(S, &serde_json::json!({"producer": n}), AppendOptions::new().id("the-one")).await
+    const ROUNDS: u64 = 20;
+    for round in 0..ROUNDS {
+        let id = format!("the-one-{round}");
+        let tasks: Vec<_> = (0..8)
+            .map(|n| {
+                let (rheo, id) = (f.rheo.clone(), id.clone());
+                tokio::spawn(async move {
+                    rheo.append(S, &serde_json::json!({"producer": n}), AppendOptions::new().id(id)).await
+                })
             })
-        })
-        .collect();
-    let mut got = Vec::new();
-    for t in tasks {
-        got.push(t.await.expect("task").expect("append"));
+            .collect();
+        let mut got = Vec::new();
+        for t in tasks {
+            got.push(t.await.expect("task").expect("append"));
+        }
+        let at: std::collections::BTreeSet<(u32, u64)> = got.iter().map(|e| (e.partition(), e.sequence())).collect();
+        assert_eq!(at.len(), 1, "round {round}: every producer got the one event: {got:?}");
+        assert_eq!(got.iter().filter(|e| !e.is_duplicate()).count(), 1, "round {round}: one stored, seven duplicates");
+        let payloads: std::collections::BTreeSet<String> = got.iter().map(|e| e.payload().to_string()).collect();
+        assert_eq!(payloads.len(), 1, "round {round}: the duplicates answer the stored payload");
     }
-    let at: std::collections::BTreeSet<(u32, u64)> = got.iter().map(|e| (e.partition(), e.sequence())).collect();
-    assert_eq!(at.len(), 1, "every producer got the one event: {got:?}");
-    assert_eq!(got.iter().filter(|e| !e.is_duplicate()).count(), 1, "one stored, seven duplicates");
-    let payloads: std::collections::BTreeSet<String> = got.iter().map(|e| e.payload().to_string()).collect();
-    assert_eq!(payloads.len(), 1, "the duplicates answer the stored payload");
     let total: u64 = f.rheo.list_streams().await.expect("list")[0].high_watermarks.iter().sum();
-    assert_eq!(total, 1);
+    assert_eq!(total, ROUNDS);
 }
