@@ -34,6 +34,7 @@ use crate::model::group::{
 };
 use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
+use crate::model::retention::{Retention, RetentionReport};
 use crate::model::time::Timestamp;
 
 /// A storage backend. Object-safe; see the module docs for the shared rules.
@@ -163,6 +164,43 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     /// Every stream, by name. `Unsupported` unless implemented.
     async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
         Err(self.unsupported("list_streams"))
+    }
+
+    /// One stream, with each partition's first and last sequence and size
+    /// ([`StreamInfo::partitions`]), its retention and dedupe window.
+    /// `StreamNotFound`. The default picks it from `list_streams`.
+    async fn stream_info(&self, stream: &str) -> Result<StreamInfo> {
+        self.list_streams().await?.into_iter().find(|s| s.name == stream).ok_or_else(|| Error::stream_not_found(stream))
+    }
+
+    /// Replaces a stream's retention (validated by the facade) and returns
+    /// the stream as [`Backend::stream_info`] does. Nothing is dropped until
+    /// the next retention pass. `StreamNotFound`.
+    async fn set_retention(&self, _stream: &str, _retention: &Retention) -> Result<StreamInfo> {
+        Err(self.unsupported("set_retention"))
+    }
+
+    /// Runs one retention pass over a stream now (backends also run them in
+    /// the background) and says what it dropped. Under the `limits` policy
+    /// (and past the `interest` policy's ceiling) every group behind the
+    /// new log start is moved to it first, durably, and what it skipped is
+    /// counted; then the events go. `StreamNotFound`.
+    async fn enforce_retention(&self, _stream: &str) -> Result<RetentionReport> {
+        Err(self.unsupported("enforce_retention"))
+    }
+
+    /// How often the facade should run [`Backend::retention_round`] in the
+    /// background (None: never, the default; the native backend runs its
+    /// own thread).
+    fn retention_interval(&self) -> Option<Duration> {
+        None
+    }
+
+    /// One background retention round: a pass over every stream that has
+    /// a retention, each failure logged (not returned). The default does
+    /// nothing.
+    async fn retention_round(&self) -> Result<Vec<RetentionReport>> {
+        Ok(Vec::new())
     }
 
     /// The groups of a stream, by name.

@@ -21,6 +21,7 @@ use crate::model::limits::{
     validate_name,
 };
 use crate::model::query::{Page, Query};
+use crate::model::retention::{Retention, RetentionReport};
 use crate::model::time::{Clock, SystemClock, Timestamp};
 use crate::observe;
 
@@ -62,6 +63,39 @@ struct Inner {
     /// Damaged positions already logged by this handle's fetches:
     /// (stream, group, partition, sequence), at most [`DAMAGE_WARNED_MAX`].
     damage_seen: parking_lot::Mutex<std::collections::HashSet<(String, String, u32, u64)>>,
+    /// The background retention task of a backend that asks for one
+    /// ([`Backend::retention_interval`]); stopped with the last handle.
+    retainer: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(r) = &self.retainer {
+            r.abort();
+        }
+    }
+}
+
+/// Starts the background retention rounds of `backend` when it asks for
+/// them and a Tokio runtime is running. The task holds the backend weakly:
+/// it ends once every handle is gone.
+fn start_retainer(backend: &Arc<dyn Backend>) -> Option<tokio::task::AbortHandle> {
+    let every = backend.retention_interval()?;
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
+    let weak = Arc::downgrade(backend);
+    let task = runtime.spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let Some(backend) = weak.upgrade() else { break };
+            match backend.retention_round().await {
+                Ok(reports) => reports.iter().for_each(observe::retention),
+                Err(e) => {
+                    tracing::warn!(backend = backend.name(), error = %e, "retention round failed; the next one retries")
+                }
+            }
+        }
+    });
+    Some(task.abort_handle())
 }
 
 /// Damaged positions a handle remembers having logged (then it forgets
@@ -127,12 +161,14 @@ impl RheoBuilder {
         if self.max_event_bytes == 0 {
             return Err(Error::invalid("max_event_bytes", "must be above zero"));
         }
+        let retainer = start_retainer(&backend);
         Ok(Rheo {
             inner: Arc::new(Inner {
                 backend,
                 consumer_id,
                 max_event_bytes: self.max_event_bytes,
                 damage_seen: Default::default(),
+                retainer,
             }),
         })
     }
@@ -266,8 +302,7 @@ impl Rheo {
         let want = opts.partition_count;
         match self.create_stream(stream, opts).await {
             Err(Error::AlreadyExists { .. }) => {
-                let existing = self.inner.backend.list_streams().await?.into_iter().find(|s| s.name == stream);
-                let info = existing.ok_or_else(|| Error::stream_not_found(stream))?;
+                let info = self.inner.backend.stream_info(stream).await?;
                 if info.partition_count != want {
                     return Err(Error::invalid(
                         "partitions",
@@ -750,6 +785,59 @@ impl Rheo {
     /// Every stream.
     pub async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
         observed("list_streams", "", "", self.inner.backend.list_streams()).await
+    }
+
+    /// One stream: each partition's first and last sequence and size
+    /// ([`StreamInfo::partitions`]), its retention and dedupe window.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {
+    /// # let rheo = rheo::Rheo::open("memory:").await?;
+    /// rheo.create_stream("orders", rheo::StreamOptions::new()).await?;
+    /// rheo.append("orders", &serde_json::json!({"n": 1}), rheo::AppendOptions::new()).await?;
+    /// let info = rheo.stream_info("orders").await?;
+    /// assert_eq!((info.partitions[0].first_sequence, info.partitions[0].last_sequence), (1, 1));
+    /// # Ok::<(), rheo::Error>(()) }).expect("example");
+    /// ```
+    pub async fn stream_info(&self, stream: &str) -> Result<StreamInfo> {
+        check_stream(stream)?;
+        observed("stream_info", stream, "", self.inner.backend.stream_info(stream)).await
+    }
+
+    /// Replaces a stream's retention (see [`Retention`]); returns the
+    /// stream. Nothing is dropped by the call itself: the backend's next
+    /// retention pass (in the background, or [`Rheo::enforce_retention`])
+    /// applies it. `Unsupported` on a backend without retention
+    /// ([`Capabilities::retention`]).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {
+    /// # let rheo = rheo::Rheo::open("memory:").await?;
+    /// use rheo::{Retention, StreamOptions};
+    /// rheo.create_stream("audit", StreamOptions::new()).await?;
+    /// for n in 0..10 {
+    ///     rheo.append("audit", &serde_json::json!({"n": n}), rheo::AppendOptions::new()).await?;
+    /// }
+    /// rheo.set_retention("audit", Retention::new().max_events(3)).await?;
+    /// let report = rheo.enforce_retention("audit").await?;
+    /// assert_eq!(report.events_dropped(), 7);
+    /// assert_eq!(rheo.read("audit", 0, 0, 100).await?.len(), 3);
+    /// # Ok::<(), rheo::Error>(()) }).expect("example");
+    /// ```
+    pub async fn set_retention(&self, stream: &str, retention: Retention) -> Result<StreamInfo> {
+        check_stream(stream)?;
+        retention.validate(stream)?;
+        observed("set_retention", stream, "", self.inner.backend.set_retention(stream, &retention)).await
+    }
+
+    /// Runs one retention pass over a stream now and says what it dropped
+    /// and which groups it moved (backends with retention also run passes
+    /// in the background). `Unsupported` on a backend without retention.
+    pub async fn enforce_retention(&self, stream: &str) -> Result<RetentionReport> {
+        check_stream(stream)?;
+        let report = observed("enforce_retention", stream, "", self.inner.backend.enforce_retention(stream)).await?;
+        observe::retention(&report);
+        Ok(report)
     }
 
     /// The groups of a stream.

@@ -85,6 +85,10 @@ pub use model::limits::{
 };
 pub use model::path::{canonical_path, is_valid_path};
 pub use model::query::{Access, Cursor, Explain, Filter, Op, OrderBy, Page, Query, compare_values};
+pub use model::retention::{
+    DroppedRange, GroupSkip, MAX_DEDUPE_WINDOW, MAX_RETENTION_AGE, PartitionInfo, Retention, RetentionPolicy,
+    RetentionReport, format_duration, parse_duration,
+};
 pub use model::routing::{partition_for_key, phash2, phash2_range};
 pub use model::time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use runtime::{

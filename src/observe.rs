@@ -27,6 +27,11 @@ pub const LAG: &str = "rheo_group_lag";
 /// Unsettled leased deliveries as last read by `group_info` (gauge; `stream`, `group`).
 pub const INFLIGHT: &str = "rheo_group_inflight";
 
+/// Events retention dropped (counter; `stream`).
+pub const RETENTION_DROPPED: &str = "rheo_retention_dropped_events_total";
+/// Events retention dropped before a group settled them (counter; `stream`, `group`).
+pub const RETENTION_SKIPPED: &str = "rheo_retention_skipped_events_total";
+
 fn sg(stream: &str, group: &str) -> [(&'static str, String); 2] {
     [("stream", stream.to_owned()), ("group", group.to_owned())]
 }
@@ -71,4 +76,19 @@ pub(crate) fn group_info(info: &GroupInfo) {
     lag(&info.lag);
     #[allow(clippy::cast_precision_loss)]
     metrics::gauge!(INFLIGHT, &sg(&info.lag.stream, &info.lag.group)).set(info.inflight as f64);
+}
+
+/// Counts what a retention pass dropped and skipped (a backend's background
+/// passes report here too).
+pub(crate) fn retention(report: &crate::model::retention::RetentionReport) {
+    let dropped = report.events_dropped();
+    if dropped > 0 {
+        metrics::counter!(RETENTION_DROPPED, "stream" => report.stream.clone()).increment(dropped);
+    }
+    for s in report.skipped.iter().filter(|s| s.skipped > 0) {
+        metrics::counter!(RETENTION_SKIPPED, &sg(&report.stream, &s.group)).increment(s.skipped);
+    }
+    if report.ceiling_hit {
+        tracing::warn!(stream = %report.stream, "interest retention hit its limits: events some group had not settled were dropped");
+    }
 }

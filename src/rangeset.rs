@@ -85,6 +85,27 @@ impl RangeSet {
         removed
     }
 
+    /// Removes every member <= `x`; returns how many were removed.
+    pub(crate) fn remove_to(&mut self, x: u64) -> u64 {
+        let Some(above) = x.checked_add(1) else {
+            let n = self.ranges.iter().map(|(s, e)| e - s + 1).sum();
+            self.ranges.clear();
+            return n;
+        };
+        let kept = self.ranges.split_off(&above);
+        let below = std::mem::replace(&mut self.ranges, kept);
+        let mut removed = 0;
+        for (s, e) in below {
+            if e > x {
+                removed += x - s + 1;
+                self.ranges.insert(above, e);
+            } else {
+                removed += e - s + 1;
+            }
+        }
+        removed
+    }
+
     /// How many members are in `lo..=hi`.
     pub(crate) fn count_in(&self, lo: u64, hi: u64) -> u64 {
         if lo > hi {
@@ -160,6 +181,7 @@ mod tests {
         Insert(u64, u64),
         Remove(u64),
         RemoveFrom(u64),
+        RemoveTo(u64),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -167,6 +189,7 @@ mod tests {
             (0u64..200, 0u64..8).prop_map(|(a, n)| Op::Insert(a, a + n)),
             (0u64..200).prop_map(Op::Remove),
             (0u64..220).prop_map(Op::RemoveFrom),
+            (0u64..220).prop_map(Op::RemoveTo),
         ]
     }
 
@@ -182,6 +205,11 @@ mod tests {
                     Op::RemoveFrom(x) => {
                         let gone = model.split_off(&x).len() as u64;
                         prop_assert_eq!(r.remove_from(x), gone);
+                    }
+                    Op::RemoveTo(x) => {
+                        let kept = model.split_off(&(x + 1));
+                        let gone = std::mem::replace(&mut model, kept).len() as u64;
+                        prop_assert_eq!(r.remove_to(x), gone);
                     }
                 }
                 prop_assert_eq!(r.len(), model.len() as u64);

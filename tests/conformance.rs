@@ -57,6 +57,8 @@ mod read;
 mod replay;
 #[path = "conformance/reset.rs"]
 mod reset;
+#[path = "conformance/retention.rs"]
+mod retention;
 #[path = "conformance/retry.rs"]
 mod retry;
 #[path = "conformance/settle.rs"]
@@ -279,6 +281,17 @@ macro_rules! suite {
                     errors::zero_or_too_long_lease_is_invalid_argument,
                     errors::too_long_retry_delay_is_invalid_argument,
                     errors::too_long_reason_is_invalid_argument,
+                                    retention::a_stream_keeps_everything_by_default_and_reports_its_bounds,
+                    retention::max_events_drops_the_oldest_and_reads_begin_at_the_log_start,
+                    retention::max_age_drops_events_older_than_it,
+                    retention::max_bytes_drops_the_oldest_until_the_size_fits,
+                    retention::set_retention_changes_the_stream_and_a_pass_applies_it,
+                    retention::limits_move_groups_past_dropped_events_and_count_what_they_skipped,
+                    retention::interest_drops_only_what_every_group_settled,
+                    retention::interest_limits_are_a_ceiling_that_says_when_it_is_hit,
+                    retention::dead_letters_of_dropped_events_stay_listed_marked_dropped,
+                    retention::starts_replays_and_resets_before_the_log_start_begin_at_it,
+                    retention::consumers_keep_working_across_passes,
                 ];
                 concurrent: [
                     concurrency::competing_consumers_ack_every_event_exactly_once,

@@ -49,7 +49,7 @@ use rheo::engine::index::file::{
     self as six, SIX_HEADER_LEN, SIX_MAGIC, SIX_TRAILER_LEN, SIX_VERSION, SixError, SixHeader,
 };
 use rheo::engine::index::{FieldSet, term};
-use rheo::engine::log::manifest::{self, ManifestBody, StreamEntry};
+use rheo::engine::log::manifest::{self, ManifestBody, StreamEntry, StreamSettings};
 use rheo::engine::log::stream::Routed;
 use rheo::engine::log::txn;
 use rheo::engine::segment::file::{Footer, IndexEntry, SegmentHeader, decode_index, encode_index_header};
@@ -370,10 +370,12 @@ fn build_vectors() -> BTreeMap<&'static str, Vec<u8>> {
     build_damaged_length(&all, &mut files);
     build_uncommitted_multi(&all, &mut files);
     build_manifest(&mut files);
+    build_manifest_v1(&mut files);
     build_txn(&mut files);
     build_delivery_wal(&mut files);
     build_delivery_wal_torn(&mut files);
     build_delivery_wal_v2(&mut files);
+    build_delivery_wal_v3(&mut files);
     build_delivery_wal_corrupt(&mut files);
     build_checkpoint(&mut files);
     build_checkpoint_corrupt(&mut files);
@@ -589,21 +591,45 @@ fn manifest_body() -> ManifestBody {
             partition_count: 1,
             indexes: vec!["customer".into()],
             created_ms: T0,
+            // Limits no test reaches (the vectors' data directories open
+            // with this manifest, and retention runs at open).
+            settings: StreamSettings {
+                max_age_ms: None,
+                max_bytes: Some(1 << 40),
+                max_events: None,
+                policy: 0,
+                dedupe_window_ms: Some(60_000),
+            },
         }],
     }
 }
 
-/// (c): the manifest naming stream 1, "orders", one partition.
-fn build_manifest(files: &mut BTreeMap<&'static str, Vec<u8>>) {
-    let bytes = manifest::encode(&manifest_body()).expect("manifest encodes");
+/// The manifest header, byte by byte (`format/manifest.md#header`).
+fn spec_manifest(version: u16, body: &[u8]) -> Vec<u8> {
+    let mut b = manifest::MANIFEST_MAGIC.to_vec();
+    b.extend_from_slice(&version.to_le_bytes());
+    b.extend_from_slice(&[0; 6]); // flags u16, reserved u32
+    b.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    b.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    let crc = crc32fast::hash(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b.extend_from_slice(body);
+    b
+}
+
+/// `manifest-v1.bin`: the same stream in a version 1 manifest (each stream
+/// a 5-array, no settings).
+fn build_manifest_v1(files: &mut BTreeMap<&'static str, Vec<u8>>) {
+    let body = rmp_serde::to_vec(&(2u64, vec![(STREAM_ID, STREAM, 1u32, vec!["customer"], T0)])).expect("v1 body");
+    let bytes = spec_manifest(1, &body);
     let h = manifest::MAN_HEADER_LEN;
     let expected = json!({
-        "description": "A manifest: next stream id 2, one stream (id 1, \"orders\", 1 partition, index \"customer\").",
+        "description": "A version 1 manifest: next stream id 2, one stream (id 1, \"orders\", 1 partition, index \"customer\") without settings, read as no retention and the backend's dedupe window.",
         "path": "MANIFEST",
         "length": bytes.len(),
         "header": {
             "magic_hex": hex(&manifest::MANIFEST_MAGIC),
-            "version": FORMAT_VERSION,
+            "version": 1,
             "flags": 0,
             "body_len": bytes.len() - h,
             "body_crc": le_u32(&bytes, manifest::MAN_BODY_CRC),
@@ -618,6 +644,42 @@ fn build_manifest(files: &mut BTreeMap<&'static str, Vec<u8>>) {
                 "partition_count": 1,
                 "indexes": ["customer"],
                 "created_ms": T0,
+                "settings": [null, null, null, 0, null],
+            }],
+        },
+        "body_hex": hex(&bytes[h..]),
+    });
+    files.insert("manifest-v1.bin", bytes);
+    files.insert("manifest-v1.json", pretty(&expected));
+}
+
+/// (c): the manifest naming stream 1, "orders", one partition.
+fn build_manifest(files: &mut BTreeMap<&'static str, Vec<u8>>) {
+    let bytes = manifest::encode(&manifest_body()).expect("manifest encodes");
+    assert_eq!(bytes, spec_manifest(2, &bytes[manifest::MAN_HEADER_LEN..]), "the header as the spec builds it");
+    let h = manifest::MAN_HEADER_LEN;
+    let expected = json!({
+        "description": "A version 2 manifest: next stream id 2, one stream (id 1, \"orders\", 1 partition, index \"customer\") with settings: no max_age, max_bytes 1 TiB, no max_events, policy limits, dedupe window 60 s.",
+        "path": "MANIFEST",
+        "length": bytes.len(),
+        "header": {
+            "magic_hex": hex(&manifest::MANIFEST_MAGIC),
+            "version": manifest::MANIFEST_VERSION,
+            "flags": 0,
+            "body_len": bytes.len() - h,
+            "body_crc": le_u32(&bytes, manifest::MAN_BODY_CRC),
+            "header_crc": le_u32(&bytes, manifest::MAN_HEADER_CRC),
+            "hex": hex(&bytes[..h]),
+        },
+        "body": {
+            "next_stream_id": 2,
+            "streams": [{
+                "id": STREAM_ID,
+                "name": STREAM,
+                "partition_count": 1,
+                "indexes": ["customer"],
+                "created_ms": T0,
+                "settings": [null, 1u64 << 40, null, 0, 60_000],
             }],
         },
         "body_hex": hex(&bytes[h..]),
@@ -857,9 +919,9 @@ fn check_index_vector() {
     }
 }
 
-fn check_manifest_vector() {
-    let file = read_vector("manifest.bin");
-    let e = read_json("manifest.json");
+fn check_manifest_vector(stem: &str) {
+    let file = read_vector(&format!("{stem}.bin"));
+    let e = read_json(&format!("{stem}.json"));
     let h = &e["header"];
     assert_eq!(file.len() as u64, ju(&e, "length"), "manifest length");
     assert_eq!(hex(&file[..8]), js(h, "magic_hex"), "manifest magic");
@@ -890,9 +952,22 @@ fn check_manifest_vector() {
         let indexes: Vec<&str> = x["indexes"].as_array().expect("indexes").iter().filter_map(Value::as_str).collect();
         assert_eq!(s.indexes, indexes, "indexes");
         assert_eq!(s.created_ms, ji(x, "created_ms"), "created_ms");
+        let st = &s.settings;
+        let stated = serde_json::to_value([
+            json!(st.max_age_ms),
+            json!(st.max_bytes),
+            json!(st.max_events),
+            json!(st.policy),
+            json!(st.dedupe_window_ms),
+        ])
+        .expect("json");
+        assert_eq!(stated, x["settings"], "{stem}: settings");
     }
-    // The body is positional: a 2-array, each stream a 5-array.
+    // The body is positional: a 2-array, each stream a 5-array (version
+    // 1) or a 6-array whose last element is the settings' 5-array.
     assert_eq!(body[0], 0x92, "the body is a MessagePack array of 2");
+    let width = if le_u16(&file, manifest::MAN_VERSION) == 1 { 0x95 } else { 0x96 };
+    assert_eq!(body[3], width, "{stem}: each stream an array of {}", width - 0x90);
 }
 
 fn check_txn_vector() {
@@ -924,7 +999,8 @@ fn vectors_decode_as_expected() {
         check_segment_vector(stem);
     }
     check_index_vector();
-    check_manifest_vector();
+    check_manifest_vector("manifest");
+    check_manifest_vector("manifest-v1");
     check_txn_vector();
 }
 
@@ -1222,10 +1298,10 @@ fn an_unknown_version_is_a_typed_error_checked_before_the_checksum() {
     }
     let mem = data_dir(&read_vector("segment-sealed.log"), None);
     let mut man = read_vector("manifest.bin");
-    man[manifest::MAN_VERSION] = 2;
+    man[manifest::MAN_VERSION] = 3;
     mem.write_file("MANIFEST", &man).expect("manifest");
     match open(&mem, RecoveryMode::TolerateTornTail) {
-        Err(Error::UnsupportedVersion { file, found: 2, supported: 1 }) if file.ends_with("MANIFEST") => {}
+        Err(Error::UnsupportedVersion { file, found: 3, supported: 2 }) if file.ends_with("MANIFEST") => {}
         other => panic!("manifest: expected UnsupportedVersion, got {:?}", other.err()),
     }
 }
@@ -1361,6 +1437,8 @@ fn code_constants() -> BTreeMap<&'static str, Stated> {
     m.insert("MAX_BODY_LEN", Stated::Int(u64::from(MAX_BODY_LEN)));
     m.insert("INDEX_INTERVAL_BYTES", Stated::Int(INDEX_INTERVAL_BYTES));
     m.insert("MAX_MANIFEST_BODY", Stated::Int(MAX_MANIFEST_BODY));
+    m.insert("MANIFEST_VERSION", Stated::Int(u64::from(manifest::MANIFEST_VERSION)));
+    m.insert("MANIFEST_MIN_VERSION", Stated::Int(u64::from(manifest::MANIFEST_MIN_VERSION)));
     // The delivery table (format/delivery-wal.md, format/checkpoint.md).
     m.insert("WAL_MAGIC", Stated::Bytes(&wal::WAL_MAGIC));
     m.insert("WAL_VERSION", Stated::Int(u64::from(wal::WAL_VERSION)));
@@ -1370,6 +1448,7 @@ fn code_constants() -> BTreeMap<&'static str, Stated> {
     m.insert("WAL_MAX_BODY", Stated::Int(u64::from(wal::WAL_MAX_BODY)));
     m.insert("CKPT_MAGIC", Stated::Bytes(&checkpoint::CKPT_MAGIC));
     m.insert("CKPT_VERSION", Stated::Int(u64::from(checkpoint::CKPT_VERSION)));
+    m.insert("CKPT_MIN_VERSION", Stated::Int(u64::from(checkpoint::CKPT_MIN_VERSION)));
     for (name, value) in [
         ("WAL_HEADER_LEN", wal::WAL_HEADER_LEN),
         ("WAL_HDR_GEN", wal::WAL_HDR_GEN),
@@ -1539,7 +1618,9 @@ fn the_stated_sizes_hold() {
     assert_eq!(format::MAX_BODY_LEN, 16 << 20);
     assert_eq!(INDEX_INTERVAL_BYTES, 4096);
     assert_eq!(manifest::MAX_MANIFEST_BODY, 64 << 20);
-    assert_eq!((wal::WAL_MIN_VERSION, wal::WAL_VERSION, checkpoint::CKPT_VERSION), (1, 2, 1));
+    assert_eq!((wal::WAL_MIN_VERSION, wal::WAL_VERSION, checkpoint::CKPT_VERSION), (1, 3, 2));
+    assert_eq!(checkpoint::CKPT_MIN_VERSION, 1);
+    assert_eq!((manifest::MANIFEST_MIN_VERSION, manifest::MANIFEST_VERSION), (1, 2));
     assert_eq!((wal::WAL_MAGIC, checkpoint::CKPT_MAGIC), (*b"RHEOWAL\0", *b"RHEOCKP\0"));
     assert_eq!(
         (wal::WAL_HEADER_LEN, wal::WAL_FRAME_LEN, wal::WAL_BODY_NAME, checkpoint::CKPT_HEADER_LEN),
@@ -1789,7 +1870,14 @@ fn ty_backoff() -> Ty {
     ])
 }
 
+/// A group snapshot as the current WAL and checkpoint versions hold it.
 fn ty_group_snapshot() -> Ty {
+    ty_group_snapshot_v(true)
+}
+
+/// A group snapshot; `skipped`: with each partition's `skipped` count (WAL
+/// version 3, checkpoint version 2).
+fn ty_group_snapshot_v(skipped: bool) -> Ty {
     let summary = Ty::Struct(vec![
         ("name", Ty::Str),
         ("max_attempts", Ty::U32),
@@ -1809,7 +1897,7 @@ fn ty_group_snapshot() -> Ty {
         ("at", Ty::I64),
         ("order", Ty::U64),
     ]);
-    let part = Ty::Struct(vec![
+    let mut part = vec![
         ("p", Ty::U32),
         ("frontier", Ty::U64),
         ("floor", Ty::U64),
@@ -1817,7 +1905,11 @@ fn ty_group_snapshot() -> Ty {
         ("done", Ty::List(Box::new(Ty::Tuple(vec![Ty::U64, Ty::U64])))),
         ("deliveries", Ty::List(Box::new(delivery))),
         ("dead", Ty::List(Box::new(dead))),
-    ]);
+    ];
+    if skipped {
+        part.push(("skipped", Ty::U64));
+    }
+    let part = Ty::Struct(part);
     Ty::Struct(vec![
         ("summary", summary),
         ("backoff", ty_backoff()),
@@ -1850,6 +1942,7 @@ fn ty_op() -> Ty {
         ("ReopenOne", Variant::Struct(vec![("p", Ty::U32), ("seqs", list(Ty::U64))])),
         ("Reset", Variant::Struct(vec![("p", Ty::U32), ("frontier", Ty::U64)])),
         ("Pass", Variant::Struct(vec![("p", Ty::U32), ("seqs", list(Ty::U64))])),
+        ("Drop", Variant::Struct(vec![("p", Ty::U32), ("start", Ty::U64)])),
     ])
 }
 
@@ -1960,8 +2053,13 @@ fn from_mp(ty: &Ty, v: &Mp) -> Result<Value, String> {
 
 fn encode_payload(ty: &Ty, v: &Value) -> Vec<u8> {
     let bytes = mp_bytes(&to_mp(ty, v));
-    // What the spec writes, the spec reads back to the same value.
-    assert_eq!(from_mp(ty, &mp_parse(&bytes).expect("parses")).as_ref(), Ok(v), "round trip of {v}");
+    // What the spec writes, the spec reads back to the same value (the
+    // fields `ty` holds: an older version's type leaves newer ones out).
+    let back = from_mp(ty, &mp_parse(&bytes).expect("parses")).unwrap_or_else(|e| panic!("{v}: {e}"));
+    assert_eq!(mp_bytes(&to_mp(ty, &back)), bytes, "round trip of {v}");
+    if !matches!(ty, Ty::Struct(_) | Ty::List(_)) || v.to_string().len() == back.to_string().len() {
+        assert_eq!(&back, v, "round trip of {v}");
+    }
     bytes
 }
 
@@ -1995,7 +2093,7 @@ fn lease_id(n: u16) -> String {
 }
 
 fn empty_part(p: u32, frontier: u64) -> Value {
-    json!({"p": p, "frontier": frontier, "floor": frontier, "cursor": frontier, "done": [], "deliveries": [], "dead": []})
+    json!({"p": p, "frontier": frontier, "floor": frontier, "cursor": frontier, "done": [], "deliveries": [], "dead": [], "skipped": 0})
 }
 
 fn billing_summary() -> Value {
@@ -2044,6 +2142,7 @@ fn billing_after() -> Value {
                 {"seq": 5, "attempt": 1, "holding": {"Leased": {"lease_id": lease_id(5), "consumer_id": "worker-1", "expires_at": E2}}},
             ],
             "dead": [{"seq": 6, "reason": "bad payload", "attempts": 1, "at": N2, "order": 0}],
+            "skipped": 0,
         }],
     })
 }
@@ -2073,7 +2172,7 @@ fn shipping_claimed() -> Value {
         "summary": shipping_created()["summary"],
         "backoff": "None",
         "next_dead_order": 0,
-        "parts": [{"p": 0, "frontier": 0, "floor": 0, "cursor": 2, "done": [], "deliveries": [leased(1), leased(2)], "dead": []}],
+        "parts": [{"p": 0, "frontier": 0, "floor": 0, "cursor": 2, "done": [], "deliveries": [leased(1), leased(2)], "dead": [], "skipped": 0}],
     })
 }
 
@@ -2111,7 +2210,7 @@ fn shipping_records() -> Vec<Value> {
 
 /// A delivery WAL header of the current version.
 fn spec_wal_header(generation: u64) -> Vec<u8> {
-    spec_wal_header_v(generation, 2)
+    spec_wal_header_v(generation, 3)
 }
 
 /// A delivery WAL header, byte by byte (`format/delivery-wal.md#header`).
@@ -2127,17 +2226,17 @@ fn spec_wal_header_v(generation: u64, version: u16) -> Vec<u8> {
 }
 
 /// A record's kind and payload.
-fn spec_wal_payload(r: &Value) -> (u8, Vec<u8>) {
+fn spec_wal_payload(r: &Value, version: u16) -> (u8, Vec<u8>) {
     match (r.get("create"), r.get("ops")) {
-        (Some(snap), None) => (1, encode_payload(&ty_group_snapshot(), snap)),
+        (Some(snap), None) => (1, encode_payload(&ty_group_snapshot_v(version >= 3), snap)),
         (None, Some(ops)) => (2, encode_payload(&ty_list(ty_op()), ops)),
         _ => panic!("a record is a create or a list of ops: {r}"),
     }
 }
 
 /// A framed WAL record, byte by byte (`format/delivery-wal.md#records`).
-fn spec_wal_record(r: &Value) -> Vec<u8> {
-    let (kind, payload) = spec_wal_payload(r);
+fn spec_wal_record(r: &Value, version: u16) -> Vec<u8> {
+    let (kind, payload) = spec_wal_payload(r, version);
     let group = js(r, "group");
     let mut body = ju(r, "lsn").to_le_bytes().to_vec();
     body.push(kind);
@@ -2153,7 +2252,7 @@ fn spec_wal_record(r: &Value) -> Vec<u8> {
 /// A WAL file of the current version: the header, then `records`; and
 /// each record's offset.
 fn spec_wal(generation: u64, records: &[Value]) -> (Vec<u8>, Vec<usize>) {
-    spec_wal_v(generation, 2, records)
+    spec_wal_v(generation, 3, records)
 }
 
 /// A WAL file of `version`.
@@ -2162,16 +2261,21 @@ fn spec_wal_v(generation: u64, version: u16, records: &[Value]) -> (Vec<u8>, Vec
     let mut offsets = Vec::new();
     for r in records {
         offsets.push(b.len());
-        b.extend_from_slice(&spec_wal_record(r));
+        b.extend_from_slice(&spec_wal_record(r, version));
     }
     (b, offsets)
 }
 
 /// A checkpoint, byte by byte (`format/checkpoint.md`).
 fn spec_checkpoint(generation: u64, lsn: u64, groups: &Value) -> Vec<u8> {
-    let body = encode_payload(&ty_list(ty_group_snapshot()), groups);
+    spec_checkpoint_v(2, generation, lsn, groups)
+}
+
+/// A checkpoint of `version`.
+fn spec_checkpoint_v(version: u16, generation: u64, lsn: u64, groups: &Value) -> Vec<u8> {
+    let body = encode_payload(&ty_list(ty_group_snapshot_v(version >= 2)), groups);
     let mut b = b"RHEOCKP\0".to_vec();
-    b.extend_from_slice(&1u16.to_le_bytes()); // version
+    b.extend_from_slice(&version.to_le_bytes()); // version
     b.extend_from_slice(&[0; 6]); // reserved u16, reserved u32
     b.extend_from_slice(&generation.to_le_bytes());
     b.extend_from_slice(&lsn.to_le_bytes());
@@ -2195,7 +2299,7 @@ fn wal_header_json(file: &[u8], generation: u64) -> Value {
 
 fn wal_record_json(r: &Value, offset: usize, file: &[u8]) -> Value {
     let body_len = le_u32(file, offset);
-    let (kind, payload) = spec_wal_payload(r);
+    let (kind, payload) = spec_wal_payload(r, le_u16(file, 8));
     let mut out = json!({
         "offset": offset,
         "size": 8 + body_len,
@@ -2206,10 +2310,13 @@ fn wal_record_json(r: &Value, offset: usize, file: &[u8]) -> Value {
         "group": r["group"],
         "payload_hex": hex(&payload),
     });
-    for key in ["create", "ops"] {
-        if let Some(v) = r.get(key) {
-            out[key] = v.clone();
-        }
+    if let Some(ops) = r.get("ops") {
+        out["ops"] = ops.clone();
+    }
+    if r.get("create").is_some() {
+        // As this version holds it (before 3: without `skipped`).
+        let ty = ty_group_snapshot_v(le_u16(file, 8) >= 3);
+        out["create"] = decode_payload(&ty, &payload).expect("the create record decodes");
     }
     out
 }
@@ -2249,7 +2356,7 @@ fn build_delivery_wal(files: &mut BTreeMap<&'static str, Vec<u8>>) {
 /// 2, a pass over 3 (a fetch that could not read it), an ack of 1.
 fn build_delivery_wal_v2(files: &mut BTreeMap<&'static str, Vec<u8>>) {
     let records = shipping_records_v2();
-    let (bytes, offsets) = spec_wal(1, &records);
+    let (bytes, offsets) = spec_wal_v(1, 2, &records);
     let expected = json!({
         "description": "Delivery WAL version 2, generation 1: group shipping created, a claim of sequences 1 and 2, a Pass of sequence 3 (a fetch passed over it: its record could not be read), an ack of 1. The file ends after the last record.",
         "path": wal_path(1),
@@ -2266,6 +2373,50 @@ fn build_delivery_wal_v2(files: &mut BTreeMap<&'static str, Vec<u8>>) {
     });
     files.insert("delivery-wal-v2.log", bytes);
     files.insert("delivery-wal-v2.json", pretty(&expected));
+}
+
+/// The records of the version 3 vector: `shipping` created, two claims,
+/// an ack of 1, and retention dropping sequences 1 to 2 (a `Drop` with
+/// start 3): 2 was leased and is counted as skipped.
+fn shipping_records_v3() -> Vec<Value> {
+    let mut records = shipping_records();
+    records.push(json!({"lsn": 4, "group": "shipping", "ops": [{"Drop": {"p": 0, "start": 3}}]}));
+    records
+}
+
+/// `shipping` after the version 3 vector: the frontier at 2, nothing in
+/// flight, one event skipped.
+fn shipping_dropped() -> Value {
+    let mut state = shipping_claimed();
+    let part = &mut state["parts"][0];
+    part["frontier"] = json!(2);
+    part["cursor"] = json!(2);
+    part["deliveries"] = json!([]);
+    part["skipped"] = json!(1);
+    state
+}
+
+/// `delivery-wal-v3.log`: version 3, `shipping` created, a claim of 1 and
+/// 2, an ack of 1, retention's `Drop` of everything below 3.
+fn build_delivery_wal_v3(files: &mut BTreeMap<&'static str, Vec<u8>>) {
+    let records = shipping_records_v3();
+    let (bytes, offsets) = spec_wal(1, &records);
+    let expected = json!({
+        "description": "Delivery WAL version 3, generation 1: group shipping created, a claim of sequences 1 and 2, an ack of 1, and a Drop with start 3 (retention deleted sequences 1 and 2): the frontier moves to 2, the lease of 2 is gone and counted as skipped. The file ends after the last record.",
+        "path": wal_path(1),
+        "length": bytes.len(),
+        "header": wal_header_json(&bytes, 1),
+        "records": records.iter().zip(&offsets).map(|(r, &o)| wal_record_json(r, o, &bytes)).collect::<Vec<_>>(),
+        "scan_end": {"offset": bytes.len(), "kind": "eof"},
+        "inspect": {"generation": 1, "records": 4, "last_lsn": 4, "end": "clean"},
+        "open": {
+            "recovery": recovery_json(None, 4, 0, 0),
+            "length_after": bytes.len(),
+            "state_after": [shipping_dropped()],
+        },
+    });
+    files.insert("delivery-wal-v3.log", bytes);
+    files.insert("delivery-wal-v3.json", pretty(&expected));
 }
 
 /// `delivery-wal-torn.log`: `shipping`'s records 1 and 2, the first half of
@@ -2330,16 +2481,29 @@ fn build_delivery_wal_corrupt(files: &mut BTreeMap<&'static str, Vec<u8>>) {
 
 /// The checkpoint of `delivery-wal.log`'s state: generation 2, LSN 3.
 fn build_checkpoint(files: &mut BTreeMap<&'static str, Vec<u8>>) {
-    let groups = json!([audit_created(), billing_after()]);
-    let bytes = spec_checkpoint(2, 3, &groups);
+    build_checkpoint_v(files, 2, "checkpoint.ckpt", "checkpoint.json");
+    build_checkpoint_v(files, 1, "checkpoint-v1.ckpt", "checkpoint-v1.json");
+}
+
+/// The checkpoint of `version` (1: without the partitions' `skipped` counts).
+fn build_checkpoint_v(
+    files: &mut BTreeMap<&'static str, Vec<u8>>,
+    version: u16,
+    file: &'static str,
+    json_file: &'static str,
+) {
+    let state = json!([audit_created(), billing_after()]);
+    let bytes = spec_checkpoint_v(version, 2, 3, &state);
+    // As this version holds them (version 1: without `skipped`).
+    let groups = decode_payload(&ty_list(ty_group_snapshot_v(version >= 2)), &bytes[48..]).expect("decodes");
     let h = 48;
     let expected = json!({
-        "description": "Checkpoint generation 2 at LSN 3: the state delivery-wal.log leaves (groups audit and billing, by name), as Engine::checkpoint writes it after replaying that WAL.",
+        "description": format!("Checkpoint version {version}, generation 2 at LSN 3: the state delivery-wal.log leaves (groups audit and billing, by name), as Engine::checkpoint writes it after replaying that WAL{}.", if version == 1 { " (version 1: without each partition's skipped count, read as 0)" } else { "" }),
         "path": ckpt_path(2),
         "length": bytes.len(),
         "header": {
             "magic_hex": hex(b"RHEOCKP\0"),
-            "version": 1,
+            "version": version,
             "generation": 2,
             "lsn": 3,
             "body_len": bytes.len() - h,
@@ -2352,11 +2516,11 @@ fn build_checkpoint(files: &mut BTreeMap<&'static str, Vec<u8>>) {
         "inspect": {"generation": 2, "lsn": 3, "groups": 2},
         "open": {
             "recovery": recovery_json(Some((2, 3)), 0, 0, 0),
-            "state_after": groups,
+            "state_after": state,
         },
     });
-    files.insert("checkpoint.ckpt", bytes);
-    files.insert("checkpoint.json", pretty(&expected));
+    files.insert(file, bytes);
+    files.insert(json_file, pretty(&expected));
 }
 
 /// `checkpoint.ckpt` with one bit of its body flipped.
@@ -2378,7 +2542,8 @@ fn build_checkpoint_corrupt(files: &mut BTreeMap<&'static str, Vec<u8>>) {
 }
 
 /// The delivery vectors, by stem.
-const WAL_VECTORS: [&str; 4] = ["delivery-wal", "delivery-wal-torn", "delivery-wal-corrupt", "delivery-wal-v2"];
+const WAL_VECTORS: [&str; 5] =
+    ["delivery-wal", "delivery-wal-torn", "delivery-wal-corrupt", "delivery-wal-v2", "delivery-wal-v3"];
 
 // ------------------------------------------------- decoding (delivery)
 
@@ -2419,7 +2584,7 @@ fn spec_scan_wal(file: &[u8]) -> (Vec<Value>, Value) {
                 "lsn": le_u64(body, 0), "kind": body[8], "group": group, "payload_hex": hex(payload),
             });
             match body[8] {
-                1 => r["create"] = decode_payload(&ty_group_snapshot(), payload)?,
+                1 => r["create"] = decode_payload(&ty_group_snapshot_v(le_u16(file, 8) >= 3), payload)?,
                 2 => r["ops"] = decode_payload(&ty_list(ty_op()), payload)?,
                 k => return Err(format!("unknown record kind {k}")),
             }
@@ -2473,7 +2638,7 @@ fn check_wal_vector(stem: &str) {
         assert_eq!(found.len(), 1, "{name}: record at {at}");
         found[0]["offset"] = json!(at);
         assert_eq!(&found[0], r, "{name}: record at {at}");
-        assert_eq!(spec_wal_record(r), file[at..at + size], "{name}: record at {at} re-encoded");
+        assert_eq!(spec_wal_record(r, version), file[at..at + size], "{name}: record at {at} re-encoded");
     }
     // The engine's summary.
     let i = &e["inspect"];
@@ -2500,15 +2665,18 @@ fn check_wal_vector(stem: &str) {
     }
 }
 
-fn check_checkpoint_vector() {
-    let file = read_vector("checkpoint.ckpt");
-    let e = read_json("checkpoint.json");
+fn check_checkpoint_vector(stem: &str) {
+    let file = read_vector(&format!("{stem}.ckpt"));
+    let e = read_json(&format!("{stem}.json"));
+    let version = le_u16(&file, 8);
     let h = &e["header"];
     assert_eq!(file.len() as u64, ju(&e, "length"), "checkpoint length");
     assert_eq!(hex(&file[..8]), js(h, "magic_hex"), "checkpoint magic");
     assert_eq!(file[..8], checkpoint::CKPT_MAGIC, "CKPT_MAGIC");
     assert_eq!(u64::from(le_u16(&file, 8)), ju(h, "version"), "checkpoint version");
-    assert_eq!(u64::from(checkpoint::CKPT_VERSION), ju(h, "version"), "CKPT_VERSION");
+    if stem == "checkpoint" {
+        assert_eq!(u64::from(checkpoint::CKPT_VERSION), ju(h, "version"), "CKPT_VERSION");
+    }
     assert_eq!((le_u16(&file, 10), le_u32(&file, 12)), (0, 0), "checkpoint reserved");
     assert_eq!(le_u64(&file, checkpoint::CKPT_HDR_GEN), ju(h, "generation"), "checkpoint generation");
     assert_eq!(le_u64(&file, checkpoint::CKPT_HDR_LSN), ju(h, "lsn"), "checkpoint lsn");
@@ -2521,7 +2689,8 @@ fn check_checkpoint_vector() {
     assert_eq!(u64::from(crc32fast::hash(&file[..44])), ju(h, "header_crc"), "header crc is CRC32 of 0..44");
     assert_eq!(hex(&file[..48]), js(h, "hex"), "checkpoint header bytes");
     assert_eq!(hex(body), js(&e, "body_hex"), "checkpoint body bytes");
-    assert_eq!(decode_payload(&ty_list(ty_group_snapshot()), body).as_ref(), Ok(&e["groups"]), "checkpoint body");
+    let ty = ty_list(ty_group_snapshot_v(version >= 2));
+    assert_eq!(decode_payload(&ty, body).as_ref(), Ok(&e["groups"]), "{stem}: checkpoint body");
     assert_eq!(
         checkpoint::check_header(&file),
         Ok((ju(h, "generation"), ju(h, "lsn"), ju(h, "body_len"))),
@@ -2529,6 +2698,9 @@ fn check_checkpoint_vector() {
     );
     let i = &e["inspect"];
     assert_eq!(checkpoint::inspect(&file), Ok((ju(i, "generation"), ju(i, "lsn"), to_usize(ju(i, "groups")))));
+    if stem != "checkpoint" {
+        return;
+    }
 
     let bad = read_vector("checkpoint-corrupt.ckpt");
     let e = read_json("checkpoint-corrupt.json");
@@ -2546,7 +2718,8 @@ fn delivery_vectors_decode_as_expected() {
     for stem in WAL_VECTORS {
         check_wal_vector(stem);
     }
-    check_checkpoint_vector();
+    check_checkpoint_vector("checkpoint");
+    check_checkpoint_vector("checkpoint-v1");
 }
 
 #[test]
@@ -2687,17 +2860,19 @@ fn delivery_vectors_recover_as_expected() {
     }
     // The checkpoint alone: loaded, nothing replayed; a new WAL generation
     // (its own) is created for the records after it.
-    let e = read_json("checkpoint.json");
-    for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::TruncateAtFirstDamage] {
-        let mem = delivery_dir(&[(ckpt_path(2), read_vector("checkpoint.ckpt"))]);
-        let engine = open(&mem, mode).unwrap_or_else(|err| panic!("checkpoint {mode:?}: {err}"));
-        assert_eq!(delivery_report(&engine), e["open"]["recovery"], "checkpoint {mode:?}");
-        assert_eq!(
-            mem.read_file(&wal_path(2)),
-            Some(spec_wal_header(2)),
-            "checkpoint {mode:?}: WAL generation 2 created"
-        );
-        assert_eq!(recovered_state(&engine, &mem), e["open"]["state_after"], "checkpoint {mode:?}");
+    for stem in ["checkpoint", "checkpoint-v1"] {
+        let e = read_json(&format!("{stem}.json"));
+        for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::TruncateAtFirstDamage] {
+            let mem = delivery_dir(&[(ckpt_path(2), read_vector(&format!("{stem}.ckpt")))]);
+            let engine = open(&mem, mode).unwrap_or_else(|err| panic!("{stem} {mode:?}: {err}"));
+            assert_eq!(delivery_report(&engine), e["open"]["recovery"], "{stem} {mode:?}");
+            assert_eq!(
+                mem.read_file(&wal_path(2)),
+                Some(spec_wal_header(2)),
+                "{stem} {mode:?}: WAL generation 2 created"
+            );
+            assert_eq!(recovered_state(&engine, &mem), e["open"]["state_after"], "{stem} {mode:?}");
+        }
     }
     // A damaged checkpoint is refused in every mode.
     let e = read_json("checkpoint-corrupt.json");
@@ -3053,11 +3228,11 @@ fn wal_headers_and_records_are_checked() {
     let ack = |lsn: u64, group: &str| json!({"lsn": lsn, "group": group, "ops": [{"Ack": {"p": 0, "seqs": [1]}}]});
     // Another version, well-formed or not, is a typed error (checked before
     // the checksum), in every mode.
-    for (name, bytes) in [("another version", with_version(3, true)), ("before the checksum", with_version(3, false))] {
+    for (name, bytes) in [("another version", with_version(4, true)), ("before the checksum", with_version(4, false))] {
         for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::TruncateAtFirstDamage] {
             let mem = delivery_dir(&[(wal_path(1), bytes.clone())]);
             match open(&mem, mode) {
-                Err(Error::UnsupportedVersion { file, found: 3, supported: 2 }) if file.ends_with(wal_path(1)) => {}
+                Err(Error::UnsupportedVersion { file, found: 4, supported: 3 }) if file.ends_with(wal_path(1)) => {}
                 other => panic!("{name} {mode:?}: expected UnsupportedVersion, got {:?}", other.err()),
             }
         }
@@ -3084,7 +3259,7 @@ fn wal_headers_and_records_are_checked() {
     // the generation of its name, the body length.
     let ckpt = read_vector("checkpoint.ckpt");
     let mut other_version = ckpt.clone();
-    other_version[8] = 2;
+    other_version[8] = 3;
     let mut header_crc = ckpt.clone();
     header_crc[44] ^= 1;
     let mut longer = ckpt.clone();
@@ -3102,7 +3277,7 @@ fn wal_headers_and_records_are_checked() {
     ];
     let mem = delivery_dir(&[(ckpt_path(2), other_version)]);
     match open(&mem, RecoveryMode::TolerateTornTail) {
-        Err(Error::UnsupportedVersion { file, found: 2, supported: 1 }) if file.ends_with(ckpt_path(2)) => {}
+        Err(Error::UnsupportedVersion { file, found: 3, supported: 2 }) if file.ends_with(ckpt_path(2)) => {}
         other => panic!("checkpoint of another version: expected UnsupportedVersion, got {:?}", other.err()),
     }
     let body_len = ckpt.len() - 48;

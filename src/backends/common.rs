@@ -20,6 +20,9 @@ pub(crate) struct GroupSettings {
     /// The group's retry backoff.
     #[serde(default)]
     pub retry_backoff: Backoff,
+    /// Events retention dropped before the group settled them.
+    #[serde(default)]
+    pub retention_skipped: u64,
 }
 
 /// Frontier and cursor of a partition from a group's maps (defaults: 0,
@@ -90,8 +93,11 @@ pub(crate) fn start_frontiers(
     parts: &[u32],
     hws: &[u64],
     firsts: &BTreeMap<u32, u64>,
+    log_starts: &[u64],
 ) -> BTreeMap<u32, u64> {
     let hw = |p: u32| hws.get(p as usize).copied().unwrap_or(0);
+    // A start before the log start begins at it.
+    let floor = |p: u32| log_starts.get(p as usize).copied().unwrap_or(1).saturating_sub(1);
     parts
         .iter()
         .map(|&p| {
@@ -102,9 +108,20 @@ pub(crate) fn start_frontiers(
                 StartPosition::At(_) => firsts.get(&p).map_or(hw(p), |s| s - 1),
                 StartPosition::Latest => hw(p),
             };
-            (p, f)
+            (p, f.max(floor(p)))
         })
         .collect()
+}
+
+/// The error of a `skip` of a position retention dropped.
+pub(crate) fn dropped_by_retention(stream: &str, partition: u32, sequence: u64, start: u64) -> Error {
+    Error::invalid(
+        "sequence",
+        format!(
+            "sequence {sequence} of partition {partition} of stream {stream:?} was dropped by retention \
+             (the partition starts at {start}): nothing to skip"
+        ),
+    )
 }
 
 /// Which partitions of `scope` a fetch adds delivery rows to, in chunks

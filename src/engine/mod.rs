@@ -16,6 +16,7 @@ pub mod inspect;
 pub mod log;
 pub mod options;
 pub mod overlay;
+pub mod retention;
 pub mod segment;
 pub mod stream;
 pub mod vfs;
@@ -29,7 +30,7 @@ use crate::error::{Error, ObjectKind, Result};
 use commit::{Committer, Poison, Ticket};
 use delivery::{DeliveryRecovery, EngineParts};
 use error::{io_err, sync_err};
-use log::manifest::{self, ManifestBody, StreamEntry};
+use log::manifest::{self, ManifestBody, StreamEntry, StreamSettings};
 use log::partition::Truncation;
 use log::stream::{Routed, stream_dir};
 pub use options::{Durability, EngineOptions};
@@ -52,13 +53,15 @@ pub struct Engine {
 struct Inner {
     vfs: Arc<dyn Vfs>,
     opts: EngineOptions,
-    manifest: Mutex<ManifestBody>,
+    manifest: Arc<Mutex<ManifestBody>>,
     /// Every stream: its log, indexes and groups.
     streams: Arc<RwLock<HashMap<String, Arc<Stream>>>>,
     /// The background index builder (when enabled).
     builder: Option<index::Builder>,
+    /// The background retention passes (when enabled; set once open).
+    retainer: std::sync::OnceLock<index::Builder>,
     delivery_recovery: Vec<(String, DeliveryRecovery)>,
-    committer: Committer,
+    committer: Arc<Committer>,
     poison: Arc<Poison>,
     truncations: Vec<(String, Truncation)>,
     _lock: Box<dyn VfsLock>,
@@ -162,20 +165,36 @@ impl Engine {
         } else {
             None
         };
-        Ok(Engine {
+        let engine = Engine {
             inner: Arc::new(Inner {
                 vfs,
                 opts,
-                manifest: Mutex::new(body),
+                manifest: Arc::new(Mutex::new(body)),
                 streams,
                 builder,
+                retainer: std::sync::OnceLock::new(),
                 delivery_recovery,
-                committer,
+                committer: Arc::new(committer),
                 poison,
                 truncations,
                 _lock: lock,
             }),
-        })
+        };
+        if !view && !engine.inner.opts.retention_interval.is_zero() {
+            // The thread holds the parts a pass needs, never the engine:
+            // dropping the last handle closes the directory at once.
+            let parts = engine.retention_parts();
+            let retainer = index::Builder::start_named(
+                "rheo-retention",
+                engine.inner.opts.retention_interval,
+                move |_stop: &std::sync::atomic::AtomicBool| {
+                    parts.round();
+                    false
+                },
+            )?;
+            let _ = engine.inner.retainer.set(retainer);
+        }
+        Ok(engine)
     }
 
     /// The settings it was opened with.
@@ -198,7 +217,8 @@ impl Engine {
         self.inner.poison.reason()
     }
 
-    /// Creates a stream. `AlreadyExists` when the name is taken.
+    /// Creates a stream with default settings. `AlreadyExists` when the
+    /// name is taken.
     pub fn create_stream(
         &self,
         name: &str,
@@ -206,9 +226,22 @@ impl Engine {
         indexes: &[String],
         created_ms: i64,
     ) -> Result<StreamEntry> {
+        self.create_stream_with(name, partition_count, indexes, created_ms, StreamSettings::default())
+    }
+
+    /// Creates a stream with its settings (retention, dedupe window).
+    pub fn create_stream_with(
+        &self,
+        name: &str,
+        partition_count: u32,
+        indexes: &[String],
+        created_ms: i64,
+        settings: StreamSettings,
+    ) -> Result<StreamEntry> {
         // A failed sync may have dropped pages of any file: refuse writes
         // until reopen, as after a failed sync of an append.
-        self.create_stream_inner(name, partition_count, indexes, created_ms).map_err(|e| self.inner.poison.absorb(e))
+        self.create_stream_inner(name, partition_count, indexes, created_ms, settings)
+            .map_err(|e| self.inner.poison.absorb(e))
     }
 
     fn create_stream_inner(
@@ -217,6 +250,7 @@ impl Engine {
         partition_count: u32,
         indexes: &[String],
         created_ms: i64,
+        settings: StreamSettings,
     ) -> Result<StreamEntry> {
         let inner = &*self.inner;
         inner.poison.check(name)?;
@@ -240,7 +274,7 @@ impl Engine {
                 declared.push(f.clone());
             }
         }
-        let entry = StreamEntry { id, name: name.to_owned(), partition_count, indexes: declared, created_ms };
+        let entry = StreamEntry { id, name: name.to_owned(), partition_count, indexes: declared, created_ms, settings };
         let (stream, _) = Stream::open(inner.vfs.clone(), &inner.opts, &entry, created_ms, &mut truncations)?;
         let dir = stream.log.dir();
         inner.vfs.sync_dir(dir).map_err(|e| sync_err(&*inner.vfs, dir, e))?;
@@ -349,6 +383,9 @@ impl Drop for Inner {
     fn drop(&mut self) {
         if let Some(b) = &self.builder {
             b.stop();
+        }
+        if let Some(r) = self.retainer.get() {
+            r.stop();
         }
         self.committer.shutdown();
     }

@@ -106,6 +106,10 @@ pub struct EngineOptions {
     /// turns the check off). At most about a million ids per stream are
     /// kept, about 50 bytes each (the native backend's `dedupe` module).
     pub dedupe_window: Duration,
+    /// How often a background thread runs a retention pass over every
+    /// stream with a retention (default 10 s; zero: never in the
+    /// background, only `Rheo::enforce_retention`).
+    pub retention_interval: Duration,
 }
 
 impl Default for EngineOptions {
@@ -121,6 +125,7 @@ impl Default for EngineOptions {
             inline_io: false,
             read_only: false,
             dedupe_window: Duration::from_secs(120),
+            retention_interval: Duration::from_secs(10),
         }
     }
 }
@@ -180,6 +185,11 @@ impl EngineOptions {
     /// Sets `dedupe_window`: How long producer-given ids are remembered (zero: off).
     pub fn dedupe_window(mut self, dedupe_window: Duration) -> Self {
         self.dedupe_window = dedupe_window;
+        self
+    }
+    /// Sets `retention_interval`: How often background retention passes run (zero: never).
+    pub fn retention_interval(mut self, retention_interval: Duration) -> Self {
+        self.retention_interval = retention_interval;
         self
     }
     /// Sets `read_only`: Whether to open without the lock, for reading only.

@@ -27,6 +27,8 @@ pub struct Stream {
     pub index: StreamIndex,
     /// The consumer groups' state (the delivery table and its WAL).
     pub(crate) groups: DeliveryTable,
+    /// Held by a retention pass: one at a time per stream.
+    pub(crate) retention: parking_lot::Mutex<()>,
 }
 
 impl Stream {
@@ -42,7 +44,7 @@ impl Stream {
         let log = StreamLog::open(vfs.clone(), opts, entry, now_ms, truncations)?;
         let (groups, report) = DeliveryTable::open(vfs, opts, &log)?;
         let index = StreamIndex::new(entry.partition_count, &entry.indexes);
-        Ok((Stream { log, index, groups }, report))
+        Ok((Stream { log, index, groups, retention: parking_lot::Mutex::new(()) }, report))
     }
 
     /// The stream's name.

@@ -51,6 +51,10 @@ pub(crate) enum Transition {
     /// records could not be read): materialized as claimable, with no
     /// attempt counted, and the cursor moved over them. (WAL version 2.)
     Pass { p: u32, seqs: Vec<u64> },
+    /// Retention dropped every sequence of partition `p` below `start`: the
+    /// frontier moves to `start - 1` when behind, the unsettled dropped
+    /// positions are counted as skipped. (WAL version 3.)
+    Drop { p: u32, start: u64 },
 }
 
 /// A whole group, as a checkpoint and a group-creation record hold it.
@@ -74,6 +78,10 @@ pub(crate) struct PartSnapshot {
     pub(crate) done: Vec<(u64, u64)>,
     pub(crate) deliveries: Vec<DeliverySnapshot>,
     pub(crate) dead: Vec<DeadSnapshot>,
+    /// Events retention dropped unsettled (checkpoint version 2; absent,
+    /// 0, in version 1).
+    #[serde(default)]
+    pub(crate) skipped: u64,
 }
 
 /// A materialized, unsettled delivery.
@@ -202,6 +210,11 @@ impl GroupState {
                     }
                 }
             }
+            Transition::Drop { p, start } => {
+                if let Some(part) = self.parts.get_mut(p) {
+                    part.drop_before(*start);
+                }
+            }
         }
     }
 
@@ -259,6 +272,7 @@ impl GroupState {
                         order: d.order,
                     })
                     .collect(),
+                skipped: part.skipped,
             })
             .collect();
         GroupSnapshot {
@@ -314,6 +328,7 @@ impl GroupState {
             let mut part = PartState::starting_after(ps.frontier);
             part.cursor = ps.cursor;
             part.floor = ps.floor;
+            part.skipped = ps.skipped;
             let mut done = RangeSet::default();
             for &(s, e) in &ps.done {
                 done.insert_range(s, e);

@@ -11,6 +11,7 @@
 //! replaying from a time costs what the source's `first_at_or_after` costs.
 
 pub(crate) mod journal;
+pub(crate) mod retention;
 pub(crate) mod rules;
 pub(crate) mod state;
 
@@ -61,6 +62,11 @@ pub(crate) trait EventSource {
     fn matching(&self, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> Result<()>;
     /// The position of the event with this id (its first occurrence).
     fn position_of(&self, id: &str) -> Result<Option<(u32, u64)>>;
+    /// The first retained sequence of a partition (the log start):
+    /// retention dropped every sequence below it.
+    fn log_start(&self, _p: u32) -> u64 {
+        1
+    }
 }
 
 /// Spent deliveries (leased on their last attempt, expired) one fetch
@@ -125,15 +131,17 @@ pub(crate) struct GroupState {
 }
 
 /// The frontier a group starts at in one partition.
+/// A start before the log start begins at it.
 fn start_frontier(src: &dyn EventSource, start: &StartPosition, p: u32) -> Result<u64> {
     let hw = src.high_watermark(p);
-    Ok(match start {
+    let first = src.log_start(p).saturating_sub(1);
+    Ok(first.max(match start {
         StartPosition::Beginning => 0,
         StartPosition::After(n) => *n,
         StartPosition::AfterPerPartition(m) => m.get(&p).copied().unwrap_or(0),
         StartPosition::At(t) => src.first_at_or_after(p, *t)?.map_or(hw, |seq| seq - 1),
         StartPosition::Latest => hw,
-    })
+    }))
 }
 
 impl GroupState {
@@ -440,6 +448,8 @@ impl GroupState {
             }
         };
         for (p, after) in starts {
+            // A replay from before the log start begins at it.
+            let after = after.max(src.log_start(p).saturating_sub(1));
             if let Some(part) = self.parts.get_mut(&p) {
                 let (n, dead) = part.reopen_after(after, src.high_watermark(p));
                 reopened += n;
@@ -533,7 +543,8 @@ impl GroupState {
             .iter()
             .filter_map(|&p| {
                 let part = self.parts.get(&p)?;
-                Some(PartitionLag::new(p, src.high_watermark(p), part.frontier))
+                let frontier = part.frontier.max(src.log_start(p).saturating_sub(1));
+                Some(PartitionLag::new(p, src.high_watermark(p), frontier))
             })
             .collect();
         Lag::new(src.stream(), &self.summary.name, per)
@@ -552,7 +563,27 @@ impl GroupState {
             inflight,
             retry_waiting,
             dead_letters: self.dead_order.len() as u64,
+            retention_skipped: self.parts.values().map(|part| part.skipped).sum(),
         }
+    }
+
+    /// Retention dropped every sequence of partition `p` below `start`:
+    /// the group's frontier moves to `start - 1` when it is behind (see
+    /// [`PartState::drop_before`]). Returns how many dropped events the
+    /// group had not settled (0 for a partition it does not consume).
+    pub(crate) fn drop_before(&mut self, p: u32, start: u64) -> u64 {
+        let Some(part) = self.parts.get_mut(&p) else { return 0 };
+        if part.frontier.saturating_add(1) >= start {
+            return 0;
+        }
+        let skipped = part.drop_before(start);
+        self.log(Transition::Drop { p, start });
+        skipped
+    }
+
+    /// The frontier of partition `p`, when the group consumes it.
+    pub(crate) fn frontier(&self, p: u32) -> Option<u64> {
+        self.parts.get(&p).map(|part| part.frontier)
     }
 
     /// Dead letters, oldest first, after the one of `opts.after_position`
@@ -576,8 +607,10 @@ impl GroupState {
         let mut out = Vec::new();
         for &(p, seq) in self.dead_order.range(start..).map(|(_, v)| v).take(opts.limit) {
             let Some(info) = self.parts.get(&p).and_then(|part| part.dead.get(&seq)) else { continue };
-            let read = src.read_each(p, &[seq])?.pop();
+            let dropped = seq < src.log_start(p);
+            let read = if dropped { None } else { src.read_each(p, &[seq])?.pop() };
             let (event, damage) = match read {
+                None if dropped => (None, None),
                 Some(Ok(event)) => (Some(event), None),
                 Some(Err(e)) => match Damage::from_error(src.stream(), p, seq, &e) {
                     Some(d) => (None, Some(d)),
@@ -589,6 +622,7 @@ impl GroupState {
                 partition: p,
                 sequence: seq,
                 event,
+                dropped,
                 damage,
                 reason: info.reason.clone(),
                 attempts: info.attempts,
@@ -628,6 +662,16 @@ impl GroupState {
         }
         if part.dead.contains_key(&seq) {
             return Ok(false);
+        }
+        let start = src.log_start(p);
+        if seq < start {
+            return Err(Error::invalid(
+                "sequence",
+                format!(
+                    "sequence {seq} of partition {p} of stream {:?} was dropped by retention (the partition starts at {start}): nothing to skip",
+                    src.stream()
+                ),
+            ));
         }
         if seq <= part.frontier || part.done.contains(seq) {
             return Err(Error::invalid(

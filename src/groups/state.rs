@@ -62,6 +62,9 @@ pub(crate) struct PartState {
     pub(crate) timers: BTreeSet<(Timestamp, u64)>,
     /// Dead letters by sequence.
     pub(crate) dead: BTreeMap<u64, DeadInfo>,
+    /// Events retention dropped before they were settled (since the
+    /// partition's last (re)start).
+    pub(crate) skipped: u64,
 }
 
 impl PartState {
@@ -354,6 +357,31 @@ impl PartState {
         Some(self.dead.split_off(&above).into_values().map(|d| d.order).collect())
     }
 
+    /// Retention dropped every sequence below `start`: the frontier moves to
+    /// `start - 1` when it is behind, forgetting the deliveries below
+    /// `start` (their leases become stale) and the settled ranges there.
+    /// Dead letters stay (listed with their event gone). Returns how many
+    /// dropped sequences were not settled, and adds them to `skipped`.
+    pub(crate) fn drop_before(&mut self, start: u64) -> u64 {
+        let below = start.saturating_sub(1);
+        if self.frontier >= below {
+            return 0;
+        }
+        let unsettled = (below - self.frontier) - self.done.count_in(self.frontier + 1, below);
+        for seq in self.deliveries.range(..start).map(|(&s, _)| s).collect::<Vec<_>>() {
+            self.unschedule(seq);
+            self.deliveries.remove(&seq);
+        }
+        self.done.remove_to(below);
+        self.frontier = below;
+        self.cursor = self.cursor.max(below);
+        if let Some(end) = self.done.take_range_at(below + 1) {
+            self.frontier = end;
+        }
+        self.skipped = self.skipped.saturating_add(unsettled);
+        unsettled
+    }
+
     /// (leased, waiting) counts.
     pub(crate) fn counts(&self) -> (u64, u64) {
         self.deliveries.values().fold((0, 0), |(l, w), d| match d.holding {
@@ -370,6 +398,33 @@ mod tests {
 
     fn t(ms: i64) -> Timestamp {
         Timestamp::from_millis(ms)
+    }
+
+    #[test]
+    fn dropping_moves_the_frontier_counts_what_was_unsettled_and_keeps_dead_letters() {
+        let mut p = PartState::starting_after(0);
+        // 1 acked, 2 leased, 3 dead, 4 waiting, 5 never claimed, 6 acked.
+        for seq in 1..=4 {
+            p.cursor = seq;
+            p.lease(seq, u128::from(seq), Arc::from("c"), t(100));
+        }
+        p.cursor = 6;
+        p.lease(6, 6, Arc::from("c"), t(100));
+        p.ack(1);
+        p.dead_letter(3, "bad".into(), t(1), 0);
+        p.reschedule(4, t(1), t(50));
+        p.ack(6);
+        assert_eq!(p.frontier, 1);
+        // Drop 1..=5: 2, 4 and 5 were unsettled.
+        assert_eq!(p.drop_before(6), 3);
+        assert_eq!((p.frontier, p.skipped), (6, 3), "6 was acked: the frontier collapses over it");
+        assert!(p.deliveries.is_empty() && p.ready.is_empty() && p.timers.is_empty());
+        assert!(p.dead.contains_key(&3), "dead letters stay listed");
+        assert!(p.held(2, 2).is_none(), "a dropped lease is stale");
+        // Dropping again, or below the frontier, changes nothing.
+        assert_eq!(p.drop_before(6), 0);
+        assert_eq!(p.drop_before(3), 0);
+        assert_eq!((p.frontier, p.skipped), (6, 3));
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub struct Capabilities {
     pub indexed_query: bool,
     /// The backend answers the ops-inspect calls (`list_streams`, ...).
     pub ops_inspect: bool,
+    /// The backend drops events by a stream's [`crate::Retention`]
+    /// (`set_retention`, `enforce_retention`, background passes).
+    pub retention: bool,
 }
 
 impl Capabilities {
@@ -38,6 +41,7 @@ impl Capabilities {
             wakeups: false,
             indexed_query: false,
             ops_inspect: false,
+            retention: false,
         }
     }
 

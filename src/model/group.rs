@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::event::Event;
 use super::limits::{MAX_ATTEMPTS, MAX_PARTITIONS, validate_lease};
 use super::query::Query;
+use super::retention::{PartitionInfo, Retention};
 use super::time::Timestamp;
 use crate::error::{Error, Result};
 
@@ -19,11 +20,21 @@ pub struct StreamOptions {
     pub partition_count: u32,
     /// Payload fields to index beyond the always-indexed ones.
     pub indexes: Vec<String>,
+    /// How much of the log is kept (default: everything). Change it later
+    /// with [`crate::Rheo::set_retention`].
+    #[serde(default)]
+    pub retention: Retention,
+    /// How long the native backend remembers producer-given event ids to
+    /// answer a retried append with its original (None: the backend's
+    /// setting, by default 2 minutes; zero: off). The other backends check
+    /// ids forever through their unique key and ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedupe_window: Option<Duration>,
 }
 
 impl Default for StreamOptions {
     fn default() -> Self {
-        StreamOptions { partition_count: 1, indexes: Vec::new() }
+        StreamOptions { partition_count: 1, indexes: Vec::new(), retention: Retention::default(), dedupe_window: None }
     }
 }
 
@@ -46,6 +57,16 @@ impl StreamOptions {
         self.indexes = fields.into_iter().map(Into::into).collect();
         self
     }
+    /// Sets the retention (see [`Retention`]).
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+    /// Sets the native backend's dedupe window for this stream (zero: off).
+    pub fn dedupe_window(mut self, window: Duration) -> Self {
+        self.dedupe_window = Some(window);
+        self
+    }
 
     pub(crate) fn validate(&self, stream: &str) -> Result<()> {
         if self.partition_count == 0 || self.partition_count > MAX_PARTITIONS {
@@ -63,6 +84,13 @@ impl StreamOptions {
         }
         for f in &self.indexes {
             super::query::check_index_field(stream, f)?;
+        }
+        self.retention.validate(stream)?;
+        if self.dedupe_window.is_some_and(|w| w > super::retention::MAX_DEDUPE_WINDOW) {
+            return Err(Error::invalid(
+                "dedupe_window",
+                format!("stream {stream:?}: the dedupe window is at most a day"),
+            ));
         }
         Ok(())
     }
@@ -108,6 +136,56 @@ pub struct StreamInfo {
     pub high_watermarks: Vec<u64>,
     /// When it was created.
     pub created_at: Timestamp,
+    /// Each partition's first and last sequence and size, in partition
+    /// order (filled by `stream_info` and `list_streams`).
+    #[serde(default)]
+    pub partitions: Vec<PartitionInfo>,
+    /// Its retention.
+    #[serde(default)]
+    pub retention: Retention,
+    /// How long a producer-given event id is remembered: None when forever
+    /// (the backend's unique key), zero when not at all.
+    #[serde(default, with = "super::retention::opt_ms", skip_serializing_if = "Option::is_none")]
+    pub dedupe_window: Option<Duration>,
+}
+
+impl StreamInfo {
+    /// A stream's description; `partitions` empty, the retention unlimited
+    /// and ids checked forever until the backend says otherwise.
+    pub fn new(
+        name: &str,
+        partition_count: u32,
+        indexes: Vec<String>,
+        high_watermarks: Vec<u64>,
+        created_at: Timestamp,
+    ) -> Self {
+        StreamInfo {
+            name: name.to_owned(),
+            partition_count,
+            indexes,
+            high_watermarks,
+            created_at,
+            partitions: Vec::new(),
+            retention: Retention::default(),
+            dedupe_window: None,
+        }
+    }
+    /// Sets the partitions' bounds and sizes (and the high watermarks from them).
+    pub fn with_partitions(mut self, partitions: Vec<PartitionInfo>) -> Self {
+        self.high_watermarks = partitions.iter().map(|p| p.last_sequence).collect();
+        self.partitions = partitions;
+        self
+    }
+    /// Sets the retention and dedupe window it reports.
+    pub fn with_options(mut self, retention: Retention, dedupe_window: Option<Duration>) -> Self {
+        self.retention = retention;
+        self.dedupe_window = dedupe_window;
+        self
+    }
+    /// Bytes stored, over every partition.
+    pub fn bytes(&self) -> u64 {
+        self.partitions.iter().map(|p| p.bytes).sum()
+    }
 }
 
 /// Where a new (or reset) group starts.
@@ -476,6 +554,8 @@ pub struct PartitionLag {
 
 impl PartitionLag {
     /// Builds the lag of one partition from its watermark and frontier.
+    /// A frontier below the log start counts from the log start (lag never
+    /// counts dropped events): pass `frontier.max(first_sequence - 1)`.
     pub fn new(partition: u32, high_watermark: u64, frontier: u64) -> Self {
         PartitionLag { partition, high_watermark, frontier, lag: high_watermark.saturating_sub(frontier) }
     }
@@ -531,6 +611,11 @@ pub struct GroupInfo {
     pub retry_waiting: u64,
     /// Deliveries dead-lettered.
     pub dead_letters: u64,
+    /// Events retention dropped before this group settled them (under the
+    /// `limits` policy, or past the `interest` policy's ceiling), since the
+    /// group was created or last reset.
+    #[serde(default)]
+    pub retention_skipped: u64,
 }
 
 /// A dead-lettered delivery.
@@ -541,9 +626,12 @@ pub struct DeadLetter {
     pub partition: u32,
     /// The sequence of the delivery.
     pub sequence: u64,
-    /// The event (never deleted); None when its stored record can't be
-    /// read, with the reason in `damage`.
+    /// The event; None when its stored record can't be read (the reason
+    /// in `damage`) or when retention dropped it (`dropped`).
     pub event: Option<Event>,
+    /// Retention dropped the event (the dead letter stays listed).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dropped: bool,
     /// Why the event can't be read, when it can't (a damaged position,
     /// typically one an operator skipped with [`crate::Rheo::skip`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -8,5 +8,6 @@ pub mod lease;
 pub mod limits;
 pub mod path;
 pub mod query;
+pub mod retention;
 pub mod routing;
 pub mod time;

@@ -68,12 +68,14 @@ pub fn native_mem() -> BoxFuture<'static, Fixture> {
     })
 }
 
-/// The native backend on disk, in a temporary directory.
+/// The native backend on disk, in a temporary directory, with small
+/// segments (16 KiB, preallocated 4 KiB at a time) so that a few hundred
+/// events span sealed segments that retention can drop.
 pub fn native_disk() -> BoxFuture<'static, Fixture> {
     Box::pin(async {
         let clock = ManualClock::new(START);
         let dir = tempfile::tempdir().expect("temporary directory");
-        let url = format!("native:{}", dir.path().display());
+        let url = format!("native:{}?segment_bytes=16384&preallocate_bytes=4096", dir.path().display());
         let rheo = Rheo::builder()
             .clock(Arc::new(clock.clone()))
             .consumer_id("test-consumer")

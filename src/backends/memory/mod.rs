@@ -8,7 +8,7 @@
 //! bounds) and keep only a page in memory. Starting a group at a time, and
 //! replaying from a time, scan the partitions' timestamps.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::backend::{Backend, Subscription, Wakeups};
 use crate::error::{Error, ObjectKind, Result};
-use crate::groups::{EventSource, GroupState};
+use crate::groups::{EventSource, GroupState, retention};
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, NewEvent, Position};
 use crate::model::group::{
@@ -27,6 +27,7 @@ use crate::model::group::{
 use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::path::canonical_path;
 use crate::model::query::{ALWAYS_INDEXED, Page, Query, check_index_field};
+use crate::model::retention::{DroppedRange, PartitionInfo, Retention, RetentionReport};
 use crate::model::routing::route;
 use crate::model::time::{Clock, SystemClock, Timestamp};
 
@@ -57,10 +58,91 @@ struct MemLog {
     name: Arc<str>,
     opts: StreamOptions,
     created_at: Timestamp,
-    /// Events of each partition; sequence n is at index n - 1.
-    partitions: Vec<Vec<Event>>,
+    /// Events of each partition.
+    partitions: Vec<MemPart>,
     /// Event id -> (partition, sequence) of its first occurrence.
     ids: HashMap<String, (u32, u64)>,
+}
+
+/// One partition's retained events.
+#[derive(Debug, Default, Clone)]
+struct MemPart {
+    /// Events retention dropped: sequence n is at index n - 1 - dropped.
+    dropped: u64,
+    events: VecDeque<Event>,
+    /// What [`stored_bytes`] counts of `events`.
+    bytes: u64,
+}
+
+/// The size an event counts for, by `max_bytes` and `stream_info`: its
+/// payload, id, key, type and metadata as stored, plus a fixed 32 bytes.
+fn stored_bytes(e: &Event) -> u64 {
+    let meta: usize = e.metadata().iter().map(|(k, v)| k.len() + v.to_string().len()).sum();
+    (e.payload().as_bytes().len()
+        + e.id().len()
+        + e.key().map_or(0, str::len)
+        + e.event_type().map_or(0, str::len)
+        + meta
+        + 32) as u64
+}
+
+impl MemPart {
+    fn high_watermark(&self) -> u64 {
+        self.dropped + self.events.len() as u64
+    }
+    fn get(&self, seq: u64) -> Option<&Event> {
+        let i = seq.checked_sub(self.dropped + 1)?;
+        self.events.get(usize::try_from(i).ok()?)
+    }
+    /// The retained events with `after < sequence <= until`.
+    fn between(&self, after: u64, until: u64) -> impl Iterator<Item = &Event> {
+        let lo = usize::try_from(after.saturating_sub(self.dropped)).unwrap_or(usize::MAX).min(self.events.len());
+        let hi =
+            usize::try_from(until.saturating_sub(self.dropped)).unwrap_or(usize::MAX).min(self.events.len()).max(lo);
+        self.events.range(lo..hi)
+    }
+    fn push(&mut self, e: Event) {
+        self.bytes += stored_bytes(&e);
+        self.events.push_back(e);
+    }
+    /// The first sequence `retention`'s limits keep at `now`.
+    fn limits_start(&self, retention: &Retention, now: Timestamp) -> u64 {
+        let hw = self.high_watermark();
+        let mut start = self.dropped + 1;
+        if let Some(n) = retention.max_events {
+            start = start.max((hw + 1).saturating_sub(n));
+        }
+        if let Some(cutoff) = retention.age_cutoff_ms(now.as_millis()) {
+            let older = self.events.iter().take_while(|e| e.timestamp().as_millis() < cutoff).count() as u64;
+            start = start.max(self.dropped + 1 + older);
+        }
+        if let Some(max) = retention.max_bytes {
+            let mut kept = 0u64;
+            let mut keep = 0u64;
+            for e in self.events.iter().rev() {
+                kept += stored_bytes(e);
+                if kept > max {
+                    break;
+                }
+                keep += 1;
+            }
+            start = start.max(hw + 1 - keep);
+        }
+        start
+    }
+    /// Drops every event below `start`; returns what was dropped.
+    fn drop_before(&mut self, p: u32, start: u64, ids: &mut HashMap<String, (u32, u64)>) -> Option<DroppedRange> {
+        let first = self.dropped + 1;
+        let n = start.checked_sub(first).filter(|&n| n > 0)?.min(self.events.len() as u64);
+        let mut bytes = 0;
+        for e in self.events.drain(..usize::try_from(n).ok()?) {
+            bytes += stored_bytes(&e);
+            ids.remove(e.id());
+        }
+        self.dropped += n;
+        self.bytes -= bytes;
+        Some(DroppedRange { partition: p, first, last: self.dropped, bytes })
+    }
 }
 
 impl EventSource for MemLog {
@@ -71,22 +153,26 @@ impl EventSource for MemLog {
         self.opts.partition_count
     }
     fn high_watermark(&self, p: u32) -> u64 {
-        self.partitions.get(p as usize).map_or(0, |v| v.len() as u64)
+        self.partitions.get(p as usize).map_or(0, MemPart::high_watermark)
     }
     fn event(&self, p: u32, seq: u64) -> Result<Event> {
-        let idx = seq.checked_sub(1).and_then(|i| usize::try_from(i).ok());
-        idx.and_then(|i| self.partitions.get(p as usize)?.get(i))
+        self.partitions
+            .get(p as usize)
+            .and_then(|part| part.get(seq))
             .cloned()
             .ok_or_else(|| Error::failed("read", format!("stream {:?} partition {p} has no sequence {seq}", self.name)))
     }
     fn first_at_or_after(&self, p: u32, t: Timestamp) -> Result<Option<u64>> {
-        let events = self.partitions.get(p as usize).map_or(&[][..], Vec::as_slice);
-        Ok(events.iter().find(|e| e.timestamp() >= t).map(|e| e.sequence()))
+        let Some(part) = self.partitions.get(p as usize) else { return Ok(None) };
+        Ok(part.events.iter().find(|e| e.timestamp() >= t).map(|e| e.sequence()))
     }
     fn matching(&self, p: u32, q: &Query, f: &mut dyn FnMut(u64)) -> Result<()> {
-        let events = self.partitions.get(p as usize).map_or(&[][..], Vec::as_slice);
-        events.iter().filter(|e| q.matches(e)).for_each(|e| f(e.sequence()));
+        let Some(part) = self.partitions.get(p as usize) else { return Ok(()) };
+        part.events.iter().filter(|e| q.matches(e)).for_each(|e| f(e.sequence()));
         Ok(())
+    }
+    fn log_start(&self, p: u32) -> u64 {
+        self.partitions.get(p as usize).map_or(1, |part| part.dropped + 1)
     }
     fn position_of(&self, id: &str) -> Result<Option<(u32, u64)>> {
         Ok(self.ids.get(id).copied())
@@ -145,16 +231,16 @@ impl MemoryBackend {
             // this batch): nothing is written, the original is answered.
             // The memory backend keeps every id, so its window is forever.
             if let Some(&(op, oseq)) = log.ids.get(&e.id) {
-                let at = log.partitions.get(op as usize).and_then(|v| v.get(usize::try_from(oseq - 1).ok()?));
+                let at = log.partitions.get(op as usize).and_then(|part| part.get(oseq));
                 out.push(Position::duplicate_of(op, oseq, at.map_or(now, Event::timestamp)));
                 continue;
             }
-            let events = &mut log.partitions[p as usize];
-            let seq = events.len() as u64 + 1;
+            let part = &mut log.partitions[p as usize];
+            let seq = part.high_watermark() + 1;
             let event = e.clone().into_event(&log.name, p, seq, now);
             log.ids.insert(event.id().to_owned(), (p, seq));
             out.push(Position::new(p, seq, event.timestamp()));
-            events.push(event);
+            part.push(event);
         }
         Ok(out)
     }
@@ -170,6 +256,7 @@ impl Backend for MemoryBackend {
         let mut c = Capabilities::new(BACKEND);
         c.wakeups = true;
         c.ops_inspect = true;
+        c.retention = true;
         c
     }
 
@@ -191,7 +278,7 @@ impl Backend for MemoryBackend {
             name: Arc::from(stream),
             opts: opts.clone(),
             created_at: self.clock.now(),
-            partitions: vec![Vec::new(); opts.partition_count as usize],
+            partitions: vec![MemPart::default(); opts.partition_count as usize],
             ids: HashMap::new(),
         };
         let info = stream_info(&log);
@@ -226,9 +313,7 @@ impl Backend for MemoryBackend {
     async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
         self.with_stream(stream, |s| {
             check_partitions(stream, &[partition], s.log.opts.partition_count)?;
-            let events = &s.log.partitions[partition as usize];
-            let start = usize::try_from(after).unwrap_or(usize::MAX).min(events.len());
-            Ok(events[start..].iter().take(limit).cloned().collect())
+            Ok(s.log.partitions[partition as usize].between(after, u64::MAX).take(limit).cloned().collect())
         })
     }
 
@@ -236,11 +321,8 @@ impl Backend for MemoryBackend {
         self.with_stream(&query.stream, |s| {
             let log = &s.log;
             let candidates = query.partitions(log.opts.partition_count).into_iter().flat_map(|p| {
-                let events = &log.partitions[p as usize];
                 let (after, until) = query.sequence_bounds(p);
-                let lo = usize::try_from(after).unwrap_or(usize::MAX).min(events.len());
-                let hi = usize::try_from(until).unwrap_or(usize::MAX).min(events.len()).max(lo);
-                events[lo..hi].iter().cloned()
+                log.partitions[p as usize].between(after, until).cloned()
             });
             Ok(query.page_from(candidates))
         })
@@ -310,6 +392,47 @@ impl Backend for MemoryBackend {
         Ok(out)
     }
 
+    async fn stream_info(&self, stream: &str) -> Result<StreamInfo> {
+        self.with_stream(stream, |s| Ok(stream_info(&s.log)))
+    }
+
+    async fn set_retention(&self, stream: &str, retention: &Retention) -> Result<StreamInfo> {
+        self.with_stream(stream, |s| {
+            s.log.opts.retention = *retention;
+            Ok(stream_info(&s.log))
+        })
+    }
+
+    async fn enforce_retention(&self, stream: &str) -> Result<RetentionReport> {
+        let now = self.clock.now();
+        self.with_stream(stream, |s| {
+            let mut report = RetentionReport::new(stream);
+            let retention = s.log.opts.retention;
+            if retention.is_unlimited() {
+                return Ok(report);
+            }
+            for p in 0..s.log.opts.partition_count {
+                let part = &s.log.partitions[p as usize];
+                let limits_start = part.limits_start(&retention, now);
+                let interest = retention::interest_start(s.groups.values(), p);
+                let (start, ceiling) = retention::new_start(retention.policy, limits_start, interest);
+                let start = start.min(part.high_watermark() + 1);
+                if start <= part.dropped + 1 {
+                    continue;
+                }
+                // The groups first, as a durable backend must: no frontier
+                // ever points below the log start.
+                retention::move_groups(s.groups.values_mut(), p, start, &mut report);
+                report.ceiling_hit |= ceiling;
+                let log = &mut s.log;
+                if let Some(range) = log.partitions[p as usize].drop_before(p, start, &mut log.ids) {
+                    report.dropped.push(range);
+                }
+            }
+            Ok(report)
+        })
+    }
+
     async fn list_groups(&self, stream: &str) -> Result<Vec<GroupSummary>> {
         self.with_stream(stream, |s| Ok(s.groups.values().map(|g| g.summary.clone()).collect()))
     }
@@ -362,11 +485,11 @@ impl Backend for MemoryBackend {
 }
 
 fn stream_info(log: &MemLog) -> StreamInfo {
-    StreamInfo {
-        name: log.name.to_string(),
-        partition_count: log.opts.partition_count,
-        indexes: log.opts.indexes.clone(),
-        high_watermarks: log.partitions.iter().map(|p| p.len() as u64).collect(),
-        created_at: log.created_at,
-    }
+    let parts = (0u32..)
+        .zip(&log.partitions)
+        .map(|(p, part)| PartitionInfo::new(p, part.dropped + 1, part.high_watermark(), part.bytes))
+        .collect();
+    StreamInfo::new(&log.name, log.opts.partition_count, log.opts.indexes.clone(), Vec::new(), log.created_at)
+        .with_partitions(parts)
+        .with_options(log.opts.retention, None)
 }

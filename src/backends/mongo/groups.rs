@@ -364,7 +364,7 @@ impl MongoBackend {
             StartPosition::At(t) => self.first_at_or_after(stream, *t).await?,
             _ => BTreeMap::new(),
         };
-        Ok(common::start_frontiers(start, parts, hws, &firsts))
+        Ok(common::start_frontiers(start, parts, hws, &firsts, &[]))
     }
 
     /// Per partition, the first sequence with a timestamp at or after `t`.
@@ -415,7 +415,8 @@ impl MongoBackend {
         let hws = self.hws(stream).await?;
         let frontiers = self.start_frontiers(stream, &opts.start, &parts, &hws).await?;
         let cursors: BTreeMap<u32, u64> = frontiers.iter().map(|(&p, &f)| (p, f.saturating_add(1))).collect();
-        let settings = GroupSettings { partitions: subset.clone(), retry_backoff: opts.retry_backoff };
+        let settings =
+            GroupSettings { partitions: subset.clone(), retry_backoff: opts.retry_backoff, ..GroupSettings::default() };
         let text = serde_json::to_string(&settings).map_err(|e| Error::failed("create_group", e.to_string()))?;
         let now = self.now();
         let group_doc = doc! {
@@ -1357,6 +1358,7 @@ impl MongoBackend {
             inflight: n("inflight"),
             retry_waiting: n("waiting"),
             dead_letters: n("dead"),
+            retention_skipped: 0,
         })
     }
 
@@ -1399,10 +1401,16 @@ impl MongoBackend {
         }
         Ok(docs
             .iter()
-            .map(|d| DeadLetter {
+            .map(|d| {
+                let event = d.get_str("event_id").ok().and_then(|id| events.get(id).cloned());
+                (d, event)
+            })
+            .map(|(d, event)| DeadLetter {
                 partition: u32_of(d, "partition"),
                 sequence: int_of(d, "sequence"),
-                event: d.get_str("event_id").ok().and_then(|id| events.get(id).cloned()),
+                // An event document is missing only when retention dropped it.
+                dropped: event.is_none(),
+                event,
                 damage: None,
                 reason: d.get_str("reason").unwrap_or_default().to_owned(),
                 attempts: u32_of(d, "attempt"),

@@ -284,13 +284,7 @@ impl MongoBackend {
             self.declare_index(stream, canonical, spelling, at).await?;
         }
         let indexes = self.declared_indexes(stream).await?.into_iter().map(|(_, s)| s).collect();
-        Ok(StreamInfo {
-            name: stream.to_owned(),
-            partition_count: opts.partition_count,
-            indexes,
-            high_watermarks: vec![0; opts.partition_count as usize],
-            created_at: created,
-        })
+        Ok(StreamInfo::new(stream, opts.partition_count, indexes, vec![0; opts.partition_count as usize], created))
     }
 
     /// Appends a batch atomically: sequences and events in one transaction,
@@ -475,13 +469,13 @@ impl MongoBackend {
                 Some(Bson::DateTime(t)) => Timestamp::from_millis(t.timestamp_millis()),
                 _ => Timestamp::from_millis(0),
             };
-            out.push(StreamInfo {
-                name: name.to_owned(),
-                partition_count: count,
-                indexes: self.declared_indexes(name).await?.into_iter().map(|(_, s)| s).collect(),
-                high_watermarks: (0..count).map(|p| hws.get(&p).copied().unwrap_or(0)).collect(),
+            out.push(StreamInfo::new(
+                name,
+                count,
+                self.declared_indexes(name).await?.into_iter().map(|(_, s)| s).collect(),
+                (0..count).map(|p| hws.get(&p).copied().unwrap_or(0)).collect(),
                 created_at,
-            });
+            ));
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)

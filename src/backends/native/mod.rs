@@ -26,6 +26,7 @@ use async_trait::async_trait;
 use crate::backend::{Backend, Subscription, Wakeups};
 use crate::engine::Engine;
 use crate::engine::delivery::room;
+use crate::engine::log::manifest::StreamSettings;
 use crate::engine::log::stream::{Routed, StreamLog};
 pub use crate::engine::options::{Durability, EngineOptions, MAX_SEGMENT_BYTES, RecoveryMode};
 use crate::engine::stream::Stream;
@@ -39,6 +40,7 @@ use crate::model::group::{
 };
 use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
+use crate::model::retention::{PartitionInfo, Retention, RetentionReport};
 use crate::model::routing::route;
 use crate::model::time::{Clock, Timestamp};
 
@@ -54,6 +56,8 @@ type SharedWindow = Arc<WindowSlot>;
 /// A stream's dedupe window, and the lock its one load from the log takes.
 #[derive(Debug)]
 struct WindowSlot {
+    /// The stream's window (its own setting, else the backend's); zero: off.
+    duration: Duration,
     window: parking_lot::Mutex<dedupe::Window>,
     loading: tokio::sync::Mutex<()>,
 }
@@ -93,7 +97,8 @@ fn boolean(k: &str, v: &str) -> Result<bool> {
 /// `background_indexing=true|false`, `inline_io=true|false`,
 /// `read_only=true|false` (a [`ReadOnlyNative`] open, beside a writer),
 /// `dedupe_window_ms` (0 turns the check of producer-given ids off; at most
-/// a day).
+/// a day), `retention_interval_ms` (how often the background thread runs
+/// retention passes; 0: never).
 ///
 /// ```
 /// use rheo::{Durability, EngineOptions};
@@ -127,6 +132,7 @@ pub fn parse_url(rest: &str, mut opts: EngineOptions) -> Result<(String, EngineO
             "inline_io" => opts.inline_io = boolean(k, v)?,
             "read_only" => opts.read_only = boolean(k, v)?,
             "dedupe_window_ms" => opts.dedupe_window = Duration::from_millis(number(v)?.min(86_400_000)),
+            "retention_interval_ms" => opts.retention_interval = Duration::from_millis(number(v)?.min(86_400_000)),
             "recovery" => {
                 opts.recovery = match v {
                     "strict" => RecoveryMode::Strict,
@@ -274,13 +280,29 @@ impl NativeBackend {
     }
 
     fn stream_info(&self, entry: &crate::engine::log::manifest::StreamEntry, log: &StreamLog) -> StreamInfo {
-        StreamInfo {
-            name: entry.name.clone(),
-            partition_count: entry.partition_count,
-            indexes: entry.indexes.clone(),
-            high_watermarks: (0..entry.partition_count).map(|p| log.high_watermark(p)).collect(),
-            created_at: Timestamp::from_millis(entry.created_ms),
-        }
+        let parts = (0..entry.partition_count)
+            .filter_map(|p| {
+                let part = log.partition(p).ok()?;
+                let last = part.visible();
+                Some(PartitionInfo::new(p, part.log_start().min(last + 1), last, part.bytes()))
+            })
+            .collect();
+        let window = entry.settings.dedupe_window().unwrap_or(self.engine.options().dedupe_window);
+        StreamInfo::new(
+            &entry.name,
+            entry.partition_count,
+            entry.indexes.clone(),
+            Vec::new(),
+            Timestamp::from_millis(entry.created_ms),
+        )
+        .with_partitions(parts)
+        .with_options(entry.settings.retention(), Some(window))
+    }
+
+    /// The dedupe window of a stream: its own setting, else the backend's.
+    fn dedupe_window_of(&self, stream: &str) -> Result<Duration> {
+        let entry = self.engine.stream_entry(stream)?;
+        Ok(entry.settings.dedupe_window().unwrap_or(self.engine.options().dedupe_window))
     }
 
     fn append_events(
@@ -312,19 +334,29 @@ impl NativeBackend {
     /// The dedupe window of a stream, filled from its recent records on
     /// first use.
     async fn window(&self, s: &Arc<Stream>) -> Result<SharedWindow> {
-        let duration = self.engine.options().dedupe_window;
         let now = self.clock.now().as_millis();
-        let slot = self
-            .dedupe
-            .lock()
-            .entry(s.name().clone())
-            .or_insert_with(|| {
-                Arc::new(WindowSlot {
-                    window: parking_lot::Mutex::new(dedupe::Window::new(duration, now)),
-                    loading: tokio::sync::Mutex::new(()),
-                })
-            })
-            .clone();
+        let existing = self.dedupe.lock().get(s.name()).cloned();
+        let slot = match existing {
+            Some(slot) => slot,
+            None => {
+                let duration = self.dedupe_window_of(s.name())?;
+                self.dedupe
+                    .lock()
+                    .entry(s.name().clone())
+                    .or_insert_with(|| {
+                        Arc::new(WindowSlot {
+                            duration,
+                            window: parking_lot::Mutex::new(dedupe::Window::new(duration, now)),
+                            loading: tokio::sync::Mutex::new(()),
+                        })
+                    })
+                    .clone()
+            }
+        };
+        let duration = slot.duration;
+        if duration.is_zero() {
+            return Ok(slot);
+        }
         if !slot.window.lock().loaded {
             // One load per window: the others wait for it.
             let _loading = slot.loading.lock().await;
@@ -354,6 +386,12 @@ impl NativeBackend {
         use crate::backends::dedupe::{Plan, plan_with, resolve_plan};
         let s = self.engine.stream(stream)?;
         let window = self.window(&s).await?;
+        if window.duration.is_zero() {
+            let (out, ticket, s) = self.append_events(stream, events)?;
+            ticket.resolved().await?;
+            self.wakeup(&s).appended();
+            return Ok(out);
+        }
         let now = self.clock.now();
         let waiting_since = std::time::Instant::now();
         // Each id hashed once (0 for generated ids, never looked up).
@@ -505,6 +543,7 @@ impl Backend for NativeBackend {
         c.ops_inspect = true;
         c.indexed_query = true;
         c.wakeups = true;
+        c.retention = true;
         c
     }
 
@@ -524,7 +563,10 @@ impl Backend for NativeBackend {
         let engine = self.engine.clone();
         let (name, o) = (stream.to_owned(), opts.clone());
         let now = self.clock.now().as_millis();
-        let entry = self.blocking(move || engine.create_stream(&name, o.partition_count, &o.indexes, now)).await?;
+        let settings = StreamSettings::of(&o.retention, o.dedupe_window);
+        let entry = self
+            .blocking(move || engine.create_stream_with(&name, o.partition_count, &o.indexes, now, settings))
+            .await?;
         let s = self.engine.stream(stream)?;
         Ok(self.stream_info(&entry, &s.log))
     }
@@ -538,7 +580,7 @@ impl Backend for NativeBackend {
     }
 
     async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
-        if !self.engine.options().dedupe_window.is_zero() && events.iter().any(|e| e.id_given) {
+        if events.iter().any(|e| e.id_given) {
             return self.append_deduped(stream, events).await;
         }
         let (out, ticket, s) = self.append_events(stream, events)?;
@@ -716,6 +758,36 @@ impl Backend for NativeBackend {
     async fn subscribe(&self, stream: &str) -> Result<Subscription> {
         let s = self.engine.stream(stream)?;
         Ok(self.wakeup(&s).subscribe())
+    }
+
+    async fn stream_info(&self, stream: &str) -> Result<StreamInfo> {
+        let entry = self.engine.stream_entry(stream)?;
+        let s = self.engine.stream(stream)?;
+        Ok(self.stream_info(&entry, &s.log))
+    }
+
+    async fn set_retention(&self, stream: &str, retention: &Retention) -> Result<StreamInfo> {
+        let engine = self.engine.clone();
+        let name = stream.to_owned();
+        let retention = *retention;
+        let entry = self
+            .blocking(move || {
+                let mut settings = engine.stream_entry(&name)?.settings;
+                let dedupe = settings.dedupe_window_ms;
+                settings = StreamSettings::of(&retention, None);
+                settings.dedupe_window_ms = dedupe;
+                engine.set_stream_settings(&name, settings)
+            })
+            .await?;
+        let s = self.engine.stream(stream)?;
+        Ok(self.stream_info(&entry, &s.log))
+    }
+
+    async fn enforce_retention(&self, stream: &str) -> Result<RetentionReport> {
+        let engine = self.engine.clone();
+        let name = stream.to_owned();
+        let now = self.clock.now().as_millis();
+        self.blocking(move || engine.enforce_retention(&name, now)).await
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamInfo>> {

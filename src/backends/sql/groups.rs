@@ -41,7 +41,7 @@ const MATERIALIZE_MIN: u64 = 512;
 /// Spent deliveries one fetch dead-letters at most, beyond its limit.
 const SPENT_PER_FETCH: usize = crate::groups::SPENT_PER_FETCH;
 
-const TERMINAL: &str = "('acked', 'rejected')";
+pub(super) const TERMINAL: &str = "('acked', 'rejected')";
 
 /// Rust-only group settings, kept in `rheo_rs_group_settings`.
 type Settings = crate::backends::common::GroupSettings;
@@ -121,7 +121,7 @@ impl SqlBackend {
 }
 
 /// A group row as a tuple of stream and group arguments.
-fn sg(s: &mut Stmt, stream: &str, group: &str) -> (String, String) {
+pub(super) fn sg(s: &mut Stmt, stream: &str, group: &str) -> (String, String) {
     (s.text(stream), s.text(group))
 }
 
@@ -134,7 +134,7 @@ impl SqlBackend {
     }
 
     /// Loads a group: `StreamNotFound`, then `GroupNotFound`.
-    async fn load_group(&self, stream: &str, group: &str) -> Result<GroupRow> {
+    pub(super) async fn load_group(&self, stream: &str, group: &str) -> Result<GroupRow> {
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
         let hws = match self.d {
@@ -182,7 +182,7 @@ impl SqlBackend {
     }
 
     /// Locks the group row in a transaction; returns (frontiers, cursors).
-    async fn lock_group(
+    pub(super) async fn lock_group(
         &self,
         tx: &mut Tx,
         stream: &str,
@@ -202,7 +202,7 @@ impl SqlBackend {
         Ok((parse_map(stream, group, "frontiers", &r.text(0)?)?, parse_map(stream, group, "cursors", &r.text(1)?)?))
     }
 
-    async fn write_maps(
+    pub(super) async fn write_maps(
         &self,
         tx: &mut Tx,
         stream: &str,
@@ -231,7 +231,7 @@ impl SqlBackend {
 
     /// Moves the frontier of `parts` as far as the settled rows allow
     /// (under the group lock the caller holds), and writes it when it moved.
-    async fn advance(
+    pub(super) async fn advance(
         &self,
         tx: &mut Tx,
         stream: &str,
@@ -381,7 +381,8 @@ impl SqlBackend {
             StartPosition::At(t) => self.first_at_or_after(stream, *t).await?,
             _ => BTreeMap::new(),
         };
-        Ok(common::start_frontiers(start, parts, &hws, &firsts))
+        let log_starts = self.log_starts(stream, &hws).await?;
+        Ok(common::start_frontiers(start, parts, &hws, &firsts, &log_starts))
     }
 
     /// Per partition, the first sequence with a timestamp at or after `t`.
@@ -414,7 +415,8 @@ impl SqlBackend {
         let parts: Vec<u32> = subset.clone().unwrap_or_else(|| (0..count).collect());
         let frontiers = self.start_frontiers(stream, &opts.start, &parts, count).await?;
         let cursors: BTreeMap<u32, u64> = frontiers.iter().map(|(&p, &f)| (p, f.saturating_add(1))).collect();
-        let settings = Settings { partitions: subset.clone(), retry_backoff: opts.retry_backoff };
+        let settings =
+            Settings { partitions: subset.clone(), retry_backoff: opts.retry_backoff, ..Settings::default() };
         let now = self.now();
         let created = super::retry_tx!(
             self,
@@ -1113,6 +1115,10 @@ impl SqlBackend {
     ) -> Result<bool> {
         let g = self.load_group(stream, group).await?;
         common::check_skip(&g, stream, group, partition, sequence)?;
+        let log_start = self.log_starts(stream, &g.hws).await?.get(partition as usize).copied().unwrap_or(1);
+        if sequence < log_start {
+            return Err(common::dropped_by_retention(stream, partition, sequence, log_start));
+        }
         let now = self.now();
         let reason = rules::skipped(reason);
         super::retry_tx!(self, "skip", self.skip_tx(stream, group, partition, sequence, &reason, now).await)
@@ -1185,7 +1191,10 @@ impl SqlBackend {
         let now = self.now();
         match &replay.from {
             ReplayFrom::Sequence(from) => {
-                let starts: Vec<(u32, u64)> = scope.iter().map(|&p| (p, *from)).collect();
+                // From before the log start: from it.
+                let log_starts = self.log_starts(stream, &g.hws).await?;
+                let first = |p: u32| log_starts.get(p as usize).copied().unwrap_or(1).saturating_sub(1);
+                let starts: Vec<(u32, u64)> = scope.iter().map(|&p| (p, (*from).max(first(p)))).collect();
                 super::retry_tx!(self, "replay", self.replay_after_tx(stream, group, &starts, &g.hws, now).await)
             }
             ReplayFrom::Time(t) => {
@@ -1407,6 +1416,7 @@ impl SqlBackend {
             inflight,
             retry_waiting,
             dead_letters,
+            retention_skipped: g.settings.retention_skipped,
         })
     }
 
@@ -1485,6 +1495,8 @@ impl SqlBackend {
                 Ok(DeadLetter {
                     partition: r.u32(0)?,
                     sequence: r.u64(1)?,
+                    // An event row is missing only when retention dropped it.
+                    dropped: event.is_none(),
                     event,
                     damage: None,
                     reason: r.opt_text(2)?.unwrap_or_default(),

@@ -21,6 +21,7 @@
 //! | `rheo_statement_timeout_ms=N` | postgres | the server's `statement_timeout` | none |
 //! | `synchronous=normal\|full` | sqlite | `PRAGMA synchronous` (`full`: every commit survives a power cut) | `full` |
 //! | `busy_timeout_ms=N` | sqlite | how long a writer waits for the lock | 5000 |
+//! | `rheo_retention_interval_ms=N` | both | how often a background retention round runs over the streams with a retention (0: never; [`crate::Rheo::enforce_retention`] still works) | 10000 |
 //!
 //! SQLite uses one connection unless `rheo_pool` says more: its calls then
 //! queue in order rather than race for SQLite's single write lock. More
@@ -43,6 +44,7 @@ mod groups;
 #[cfg(feature = "postgres")]
 mod listen;
 mod query;
+mod retention;
 pub(crate) mod schema;
 mod streams;
 
@@ -65,6 +67,7 @@ use crate::model::group::{
 };
 use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
+use crate::model::retention::{Retention, RetentionReport};
 use crate::model::time::{Clock, Timestamp};
 
 use db::{Phase, Pool, Stmt, map_err};
@@ -97,6 +100,8 @@ pub struct SqlBackend {
     origin: String,
     /// Index builds running in the background: (stream, field) -> failure.
     index_builds: Arc<parking_lot::Mutex<HashMap<String, IndexBuildState>>>,
+    /// How often the facade runs a background retention round.
+    retention_interval: Duration,
 }
 
 /// A background index build.
@@ -124,6 +129,8 @@ pub(crate) struct SqlOptions {
     pub schema: Option<String>,
     pub synchronous_full: bool,
     pub busy_timeout: Duration,
+    /// How often the facade runs a background retention round (zero: never).
+    pub retention_interval: Duration,
 }
 
 fn parse_options(scheme: &str, query: &str, allow_schema: bool) -> Result<(SqlOptions, Vec<(String, String)>)> {
@@ -138,6 +145,7 @@ fn parse_options(scheme: &str, query: &str, allow_schema: bool) -> Result<(SqlOp
         schema: None,
         synchronous_full: true,
         busy_timeout: Duration::from_secs(5),
+        retention_interval: Duration::from_secs(10),
     };
     let mut rest = Vec::new();
     let bad = |k: &str, v: &str, why: &str| Error::invalid("url", format!("{scheme}: option {k}={v:?}: {why}"));
@@ -155,6 +163,12 @@ fn parse_options(scheme: &str, query: &str, allow_schema: bool) -> Result<(SqlOp
                 _ => return Err(bad(k, v, "expected 1 to 256 connections")),
             },
             "rheo_connect_timeout_ms" => o.connect_timeout = ms(k, v)?,
+            "rheo_retention_interval_ms" => {
+                o.retention_interval = match v.parse::<u64>() {
+                    Ok(n) if n <= 86_400_000 => Duration::from_millis(n),
+                    _ => return Err(bad(k, v, "expected milliseconds from 0 (never) to 86400000")),
+                }
+            }
             "rheo_statement_timeout_ms" if allow_schema => o.statement_timeout = Some(ms(k, v)?),
             "rheo_schema" if allow_schema => {
                 if v.is_empty() || v.len() > 63 || !v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
@@ -221,7 +235,9 @@ impl SqlBackend {
             .connect_with(opts)
             .await
             .map_err(|e| open_error("sqlite", path, e))?;
-        Ok(Self::new(Dialect::Sqlite, Pool::Lite(pool), Names::new(None), clock, false, !memory))
+        let mut backend = Self::new(Dialect::Sqlite, Pool::Lite(pool), Names::new(None), clock, false, !memory);
+        backend.retention_interval = o.retention_interval;
+        Ok(backend)
     }
 
     /// Opens `postgres://…` (or `postgresql://…`).
@@ -269,6 +285,7 @@ impl SqlBackend {
         let mut backend =
             Self::new(Dialect::Postgres, Pool::Pg(pool), Names::new(o.schema), clock, !custom_clock, true);
         backend.listen_pool = Some(listen_pool);
+        backend.retention_interval = o.retention_interval;
         Ok(backend)
     }
 
@@ -293,6 +310,7 @@ impl SqlBackend {
             partition_counts: RwLock::new(HashMap::new()),
             wakeups,
             index_builds: Arc::default(),
+            retention_interval: Duration::from_secs(10),
         }
     }
 
@@ -431,6 +449,7 @@ impl Backend for SqlBackend {
         c.distributed = self.d == Dialect::Postgres;
         c.wakeups = true;
         c.ops_inspect = true;
+        c.retention = true;
         c
     }
 
@@ -513,6 +532,26 @@ impl Backend for SqlBackend {
 
     async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
         self.list_streams_impl(None).await
+    }
+
+    async fn stream_info(&self, stream: &str) -> Result<StreamInfo> {
+        self.stream_info_impl(stream).await
+    }
+
+    async fn set_retention(&self, stream: &str, retention: &Retention) -> Result<StreamInfo> {
+        self.set_retention_impl(stream, retention).await
+    }
+
+    async fn enforce_retention(&self, stream: &str) -> Result<RetentionReport> {
+        self.enforce_retention_impl(stream).await
+    }
+
+    fn retention_interval(&self) -> Option<Duration> {
+        (!self.retention_interval.is_zero()).then_some(self.retention_interval)
+    }
+
+    async fn retention_round(&self) -> Result<Vec<RetentionReport>> {
+        self.retention_round_impl().await
     }
 
     async fn list_groups(&self, stream: &str) -> Result<Vec<GroupSummary>> {

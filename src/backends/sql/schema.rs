@@ -126,6 +126,11 @@ pub(crate) const TABLES: &[Table] = &[
         key: &["stream", "field"],
     },
     Table {
+        name: "rheo_rs_stream_settings",
+        columns: &[col("stream", "text", true, None), col("settings", "json", true, None)],
+        key: &["stream"],
+    },
+    Table {
         name: "rheo_rs_dead_letter_order",
         columns: &[
             col("stream", "text", true, None),
@@ -225,6 +230,9 @@ impl Names {
     }
     pub(crate) fn stream_indexes(&self) -> String {
         self.t("rheo_rs_stream_indexes")
+    }
+    pub(crate) fn stream_settings(&self) -> String {
+        self.t("rheo_rs_stream_settings")
     }
     pub(crate) fn dl_order(&self) -> String {
         self.t("rheo_rs_dead_letter_order")

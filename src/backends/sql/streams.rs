@@ -316,13 +316,13 @@ impl SqlBackend {
                 self.build_index(&canonical).await?;
             }
         }
-        Ok(StreamInfo {
-            name: stream.to_owned(),
-            partition_count: opts.partition_count,
-            indexes: opts.indexes.clone(),
-            high_watermarks: vec![0; opts.partition_count as usize],
-            created_at: created,
-        })
+        Ok(StreamInfo::new(
+            stream,
+            opts.partition_count,
+            opts.indexes.clone(),
+            vec![0; opts.partition_count as usize],
+            created,
+        ))
     }
 
     async fn create_stream_tx(
@@ -363,6 +363,9 @@ impl SqlBackend {
             if let Some(canonical) = canonical_path(field) {
                 self.declare_index(&mut tx, stream, &canonical, field, created, i).await?;
             }
+        }
+        if !opts.retention.is_unlimited() {
+            tx.exec(&self.store_retention_stmt(stream, &opts.retention)?).await.map_err(safe)?;
         }
         tx.commit().await.map_err(at_commit)?;
         Ok(created)
@@ -653,13 +656,13 @@ impl SqlBackend {
             let name = r.text(0)?;
             let count = r.u32(1)?;
             let hw = hws.get(&name);
-            out.push(StreamInfo {
-                partition_count: count,
-                indexes: idx.remove(&name).unwrap_or_default(),
-                high_watermarks: (0..count).map(|p| hw.and_then(|m| m.get(&p)).copied().unwrap_or(0)).collect(),
-                created_at: r.ts(2)?,
-                name,
-            });
+            out.push(StreamInfo::new(
+                &name,
+                count,
+                idx.remove(&name).unwrap_or_default(),
+                (0..count).map(|p| hw.and_then(|m| m.get(&p)).copied().unwrap_or(0)).collect(),
+                r.ts(2)?,
+            ));
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)

@@ -13,8 +13,12 @@ use crate::groups::journal::GroupSnapshot;
 
 /// Magic of a checkpoint file.
 pub const CKPT_MAGIC: [u8; 8] = *b"RHEOCKP\0";
-/// Version of the checkpoint layout. Bump with the spec.
-pub const CKPT_VERSION: u16 = 1;
+/// Version of the checkpoint layout written. Bump with the spec. Version 2
+/// added each group partition's `skipped` count (retention); version 1
+/// files are read with it 0.
+pub const CKPT_VERSION: u16 = 2;
+/// The oldest version this build reads.
+pub const CKPT_MIN_VERSION: u16 = 1;
 /// Offset of the generation.
 pub const CKPT_HDR_GEN: usize = 16;
 /// Offset of the LSN.
@@ -55,7 +59,9 @@ pub(crate) fn encode(generation: u64, lsn: u64, groups: &[GroupSnapshot]) -> Res
 /// The version of a checkpoint whose magic is right, if it is not this
 /// build's (for `Error::UnsupportedVersion`).
 pub fn other_version(b: &[u8]) -> Option<u16> {
-    (b.len() >= 10 && b[..8] == CKPT_MAGIC).then(|| get_u16(b, 8)).filter(|&v| v != CKPT_VERSION)
+    (b.len() >= 10 && b[..8] == CKPT_MAGIC)
+        .then(|| get_u16(b, 8))
+        .filter(|v| !(CKPT_MIN_VERSION..=CKPT_VERSION).contains(v))
 }
 
 /// Checks the header (magic, version, checksum, reserved bytes):
@@ -65,7 +71,7 @@ pub fn check_header(b: &[u8]) -> Result<(u64, u64, u64), DecodeError> {
         return Err(DecodeError::NotThisKind { kind: "checkpoint" });
     }
     let version = get_u16(b, 8);
-    if version != CKPT_VERSION {
+    if !(CKPT_MIN_VERSION..=CKPT_VERSION).contains(&version) {
         return Err(DecodeError::Version { kind: "checkpoint", found: version, supported: CKPT_VERSION });
     }
     if crc32fast::hash(&b[..CKPT_HDR_CRC]) != get_u32(b, CKPT_HDR_CRC) {

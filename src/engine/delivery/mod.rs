@@ -303,6 +303,9 @@ impl EventSource for LogSource<'_> {
     fn position_of(&self, id: &str) -> Result<Option<(u32, u64)>> {
         crate::engine::index::planner::position_of(self.log, self.index, id)
     }
+    fn log_start(&self, p: u32) -> u64 {
+        self.log.log_start(p)
+    }
 }
 
 impl LogSource<'_> {
@@ -325,6 +328,12 @@ pub struct DeliveryRecovery {
 }
 
 impl DeliveryTable {
+    /// The lowest `frontier + 1` of partition `p` over the groups consuming
+    /// it (what the `interest` retention policy keeps); None when none does.
+    pub(crate) fn interest_start(&self, p: u32) -> Option<u64> {
+        crate::groups::retention::interest_start(self.inner.lock().groups.values(), p)
+    }
+
     /// Summaries of every group, by name.
     pub(crate) fn list(&self) -> Vec<GroupSummary> {
         self.inner.lock().groups.values().map(|g| g.summary.clone()).collect()

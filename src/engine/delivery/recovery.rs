@@ -284,7 +284,16 @@ fn clamp_to_log(
 ) -> BTreeMap<String, GroupState> {
     let mut journaled = BTreeMap::new();
     for (name, mut g) in groups {
-        let clamped = g.clamp(|p| log.high_watermark(p));
+        let mut clamped = g.clamp(|p| log.high_watermark(p));
+        // Retention deletes segments only once the groups behind the new
+        // log start were moved past it by a WAL record; under `Batched` or
+        // `None` durability that record may be lost: move them again.
+        for p in 0..log.partition_count() {
+            if g.frontier(p).is_some_and(|f| f.saturating_add(1) < log.log_start(p)) {
+                g.drop_before(p, log.log_start(p));
+                clamped += 1;
+            }
+        }
         if clamped > 0 {
             tracing::warn!(stream = %log.name, group = %name, partitions = clamped, "group state above the log's end dropped (a log tail lost to a machine crash)");
         }

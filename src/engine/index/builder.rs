@@ -21,23 +21,34 @@ impl Builder {
     /// remains, and it checks `stop` between streams); it sleeps while
     /// there is nothing to do.
     pub fn start(step: impl Fn(&AtomicBool) -> bool + Send + 'static) -> Result<Builder> {
+        Builder::start_named("rheo-index", IDLE, step)
+    }
+
+    /// As [`Builder::start`], for any background job: a thread named
+    /// `name` that calls `step` and, when it returns false, sleeps `idle`
+    /// (or until woken).
+    pub fn start_named(
+        name: &str,
+        idle: Duration,
+        step: impl Fn(&AtomicBool) -> bool + Send + 'static,
+    ) -> Result<Builder> {
         let shared = Arc::new((Mutex::new(false), Condvar::new()));
         let stopped = Arc::new(AtomicBool::new(false));
         let (s, stop) = (shared.clone(), stopped.clone());
         let thread = std::thread::Builder::new()
-            .name("rheo-index".into())
+            .name(name.into())
             .spawn(move || {
                 while !stop.load(Ordering::Acquire) {
                     if !step(&stop) {
                         let mut woken = s.0.lock();
                         if !*woken {
-                            s.1.wait_for(&mut woken, IDLE);
+                            s.1.wait_for(&mut woken, idle);
                         }
                         *woken = false;
                     }
                 }
             })
-            .map_err(|e| Error::failed("open", format!("cannot start the index builder thread: {e}")))?;
+            .map_err(|e| Error::failed("open", format!("cannot start the {name} thread: {e}")))?;
         Ok(Builder { shared, stopped, thread: Mutex::new(Some(thread)) })
     }
 
@@ -47,11 +58,14 @@ impl Builder {
         self.shared.1.notify_one();
     }
 
-    /// Stops and joins the thread.
+    /// Stops and joins the thread (from the thread itself, which may hold
+    /// the last handle on the engine: stops it without joining).
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::Release);
         self.wake();
-        if let Some(t) = self.thread.lock().take() {
+        if let Some(t) = self.thread.lock().take()
+            && t.thread().id() != std::thread::current().id()
+        {
             let _ = t.join();
         }
     }

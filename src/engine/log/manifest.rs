@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::engine::error::{DecodeError, corrupt, io_err, sync_err};
-use crate::engine::segment::format::{FORMAT_VERSION, get_u16, get_u32, get_u64};
+use crate::engine::segment::format::{get_u16, get_u32, get_u64};
 use crate::engine::vfs::Vfs;
 use crate::error::{Error, Result};
 
@@ -30,6 +30,12 @@ pub const MAN_BODY_CRC: usize = MAN_BODY_LEN + 8;
 pub const MAN_HEADER_CRC: usize = MAN_BODY_CRC + 4;
 /// Size of the manifest header.
 pub const MAN_HEADER_LEN: usize = MAN_HEADER_CRC + 4;
+/// The manifest version written: 2 added each stream's options
+/// ([`StreamSettings`]).
+pub const MANIFEST_VERSION: u16 = 2;
+/// The oldest manifest version read (version 1: streams without options,
+/// read as no retention and the backend's dedupe window).
+pub const MANIFEST_MIN_VERSION: u16 = 1;
 /// The largest manifest body accepted (64 MiB).
 pub const MAX_MANIFEST_BODY: u64 = 64 << 20;
 
@@ -46,6 +52,58 @@ pub struct StreamEntry {
     pub indexes: Vec<String>,
     /// When it was created (ms).
     pub created_ms: i64,
+    /// Its retention and dedupe window (version 2; absent in version 1).
+    #[serde(default)]
+    pub settings: StreamSettings,
+}
+
+/// A stream's changeable options, as the manifest stores them (version 2).
+/// Every field is always written (the body is positional).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamSettings {
+    /// Drop events older than this many ms (None: no age limit).
+    pub max_age_ms: Option<u64>,
+    /// Keep at most this many bytes per partition.
+    pub max_bytes: Option<u64>,
+    /// Keep at most this many events per partition.
+    pub max_events: Option<u64>,
+    /// 0: `limits`, 1: `interest` (other values are read as `limits`).
+    pub policy: u8,
+    /// The dedupe window in ms (None: the backend's setting).
+    pub dedupe_window_ms: Option<u64>,
+}
+
+impl StreamSettings {
+    /// The settings of a stream's options.
+    pub fn of(retention: &crate::model::retention::Retention, dedupe_window: Option<std::time::Duration>) -> Self {
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        StreamSettings {
+            max_age_ms: retention.max_age.map(ms),
+            max_bytes: retention.max_bytes,
+            max_events: retention.max_events,
+            policy: match retention.policy {
+                crate::model::retention::RetentionPolicy::Limits => 0,
+                crate::model::retention::RetentionPolicy::Interest => 1,
+            },
+            dedupe_window_ms: dedupe_window.map(ms),
+        }
+    }
+
+    /// The retention they describe.
+    pub fn retention(&self) -> crate::model::retention::Retention {
+        use crate::model::retention::{Retention, RetentionPolicy};
+        let mut r =
+            Retention::new().policy(if self.policy == 1 { RetentionPolicy::Interest } else { RetentionPolicy::Limits });
+        r.max_age = self.max_age_ms.map(std::time::Duration::from_millis);
+        r.max_bytes = self.max_bytes;
+        r.max_events = self.max_events;
+        r
+    }
+
+    /// The dedupe window (None: the backend's setting).
+    pub fn dedupe_window(&self) -> Option<std::time::Duration> {
+        self.dedupe_window_ms.map(std::time::Duration::from_millis)
+    }
 }
 
 /// The manifest body.
@@ -62,7 +120,7 @@ pub fn encode(body: &ManifestBody) -> Result<Vec<u8>> {
     let payload = rmp_serde::to_vec(body).map_err(|e| Error::failed("write manifest", e.to_string()))?;
     let mut out = vec![0u8; MAN_HEADER_LEN];
     out[..8].copy_from_slice(&MANIFEST_MAGIC);
-    out[MAN_VERSION..MAN_VERSION + 2].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out[MAN_VERSION..MAN_VERSION + 2].copy_from_slice(&MANIFEST_VERSION.to_le_bytes());
     out[MAN_BODY_LEN..MAN_BODY_LEN + 8].copy_from_slice(&(payload.len() as u64).to_le_bytes());
     out[MAN_BODY_CRC..MAN_BODY_CRC + 4].copy_from_slice(&crc32fast::hash(&payload).to_le_bytes());
     let crc = crc32fast::hash(&out[..MAN_HEADER_CRC]);
@@ -80,10 +138,10 @@ pub fn decode(b: &[u8]) -> Result<ManifestBody, (u64, DecodeError)> {
         return Err((0, DecodeError::NotThisKind { kind: "manifest" }));
     }
     let version = get_u16(b, MAN_VERSION);
-    if version != FORMAT_VERSION {
+    if !(MANIFEST_MIN_VERSION..=MANIFEST_VERSION).contains(&version) {
         return Err((
             MAN_VERSION as u64,
-            DecodeError::Version { kind: "manifest", found: version, supported: FORMAT_VERSION },
+            DecodeError::Version { kind: "manifest", found: version, supported: MANIFEST_VERSION },
         ));
     }
     if crc32fast::hash(&b[..MAN_HEADER_CRC]) != get_u32(b, MAN_HEADER_CRC) {
@@ -119,8 +177,8 @@ pub fn load(vfs: &dyn Vfs) -> Result<Option<ManifestBody>> {
     buf.truncate(n);
     if buf.len() >= MAN_HEADER_LEN && buf[..8] == MANIFEST_MAGIC {
         let found = get_u16(&buf, MAN_VERSION);
-        if found != FORMAT_VERSION {
-            return Err(Error::UnsupportedVersion { file: vfs.describe(MANIFEST), found, supported: FORMAT_VERSION });
+        if !(MANIFEST_MIN_VERSION..=MANIFEST_VERSION).contains(&found) {
+            return Err(Error::UnsupportedVersion { file: vfs.describe(MANIFEST), found, supported: MANIFEST_VERSION });
         }
     }
     decode(&buf).map(Some).map_err(|(offset, reason)| corrupt(vfs, MANIFEST, offset, reason))
@@ -152,6 +210,13 @@ mod tests {
                 partition_count: 4,
                 indexes: vec!["a".into()],
                 created_ms: 5,
+                settings: StreamSettings {
+                    max_age_ms: Some(60_000),
+                    max_bytes: None,
+                    max_events: Some(7),
+                    policy: 1,
+                    dedupe_window_ms: Some(0),
+                },
             }],
         };
         let bytes = encode(&body).expect("encode");

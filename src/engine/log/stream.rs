@@ -102,6 +102,12 @@ impl StreamLog {
         self.partitions.get(p as usize).map_or(0, |part| part.visible())
     }
 
+    /// The log start of a partition: its first kept sequence (see
+    /// [`Partition::log_start`]; 1 for a partition out of range).
+    pub fn log_start(&self, p: u32) -> u64 {
+        self.partitions.get(p as usize).map_or(1, |part| part.log_start())
+    }
+
     /// The first sequence of a partition with a timestamp at or after `t`
     /// (ms), through the time index.
     pub fn seek_time(&self, p: u32, t: i64) -> Result<Option<u64>> {

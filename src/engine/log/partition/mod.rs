@@ -6,6 +6,7 @@
 
 mod reader;
 mod recovery;
+mod retention;
 mod writer;
 
 use std::collections::BTreeMap;
@@ -177,6 +178,10 @@ pub struct Partition {
     writer: Mutex<Writer>,
     segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
     visible: AtomicU64,
+    /// The log start: the first sequence readers may see. The base of the
+    /// first segment file at open; retention moves it up before it deletes
+    /// the segments below it (format/README.md, "Retention").
+    start: AtomicU64,
 }
 
 /// Writes zeros over `from..to`, from one shared buffer (allocating and
@@ -250,5 +255,22 @@ impl Partition {
     /// Every segment, oldest first (for `verify` and `inspect`).
     pub fn segments(&self) -> Vec<Arc<Segment>> {
         self.segments.read().values().cloned().collect()
+    }
+
+    /// The log start: the first sequence kept (every sequence below it was
+    /// dropped by retention); `visible + 1` when the partition holds none.
+    pub fn log_start(&self) -> u64 {
+        self.start.load(Ordering::Acquire)
+    }
+
+    /// Bytes of records stored: each sealed segment's records and the active
+    /// segment's written ones (headers, footers and preallocation aside).
+    pub fn bytes(&self) -> u64 {
+        let active_end = self.writer.lock().end;
+        self.segments
+            .read()
+            .values()
+            .map(|s| s.footer().map_or(active_end, |f| f.records_end).saturating_sub(HEADER_LEN as u64))
+            .sum()
     }
 }

@@ -45,6 +45,8 @@ impl Partition {
     ) -> Result<()> {
         let visible = self.visible();
         let until = until.min(visible);
+        // Retention dropped what is below the log start.
+        let after = after.max(self.log_start().saturating_sub(1));
         if after >= until {
             return Ok(());
         }
@@ -425,8 +427,10 @@ impl Partition {
     /// than `t` are skipped without being read.
     pub fn seek_time(&self, t: i64) -> Result<Option<u64>> {
         let visible = self.visible();
+        let start = self.log_start();
         for seg in self.segments() {
-            if seg.footer().is_some_and(|f| f.max_ts < t) || seg.base_seq > visible {
+            let below_start = seg.footer().is_some_and(|f| f.last_seq < start);
+            if below_start || seg.footer().is_some_and(|f| f.max_ts < t) || seg.base_seq > visible {
                 continue;
             }
             self.ensure_index(&seg)?;
@@ -440,7 +444,7 @@ impl Partition {
             };
             let mut found = None;
             let until = seg.footer().map_or(visible, |f| f.last_seq.min(visible));
-            self.scan(start - 1, until, |r| {
+            self.scan(start.max(self.log_start()) - 1, until, |r| {
                 if r.header.ts >= t {
                     found = Some(r.header.seq);
                     return false;

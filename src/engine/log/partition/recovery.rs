@@ -3,6 +3,7 @@
 //! tail cut, a multi-partition batch above the committed transaction
 //! dropped).
 
+use super::retention;
 use super::writer::create_segment;
 use super::*;
 
@@ -25,6 +26,7 @@ impl Partition {
             .filter_map(|n| n.strip_suffix(".log").filter(|b| b.len() == 20).and_then(|b| b.parse().ok()))
             .collect();
         bases.sort_unstable();
+        retention::remove_orphan_indexes(&*vfs, &dir, &names, &bases);
         // An index file's temporary copy left by a crash mid-write (derived
         // data: the builder writes it again if needed).
         for n in names.iter().filter(|n| n.ends_with(".tmp") && n.contains(".six.")) {
@@ -116,6 +118,7 @@ impl Partition {
             writer: Mutex::new(w),
             segments: RwLock::new(BTreeMap::new()),
             visible: AtomicU64::new(0),
+            start: AtomicU64::new(1),
         };
         let last = segments.values().next_back().cloned();
         let writer = match last {
@@ -135,6 +138,7 @@ impl Partition {
         let visible = writer.next_seq - 1;
         segments.insert(writer.active.base_seq, writer.active.clone());
         let part = p(writer);
+        part.start.store(segments.keys().next().copied().unwrap_or(1), Ordering::SeqCst);
         *part.segments.write() = segments;
         part.visible.store(visible, Ordering::SeqCst);
         Ok(part)

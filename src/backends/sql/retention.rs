@@ -1,0 +1,379 @@
+//! Retention on SQL: a stream's retention in `rheo_rs_stream_settings`,
+//! passes that move the groups behind each new log start (one transaction
+//! per group, under its row lock) and then delete the events below it in
+//! bounded batches. The log start of a partition is its lowest stored
+//! sequence (the high watermark + 1 when it holds none): found through the
+//! `(stream, partition, sequence)` index, so it needs no column of its own.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::db::Phase;
+use super::groups::{TERMINAL, sg};
+use super::{Now, SqlBackend, TxError, at_commit, safe};
+use crate::backends::common::{self, GroupSettings};
+use crate::error::{Error, Result};
+use crate::groups::retention::new_start;
+use crate::model::group::StreamInfo;
+use crate::model::retention::{DroppedRange, GroupSkip, PartitionInfo, Retention, RetentionReport};
+
+/// Events one DELETE removes at most: a pass deletes in these steps, each
+/// its own short statement, so that it never holds a long lock.
+const DELETE_BATCH: u64 = 1000;
+
+impl SqlBackend {
+    /// The size an event counts for (`max_bytes`, `stream_info`): its
+    /// payload, metadata and id as stored text, plus 32 bytes.
+    fn bytes_expr(&self, alias: &str) -> String {
+        format!(
+            "(length(CAST({alias}.payload AS TEXT)) + length(CAST({alias}.metadata AS TEXT)) + length({alias}.id) + 32)"
+        )
+    }
+
+    /// A stream's retention (unlimited when none is stored).
+    pub(super) async fn retention_of(&self, stream: &str) -> Result<Retention> {
+        let mut s = self.stmt();
+        let st = s.text(stream);
+        s.push(&format!(
+            "SELECT {} FROM {} WHERE stream = {st}",
+            self.d.json_out("settings"),
+            self.names.stream_settings()
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("retention", Phase::Safe))?;
+        match rows.first() {
+            Some(r) => serde_json::from_str(&r.text(0)?).map_err(|e| {
+                Error::failed("retention", format!("stream {stream:?}: rheo_rs_stream_settings holds {e}"))
+            }),
+            None => Ok(Retention::default()),
+        }
+    }
+
+    /// The statement that stores a stream's retention (in `tx` or alone).
+    pub(super) fn store_retention_stmt(&self, stream: &str, retention: &Retention) -> Result<super::db::Stmt> {
+        let mut s = self.stmt();
+        let st = s.text(stream);
+        let js = serde_json::to_string(retention).map_err(|e| Error::failed("set_retention", e.to_string()))?;
+        let ph = s.text(js);
+        s.push(&format!(
+            "INSERT INTO {} (stream, settings) VALUES ({st}, {}) \
+             ON CONFLICT (stream) DO UPDATE SET settings = excluded.settings",
+            self.names.stream_settings(),
+            self.d.json_in(&ph)
+        ));
+        Ok(s)
+    }
+
+    pub(super) async fn set_retention_impl(&self, stream: &str, retention: &Retention) -> Result<StreamInfo> {
+        self.partition_count(stream).await?;
+        let s = self.store_retention_stmt(stream, retention)?;
+        self.pool.exec(&s).await.map_err(self.err("set_retention", Phase::Commit))?;
+        self.stream_info_impl(stream).await
+    }
+
+    /// The log start of each partition: its lowest stored sequence, or the
+    /// high watermark + 1 when it holds none.
+    pub(super) async fn log_starts(&self, stream: &str, hws: &[u64]) -> Result<Vec<u64>> {
+        let mut s = self.stmt();
+        let st = s.text(stream);
+        let parts: Vec<Value> = (0..hws.len()).map(|p| Value::from(vec![p])).collect();
+        let arr = s.text(Value::from(parts).to_string());
+        let p = self.d.as_int("x.c0");
+        s.push(&format!(
+            "SELECT {p}, (SELECT min(e.sequence) FROM {} e WHERE e.stream = {st} AND e.partition = {p}) FROM {} AS x",
+            self.names.events(),
+            self.d.json_rows(&arr, 1)
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("log start", Phase::Safe))?;
+        let mut out: Vec<u64> = hws.iter().map(|h| h + 1).collect();
+        for r in rows {
+            let p = r.u32(0)? as usize;
+            if let (Some(slot), Some(min)) = (out.get_mut(p), r.opt_i64(1)?) {
+                *slot = u64::try_from(min).unwrap_or(*slot);
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn stream_info_impl(&self, stream: &str) -> Result<StreamInfo> {
+        let mut info =
+            self.list_streams_impl(Some(stream)).await?.pop().ok_or_else(|| Error::stream_not_found(stream))?;
+        let starts = self.log_starts(stream, &info.high_watermarks).await?;
+        let mut s = self.stmt();
+        let st = s.text(stream);
+        s.push(&format!(
+            "SELECT e.partition, COALESCE(sum({}), 0) FROM {} e WHERE e.stream = {st} GROUP BY e.partition",
+            self.bytes_expr("e"),
+            self.names.events()
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("stream_info", Phase::Safe))?;
+        let mut bytes = vec![0u64; starts.len()];
+        for r in rows {
+            if let Some(slot) = bytes.get_mut(r.u32(0)? as usize) {
+                *slot = r.u64(1)?;
+            }
+        }
+        let parts = (0u32..)
+            .zip(starts.iter().zip(&info.high_watermarks).zip(&bytes))
+            .map(|(p, ((&first, &last), &b))| PartitionInfo::new(p, first, last, b))
+            .collect();
+        let retention = self.retention_of(stream).await?;
+        info = info.with_partitions(parts).with_options(retention, None);
+        Ok(info)
+    }
+
+    /// The first sequence of partition `p` the limits keep (exact: event by
+    /// event), at least `start`.
+    async fn limits_start(&self, stream: &str, p: u32, r: &Retention, start: u64, hw: u64) -> Result<u64> {
+        let mut first = start;
+        if let Some(n) = r.max_events {
+            first = first.max((hw + 1).saturating_sub(n));
+        }
+        if let Some(age) = r.max_age {
+            let ms = -i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+            let mut s = self.stmt();
+            let st = s.text(stream);
+            let part = s.int(i64::from(p));
+            let cutoff = match self.now() {
+                Now::Db => {
+                    let ph = s.int(ms);
+                    self.d.ts_plus("now()", &ph)
+                }
+                Now::At(t) => s.ts(crate::model::time::Timestamp::from_millis(t.as_millis().saturating_add(ms))),
+            };
+            s.push(&format!(
+                "SELECT min(sequence) FROM {} WHERE stream = {st} AND partition = {part} AND \"timestamp\" >= {cutoff}",
+                self.names.events()
+            ));
+            let rows = self.pool.all(&s).await.map_err(self.err("retention", Phase::Safe))?;
+            let kept = rows.first().map(|r| r.opt_i64(0)).transpose()?.flatten();
+            first = first.max(kept.and_then(|n| u64::try_from(n).ok()).unwrap_or(hw + 1));
+        }
+        if let Some(max) = r.max_bytes {
+            // The newest sequence whose running total (newest first) passes
+            // the limit: it and everything older go.
+            let mut s = self.stmt();
+            let st = s.text(stream);
+            let part = s.int(i64::from(p));
+            let lim = s.int(i64::try_from(max).unwrap_or(i64::MAX));
+            s.push(&format!(
+                "SELECT max(sequence) FROM (SELECT e.sequence, sum({}) OVER (ORDER BY e.sequence DESC) AS total \
+                 FROM {} e WHERE e.stream = {st} AND e.partition = {part}) w WHERE w.total > {lim}",
+                self.bytes_expr("e"),
+                self.names.events()
+            ));
+            let rows = self.pool.all(&s).await.map_err(self.err("retention", Phase::Safe))?;
+            if let Some(n) = rows.first().map(|r| r.opt_i64(0)).transpose()?.flatten() {
+                first = first.max(u64::try_from(n).unwrap_or(0) + 1);
+            }
+        }
+        Ok(first)
+    }
+
+    pub(super) async fn enforce_retention_impl(&self, stream: &str) -> Result<RetentionReport> {
+        let count = self.partition_count(stream).await?;
+        let retention = self.retention_of(stream).await?;
+        let mut report = RetentionReport::new(stream);
+        if retention.is_unlimited() {
+            return Ok(report);
+        }
+        let hws = self.high_watermarks(stream, count).await?;
+        let starts = self.log_starts(stream, &hws).await?;
+        let groups = self.list_groups_impl(stream).await?;
+        let mut loaded = Vec::new();
+        for g in &groups {
+            loaded.push((g.name.clone(), self.load_group(stream, &g.name).await?));
+        }
+        // Per partition: (new start, whether events go).
+        let mut plan: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut deletes = Vec::new();
+        for p in 0..count {
+            let (start, hw) = (starts[p as usize], hws[p as usize]);
+            let limits = self.limits_start(stream, p, &retention, start, hw).await?;
+            let interest = loaded
+                .iter()
+                .filter(|(_, g)| g.partitions().contains(&p))
+                .map(|(_, g)| g.frontiers.get(&p).copied().unwrap_or(0).saturating_add(1))
+                .min();
+            let (new, ceiling) = new_start(retention.policy, limits, interest);
+            let new = new.min(hw + 1).max(start);
+            if new > start {
+                report.ceiling_hit |= ceiling;
+                deletes.push((p, start, new));
+            }
+            // Groups behind the start (moved by an earlier pass that
+            // failed before its deletes, or created meanwhile) move too.
+            plan.insert(p, new);
+        }
+        for (name, g) in &loaded {
+            let behind = plan.iter().any(|(&p, &s)| g.frontiers.get(&p).is_some_and(|&f| f.saturating_add(1) < s));
+            if !behind {
+                continue;
+            }
+            let moved = super::retry_tx!(self, "enforce_retention", self.move_group_tx(stream, name, &plan).await)?;
+            for (p, skipped) in moved {
+                report.skipped.push(GroupSkip { group: name.clone(), partition: p, skipped });
+            }
+        }
+        for (p, first, new) in deletes {
+            let bytes = self.delete_below(stream, p, new).await?;
+            report.dropped.push(DroppedRange { partition: p, first, last: new - 1, bytes });
+        }
+        Ok(report)
+    }
+
+    /// Moves one group past every partition's new start (`plan`), under
+    /// its row lock: the unsettled positions below a start are counted as
+    /// skipped, the deliveries below it go (dead letters stay), the
+    /// frontier and cursor move up. Returns (partition, skipped) for each
+    /// partition that skipped any.
+    async fn move_group_tx(
+        &self,
+        stream: &str,
+        group: &str,
+        plan: &BTreeMap<u32, u64>,
+    ) -> std::result::Result<Vec<(u32, u64)>, TxError> {
+        let mut tx = self.pool.begin().await.map_err(safe)?;
+        let (mut frontiers, mut cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let mut out = Vec::new();
+        let mut moved = std::collections::BTreeSet::new();
+        for (&p, &start) in plan {
+            let Some(&f) = frontiers.get(&p) else { continue };
+            let below = start.saturating_sub(1);
+            if f >= below {
+                continue;
+            }
+            let (_, c) = common::frontier_cursor(&frontiers, &cursors, p);
+            // Unsettled: rows not acked nor rejected, and positions from the
+            // cursor on (never materialized) without a row.
+            let fresh_from = (f + 1).max(c);
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let part = s.int(i64::from(p));
+            let lo = s.int(super::streams::seq_arg(f));
+            let hi = s.int(super::streams::seq_arg(below));
+            let ff = s.int(super::streams::seq_arg(fresh_from));
+            s.push(&format!(
+                "SELECT COALESCE(sum(CASE WHEN status NOT IN {TERMINAL} THEN 1 ELSE 0 END), 0), \
+                 COALESCE(sum(CASE WHEN sequence >= {ff} THEN 1 ELSE 0 END), 0) \
+                 FROM {} WHERE stream = {st} AND group_name = {gr} AND partition = {part} \
+                 AND sequence > {lo} AND sequence <= {hi}",
+                self.names.deliveries()
+            ));
+            let rows = tx.all(&s).await.map_err(safe)?;
+            let (open, rows_fresh) = match rows.first() {
+                Some(r) => (r.u64(0)?, r.u64(1)?),
+                None => (0, 0),
+            };
+            let fresh = (below + 1).saturating_sub(fresh_from);
+            let skipped = open + fresh.saturating_sub(rows_fresh);
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let part = s.int(i64::from(p));
+            let st_ = s.int(super::streams::seq_arg(start));
+            s.push(&format!(
+                "DELETE FROM {} WHERE stream = {st} AND group_name = {gr} AND partition = {part} \
+                 AND sequence < {st_} AND status <> 'rejected'",
+                self.names.deliveries()
+            ));
+            tx.exec(&s).await.map_err(safe)?;
+            frontiers.insert(p, below);
+            cursors.insert(p, c.max(start));
+            moved.insert(p);
+            if skipped > 0 {
+                out.push((p, skipped));
+            }
+        }
+        if moved.is_empty() {
+            return Ok(out);
+        }
+        self.write_maps(&mut tx, stream, group, Some(&frontiers), Some(&cursors)).await?;
+        self.advance(&mut tx, stream, group, &mut frontiers, &cursors, &moved).await?;
+        let total: u64 = out.iter().map(|(_, n)| n).sum();
+        if total > 0 {
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            s.push(&format!(
+                "SELECT {} FROM {} WHERE stream = {st} AND name = {gr}",
+                self.d.json_out("settings"),
+                self.names.settings()
+            ));
+            let rows = tx.all(&s).await.map_err(safe)?;
+            let mut settings: GroupSettings = match rows.first() {
+                Some(r) => serde_json::from_str(&r.text(0)?).unwrap_or_default(),
+                None => GroupSettings::default(),
+            };
+            settings.retention_skipped = settings.retention_skipped.saturating_add(total);
+            let js = serde_json::to_string(&settings).map_err(|e| Error::failed("enforce_retention", e.to_string()))?;
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let ph = s.text(js);
+            s.push(&format!(
+                "INSERT INTO {} (stream, name, settings) VALUES ({st}, {gr}, {}) \
+                 ON CONFLICT (stream, name) DO UPDATE SET settings = excluded.settings",
+                self.names.settings(),
+                self.d.json_in(&ph)
+            ));
+            tx.exec(&s).await.map_err(safe)?;
+        }
+        tx.commit().await.map_err(at_commit)?;
+        Ok(out)
+    }
+
+    /// Deletes the events of partition `p` below `start`, [`DELETE_BATCH`]
+    /// at a time; returns the bytes freed.
+    async fn delete_below(&self, stream: &str, p: u32, start: u64) -> Result<u64> {
+        let mut freed = 0;
+        loop {
+            let mut s = self.stmt();
+            let st = s.text(stream);
+            let part = s.int(i64::from(p));
+            let below = s.int(super::streams::seq_arg(start));
+            s.push(&format!(
+                "SELECT COALESCE(sum(b), 0), count(*) FROM (SELECT {} AS b FROM {} e WHERE e.stream = {st} \
+                 AND e.partition = {part} AND e.sequence < {below} ORDER BY e.sequence LIMIT {DELETE_BATCH}) x",
+                self.bytes_expr("e"),
+                self.names.events()
+            ));
+            let rows = self.pool.all(&s).await.map_err(self.err("enforce_retention", Phase::Safe))?;
+            let (bytes, n) = match rows.first() {
+                Some(r) => (r.u64(0)?, r.u64(1)?),
+                None => (0, 0),
+            };
+            if n == 0 {
+                return Ok(freed);
+            }
+            let mut s = self.stmt();
+            let st = s.text(stream);
+            let part = s.int(i64::from(p));
+            let below = s.int(super::streams::seq_arg(start));
+            s.push(&format!(
+                "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE stream = {st} AND partition = {part} \
+                 AND sequence < {below} ORDER BY sequence LIMIT {DELETE_BATCH})",
+                t = self.names.events()
+            ));
+            self.pool.exec(&s).await.map_err(self.err("enforce_retention", Phase::Commit))?;
+            freed += bytes;
+            if n < DELETE_BATCH {
+                return Ok(freed);
+            }
+        }
+    }
+
+    /// One background round: a pass over every stream with a retention.
+    pub(super) async fn retention_round_impl(&self) -> Result<Vec<RetentionReport>> {
+        let mut s = self.stmt();
+        s.push(&format!("SELECT stream FROM {}", self.names.stream_settings()));
+        let rows = self.pool.all(&s).await.map_err(self.err("retention", Phase::Safe))?;
+        let mut out = Vec::new();
+        for r in rows {
+            let stream = r.text(0)?;
+            match self.enforce_retention_impl(&stream).await {
+                Ok(report) => out.push(report),
+                Err(Error::StreamNotFound { .. }) => {}
+                Err(e) => tracing::warn!(stream = %stream, error = %e, "retention pass failed; the next round retries"),
+            }
+        }
+        Ok(out)
+    }
+}
