@@ -56,7 +56,13 @@ pub fn native_mem() -> BoxFuture<'static, Fixture> {
     Box::pin(async {
         let clock = ManualClock::new(START);
         let vfs: Arc<dyn rheo::engine::vfs::Vfs> = Arc::new(rheo::engine::vfs::MemVfs::new());
-        let opts = rheo::EngineOptions::default().segment_bytes(4096).preallocate_bytes(1024).inline_io(true);
+        // No background retention: the cases run passes themselves, on
+        // the fixture's clock.
+        let opts = rheo::EngineOptions::default()
+            .segment_bytes(4096)
+            .preallocate_bytes(1024)
+            .inline_io(true)
+            .retention_interval(std::time::Duration::ZERO);
         let engine = rheo::engine::Engine::open(vfs, opts).expect("engine opens");
         let backend = rheo::NativeBackend::with_engine(engine, Arc::new(clock.clone()));
         let rheo = Rheo::builder()
@@ -75,7 +81,10 @@ pub fn native_disk() -> BoxFuture<'static, Fixture> {
     Box::pin(async {
         let clock = ManualClock::new(START);
         let dir = tempfile::tempdir().expect("temporary directory");
-        let url = format!("native:{}?segment_bytes=16384&preallocate_bytes=4096", dir.path().display());
+        let url = format!(
+            "native:{}?segment_bytes=16384&preallocate_bytes=4096&retention_interval_ms=0",
+            dir.path().display()
+        );
         let rheo = Rheo::builder()
             .clock(Arc::new(clock.clone()))
             .consumer_id("test-consumer")
@@ -91,7 +100,7 @@ pub fn sqlite() -> BoxFuture<'static, Fixture> {
     Box::pin(async {
         let clock = ManualClock::new(START);
         let dir = tempfile::tempdir().expect("temporary directory");
-        let url = format!("sqlite:{}", dir.path().join("rheo.db").display());
+        let url = format!("sqlite:{}?rheo_retention_interval_ms=0", dir.path().join("rheo.db").display());
         let rheo = Rheo::builder()
             .clock(Arc::new(clock.clone()))
             .consumer_id("test-consumer")
@@ -120,7 +129,7 @@ pub fn postgres() -> BoxFuture<'static, Fixture> {
         let base = postgres_url();
         let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
         let sep = if base.contains('?') { '&' } else { '?' };
-        let url = format!("{base}{sep}rheo_schema={schema}&rheo_pool=4");
+        let url = format!("{base}{sep}rheo_schema={schema}&rheo_pool=4&rheo_retention_interval_ms=0");
         let rheo = Rheo::builder()
             .clock(Arc::new(clock.clone()))
             .consumer_id("test-consumer")
@@ -144,6 +153,14 @@ pub fn mongo_url(db: &str) -> String {
     let (head, query) = base.split_once('?').unwrap_or((&base, ""));
     let head = head.trim_end_matches('/');
     if query.is_empty() { format!("{head}/{db}") } else { format!("{head}/{db}?{query}") }
+}
+
+/// `url` with background retention rounds off (the cases run passes
+/// themselves, on the fixture's clock).
+#[cfg(feature = "mongo")]
+pub fn no_background_retention(url: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}rheo_retention_interval_ms=0")
 }
 
 /// Drops a MongoDB database when dropped (the case passed or failed).
@@ -179,7 +196,7 @@ pub fn mongo() -> BoxFuture<'static, Fixture> {
         let rheo = Rheo::builder()
             .clock(Arc::new(clock.clone()))
             .consumer_id("test-consumer")
-            .open(&mongo_url(&db))
+            .open(&no_background_retention(&mongo_url(&db)))
             .await
             .expect("mongo backend opens");
         Fixture { rheo, clock, guard: Some(Box::new(DropDatabase(db))), small: true }

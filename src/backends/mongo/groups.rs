@@ -59,7 +59,7 @@ const MARKS: &str = "rheo_rs_marks";
 const LEASED: &str = "leased";
 const AVAILABLE: &str = "available";
 const ACKED: &str = "acked";
-const REJECTED: &str = "rejected";
+pub(super) const REJECTED: &str = "rejected";
 
 fn dt(t: Timestamp) -> Bson {
     Bson::DateTime(DateTime::from_millis(t.as_millis()))
@@ -74,7 +74,7 @@ fn ts(d: &Document, field: &str) -> Option<Timestamp> {
 
 /// A sequence or count as BSON's int64 (a start past `i64::MAX` is as
 /// good as `i64::MAX`).
-fn int(n: u64) -> i64 {
+pub(super) fn int(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
@@ -109,7 +109,7 @@ fn claimable(now: Timestamp) -> Document {
     ] }
 }
 
-fn int_of(d: &Document, field: &str) -> u64 {
+pub(super) fn int_of(d: &Document, field: &str) -> u64 {
     get_u64(d, field).unwrap_or(0)
 }
 
@@ -131,7 +131,7 @@ fn werr(operation: &'static str) -> impl Fn(mongodb::error::Error) -> Error {
 type TxResult<T> = std::result::Result<T, TxFailure>;
 
 impl MongoBackend {
-    fn deliveries(&self) -> mongodb::Collection<Document> {
+    pub(super) fn deliveries(&self) -> mongodb::Collection<Document> {
         self.collection(DELIVERIES)
     }
 
@@ -167,7 +167,7 @@ impl MongoBackend {
     }
 
     /// Loads a group: `StreamNotFound`, then `GroupNotFound`.
-    async fn load_group(&self, stream: &str, group: &str) -> Result<GroupRow> {
+    pub(super) async fn load_group(&self, stream: &str, group: &str) -> Result<GroupRow> {
         let s = self
             .collection(STREAMS)
             .find_one(doc! { "name": stream })
@@ -209,7 +209,7 @@ impl MongoBackend {
 
     /// Takes the group's lock in a transaction (a write to its document,
     /// see the module docs); returns (frontiers, cursors).
-    async fn lock_group(
+    pub(super) async fn lock_group(
         &self,
         s: &mut ClientSession,
         stream: &str,
@@ -227,7 +227,7 @@ impl MongoBackend {
         Ok((get_map(&g, "frontiers"), get_map(&g, "cursors")))
     }
 
-    async fn write_maps(
+    pub(super) async fn write_maps(
         &self,
         s: &mut ClientSession,
         stream: &str,
@@ -261,7 +261,7 @@ impl MongoBackend {
     /// without a delivery (documents there exist only after a replay moved
     /// the cursor back, or a skip ahead of it).
     #[allow(clippy::too_many_arguments)]
-    async fn advance(
+    pub(super) async fn advance(
         &self,
         s: &mut ClientSession,
         stream: &str,
@@ -364,7 +364,8 @@ impl MongoBackend {
             StartPosition::At(t) => self.first_at_or_after(stream, *t).await?,
             _ => BTreeMap::new(),
         };
-        Ok(common::start_frontiers(start, parts, hws, &firsts, &[]))
+        let log_starts = self.log_starts(stream, hws).await?;
+        Ok(common::start_frontiers(start, parts, hws, &firsts, &log_starts))
     }
 
     /// Per partition, the first sequence with a timestamp at or after `t`.
@@ -385,7 +386,7 @@ impl MongoBackend {
     }
 
     /// The high watermarks of a stream (`StreamNotFound`).
-    async fn hws(&self, stream: &str) -> Result<Vec<u64>> {
+    pub(super) async fn hws(&self, stream: &str) -> Result<Vec<u64>> {
         let count = self.partition_count(stream).await?;
         let s = self
             .collection(STREAMS)
@@ -1075,6 +1076,10 @@ impl MongoBackend {
         const OP: &str = "skip";
         let g = self.load_group(stream, group).await?;
         common::check_skip(&g, stream, group, partition, sequence)?;
+        let log_start = self.log_starts(stream, &g.hws).await?.get(partition as usize).copied().unwrap_or(1);
+        if sequence < log_start {
+            return Err(common::dropped_by_retention(stream, partition, sequence, log_start));
+        }
         let now = self.now();
         let reason = rules::skipped(reason);
         in_tx!(self, OP, |s| {
@@ -1141,7 +1146,10 @@ impl MongoBackend {
         let now = self.now();
         match &replay.from {
             ReplayFrom::Sequence(from) => {
-                let starts: Vec<(u32, u64)> = scope.iter().map(|&p| (p, *from)).collect();
+                // From before the log start: from it.
+                let log_starts = self.log_starts(stream, &g.hws).await?;
+                let first = |p: u32| log_starts.get(p as usize).copied().unwrap_or(1).saturating_sub(1);
+                let starts: Vec<(u32, u64)> = scope.iter().map(|&p| (p, (*from).max(first(p)))).collect();
                 self.replay_after(stream, group, &starts, &g.hws, now).await
             }
             ReplayFrom::Time(t) => {
@@ -1358,7 +1366,7 @@ impl MongoBackend {
             inflight: n("inflight"),
             retry_waiting: n("waiting"),
             dead_letters: n("dead"),
-            retention_skipped: 0,
+            retention_skipped: g.settings.retention_skipped,
         })
     }
 

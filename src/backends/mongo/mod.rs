@@ -34,6 +34,7 @@
 
 mod groups;
 mod query;
+mod retention;
 mod streams;
 mod watch;
 
@@ -58,6 +59,7 @@ use crate::model::group::{
 };
 use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
+use crate::model::retention::{Retention, RetentionReport};
 use crate::model::time::{Clock, Timestamp};
 
 const NAME: &str = "mongo";
@@ -76,17 +78,20 @@ pub(crate) const META: &str = "rheo_rs_meta";
 pub(crate) const SETTINGS: &str = "rheo_rs_group_settings";
 /// The payload fields declared for indexing, per stream.
 pub(crate) const STREAM_INDEXES: &str = "rheo_rs_stream_indexes";
+/// Each stream's retention (streams without one have no document).
+pub(crate) const STREAM_SETTINGS: &str = "rheo_rs_stream_settings";
 
 /// Options of a `mongodb://` URL that are this crate's, not the driver's.
 #[derive(Debug, Clone, PartialEq)]
 struct UrlOptions {
     connect_timeout: Duration,
     pool: u32,
+    retention_interval: Duration,
 }
 
 impl Default for UrlOptions {
     fn default() -> Self {
-        UrlOptions { connect_timeout: Duration::from_secs(5), pool: 10 }
+        UrlOptions { connect_timeout: Duration::from_secs(5), pool: 10, retention_interval: Duration::from_secs(10) }
     }
 }
 
@@ -107,10 +112,23 @@ fn parse_url(url: &str) -> Result<(UrlOptions, String)> {
         match k {
             "rheo_connect_timeout_ms" => o.connect_timeout = Duration::from_millis(number(3_600_000)?),
             "rheo_pool" => o.pool = u32::try_from(number(256)?).unwrap_or(256),
+            "rheo_retention_interval_ms" => {
+                o.retention_interval = match v.parse::<u64>() {
+                    Ok(n) if n <= 86_400_000 => Duration::from_millis(n),
+                    _ => {
+                        return Err(Error::invalid(
+                            "url",
+                            format!("{k}={v:?}: expected milliseconds from 0 (never) to 86400000"),
+                        ));
+                    }
+                }
+            }
             k if k.starts_with("rheo_") => {
                 return Err(Error::invalid(
                     "url",
-                    format!("unknown mongo option {k:?}; expected rheo_connect_timeout_ms or rheo_pool"),
+                    format!(
+                        "unknown mongo option {k:?}; expected rheo_connect_timeout_ms, rheo_pool or rheo_retention_interval_ms"
+                    ),
                 ));
             }
             _ => rest.push(pair),
@@ -319,6 +337,8 @@ pub struct MongoBackend {
     wakeups: Arc<WakeupMap>,
     /// The change stream on `events` (started by the first subscription).
     watcher: watch::Watcher,
+    /// How often the facade runs a background retention round.
+    retention_interval: Duration,
 }
 
 impl Drop for MongoBackend {
@@ -366,6 +386,7 @@ impl MongoBackend {
             partition_counts: RwLock::new(HashMap::new()),
             wakeups: Arc::new(WakeupMap::default()),
             watcher: watch::Watcher::default(),
+            retention_interval: o.retention_interval,
         };
         backend.check_server(url).await?;
         Ok(backend)
@@ -426,6 +447,7 @@ impl Backend for MongoBackend {
         c.distributed = true;
         c.wakeups = true;
         c.ops_inspect = true;
+        c.retention = true;
         c
     }
 
@@ -531,6 +553,26 @@ impl Backend for MongoBackend {
         self.partition_count(stream).await?;
         self.watcher.ensure_started(self.collection(EVENTS), self.wakeups.clone());
         Ok(self.wakeups.get(stream).subscribe())
+    }
+
+    async fn stream_info(&self, stream: &str) -> Result<StreamInfo> {
+        self.stream_info_impl(stream).await
+    }
+
+    async fn set_retention(&self, stream: &str, retention: &Retention) -> Result<StreamInfo> {
+        self.set_retention_impl(stream, retention).await
+    }
+
+    async fn enforce_retention(&self, stream: &str) -> Result<RetentionReport> {
+        self.enforce_retention_impl(stream).await
+    }
+
+    fn retention_interval(&self) -> Option<Duration> {
+        (!self.retention_interval.is_zero()).then_some(self.retention_interval)
+    }
+
+    async fn retention_round(&self) -> Result<Vec<RetentionReport>> {
+        self.retention_round_impl().await
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamInfo>> {

@@ -278,6 +278,9 @@ impl MongoBackend {
             Err(e) => return Err(map_err("create_stream", Phase::Commit, &e)),
         }
         self.partition_counts.write().insert(stream.to_owned(), opts.partition_count);
+        if !opts.retention.is_unlimited() {
+            self.store_retention(stream, &opts.retention).await?;
+        }
         // Declared a millisecond apart, so they list in the order given.
         for (i, (canonical, spelling)) in fields.iter().enumerate() {
             let at = created.saturating_add(std::time::Duration::from_millis(i as u64));

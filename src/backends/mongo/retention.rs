@@ -1,0 +1,329 @@
+//! Retention on MongoDB, as on SQL (`backends::sql::retention`): a
+//! stream's retention in `rheo_rs_stream_settings`, passes that move the
+//! groups behind each new log start (one transaction per group, under its
+//! lock) and then delete the events below it in bounded batches. The log
+//! start of a partition is its lowest stored sequence (the high watermark
+//! + 1 when it holds none), found through the `(stream, partition,
+//! sequence)` index.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures::TryStreamExt;
+use mongodb::bson::{Bson, DateTime, Document, doc};
+
+use super::groups::{REJECTED, int, int_of};
+use super::streams::get_u64;
+use super::{EVENTS, MongoBackend, Phase, SETTINGS, STREAM_SETTINGS, in_tx, map_err};
+use crate::backends::common::{self, GroupSettings};
+use crate::error::{Error, Result};
+use crate::groups::retention::new_start;
+use crate::model::group::StreamInfo;
+use crate::model::retention::{DroppedRange, GroupSkip, PartitionInfo, Retention, RetentionReport};
+
+/// Events one delete removes at most.
+const DELETE_BATCH: i64 = 1000;
+
+fn err(operation: &'static str) -> impl Fn(mongodb::error::Error) -> Error {
+    move |e| map_err(operation, Phase::Safe, &e)
+}
+
+fn werr(operation: &'static str) -> impl Fn(mongodb::error::Error) -> Error {
+    move |e| map_err(operation, Phase::Commit, &e)
+}
+
+/// The size an event counts for: its stored BSON document.
+fn doc_bytes(d: &Document) -> u64 {
+    mongodb::bson::to_vec(d).map_or(0, |b| b.len() as u64)
+}
+
+impl MongoBackend {
+    /// A stream's retention (unlimited when none is stored).
+    pub(super) async fn retention_of(&self, stream: &str) -> Result<Retention> {
+        let found =
+            self.collection(STREAM_SETTINGS).find_one(doc! { "stream": stream }).await.map_err(err("retention"))?;
+        match found.as_ref().and_then(|d| d.get_str("settings").ok()) {
+            Some(text) => serde_json::from_str(text).map_err(|e| {
+                Error::failed("retention", format!("stream {stream:?}: rheo_rs_stream_settings holds {e}"))
+            }),
+            None => Ok(Retention::default()),
+        }
+    }
+
+    pub(super) async fn store_retention(&self, stream: &str, retention: &Retention) -> Result<()> {
+        let text = serde_json::to_string(retention).map_err(|e| Error::failed("set_retention", e.to_string()))?;
+        self.collection(STREAM_SETTINGS)
+            .update_one(doc! { "stream": stream }, doc! { "$set": { "settings": text } })
+            .upsert(true)
+            .await
+            .map_err(werr("set_retention"))?;
+        Ok(())
+    }
+
+    pub(super) async fn set_retention_impl(&self, stream: &str, retention: &Retention) -> Result<StreamInfo> {
+        self.partition_count(stream).await?;
+        self.store_retention(stream, retention).await?;
+        self.stream_info_impl(stream).await
+    }
+
+    /// The log start of each partition: its lowest stored sequence, or the
+    /// high watermark + 1 when it holds none.
+    pub(super) async fn log_starts(&self, stream: &str, hws: &[u64]) -> Result<Vec<u64>> {
+        let mut out = Vec::with_capacity(hws.len());
+        for (p, hw) in (0i64..).zip(hws) {
+            let first = self
+                .collection(EVENTS)
+                .find_one(doc! { "stream": stream, "partition": p })
+                .sort(doc! { "stream": 1, "partition": 1, "sequence": 1 })
+                .projection(doc! { "sequence": 1 })
+                .await
+                .map_err(err("log start"))?;
+            out.push(first.as_ref().and_then(|d| get_u64(d, "sequence")).unwrap_or(hw + 1));
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn stream_info_impl(&self, stream: &str) -> Result<StreamInfo> {
+        let info = self
+            .list_streams_impl()
+            .await?
+            .into_iter()
+            .find(|s| s.name == stream)
+            .ok_or_else(|| Error::stream_not_found(stream))?;
+        let starts = self.log_starts(stream, &info.high_watermarks).await?;
+        // The size is read document by document (MongoDB has no cheap
+        // per-stream size): stream_info scans the stream.
+        let mut bytes = vec![0u64; starts.len()];
+        let mut cursor = self.collection(EVENTS).find(doc! { "stream": stream }).await.map_err(err("stream_info"))?;
+        while let Some(d) = cursor.try_next().await.map_err(err("stream_info"))? {
+            let p = usize::try_from(int_of(&d, "partition")).unwrap_or(usize::MAX);
+            if let Some(slot) = bytes.get_mut(p) {
+                *slot += doc_bytes(&d);
+            }
+        }
+        let parts = (0u32..)
+            .zip(starts.iter().zip(&info.high_watermarks).zip(&bytes))
+            .map(|(p, ((&first, &last), &b))| PartitionInfo::new(p, first, last, b))
+            .collect();
+        let retention = self.retention_of(stream).await?;
+        Ok(info.with_partitions(parts).with_options(retention, None))
+    }
+
+    /// The first sequence of partition `p` the limits keep (exact), at
+    /// least `start`.
+    async fn limits_start(&self, stream: &str, p: u32, r: &Retention, start: u64, hw: u64) -> Result<u64> {
+        let mut first = start;
+        if let Some(n) = r.max_events {
+            first = first.max((hw + 1).saturating_sub(n));
+        }
+        if let Some(cutoff) = r.age_cutoff_ms(self.now().as_millis()) {
+            let kept = self
+                .collection(EVENTS)
+                .find_one(doc! { "stream": stream, "partition": i64::from(p), "timestamp": { "$gte": DateTime::from_millis(cutoff) } })
+                .sort(doc! { "stream": 1, "partition": 1, "sequence": 1 })
+                .projection(doc! { "sequence": 1 })
+                .await
+                .map_err(err("retention"))?;
+            first = first.max(kept.as_ref().and_then(|d| get_u64(d, "sequence")).unwrap_or(hw + 1));
+        }
+        if let Some(max) = r.max_bytes {
+            // Newest first, until the running total passes the limit: that
+            // event and everything older go. Reads at most the limit's worth.
+            let mut total = 0u64;
+            let mut cursor = self
+                .collection(EVENTS)
+                .find(doc! { "stream": stream, "partition": i64::from(p) })
+                .sort(doc! { "stream": 1, "partition": 1, "sequence": -1 })
+                .await
+                .map_err(err("retention"))?;
+            while let Some(d) = cursor.try_next().await.map_err(err("retention"))? {
+                total += doc_bytes(&d);
+                if total > max {
+                    first = first.max(int_of(&d, "sequence") + 1);
+                    break;
+                }
+            }
+        }
+        Ok(first)
+    }
+
+    pub(super) async fn enforce_retention_impl(&self, stream: &str) -> Result<RetentionReport> {
+        let count = self.partition_count(stream).await?;
+        let retention = self.retention_of(stream).await?;
+        let mut report = RetentionReport::new(stream);
+        if retention.is_unlimited() {
+            return Ok(report);
+        }
+        let hws = self.hws(stream).await?;
+        let starts = self.log_starts(stream, &hws).await?;
+        let mut loaded = Vec::new();
+        for g in self.list_groups_impl(stream).await? {
+            let row = self.load_group(stream, &g.name).await?;
+            loaded.push((g.name, row));
+        }
+        let mut plan: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut deletes = Vec::new();
+        for p in 0..count {
+            let (start, hw) = (starts[p as usize], hws[p as usize]);
+            let limits = self.limits_start(stream, p, &retention, start, hw).await?;
+            let interest = loaded
+                .iter()
+                .filter(|(_, g)| g.partitions().contains(&p))
+                .map(|(_, g)| g.frontiers.get(&p).copied().unwrap_or(0).saturating_add(1))
+                .min();
+            let (new, ceiling) = new_start(retention.policy, limits, interest);
+            let new = new.min(hw + 1).max(start);
+            if new > start {
+                report.ceiling_hit |= ceiling;
+                deletes.push((p, start, new));
+            }
+            plan.insert(p, new);
+        }
+        for (name, g) in &loaded {
+            let behind = plan.iter().any(|(&p, &s)| g.frontiers.get(&p).is_some_and(|&f| f.saturating_add(1) < s));
+            if behind {
+                for (p, skipped) in self.move_group(stream, name, &plan).await? {
+                    report.skipped.push(GroupSkip { group: name.clone(), partition: p, skipped });
+                }
+            }
+        }
+        for (p, first, new) in deletes {
+            let bytes = self.delete_below(stream, p, new).await?;
+            report.dropped.push(DroppedRange { partition: p, first, last: new - 1, bytes });
+        }
+        Ok(report)
+    }
+
+    /// Moves one group past each partition's new start (`plan`) in one
+    /// transaction under its lock (see `sql::retention::move_group_tx`).
+    async fn move_group(&self, stream: &str, group: &str, plan: &BTreeMap<u32, u64>) -> Result<Vec<(u32, u64)>> {
+        const OP: &str = "enforce_retention";
+        in_tx!(self, OP, |s| {
+            let (mut frontiers, mut cursors) = self.lock_group(s, stream, group, OP).await?;
+            let mut out = Vec::new();
+            let mut moved = BTreeSet::new();
+            for (&p, &start) in plan {
+                let Some(&f) = frontiers.get(&p) else { continue };
+                let below = start.saturating_sub(1);
+                if f >= below {
+                    continue;
+                }
+                let (_, c) = common::frontier_cursor(&frontiers, &cursors, p);
+                let fresh_from = (f + 1).max(c);
+                let range = doc! { "stream": stream, "group": group, "partition": i64::from(p),
+                "sequence": { "$gt": int(f), "$lte": int(below) } };
+                let mut open = 0u64;
+                let mut rows_fresh = 0u64;
+                let mut cur = self
+                    .deliveries()
+                    .find(range)
+                    .projection(doc! { "sequence": 1, "status": 1 })
+                    .session(&mut *s)
+                    .await
+                    .map_err(txe(OP))?;
+                while let Some(d) = cur.next(&mut *s).await {
+                    let d = d.map_err(txe(OP))?;
+                    let settled = matches!(d.get_str("status"), Ok(st) if st == "acked" || st == REJECTED);
+                    if !settled {
+                        open += 1;
+                    }
+                    if int_of(&d, "sequence") >= fresh_from {
+                        rows_fresh += 1;
+                    }
+                }
+                let skipped = open + (below + 1).saturating_sub(fresh_from).saturating_sub(rows_fresh);
+                self.deliveries()
+                    .delete_many(doc! { "stream": stream, "group": group, "partition": i64::from(p),
+                    "sequence": { "$lt": int(start) }, "status": { "$ne": REJECTED } })
+                    .session(&mut *s)
+                    .await
+                    .map_err(txe(OP))?;
+                frontiers.insert(p, below);
+                cursors.insert(p, c.max(start));
+                moved.insert(p);
+                if skipped > 0 {
+                    out.push((p, skipped));
+                }
+            }
+            if moved.is_empty() {
+                return Ok(out);
+            }
+            self.write_maps(s, stream, group, Some(&frontiers), Some(&cursors), OP).await?;
+            self.advance(s, stream, group, &mut frontiers, &cursors, &moved, OP).await?;
+            let total: u64 = out.iter().map(|(_, n)| n).sum();
+            if total > 0 {
+                let found = self
+                    .collection(SETTINGS)
+                    .find_one(doc! { "stream": stream, "name": group })
+                    .session(&mut *s)
+                    .await
+                    .map_err(txe(OP))?;
+                let mut settings: GroupSettings = found
+                    .as_ref()
+                    .and_then(|d| d.get_str("settings").ok())
+                    .and_then(|t| serde_json::from_str(t).ok())
+                    .unwrap_or_default();
+                settings.retention_skipped = settings.retention_skipped.saturating_add(total);
+                let text = serde_json::to_string(&settings).map_err(|e| Error::failed(OP, e.to_string()))?;
+                self.collection(SETTINGS)
+                    .update_one(doc! { "stream": stream, "name": group }, doc! { "$set": { "settings": text } })
+                    .upsert(true)
+                    .session(&mut *s)
+                    .await
+                    .map_err(txe(OP))?;
+            }
+            Ok(out)
+        })
+    }
+
+    /// Deletes the events of partition `p` below `start`, [`DELETE_BATCH`]
+    /// at a time; returns the bytes freed.
+    async fn delete_below(&self, stream: &str, p: u32, start: u64) -> Result<u64> {
+        let mut freed = 0;
+        loop {
+            let docs: Vec<Document> = self
+                .collection(EVENTS)
+                .find(doc! { "stream": stream, "partition": i64::from(p), "sequence": { "$lt": int(start) } })
+                .sort(doc! { "stream": 1, "partition": 1, "sequence": 1 })
+                .limit(DELETE_BATCH)
+                .await
+                .map_err(err("enforce_retention"))?
+                .try_collect()
+                .await
+                .map_err(err("enforce_retention"))?;
+            if docs.is_empty() {
+                return Ok(freed);
+            }
+            let ids: Vec<Bson> = docs.iter().filter_map(|d| d.get("_id").cloned()).collect();
+            self.collection(EVENTS)
+                .delete_many(doc! { "_id": { "$in": ids } })
+                .await
+                .map_err(werr("enforce_retention"))?;
+            freed += docs.iter().map(doc_bytes).sum::<u64>();
+            if (docs.len() as i64) < DELETE_BATCH {
+                return Ok(freed);
+            }
+        }
+    }
+
+    /// One background round: a pass over every stream with a retention.
+    pub(super) async fn retention_round_impl(&self) -> Result<Vec<RetentionReport>> {
+        let docs: Vec<Document> = self
+            .collection(STREAM_SETTINGS)
+            .find(doc! {})
+            .await
+            .map_err(err("retention"))?
+            .try_collect()
+            .await
+            .map_err(err("retention"))?;
+        let mut out = Vec::new();
+        for d in docs {
+            let Ok(stream) = d.get_str("stream") else { continue };
+            match self.enforce_retention_impl(stream).await {
+                Ok(report) => out.push(report),
+                Err(Error::StreamNotFound { .. }) => {}
+                Err(e) => tracing::warn!(stream = %stream, error = %e, "retention pass failed; the next round retries"),
+            }
+        }
+        Ok(out)
+    }
+}
