@@ -141,8 +141,12 @@ impl Parts {
                 (first < part.log_start() && !plan.iter().any(|&(q, _)| q == p)).then(|| (p, part.log_start()))
             })
             .collect();
-        if !plan.is_empty() {
-            self.move_groups(&stream, &plan, &mut report)?;
+        // Groups behind a start published by an earlier pass that failed
+        // before moving them all move too (moving a group again changes
+        // nothing).
+        let moves: Vec<(u32, u64)> = plan.iter().chain(&pending).copied().collect();
+        if !moves.is_empty() {
+            self.move_groups(&stream, &moves, &mut report)?;
         }
         for &(p, start) in plan.iter().chain(&pending) {
             if let Some((first, last, bytes)) = stream.log.partition(p)?.delete_segments_before(start)? {

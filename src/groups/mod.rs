@@ -528,7 +528,10 @@ impl GroupState {
             for info in part.dead.values() {
                 self.dead_order.remove(&info.order);
             }
+            // What retention skipped is history: a reset keeps the count.
+            let skipped = part.skipped;
             *part = PartState::starting_after(frontier);
+            part.skipped = skipped;
         }
     }
 
@@ -660,9 +663,6 @@ impl GroupState {
                 format!("sequence {seq} is not in partition {p} of stream {:?} (it holds 1..={hw})", src.stream()),
             ));
         }
-        if part.dead.contains_key(&seq) {
-            return Ok(false);
-        }
         let start = src.log_start(p);
         if seq < start {
             return Err(Error::invalid(
@@ -672,6 +672,9 @@ impl GroupState {
                     src.stream()
                 ),
             ));
+        }
+        if part.dead.contains_key(&seq) {
+            return Ok(false);
         }
         if seq <= part.frontier || part.done.contains(seq) {
             return Err(Error::invalid(

@@ -62,8 +62,8 @@ pub(crate) struct PartState {
     pub(crate) timers: BTreeSet<(Timestamp, u64)>,
     /// Dead letters by sequence.
     pub(crate) dead: BTreeMap<u64, DeadInfo>,
-    /// Events retention dropped before they were settled (since the
-    /// partition's last (re)start).
+    /// Events retention dropped before they were settled, since the group
+    /// was created (a reset keeps it).
     pub(crate) skipped: u64,
 }
 

@@ -137,10 +137,13 @@ pub struct StreamInfo {
     /// When it was created.
     pub created_at: Timestamp,
     /// Each partition's first and last sequence and size, in partition
-    /// order (filled by `stream_info` and `list_streams`).
+    /// order: filled by `stream_info` on every backend, and by
+    /// `list_streams` on memory and native only (the database backends
+    /// would scan every stream; they leave it empty there).
     #[serde(default)]
     pub partitions: Vec<PartitionInfo>,
-    /// Its retention.
+    /// Its retention (from `stream_info` on every backend; the database
+    /// backends' `list_streams` leaves the default).
     #[serde(default)]
     pub retention: Retention,
     /// How long a producer-given event id is remembered: None when forever
@@ -613,7 +616,7 @@ pub struct GroupInfo {
     pub dead_letters: u64,
     /// Events retention dropped before this group settled them (under the
     /// `limits` policy, or past the `interest` policy's ceiling), since the
-    /// group was created or last reset.
+    /// group was created (a reset keeps the count).
     #[serde(default)]
     pub retention_skipped: u64,
 }

@@ -284,20 +284,24 @@ fn clamp_to_log(
 ) -> BTreeMap<String, GroupState> {
     let mut journaled = BTreeMap::new();
     for (name, mut g) in groups {
-        let mut clamped = g.clamp(|p| log.high_watermark(p));
-        // Retention deletes segments only once the groups behind the new
-        // log start were moved past it by a WAL record; under `Batched` or
-        // `None` durability that record may be lost: move them again.
-        for p in 0..log.partition_count() {
-            if g.frontier(p).is_some_and(|f| f.saturating_add(1) < log.log_start(p)) {
-                g.drop_before(p, log.log_start(p));
-                clamped += 1;
-            }
-        }
+        let clamped = g.clamp(|p| log.high_watermark(p));
         if clamped > 0 {
             tracing::warn!(stream = %log.name, group = %name, partitions = clamped, "group state above the log's end dropped (a log tail lost to a machine crash)");
         }
-        report.clamped += clamped;
+        // Retention deletes segments only once the groups behind the new
+        // log start were moved past it by a WAL record; under `Batched` or
+        // `None` durability that record may be lost: move them again.
+        let mut moved = 0;
+        for p in 0..log.partition_count() {
+            if g.frontier(p).is_some_and(|f| f.saturating_add(1) < log.log_start(p)) {
+                g.drop_before(p, log.log_start(p));
+                moved += 1;
+            }
+        }
+        if moved > 0 {
+            tracing::info!(stream = %log.name, group = %name, partitions = moved, "group moved to the log start (its retention record was not durable)");
+        }
+        report.clamped += clamped + moved;
         journaled.insert(name, g.journaled());
     }
     journaled
