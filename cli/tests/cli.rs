@@ -121,6 +121,59 @@ fn stream_create_and_list() {
 }
 
 #[test]
+fn stream_info_and_retention() {
+    let cli = Cli::with_options("?segment_bytes=4096&preallocate_bytes=1024&retention_interval_ms=0");
+    let s = cli.json(&["stream", "create", "audit", "--max-events", "100", "--dedupe-window", "30s"]);
+    assert_eq!(s["retention"], serde_json::json!({"max_events": 100, "policy": "limits"}));
+    assert_eq!(s["dedupe_window"], 30_000);
+    cli.ok(&["group", "create", "audit", "billing"]);
+    // In runs of 20 (a batch is written in one segment): many segments.
+    for run in 0..20 {
+        let lines: String =
+            (0..20).map(|n| format!("{{\"n\": {}, \"pad\": \"{}\"}}\n", run * 20 + n, "x".repeat(40))).collect();
+        let out = cli.run_stdin(&["append", "audit"], &lines);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let info = cli.json(&["stream", "info", "audit"]);
+    assert_eq!(
+        (info["partitions"][0]["first_sequence"].as_u64(), info["partitions"][0]["last_sequence"].as_u64()),
+        (Some(1), Some(400))
+    );
+    // A pass now: the limit holds, the group skipped what it never settled.
+    let done = cli.json(&["stream", "retention", "audit", "--apply"]);
+    let first = done["stream"]["partitions"][0]["first_sequence"].as_u64().expect("first");
+    assert!(first > 1 && 400 - first + 1 >= 100, "{done}");
+    assert_eq!(done["pass"]["skipped"][0]["skipped"].as_u64(), Some(first - 1), "{done}");
+    let g = cli.json(&["group", "info", "audit", "billing"]);
+    assert_eq!(g["retention_skipped"].as_u64(), Some(first - 1));
+    assert!(cli.ok(&["group", "info", "audit", "billing"]).contains(&format!("skipped by retention {}", first - 1)));
+    // Changing one limit keeps the others; --forever clears them.
+    let changed = cli.json(&["stream", "retention", "audit", "--max-age", "7d", "--policy", "interest"]);
+    assert_eq!(
+        changed["retention"],
+        serde_json::json!({"max_age": 604_800_000u64, "max_events": 100, "policy": "interest"})
+    );
+    let text = cli.ok(&["stream", "info", "audit"]);
+    assert!(text.contains("max_age 7d, max_events 100 (interest)") && text.contains("dedupe ids   30s"), "{text}");
+    assert!(text.contains("PARTITION") && text.contains(&format!("{first}")), "{text}");
+    let cleared = cli.json(&["stream", "retention", "audit", "--forever"]);
+    assert_eq!(cleared["retention"], serde_json::json!({"policy": "limits"}));
+    // Bad values exit 2 with the flag named.
+    for (args, flag) in [
+        (vec!["stream", "retention", "audit", "--max-age", "7 days"], "--max-age"),
+        (vec!["stream", "retention", "audit", "--max-bytes", "lots"], "--max-bytes"),
+        (vec!["stream", "retention", "audit", "--max-events", "0"], "--max-events"),
+        (vec!["stream", "retention", "audit", "--policy", "both"], "--policy"),
+        (vec!["stream", "retention", "audit"], "--max-age"),
+    ] {
+        let out = cli.run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(fails_with(out, &args).contains(flag), "{args:?}");
+    }
+    assert!(cli.fails(&["stream", "info", "nope"]).contains("nope"));
+}
+
+#[test]
 fn append_from_arguments_and_stdin_then_read() {
     let cli = Cli::new();
     cli.ok(&["stream", "create", "s"]);

@@ -248,6 +248,7 @@ pub async fn run_group(ctx: &Globals, command: GroupCommand) -> CliResult {
                 .line(format!("in flight    {}", info.inflight))
                 .line(format!("retrying     {}", info.retry_waiting))
                 .line(format!("dead letters {}", info.dead_letters))
+                .line(format!("skipped by retention {}", info.retention_skipped))
         }
         GroupCommand::Lag(g) => {
             let lag = ctx.open_read().await?.lag(&g.stream, &g.group).await?;
@@ -400,6 +401,7 @@ pub async fn run_dlq(ctx: &Globals, command: DlqCommand) -> CliResult {
                 "-".to_owned(),
                 format!("DAMAGED: {} at offset {} of {}", damage.reason, damage.offset, damage.file.display()),
             ),
+            (None, None) if d.dropped => ("-".to_owned(), "DROPPED: retention deleted the event".to_owned()),
             (None, None) => ("-".to_owned(), "-".to_owned()),
         };
         t.add_row([

@@ -297,17 +297,25 @@ impl Globals {
 
 /// The commands that only read (they open a native directory read-only, so
 /// they work beside the process that holds it).
-pub const READ_ONLY_COMMANDS: &str = "read, query, tail, stream list, index status, group list, group info, \
-     group lag, dlq list, top, inspect, verify";
+pub const READ_ONLY_COMMANDS: &str = "read, query, tail, stream list, stream info, index status, group list, \
+     group info, group lag, dlq list, top, inspect, verify";
 
-/// A `native:` URL with `read_only=true` added (unless it says otherwise);
-/// any other URL as it is.
+/// A `native:` URL with `read_only=true` added, a database URL with its
+/// background retention rounds off (a command that reads deletes nothing),
+/// unless the URL says otherwise; `memory:` as it is.
 fn read_only_url(url: &str) -> String {
-    let Some(rest) = url.strip_prefix("native:") else { return url.to_owned() };
-    match rest.split_once('?') {
-        Some((_, query)) if query.split('&').any(|kv| kv.starts_with("read_only=")) => url.to_owned(),
-        Some(_) => format!("{url}&read_only=true"),
-        None => format!("{url}?read_only=true"),
+    let key = if url.starts_with("native:") {
+        "read_only"
+    } else if ["sqlite:", "postgres:", "postgresql:", "mongodb:", "mongodb+srv:"].iter().any(|s| url.starts_with(s)) {
+        "rheo_retention_interval_ms"
+    } else {
+        return url.to_owned();
+    };
+    let value = if key == "read_only" { "true" } else { "0" };
+    match url.split_once('?') {
+        Some((_, query)) if query.split('&').any(|kv| kv.starts_with(&format!("{key}="))) => url.to_owned(),
+        Some(_) => format!("{url}&{key}={value}"),
+        None => format!("{url}?{key}={value}"),
     }
 }
 
@@ -424,6 +432,15 @@ mod tests {
         assert_eq!(super::read_only_url("native:./d"), "native:./d?read_only=true");
         assert_eq!(super::read_only_url("native:./d?recovery=strict"), "native:./d?recovery=strict&read_only=true");
         assert_eq!(super::read_only_url("native:./d?read_only=false"), "native:./d?read_only=false");
-        assert_eq!(super::read_only_url("sqlite:x.db"), "sqlite:x.db");
+        assert_eq!(super::read_only_url("sqlite:x.db"), "sqlite:x.db?rheo_retention_interval_ms=0");
+        assert_eq!(
+            super::read_only_url("postgres://u@h/db?sslmode=disable"),
+            "postgres://u@h/db?sslmode=disable&rheo_retention_interval_ms=0"
+        );
+        assert_eq!(
+            super::read_only_url("sqlite:x.db?rheo_retention_interval_ms=5"),
+            "sqlite:x.db?rheo_retention_interval_ms=5"
+        );
+        assert_eq!(super::read_only_url("memory:"), "memory:");
     }
 }

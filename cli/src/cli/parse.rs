@@ -168,6 +168,32 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// Parses a byte count: a whole number with an optional binary unit (`K`,
+/// `M`, `G`, `T`, also written `KiB`, `MiB`, `GiB`, `TiB`), e.g. `512MiB`.
+pub fn bytes(flag: &str, text: &str) -> Result<u64, CliError> {
+    let bad = || CliError::usage(format!("{flag} {text:?}: expected a whole number of bytes, e.g. 1073741824 or 1GiB"));
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let shift = match unit {
+        "" | "B" => 0,
+        "K" | "KiB" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        "T" | "TiB" => 40,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(1u64 << shift).filter(|&b| b > 0).ok_or_else(bad)
+}
+
+/// Parses a duration for a flag (`7d`, `12h`, `30m`, `90s`, `1500ms`).
+pub fn duration(flag: &str, text: &str) -> Result<std::time::Duration, CliError> {
+    rheo::parse_duration(text).map_err(|_| {
+        CliError::usage(format!("{flag} {text:?}: expected a whole number and a unit (ms, s, m, h, d), e.g. 7d"))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,5 +241,15 @@ mod tests {
         assert_eq!(time("1970-01-02").ok(), Some(Timestamp::from_millis(86_400_000)));
         assert!(time("yesterday").is_err());
         assert!(time("2026-13-01T00:00:00Z").is_err());
+    }
+
+    #[test]
+    fn byte_counts_take_binary_units() {
+        assert_eq!(super::bytes("--max-bytes", "1024").ok(), Some(1024));
+        assert_eq!(super::bytes("--max-bytes", "512MiB").ok(), Some(512 << 20));
+        assert_eq!(super::bytes("--max-bytes", "2G").ok(), Some(2 << 30));
+        for bad in ["", "0", "1.5G", "10 GB", "10GB", "99999999999T"] {
+            assert!(super::bytes("--max-bytes", bad).is_err(), "{bad}");
+        }
     }
 }
