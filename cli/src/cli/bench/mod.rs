@@ -66,6 +66,12 @@ pub struct BenchArgs {
     /// (compare `native:DIR` with `native:DIR?dedupe_window_ms=0`).
     #[arg(long)]
     ids: bool,
+    /// Gives each case's stream a retention of this many events per
+    /// partition (`limits`): with a short `retention_interval_ms` in a
+    /// native URL, passes drop segments while the case runs (the cost of
+    /// retention beside appends).
+    #[arg(long, value_name = "N")]
+    retain_events: Option<u64>,
     /// Runs every case this many times, alternating the backends' order.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
@@ -490,7 +496,8 @@ async fn run_case(
     stream: &str,
     (w, processes, producers, consumers): (Workload, usize, usize, usize),
 ) -> Result<Case, CliError> {
-    target.setup(a.partitions).await?;
+    let retention = a.retain_events.map_or_else(rheo::Retention::new, |n| rheo::Retention::new().max_events(n));
+    target.setup(a.partitions, retention).await?;
     let label = format!("{} {}", opened.label, w.name());
     if w.prefilled() {
         let bar = bar(a.events, format!("{label}: prefill"));

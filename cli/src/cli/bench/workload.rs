@@ -226,10 +226,11 @@ pub enum Target {
 
 impl Target {
     /// Creates the case's stream (and group) on the target.
-    pub async fn setup(&self, partitions: u32) -> Result<(), CliError> {
+    pub async fn setup(&self, partitions: u32, retention: rheo::Retention) -> Result<(), CliError> {
         match self {
             Target::Rheo(t) => {
-                t.rheo.create_stream(&t.stream, StreamOptions::new().partitions(partitions)).await?;
+                let opts = StreamOptions::new().partitions(partitions).retention(retention);
+                t.rheo.create_stream(&t.stream, opts).await?;
                 t.rheo.create_group(&t.stream, &t.group, GroupOptions::new()).await?;
                 Ok(())
             }
@@ -555,7 +556,7 @@ mod tests {
                     stream: stream.as_str().into(),
                     group: "bench".into(),
                 });
-                target.setup(4).await.unwrap();
+                target.setup(4, rheo::Retention::new()).await.unwrap();
                 if w.prefilled() {
                     prefill(&target, events, 120, &ProgressBar::hidden()).await.unwrap();
                 }
