@@ -1,6 +1,8 @@
 //! Reopening rebuilds exactly the state the live calls left: random group
-//! calls on a native backend over `MemVfs`, reopening (with and without
-//! checkpoints) between them, compared with the state before each reopen.
+//! calls and retention passes (which drop segments and move the groups,
+//! about 17 passes in 128 cases) on a native backend over `MemVfs`,
+//! reopening (with and without checkpoints) between them, compared with the
+//! state before each reopen.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +26,11 @@ const START: Timestamp = Timestamp::from_millis(1_767_225_600_000);
 #[derive(Debug, Clone)]
 enum Call {
     Append(u32, u8),
-    Fetch { limit: usize, consumer: u8, lease_ms: u64 },
+    Fetch {
+        limit: usize,
+        consumer: u8,
+        lease_ms: u64,
+    },
     Ack(usize),
     AckMany(Vec<usize>),
     Retry(usize, Option<u64>),
@@ -35,13 +41,15 @@ enum Call {
     ReplayTime(u64),
     ReplayQuery(u8),
     Reset(u64),
+    /// A retention pass (the stream keeps 12 events per partition).
+    Retain,
     Checkpoint,
     Reopen,
 }
 
 fn call() -> impl Strategy<Value = Call> {
     prop_oneof![
-        3 => (0u32..3, 1u8..6).prop_map(|(p, n)| Call::Append(p, n)),
+        3 => (0u32..3, 1u8..12).prop_map(|(p, n)| Call::Append(p, n)),
         4 => (1usize..8, 0u8..3, 1u64..5_000).prop_map(|(limit, consumer, lease_ms)| Call::Fetch { limit, consumer, lease_ms }),
         4 => any::<usize>().prop_map(Call::Ack),
         2 => prop::collection::vec(any::<usize>(), 1..6).prop_map(Call::AckMany),
@@ -53,6 +61,7 @@ fn call() -> impl Strategy<Value = Call> {
         1 => (0u64..20_000).prop_map(Call::ReplayTime),
         1 => (0u8..3).prop_map(Call::ReplayQuery),
         1 => (0u64..4).prop_map(Call::Reset),
+        2 => Just(Call::Retain),
         1 => Just(Call::Checkpoint),
         2 => Just(Call::Reopen),
     ]
@@ -64,6 +73,8 @@ fn options(checkpoint_bytes: u64) -> EngineOptions {
         .preallocate_bytes(8192)
         .checkpoint_bytes(checkpoint_bytes)
         .durability(Durability::Sync)
+        // Passes run as calls, not on a background thread at the wall clock.
+        .retention_interval(Duration::ZERO)
 }
 
 fn open(vfs: &Arc<dyn Vfs>, clock: &ManualClock, checkpoint_bytes: u64) -> NativeBackend {
@@ -91,7 +102,10 @@ async fn run(calls: Vec<Call>, checkpoint_bytes: u64) -> Result<(), TestCaseErro
     let vfs: Arc<dyn Vfs> = Arc::new(mem);
     let clock = ManualClock::new(START);
     let mut b = open(&vfs, &clock, checkpoint_bytes);
-    b.create_stream("s", &StreamOptions::new().partitions(3)).await.expect("stream");
+    // Retention keeps 12 events per partition; events of ~600 bytes fill a
+    // 4 KiB segment in about six, so passes drop segments.
+    let retention = crate::model::retention::Retention::new().max_events(12);
+    b.create_stream("s", &StreamOptions::new().partitions(3).retention(retention)).await.expect("stream");
     b.create_group("s", "g", &GroupOptions::new().max_attempts(3)).await.expect("group");
     b.create_group("s", "h", &GroupOptions::new().partitions(vec![1])).await.expect("group");
     let mut leases: Vec<Lease> = Vec::new();
@@ -100,8 +114,14 @@ async fn run(calls: Vec<Call>, checkpoint_bytes: u64) -> Result<(), TestCaseErro
         let now = clock.now();
         match c {
             Call::Append(p, n) => {
-                let events: Vec<NewEvent> =
-                    (0..n).map(|i| NewEvent::prepare(json!({"n": i % 3}), AppendOptions::new().partition(p))).collect();
+                let events: Vec<NewEvent> = (0..n)
+                    .map(|i| {
+                        NewEvent::prepare(
+                            json!({"n": i % 3, "pad": "p".repeat(600)}),
+                            AppendOptions::new().partition(p),
+                        )
+                    })
+                    .collect();
                 b.append_batch("s", &events).await.expect("append");
             }
             Call::Fetch { limit, consumer, lease_ms } => {
@@ -165,6 +185,9 @@ async fn run(calls: Vec<Call>, checkpoint_bytes: u64) -> Result<(), TestCaseErro
                 )
                 .await
                 .expect("reset");
+            }
+            Call::Retain => {
+                b.enforce_retention("s").await.expect("retention pass");
             }
             Call::Checkpoint => b.engine().checkpoint("s").expect("checkpoint"),
             Call::Reopen => {
