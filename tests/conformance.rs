@@ -294,6 +294,7 @@ macro_rules! suite {
                     retention::consumers_keep_working_across_passes,
                 ];
                 concurrent: [
+                    retention::passes_beside_producers_and_consumers_lose_nothing_uncounted,
                     concurrency::competing_consumers_ack_every_event_exactly_once,
                     concurrency::concurrent_appends_of_one_id_store_one_event,
                 ];

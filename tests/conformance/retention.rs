@@ -323,3 +323,66 @@ pub async fn consumers_keep_working_across_passes(f: Fixture) {
     let skipped = f.rheo.group_info(S, G).await.expect("info").retention_skipped;
     assert_eq!(seen.len() as u64 + rest.len() as u64 + skipped, last, "every event delivered or counted as skipped");
 }
+
+/// Passes running while producers append and consumers fetch and ack:
+/// every event ends up acknowledged exactly once or counted as skipped,
+/// and nothing fails but acks of leases a pass made stale.
+pub async fn passes_beside_producers_and_consumers_lose_nothing_uncounted(f: Fixture) {
+    if !retained_stream(&f, Retention::new().max_events(40)).await {
+        return;
+    }
+    group(&f, GroupOptions::new()).await;
+    let total: u64 = if f.small { 200 } else { 600 };
+    let producer = {
+        let rheo = f.rheo.clone();
+        tokio::spawn(async move {
+            for chunk in 0..total / 10 {
+                let batch =
+                    (0..10).map(|i| (json!({"n": chunk * 10 + i, "pad": "x".repeat(60)}), AppendOptions::new()));
+                rheo.append_batch_with(S, batch).await.expect("append");
+            }
+        })
+    };
+    let passes = {
+        let rheo = f.rheo.clone();
+        let done = producer.abort_handle();
+        tokio::spawn(async move {
+            let mut n = 0u32;
+            while !done.is_finished() {
+                rheo.enforce_retention(S).await.expect("a pass beside appends and acks");
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            n
+        })
+    };
+    let mut acked = std::collections::BTreeSet::new();
+    let mut stale = 0u64;
+    loop {
+        let leases = f.rheo.fetch(S, G, FetchOptions::new().limit(20)).await.expect("fetch beside passes");
+        for l in &leases {
+            match f.rheo.ack(l).await {
+                Ok(()) => assert!(acked.insert(l.sequence()), "sequence {} acked twice", l.sequence()),
+                Err(Error::StaleLease { .. }) => stale += 1,
+                Err(e) => panic!("ack: {e}"),
+            }
+        }
+        if leases.is_empty() && producer.is_finished() && f.rheo.lag(S, G).await.expect("lag").total == 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let passes_run = passes.await.expect("passes");
+    producer.await.expect("producer");
+    f.rheo.enforce_retention(S).await.expect("last pass");
+    let skipped = f.rheo.group_info(S, G).await.expect("info").retention_skipped;
+    assert_eq!(
+        acked.len() as u64 + skipped,
+        total,
+        "acked {} + skipped {skipped} ({stale} stale acks, {passes_run} passes)",
+        acked.len()
+    );
+    let (first, last) = bounds(&f).await;
+    assert_eq!(last, total);
+    assert!(total - first + 1 >= 40, "the limit holds: first {first}");
+}
