@@ -318,3 +318,34 @@ async fn a_stream_dedupe_window_of_zero_turns_the_check_off_for_that_stream() {
         }
     }
 }
+
+/// A segment also rolls at an append once it is older than
+/// `segment_max_age`, so `max_age` drops the events of a stream that
+/// appends too slowly to fill segments (on the system clock, with wide
+/// margins).
+#[tokio::test]
+async fn a_segment_rolls_by_age_so_max_age_acts_on_a_slow_stream() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("native:{}?segment_max_age_ms=200&retention_interval_ms=0", dir.path().display());
+    let rheo = Rheo::open(&url).await.expect("open");
+    rheo.create_stream(S, StreamOptions::new().retention(Retention::new().max_age(Duration::from_millis(1500))))
+        .await
+        .expect("stream");
+    rheo.append(S, &json!({"n": 1}), AppendOptions::new()).await.expect("append");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Older than 200 ms: the segment holding 1 rolls before 2 is written.
+    rheo.append(S, &json!({"n": 2}), AppendOptions::new()).await.expect("append");
+    let segments = |dir: &std::path::Path| {
+        std::fs::read_dir(dir.join("streams/0000000000000001/00000"))
+            .expect("list")
+            .filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".log")))
+            .count()
+    };
+    assert_eq!(segments(dir.path()), 2, "the old segment rolled");
+    assert!(rheo.enforce_retention(S).await.expect("pass").dropped.is_empty(), "1 is younger than max_age");
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    let report = rheo.enforce_retention(S).await.expect("pass");
+    assert_eq!(report.events_dropped(), 1, "{report:?}");
+    let kept: Vec<u64> = rheo.read(S, 0, 0, 10).await.expect("read").iter().map(|e| e.sequence()).collect();
+    assert_eq!(kept, vec![2], "the active segment stays, whatever its age");
+}

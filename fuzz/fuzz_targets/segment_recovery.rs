@@ -93,6 +93,7 @@ fn build(data: &[u8]) -> (MemVfs, RecoveryMode) {
             partition_count: 1,
             indexes: Vec::new(),
             created_ms: 0,
+            settings: Default::default(),
         }],
     };
     let bytes = manifest::encode(&body).expect("encode the manifest");

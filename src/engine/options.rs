@@ -110,6 +110,12 @@ pub struct EngineOptions {
     /// stream with a retention (default 10 s; zero: never in the
     /// background, only `Rheo::enforce_retention`).
     pub retention_interval: Duration,
+    /// A segment holding records rolls at its next append once this
+    /// process has had it open this long (default 1 day; zero: by size
+    /// only), so that `max_age` can drop it on a stream that fills segments
+    /// slowly (Kafka's `segment.ms`). The age restarts when the directory
+    /// is reopened.
+    pub segment_max_age: Duration,
 }
 
 impl Default for EngineOptions {
@@ -126,6 +132,7 @@ impl Default for EngineOptions {
             read_only: false,
             dedupe_window: Duration::from_secs(120),
             retention_interval: Duration::from_secs(10),
+            segment_max_age: Duration::from_secs(86_400),
         }
     }
 }
@@ -190,6 +197,11 @@ impl EngineOptions {
     /// Sets `retention_interval`: How often background retention passes run (zero: never).
     pub fn retention_interval(mut self, retention_interval: Duration) -> Self {
         self.retention_interval = retention_interval;
+        self
+    }
+    /// Sets `segment_max_age`: The age at which a segment rolls at its next append (zero: by size only).
+    pub fn segment_max_age(mut self, segment_max_age: Duration) -> Self {
+        self.segment_max_age = segment_max_age;
         self
     }
     /// Sets `read_only`: Whether to open without the lock, for reading only.

@@ -98,7 +98,8 @@ fn boolean(k: &str, v: &str) -> Result<bool> {
 /// `read_only=true|false` (a [`ReadOnlyNative`] open, beside a writer),
 /// `dedupe_window_ms` (0 turns the check of producer-given ids off; at most
 /// a day), `retention_interval_ms` (how often the background thread runs
-/// retention passes; 0: never).
+/// retention passes; 0: never), `segment_max_age_ms` (a segment rolls at
+/// its next append once this old; 0: by size only).
 ///
 /// ```
 /// use rheo::{Durability, EngineOptions};
@@ -133,6 +134,7 @@ pub fn parse_url(rest: &str, mut opts: EngineOptions) -> Result<(String, EngineO
             "read_only" => opts.read_only = boolean(k, v)?,
             "dedupe_window_ms" => opts.dedupe_window = Duration::from_millis(number(v)?.min(86_400_000)),
             "retention_interval_ms" => opts.retention_interval = Duration::from_millis(number(v)?.min(86_400_000)),
+            "segment_max_age_ms" => opts.segment_max_age = Duration::from_millis(number(v)?),
             "recovery" => {
                 opts.recovery = match v {
                     "strict" => RecoveryMode::Strict,

@@ -67,6 +67,9 @@ impl LazyRecord<'_> {
 pub struct Segment {
     /// The sequence of its first record.
     pub base_seq: u64,
+    /// When this process created or opened it (system clock, ms; not
+    /// stored): the age at which it rolls counts from here.
+    pub opened_ms: i64,
     log_path: String,
     idx_path: String,
     log: Arc<dyn VfsFile>,

@@ -190,7 +190,15 @@ pub(super) fn open_segment(
             ),
         ));
     }
-    Ok(Segment { base_seq: base, log_path, idx_path, log, index: RwLock::new(None), footer: RwLock::new(None) })
+    Ok(Segment {
+        base_seq: base,
+        opened_ms: crate::model::time::Timestamp::now().as_millis(),
+        log_path,
+        idx_path,
+        log,
+        index: RwLock::new(None),
+        footer: RwLock::new(None),
+    })
 }
 
 /// True when a segment file with a bad header holds nothing but zeros after

@@ -20,10 +20,19 @@ impl Partition {
         }
     }
 
-    /// True when `len` more bytes do not fit in the active segment (which
-    /// holds at least one record), so it must roll first.
+    /// True when the active segment (which holds at least one record) must
+    /// roll before `len` more bytes: they do not fit, or it is older than
+    /// `segment_max_age` (so that retention by age can drop it on a stream
+    /// that fills segments slowly).
     pub fn needs_roll(&self, w: &Writer, len: u64) -> bool {
-        w.count > 0 && w.end + len > self.opts.segment_bytes.min(crate::engine::options::MAX_SEGMENT_BYTES)
+        if w.count == 0 {
+            return false;
+        }
+        let full = w.end + len > self.opts.segment_bytes.min(crate::engine::options::MAX_SEGMENT_BYTES);
+        let max_age = i64::try_from(self.opts.segment_max_age.as_millis()).unwrap_or(i64::MAX);
+        let old = max_age > 0
+            && crate::model::time::Timestamp::now().as_millis().saturating_sub(w.active.opened_ms) >= max_age;
+        full || old
     }
 
     /// The active segment's log file.
@@ -284,6 +293,7 @@ pub(super) fn create_segment(
     vfs.sync_dir(dir).map_err(|e| sync_err(vfs, dir, e))?;
     let active = Arc::new(Segment {
         base_seq: base,
+        opened_ms: crate::model::time::Timestamp::now().as_millis(),
         log_path,
         idx_path,
         log,
