@@ -331,3 +331,13 @@ macro_rules! mongo_conformance {
 }
 
 crate::mongo_backends!(mongo_conformance);
+
+/// The whole suite on Redis (with the `redis` feature; ignored unless run
+/// with `--ignored`, as .ci/run does with a server started).
+macro_rules! redis_conformance {
+    ($backend:ident, $factory:path) => {
+        suite!(service "needs a Redis server: .ci/run starts one and runs these with RHEO_REDIS_URL set", $backend, $factory);
+    };
+}
+
+crate::redis_backends!(redis_conformance);

@@ -27,6 +27,7 @@ pub(crate) struct GroupSettings {
 
 /// Frontier and cursor of a partition from a group's maps (defaults: 0,
 /// F + 1).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
 pub(crate) fn frontier_cursor(frontiers: &BTreeMap<u32, u64>, cursors: &BTreeMap<u32, u64>, p: u32) -> (u64, u64) {
     let f = frontiers.get(&p).copied().unwrap_or(0);
     let c = cursors.get(&p).copied().unwrap_or(f.saturating_add(1)).max(1);
@@ -39,6 +40,7 @@ pub(crate) struct GroupRow {
     pub count: u32,
     pub max_attempts: u32,
     pub settings: GroupSettings,
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
     pub cursors: BTreeMap<u32, u64>,
     pub frontiers: BTreeMap<u32, u64>,
     pub created_at: Timestamp,
@@ -131,6 +133,7 @@ pub(crate) fn dropped_by_retention(stream: &str, partition: u32, sequence: u64, 
 /// between frontier and cursor are left, so most fetches add none. (A
 /// claim that comes back short adds to every partition behind, so a
 /// position held back by a hole never starves the rest.)
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
 pub(crate) fn materialize_plan(g: &GroupRow, scope: &[u32], limit: usize, min: u64) -> (u64, Vec<u32>, Vec<u32>) {
     let chunk = (limit as u64).saturating_mul(8).max(min);
     let behind: Vec<u32> =

@@ -99,7 +99,10 @@ pub struct LeaseRef {
 
 impl LeaseRef {
     /// `StaleLease` for this lease (it no longer holds its delivery).
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mongo", feature = "redis")),
+        allow(dead_code)
+    )]
     pub(crate) fn stale(&self) -> crate::error::Error {
         crate::error::Error::StaleLease {
             stream: self.stream.to_string(),

@@ -203,6 +203,59 @@ pub fn mongo() -> BoxFuture<'static, Fixture> {
     })
 }
 
+/// Why the Redis cases are ignored by a plain `cargo test`.
+pub const NEEDS_REDIS: &str =
+    "needs a Redis server: .ci/run starts one and runs these with RHEO_REDIS_URL set (and --features redis)";
+
+/// The Redis server's URL (`RHEO_REDIS_URL`).
+#[cfg(feature = "redis")]
+pub fn redis_url() -> String {
+    std::env::var("RHEO_REDIS_URL")
+        .expect("RHEO_REDIS_URL names a Redis server (redis://host:port/); .ci/run starts one")
+}
+
+/// Deletes every key of a namespace when dropped (the case passed or failed).
+#[cfg(feature = "redis")]
+pub struct DropNamespace(pub String);
+
+#[cfg(feature = "redis")]
+impl Drop for DropNamespace {
+    fn drop(&mut self) {
+        let pattern = format!("rheo:{}:*", self.0);
+        // A runtime of its own on its own thread: the case's may be gone.
+        let _ = std::thread::spawn(move || {
+            let Ok(url) = std::env::var("RHEO_REDIS_URL") else { return };
+            let Ok(client) = redis::Client::open(url) else { return };
+            let Ok(mut conn) = client.get_connection() else { return };
+            let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query(&mut conn).unwrap_or_default();
+            for chunk in keys.chunks(500) {
+                let _: redis::RedisResult<i64> = redis::cmd("UNLINK").arg(chunk).query(&mut conn);
+            }
+        })
+        .join();
+    }
+}
+
+/// Redis, in a fresh key namespace of the server `RHEO_REDIS_URL` names,
+/// deleted when the fixture goes.
+#[cfg(feature = "redis")]
+pub fn redis() -> BoxFuture<'static, Fixture> {
+    Box::pin(async {
+        let clock = ManualClock::new(START);
+        let ns = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let base = redis_url();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}rheo_namespace={ns}&rheo_retention_interval_ms=0");
+        let rheo = Rheo::builder()
+            .clock(Arc::new(clock.clone()))
+            .consumer_id("test-consumer")
+            .open(&url)
+            .await
+            .expect("redis backend opens");
+        Fixture { rheo, clock, guard: Some(Box::new(DropNamespace(ns))), small: false }
+    })
+}
+
 /// Expands `$callback!(name, factory)` once per backend that implements the
 /// whole of docs/semantics.md. Adding a backend = one line here.
 #[macro_export]
@@ -241,5 +294,23 @@ macro_rules! mongo_backends {
 #[cfg(not(feature = "mongo"))]
 #[macro_export]
 macro_rules! mongo_backends {
+    ($callback:ident) => {};
+}
+
+/// Expands `$callback!(name, factory)` for Redis when the `redis` feature
+/// is on (`cargo test` leaves it off). Its cases are ignored unless run
+/// with `--ignored`, as .ci/run does with a server started.
+#[cfg(feature = "redis")]
+#[macro_export]
+macro_rules! redis_backends {
+    ($callback:ident) => {
+        $callback!(redis, $crate::common::redis);
+    };
+}
+
+/// (The `redis` feature is off: no Redis cases.)
+#[cfg(not(feature = "redis"))]
+#[macro_export]
+macro_rules! redis_backends {
     ($callback:ident) => {};
 }

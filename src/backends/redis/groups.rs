@@ -1,0 +1,592 @@
+//! Consumer groups on Redis: a Redis consumer group per partition stream
+//! for new deliveries, and beside it the fences, the due set, the settled
+//! set and the dead letters (see the module docs of `redis`), each change
+//! made by one script. The rules that need no storage are the crate's
+//! (`groups::rules`), decided here and applied by the scripts.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+
+use super::streams::{decode_entry, entries};
+use super::{RedisBackend, bad_reply, key_name, map_err, missing_code, v_arr, v_int, v_text, v_u64};
+use crate::backends::common::{self, GroupRow, GroupSettings};
+use crate::error::{Error, ObjectKind, Result};
+use crate::groups::rules;
+use crate::ids::LeaseId;
+use crate::model::group::{
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Replay, ReplayFrom, Reset,
+    StartPosition, check_partitions,
+};
+use crate::model::lease::{FetchReport, Lease, LeaseRef, RetryOutcome};
+use crate::model::time::Timestamp;
+
+/// Spent deliveries one fetch dead-letters at most, beyond its limit.
+const SPENT_PER_FETCH: usize = crate::groups::SPENT_PER_FETCH;
+/// The largest frontier or sequence stored: the scripts count in Lua
+/// numbers (doubles), exact up to 2^53. A start past it (no stream gets
+/// there) is stored as it, which means the same: nothing to deliver.
+const MAX_SEQ: u64 = (1 << 53) - 1;
+
+/// Positions one replay-by-query script reopens at most.
+const REPLAY_CHUNK: usize = 1000;
+
+/// A dead letter's record in `dead:{s}:<g>`.
+#[derive(Debug, serde::Deserialize)]
+struct DeadRecord {
+    r: String,
+    a: String,
+    t: String,
+}
+
+impl RedisBackend {
+    /// The arguments every group script starts with (after prefix and tag).
+    fn gargs(group: &str) -> [String; 2] {
+        [key_name(group), group.to_owned()]
+    }
+
+    /// Loads a group: `StreamNotFound`, then `GroupNotFound`.
+    pub(super) async fn load_group(&self, stream: &str, group: &str) -> Result<GroupRow> {
+        let m = self.meta(stream).await?;
+        let mut conn = self.conn();
+        let h: HashMap<String, String> =
+            conn.hgetall(self.group_key(stream, group)).await.map_err(|e| map_err("load group", false, &e))?;
+        if h.is_empty() {
+            return Err(Error::group_not_found(stream, group));
+        }
+        Self::group_row(stream, group, &h, &m.hws, m.count)
+    }
+
+    fn group_row(stream: &str, group: &str, h: &HashMap<String, String>, hws: &[u64], count: u32) -> Result<GroupRow> {
+        let bad = |what: &str| {
+            Error::failed(
+                "reading a group",
+                format!("redis: group {stream:?}/{group:?}: {what} is missing or not valid"),
+            )
+        };
+        let mut settings: GroupSettings = match h.get("settings") {
+            Some(t) => serde_json::from_str(t).map_err(|_| bad("settings"))?,
+            None => GroupSettings::default(),
+        };
+        settings.retention_skipped = h.get("skipped").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let mut frontiers = BTreeMap::new();
+        let mut cursors = BTreeMap::new();
+        for (k, v) in h {
+            let n: u64 = match v.parse() {
+                Ok(n) => n,
+                Err(_) => continue,
+            };
+            if let Some(p) = k.strip_prefix("f:").and_then(|p| p.parse::<u32>().ok()) {
+                frontiers.insert(p, n);
+            } else if let Some(p) = k.strip_prefix("c:").and_then(|p| p.parse::<u32>().ok()) {
+                cursors.insert(p, n);
+            }
+        }
+        Ok(GroupRow {
+            count,
+            max_attempts: h.get("max").and_then(|v| v.parse().ok()).ok_or_else(|| bad("max attempts"))?,
+            settings,
+            cursors,
+            frontiers,
+            created_at: Timestamp::from_millis(h.get("created").and_then(|v| v.parse().ok()).unwrap_or(0)),
+            hws: hws.to_vec(),
+        })
+    }
+
+    /// Every group of a stream, loaded.
+    pub(super) async fn all_groups(&self, stream: &str) -> Result<Vec<GroupRow>> {
+        Ok(self.groups_named(stream).await?.into_iter().map(|(_, g)| g).collect())
+    }
+
+    async fn groups_named(&self, stream: &str) -> Result<Vec<(String, GroupRow)>> {
+        let m = self.meta(stream).await?;
+        let mut conn = self.conn();
+        let names: HashMap<String, String> = conn
+            .hgetall(format!("{}groups:{}", self.base, Self::tag(stream)))
+            .await
+            .map_err(|e| map_err("list_groups", false, &e))?;
+        let mut names: Vec<String> = names.into_keys().collect();
+        names.sort();
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for n in &names {
+            pipe.hgetall(self.group_key(stream, n));
+        }
+        let rows: Vec<HashMap<String, String>> =
+            pipe.query_async(&mut conn).await.map_err(|e| map_err("list_groups", false, &e))?;
+        let mut out = Vec::with_capacity(names.len());
+        for (n, h) in names.into_iter().zip(rows) {
+            if !h.is_empty() {
+                let row = Self::group_row(stream, &n, &h, &m.hws, m.count)?;
+                out.push((n, row));
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn list_groups_impl(&self, stream: &str) -> Result<Vec<GroupSummary>> {
+        Ok(self.groups_named(stream).await?.into_iter().map(|(n, g)| g.summary(&n)).collect())
+    }
+
+    /// The frontier a group starts at in each partition of `parts`.
+    async fn start_frontiers(
+        &self,
+        stream: &str,
+        count: u32,
+        start: &StartPosition,
+        parts: &[u32],
+        hws: &[u64],
+    ) -> Result<BTreeMap<u32, u64>> {
+        let firsts = match start {
+            StartPosition::At(t) => self.first_at_or_after(stream, count, *t).await?,
+            _ => BTreeMap::new(),
+        };
+        let log_starts = self.log_starts(stream, hws).await?;
+        Ok(common::start_frontiers(start, parts, hws, &firsts, &log_starts))
+    }
+
+    pub(super) async fn create_group_impl(
+        &self,
+        stream: &str,
+        group: &str,
+        opts: &GroupOptions,
+    ) -> Result<GroupSummary> {
+        let m = self.meta(stream).await?;
+        opts.validate(stream, m.count)?;
+        let subset = opts.partitions.as_ref().map(|ps| {
+            let mut ps = ps.clone();
+            ps.sort_unstable();
+            ps.dedup();
+            ps
+        });
+        let parts: Vec<u32> = subset.clone().unwrap_or_else(|| (0..m.count).collect());
+        let frontiers = self.start_frontiers(stream, m.count, &opts.start, &parts, &m.hws).await?;
+        let settings =
+            GroupSettings { partitions: subset.clone(), retry_backoff: opts.retry_backoff, ..GroupSettings::default() };
+        let text = serde_json::to_string(&settings).map_err(|e| Error::failed("create_group", e.to_string()))?;
+        let now = self.now();
+        let [g, gn] = Self::gargs(group);
+        let mut args: Vec<String> = vec![g, gn, now.as_millis().to_string(), opts.max_attempts.to_string(), text];
+        for (p, f) in &frontiers {
+            args.extend([p.to_string(), (*f).min(MAX_SEQ).to_string()]);
+        }
+        let r = self.run(&self.scripts.create_group, stream, &args, "create_group", true).await?;
+        match v_int(&r) {
+            Some(0) => {}
+            Some(-1) => return Err(Error::stream_not_found(stream)),
+            Some(-3) => {
+                return Err(Error::AlreadyExists { kind: ObjectKind::Group, name: format!("{stream}/{group}") });
+            }
+            _ => return Err(bad_reply("create_group", "a status")),
+        }
+        Ok(GroupSummary {
+            name: group.to_owned(),
+            max_attempts: opts.max_attempts,
+            partitions: subset,
+            created_at: now,
+        })
+    }
+
+    // ---- fetch ----
+
+    pub(super) async fn fetch_impl(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
+        let g = self.load_group(stream, group).await?;
+        let scope = g.scope(stream, opts.partitions.as_deref())?;
+        if scope.is_empty() {
+            return Ok(FetchReport::default());
+        }
+        let now = self.now();
+        let expires = now.saturating_add(opts.lease);
+        // Redis names every consumer of a group; an unnamed one is "rheo".
+        let consumer = opts.consumer_id.clone().filter(|c| !c.is_empty()).unwrap_or_else(|| "rheo".to_owned());
+        let parts = scope.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        let [gk, gn] = Self::gargs(group);
+        let mut args: Vec<String> = vec![
+            gk,
+            gn,
+            now.as_millis().to_string(),
+            expires.as_millis().to_string(),
+            consumer.clone(),
+            opts.limit.to_string(),
+            g.max_attempts.to_string(),
+            SPENT_PER_FETCH.to_string(),
+            parts,
+        ];
+        args.extend((0..opts.limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id()).to_string()));
+        let r = self.run(&self.scripts.claim, stream, &args, "fetch", true).await?;
+        missing_code(&r, stream, group)?;
+        let claims = v_arr(&r).get(1).map(v_arr).unwrap_or_default();
+        let name: Arc<str> = Arc::from(stream);
+        let group_name: Arc<str> = Arc::from(group);
+        let consumer: Arc<str> = Arc::from(consumer.as_str());
+        let mut leases = Vec::with_capacity(claims.len());
+        for c in claims {
+            let c = v_arr(c);
+            let (Some(p), Some(q), Some(attempt), Some(lease_id)) = (
+                c.first().and_then(v_u64).and_then(|p| u32::try_from(p).ok()),
+                c.get(1).and_then(v_u64),
+                c.get(2).and_then(v_u64).and_then(|a| u32::try_from(a).ok()),
+                c.get(3).and_then(v_text),
+            ) else {
+                return Err(bad_reply("fetch", "a claim"));
+            };
+            let fields = c.get(4).map(v_arr).unwrap_or_default();
+            let event = decode_entry(&name, p, &format!("{q}-0"), fields)?;
+            leases.push(Lease {
+                lease_id: lease_id.parse()?,
+                receipt: None,
+                group: group_name.clone(),
+                consumer_id: consumer.clone(),
+                attempt,
+                expires_at: expires,
+                event,
+            });
+        }
+        leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
+        Ok(FetchReport { leases, ..FetchReport::default() })
+    }
+
+    // ---- settles ----
+
+    /// Runs a batch script over leases grouped by (stream, group): one 1/0
+    /// per lease, `StreamNotFound`/`GroupNotFound` for all of a group.
+    async fn settle_batch(
+        &self,
+        leases: &[LeaseRef],
+        script: &redis::Script,
+        extra: Option<String>,
+        operation: &'static str,
+    ) -> Result<Vec<Result<bool>>> {
+        let mut out: Vec<Option<Result<bool>>> = vec![None; leases.len()];
+        for ((stream, group), idx) in common::by_group(leases) {
+            let [gk, gn] = Self::gargs(&group);
+            let mut args: Vec<String> = vec![gk, gn];
+            args.extend(extra.clone());
+            for &i in &idx {
+                let l = &leases[i];
+                args.extend([l.partition.to_string(), l.sequence.to_string(), l.lease_id.to_string()]);
+            }
+            let r = self.run(script, &stream, &args, operation, true).await?;
+            if let Err(e) = missing_code(&r, &stream, &group) {
+                for i in idx {
+                    out[i] = Some(Err(e.clone()));
+                }
+                continue;
+            }
+            let answers = v_arr(&r);
+            if answers.len() != idx.len() {
+                return Err(bad_reply(operation, "one answer per lease"));
+            }
+            for (i, a) in idx.into_iter().zip(answers) {
+                out[i] = Some(Ok(v_int(a) == Some(1)));
+            }
+        }
+        Ok(out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::failed(operation, "no result")))).collect())
+    }
+
+    pub(super) async fn ack_many_impl(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
+        let done = self.settle_batch(leases, &self.scripts.ack, None, "ack").await?;
+        Ok(done
+            .into_iter()
+            .zip(leases)
+            .map(|(r, l)| match r {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(l.stale()),
+                Err(e) => Err(e),
+            })
+            .collect())
+    }
+
+    pub(super) async fn renew_many_impl(&self, leases: &[LeaseRef], d: Duration) -> Result<Vec<Result<Timestamp>>> {
+        let exp = self.now().saturating_add(d);
+        let done = self.settle_batch(leases, &self.scripts.renew, Some(exp.as_millis().to_string()), "renew").await?;
+        Ok(done
+            .into_iter()
+            .zip(leases)
+            .map(|(r, l)| match r {
+                Ok(true) => Ok(exp),
+                Ok(false) => Err(l.stale()),
+                Err(e) => Err(e),
+            })
+            .collect())
+    }
+
+    /// Dead-letters or reschedules one held delivery (`attempt`: the one
+    /// the decision was made on, None for any).
+    #[allow(clippy::too_many_arguments)]
+    async fn settle_one(
+        &self,
+        lease: &LeaseRef,
+        attempt: Option<u32>,
+        dead: bool,
+        reason: &str,
+        now: Timestamp,
+        ready: Timestamp,
+        operation: &'static str,
+    ) -> Result<()> {
+        let [gk, gn] = Self::gargs(&lease.group);
+        let args: Vec<String> = vec![
+            gk,
+            gn,
+            lease.partition.to_string(),
+            lease.sequence.to_string(),
+            lease.lease_id.to_string(),
+            attempt.map(|a| a.to_string()).unwrap_or_default(),
+            if dead { "dead" } else { "wait" }.to_owned(),
+            reason.to_owned(),
+            now.as_millis().to_string(),
+            ready.as_millis().to_string(),
+        ];
+        let r = self.run(&self.scripts.settle_one, &lease.stream, &args, operation, true).await?;
+        missing_code(&r, &lease.stream, &lease.group)?;
+        if v_int(&r) == Some(1) { Ok(()) } else { Err(lease.stale()) }
+    }
+
+    pub(super) async fn reject_impl(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
+        let now = self.now();
+        self.settle_one(lease, None, true, &rules::rejected(reason), now, now, "reject").await
+    }
+
+    pub(super) async fn retry_impl(
+        &self,
+        lease: &LeaseRef,
+        reason: &str,
+        delay: Option<Duration>,
+    ) -> Result<RetryOutcome> {
+        let g = self.load_group(&lease.stream, &lease.group).await?;
+        // The attempt the decision rests on; the script applies it only if
+        // the lease still holds that attempt.
+        let mut conn = self.conn();
+        let raw: Option<String> = conn
+            .hget(
+                format!("{}st:{}:{}:{}", self.base, Self::tag(&lease.stream), key_name(&lease.group), lease.partition),
+                lease.sequence,
+            )
+            .await
+            .map_err(|e| map_err("retry", false, &e))?;
+        let attempt = raw
+            .as_deref()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+            .filter(|d| d["s"] == "L" && d["l"] == lease.lease_id.to_string().as_str())
+            .and_then(|d| d["a"].as_str().and_then(|a| a.parse::<u32>().ok()))
+            .ok_or_else(|| lease.stale())?;
+        let now = self.now();
+        let decision = rules::retry(attempt, g.max_attempts, reason, delay, &g.settings.retry_backoff, now);
+        let outcome = decision.outcome();
+        match decision {
+            rules::RetryDecision::DeadLetter { reason } => {
+                self.settle_one(lease, Some(attempt), true, &reason, now, now, "retry").await?;
+            }
+            rules::RetryDecision::Reschedule { available_at } => {
+                self.settle_one(lease, Some(attempt), false, reason, now, available_at.max(now), "retry").await?;
+            }
+        }
+        Ok(outcome)
+    }
+
+    pub(super) async fn skip_impl(
+        &self,
+        stream: &str,
+        group: &str,
+        partition: u32,
+        sequence: u64,
+        reason: &str,
+    ) -> Result<bool> {
+        let g = self.load_group(stream, group).await?;
+        common::check_skip(&g, stream, group, partition, sequence)?;
+        let log_start = self.log_starts(stream, &g.hws).await?.get(partition as usize).copied().unwrap_or(1);
+        if sequence < log_start {
+            return Err(common::dropped_by_retention(stream, partition, sequence, log_start));
+        }
+        let v = self.range(stream, partition, sequence - 1, sequence, 1).await?;
+        let eid = entries(&v)
+            .first()
+            .and_then(|(_, f)| f.chunks(2).find(|kv| v_text(&kv[0]).as_deref() == Some("id")))
+            .and_then(|kv| kv.get(1).and_then(v_text))
+            .unwrap_or_default();
+        let [gk, gn] = Self::gargs(group);
+        let args: Vec<String> = vec![
+            gk,
+            gn,
+            partition.to_string(),
+            sequence.to_string(),
+            rules::skipped(reason),
+            self.now().as_millis().to_string(),
+            eid,
+        ];
+        let r = self.run(&self.scripts.skip, stream, &args, "skip", true).await?;
+        missing_code(&r, stream, group)?;
+        match v_int(&r) {
+            Some(1) => Ok(true),
+            Some(0) => Ok(false),
+            Some(-4) => Err(common::already_settled(group, partition, sequence)),
+            _ => Err(bad_reply("skip", "a status")),
+        }
+    }
+
+    // ---- replay and reset ----
+
+    pub(super) async fn replay_impl(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64> {
+        let g = self.load_group(stream, group).await?;
+        let scope = g.scope(stream, replay.partitions.as_deref())?;
+        let starts: Vec<(u32, u64)> = match &replay.from {
+            ReplayFrom::Sequence(from) => {
+                let log_starts = self.log_starts(stream, &g.hws).await?;
+                let first = |p: u32| log_starts.get(p as usize).copied().unwrap_or(1).saturating_sub(1);
+                scope.iter().map(|&p| (p, (*from).max(first(p)))).collect()
+            }
+            ReplayFrom::Time(t) => {
+                let firsts = self.first_at_or_after(stream, g.count, *t).await?;
+                common::replay_time_starts(stream, group, &scope, &firsts, *t)?
+            }
+            ReplayFrom::Query(q) => {
+                let matched = common::all_matches(self, q, &scope).await?;
+                return self.replay_matches(stream, group, &matched).await;
+            }
+        };
+        let [gk, gn] = Self::gargs(group);
+        let mut args: Vec<String> = vec![gk, gn];
+        for (p, from) in starts {
+            args.extend([p.to_string(), from.min(MAX_SEQ).to_string(), g.hw(p).to_string()]);
+        }
+        let r = self.run(&self.scripts.replay, stream, &args, "replay", true).await?;
+        missing_code(&r, stream, group)?;
+        v_u64(&r).ok_or_else(|| bad_reply("replay", "a count"))
+    }
+
+    async fn replay_matches(&self, stream: &str, group: &str, matched: &[(u32, u64, String)]) -> Result<u64> {
+        let mut total = 0;
+        for chunk in matched.chunks(REPLAY_CHUNK) {
+            let [gk, gn] = Self::gargs(group);
+            let mut args: Vec<String> = vec![gk, gn, self.now().as_millis().to_string()];
+            for (p, q, id) in chunk {
+                args.extend([p.to_string(), q.to_string(), id.clone()]);
+            }
+            let r = self.run(&self.scripts.replay_query, stream, &args, "replay", true).await?;
+            missing_code(&r, stream, group)?;
+            total += v_u64(&r).ok_or_else(|| bad_reply("replay", "a count"))?;
+        }
+        Ok(total)
+    }
+
+    pub(super) async fn reset_impl(&self, stream: &str, group: &str, reset: &Reset) -> Result<()> {
+        let g = self.load_group(stream, group).await?;
+        if let StartPosition::AfterPerPartition(m) = &reset.start {
+            check_partitions(stream, &m.keys().copied().collect::<Vec<_>>(), g.count)?;
+        }
+        let scope = g.scope(stream, reset.partitions.as_deref())?;
+        let starts = self.start_frontiers(stream, g.count, &reset.start, &scope, &g.hws).await?;
+        let [gk, gn] = Self::gargs(group);
+        let mut args: Vec<String> = vec![gk, gn];
+        for (p, f) in starts {
+            args.extend([p.to_string(), f.min(MAX_SEQ).to_string()]);
+        }
+        let r = self.run(&self.scripts.reset, stream, &args, "reset_group", true).await?;
+        missing_code(&r, stream, group)
+    }
+
+    // ---- inspecting ----
+
+    pub(super) async fn group_info_impl(&self, stream: &str, group: &str) -> Result<GroupInfo> {
+        let g = self.load_group(stream, group).await?;
+        let scope = g.partitions();
+        let [gk, gn] = Self::gargs(group);
+        let parts = scope.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        let args: Vec<String> = vec![gk, gn, self.now().as_millis().to_string(), parts];
+        let r = self.run(&self.scripts.info, stream, &args, "group_info", false).await?;
+        missing_code(&r, stream, group)?;
+        let n: Vec<u64> = v_arr(&r).iter().filter_map(v_u64).collect();
+        let [inflight, waiting, dead] = n[..] else { return Err(bad_reply("group_info", "three counts")) };
+        Ok(GroupInfo {
+            summary: g.summary(group),
+            lag: g.lag(stream, group, &scope),
+            inflight,
+            retry_waiting: waiting,
+            dead_letters: dead,
+            retention_skipped: g.settings.retention_skipped,
+        })
+    }
+
+    pub(super) async fn dead_letters_impl(
+        &self,
+        stream: &str,
+        group: &str,
+        opts: &DeadLetterOptions,
+    ) -> Result<Vec<DeadLetter>> {
+        const OP: &str = "dead_letters";
+        self.load_group(stream, group).await?;
+        let tag = Self::tag(stream);
+        let gk = key_name(group);
+        let dl = format!("{}dl:{tag}:{gk}", self.base);
+        let dead = format!("{}dead:{tag}:{gk}", self.base);
+        let mut conn = self.conn();
+        let after: Option<String> = match (&opts.after_position, &opts.after) {
+            (Some((p, q)), _) => Some(format!("{p}:{q}")),
+            (None, Some(id)) => {
+                let pos: Option<String> =
+                    conn.hget(format!("{}dlid:{tag}:{gk}", self.base), id).await.map_err(|e| map_err(OP, false, &e))?;
+                Some(pos.ok_or_else(|| Error::CursorNotFound {
+                    scope: format!("dead letters of {stream:?}/{group:?}"),
+                    cursor: id.clone(),
+                })?)
+            }
+            (None, None) => None,
+        };
+        let limit = isize::try_from(opts.limit).unwrap_or(isize::MAX);
+        let positions: Vec<String> = match after {
+            None => conn.zrange(&dl, 0, limit - 1).await.map_err(|e| map_err(OP, false, &e))?,
+            Some(pos) => {
+                let score: Option<f64> = conn.zscore(&dl, &pos).await.map_err(|e| map_err(OP, false, &e))?;
+                let score = score.ok_or_else(|| Error::CursorNotFound {
+                    scope: format!("dead letters of {stream:?}/{group:?}"),
+                    cursor: opts.after.clone().unwrap_or(pos.clone()),
+                })?;
+                conn.zrangebyscore_limit(&dl, format!("({score}"), "+inf", 0, limit)
+                    .await
+                    .map_err(|e| map_err(OP, false, &e))?
+            }
+        };
+        if positions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let records: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(&dead)
+            .arg(&positions)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| map_err(OP, false, &e))?;
+        let name: Arc<str> = Arc::from(stream);
+        let mut out = Vec::with_capacity(positions.len());
+        for (pos, rec) in positions.iter().zip(records) {
+            let (Some((p, q)), Some(rec)) = (
+                pos.split_once(':').and_then(|(p, q)| Some((p.parse::<u32>().ok()?, q.parse::<u64>().ok()?))),
+                rec.and_then(|r| serde_json::from_str::<DeadRecord>(&r).ok()),
+            ) else {
+                return Err(Error::failed(
+                    OP,
+                    format!("redis: dead letter {pos} of {stream:?}/{group:?} is not valid"),
+                ));
+            };
+            let v = self.range(stream, p, q - 1, q, 1).await?;
+            let event = match entries(&v).first() {
+                Some((id, f)) => Some(decode_entry(&name, p, id, f)?),
+                None => None,
+            };
+            out.push(DeadLetter {
+                partition: p,
+                sequence: q,
+                dropped: event.is_none(),
+                event,
+                damage: None,
+                reason: rec.r,
+                attempts: rec.a.parse().unwrap_or(0),
+                dead_lettered_at: Timestamp::from_millis(rec.t.parse().unwrap_or(0)),
+            });
+        }
+        Ok(out)
+    }
+}

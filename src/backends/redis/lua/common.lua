@@ -1,0 +1,103 @@
+-- Shared by every script of the Redis backend (prepended to each; see
+-- src/backends/redis/scripts.rs). ARGV[1] is the key prefix
+-- ("rheo:<namespace>:"), ARGV[2] the stream's hash tag ("{<stream>}"), so
+-- every key a script touches is in the stream's Cluster slot.
+local B, T = ARGV[1], ARGV[2]
+-- The group a script works on: its encoded name (in keys) and its name
+-- (the Redis consumer group of each partition stream). Set by the script.
+local G, GN = nil, nil
+
+-- Integers as Redis arguments, never in exponent form.
+local function s(n) return string.format('%d', n) end
+
+local function meta() return B .. 'meta:' .. T end
+local function skey(p) return B .. 's:' .. T .. ':' .. p end
+local function idskey() return B .. 'ids:' .. T end
+local function groupskey() return B .. 'groups:' .. T end
+local function gkey() return B .. 'g:' .. T .. ':' .. G end
+local function stkey(p) return B .. 'st:' .. T .. ':' .. G .. ':' .. p end
+local function duekey(p) return B .. 'due:' .. T .. ':' .. G .. ':' .. p end
+local function donekey(p) return B .. 'done:' .. T .. ':' .. G .. ':' .. p end
+local function dlkey() return B .. 'dl:' .. T .. ':' .. G end
+local function deadkey() return B .. 'dead:' .. T .. ':' .. G end
+local function dlidkey() return B .. 'dlid:' .. T .. ':' .. G end
+
+-- The sequence of an entry id "<sequence>-0".
+local function seq_of(id) return tonumber(string.match(id, '^(%d+)-')) end
+
+-- A field of an entry's flat [field, value, ...] array.
+local function field(fields, name)
+  for i = 1, #fields, 2 do
+    if fields[i] == name then return fields[i + 1] end
+  end
+  return nil
+end
+
+-- -1: the stream is missing; -2: the group is missing; 0: both exist.
+local function missing()
+  if redis.call('EXISTS', meta()) == 0 then return -1 end
+  if G and redis.call('EXISTS', gkey()) == 0 then return -2 end
+  return 0
+end
+
+local function frontier(p) return tonumber(redis.call('HGET', gkey(), 'f:' .. p) or '0') end
+local function cursor(p, f) return tonumber(redis.call('HGET', gkey(), 'c:' .. p) or s(f + 1)) end
+
+-- Moves partition p's frontier over the settled sequences right above it
+-- (the done set holds settled sequences above the frontier).
+local function collapse(p)
+  local f = frontier(p)
+  local start = f
+  local done = donekey(p)
+  while true do
+    local xs = redis.call('ZRANGE', done, 0, 255)
+    local stop = false
+    for _, m in ipairs(xs) do
+      local q = tonumber(m)
+      if q == f + 1 then f = q
+      elseif q > f then stop = true; break end
+    end
+    redis.call('ZREMRANGEBYSCORE', done, '-inf', s(f))
+    if stop or #xs < 256 then break end
+  end
+  if f ~= start then redis.call('HSET', gkey(), 'f:' .. p, s(f)) end
+end
+
+-- Dead-letters position (p, q) of the group: listed in order (the group's
+-- mark counter), settled for the frontier, its state and pending entry gone.
+local function dead_letter(p, q, attempts, reason, eid, now)
+  local pos = p .. ':' .. s(q)
+  local rec = {r = reason, a = tostring(attempts), t = now}
+  if eid then rec.i = eid end
+  redis.call('HSET', deadkey(), pos, cjson.encode(rec))
+  local m = redis.call('HINCRBY', gkey(), 'marks', 1)
+  redis.call('ZADD', dlkey(), m, pos)
+  if eid then redis.call('HSET', dlidkey(), eid, pos) end
+  redis.call('HDEL', stkey(p), s(q))
+  redis.call('ZREM', duekey(p), s(q))
+  redis.call('XACK', skey(p), GN, s(q) .. '-0')
+  redis.call('ZADD', donekey(p), s(q), s(q))
+end
+
+-- Removes the dead letter at pos (a replay or reset reopened it).
+local function undead(pos)
+  local raw = redis.call('HGET', deadkey(), pos)
+  if not raw then return false end
+  local d = cjson.decode(raw)
+  if d.i then redis.call('HDEL', dlidkey(), d.i) end
+  redis.call('HDEL', deadkey(), pos)
+  redis.call('ZREM', dlkey(), pos)
+  return true
+end
+
+-- The dead letters of partition p: {pos, sequence} pairs.
+local function dead_of(p)
+  local out = {}
+  local prefix = p .. ':'
+  for _, pos in ipairs(redis.call('HKEYS', deadkey())) do
+    if string.sub(pos, 1, #prefix) == prefix then
+      out[#out + 1] = {pos, tonumber(string.sub(pos, #prefix + 1))}
+    end
+  end
+  return out
+end

@@ -1,0 +1,616 @@
+//! The Redis backend: `redis://…` (feature `redis`), Redis Streams with
+//! consumer groups, every rule of `docs/semantics.md` (ADR 0019).
+//!
+//! Each partition is a Redis stream whose entry ids are the sequences
+//! (`<sequence>-0`), so a read by sequence is an `XRANGE` and retention an
+//! exact `XTRIM MINID`. Each group is a Redis consumer group on every
+//! partition stream it consumes: new deliveries come from `XREADGROUP`,
+//! acknowledgements `XACK` them. What Redis Streams lacks (fences, retry
+//! backoff, attempts and dead letters, a contiguous frontier, replay) is
+//! kept beside them in hashes and sorted sets, and every step that reads
+//! and changes that state is one Lua script, so no check and act are ever
+//! split across round trips. `docs/guides/redis.md` is the user's guide.
+//!
+//! Keys, all under `rheo:<namespace>:` and with the stream's name as the
+//! hash tag (so a Redis Cluster keeps a stream and its groups on one node):
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `streams` | set | every stream's name |
+//! | `meta:{s}` | hash | partition count, created, retention, indexes, per partition the high watermark (`hw:<p>`) and stored bytes (`bytes:<p>`) |
+//! | `s:{s}:<p>` | stream | partition p's events, entry id `<sequence>-0` |
+//! | `ids:{s}` | hash | producer-given event id → `<p>:<sequence>:<timestamp>` (idempotent appends) |
+//! | `groups:{s}` | hash | group name → its name as keys spell it |
+//! | `g:{s}:<g>` | hash | max attempts, settings, per partition frontier (`f:<p>`) and cursor (`c:<p>`), skipped count, dead-letter counter |
+//! | `st:{s}:<g>:<p>` | hash | sequence → the fence of a delivery in flight or waiting to be retried (JSON) |
+//! | `due:{s}:<g>:<p>` | sorted set | those sequences by when they become claimable (lease expiry, end of the retry wait) |
+//! | `done:{s}:<g>:<p>` | sorted set | settled sequences above the frontier |
+//! | `dl:{s}:<g>`, `dead:{s}:<g>`, `dlid:{s}:<g>` | sorted set, hashes | dead letters in order, their records, by event id |
+//!
+//! Names are spelled in keys with `%`, `{`, `}`, `:` and control bytes
+//! percent-encoded, so no two names share a key.
+//!
+//! URL options (query parameters; the rest of the URL is the driver's):
+//!
+//! | option | meaning | default |
+//! |---|---|---|
+//! | `rheo_namespace=NAME` | the key prefix's namespace (several fleets may share a server) | `Rheo.Redis` |
+//! | `rheo_connect_timeout_ms=N` | how long connecting may take before `BackendUnavailable` | 5000 |
+//! | `rheo_response_timeout_ms=N` | how long a call waits for its reply (then `Ambiguous` for a write) | 10000 |
+//! | `rheo_retention_interval_ms=N` | how often retention runs in the background (0: never) | 10000 |
+//!
+//! ```no_run
+//! # async fn demo() -> rheo::Result<()> {
+//! let rheo = rheo::Rheo::open("redis://cache.internal:6379/0?rheo_namespace=billing").await?;
+//! # Ok(()) }
+//! ```
+
+mod groups;
+mod scripts;
+mod streams;
+mod watch;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::RwLock;
+use redis::Value;
+use redis::aio::ConnectionManager;
+
+use super::redact_url;
+use crate::backend::{Backend, Subscription};
+use crate::backends::WakeupMap;
+use crate::error::{Error, Result};
+use crate::model::capabilities::Capabilities;
+use crate::model::event::{Event, NewEvent, Position};
+use crate::model::group::{
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, Replay,
+    Reset, StreamInfo, StreamOptions,
+};
+use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
+use crate::model::query::{Page, Query};
+use crate::model::retention::{Retention, RetentionReport};
+use crate::model::time::{Clock, Timestamp};
+
+const NAME: &str = "redis";
+
+/// The namespace of the key prefix when the URL names none (the
+/// reference's default).
+pub const DEFAULT_NAMESPACE: &str = "Rheo.Redis";
+
+/// Options of a `redis://` URL that are this crate's, not the driver's.
+#[derive(Debug, Clone, PartialEq)]
+struct UrlOptions {
+    namespace: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    retention_interval: Duration,
+}
+
+impl Default for UrlOptions {
+    fn default() -> Self {
+        UrlOptions {
+            namespace: DEFAULT_NAMESPACE.to_owned(),
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(10),
+            retention_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Splits the `rheo_*` options off a URL: (options, the URL the driver
+/// gets).
+fn parse_url(url: &str) -> Result<(UrlOptions, String)> {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut o = UrlOptions::default();
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let millis = |min: u64, max: u64| -> Result<Duration> {
+            match v.parse::<u64>() {
+                Ok(n) if (min..=max).contains(&n) => Ok(Duration::from_millis(n)),
+                _ => Err(Error::invalid("url", format!("{k}={v:?}: expected milliseconds from {min} to {max}"))),
+            }
+        };
+        match k {
+            "rheo_namespace" => {
+                if v.is_empty() || v.len() > 64 || v.bytes().any(|b| b.is_ascii_control() || b == b':' || b == b' ') {
+                    return Err(Error::invalid(
+                        "url",
+                        format!("rheo_namespace={v:?}: 1 to 64 characters, no spaces, colons or control characters"),
+                    ));
+                }
+                o.namespace = v.to_owned();
+            }
+            "rheo_connect_timeout_ms" => o.connect_timeout = millis(1, 3_600_000)?,
+            "rheo_response_timeout_ms" => o.response_timeout = millis(1, 3_600_000)?,
+            "rheo_retention_interval_ms" => o.retention_interval = millis(0, 86_400_000)?,
+            k if k.starts_with("rheo_") => {
+                return Err(Error::invalid(
+                    "url",
+                    format!(
+                        "unknown redis option {k:?}; expected rheo_namespace, rheo_connect_timeout_ms, \
+                         rheo_response_timeout_ms or rheo_retention_interval_ms"
+                    ),
+                ));
+            }
+            _ => rest.push(pair),
+        }
+    }
+    let driver = if rest.is_empty() { base.to_owned() } else { format!("{base}?{}", rest.join("&")) };
+    Ok((o, driver))
+}
+
+/// A name as keys spell it: `%`, `{`, `}`, `:` and control bytes
+/// percent-encoded, so that every name has its own keys and the hash tag
+/// `{...}` holds the whole stream name.
+pub(crate) fn key_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if matches!(c, '%' | '{' | '}' | ':') || c.is_control() {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Maps a driver error at the boundary. `write`: the call may have changed
+/// something, so a reply lost after it was sent leaves it `Ambiguous`.
+pub(crate) fn map_err(operation: &'static str, write: bool, e: &redis::RedisError) -> Error {
+    use redis::ErrorKind as K;
+    let text = e.to_string();
+    if e.is_connection_refusal() {
+        return Error::unavailable(NAME, operation, text);
+    }
+    if e.is_timeout() || e.is_connection_dropped() || e.is_io_error() {
+        return if write {
+            Error::ambiguous(operation, format!("{NAME}: {text}"))
+        } else {
+            Error::unavailable(NAME, operation, text)
+        };
+    }
+    match e.kind() {
+        // The server refused the call before running it.
+        K::Server(redis::ServerErrorKind::BusyLoading)
+        | K::Server(redis::ServerErrorKind::TryAgain)
+        | K::Server(redis::ServerErrorKind::ClusterDown)
+        | K::Server(redis::ServerErrorKind::MasterDown)
+        | K::Server(redis::ServerErrorKind::ReadOnly) => Error::unavailable(NAME, operation, text),
+        _ if text.contains("OOM") => {
+            Error::unavailable(NAME, operation, format!("{text} (the server is at its maxmemory: nothing was written)"))
+        }
+        _ => Error::failed(operation, format!("{NAME}: {text}")),
+    }
+}
+
+/// What the server's persistence makes of an acknowledged write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Durability {
+    /// `appendonly yes`.
+    pub aof: bool,
+    /// `appendfsync`: `always`, `everysec` or `no`.
+    pub fsync: String,
+    /// False when `CONFIG GET` was refused (a managed server): unknown.
+    pub known: bool,
+}
+
+impl Durability {
+    /// True only with AOF and `appendfsync always`: every acknowledged
+    /// write was on disk (fsynced) before its reply.
+    pub fn durable(&self) -> bool {
+        self.known && self.aof && self.fsync == "always"
+    }
+
+    /// One line for logs and `rheo` output.
+    pub fn describe(&self) -> String {
+        match (self.known, self.aof, self.fsync.as_str()) {
+            (false, _, _) => "unknown (CONFIG GET refused): treated as not durable".to_owned(),
+            (true, false, _) => {
+                "no AOF: acknowledged writes are lost when Redis restarts (RDB snapshots at best)".to_owned()
+            }
+            (true, true, "always") => "AOF with appendfsync always: acknowledged writes survive a crash".to_owned(),
+            (true, true, "everysec") => {
+                "AOF with appendfsync everysec: up to about a second of acknowledged writes can be lost in a crash"
+                    .to_owned()
+            }
+            (true, true, other) => {
+                format!("AOF with appendfsync {other}: the OS decides when writes reach the disk")
+            }
+        }
+    }
+}
+
+/// The Redis backend.
+pub struct RedisBackend {
+    conn: ConnectionManager,
+    client: redis::Client,
+    /// `rheo:<namespace>:`.
+    base: String,
+    clock: Arc<dyn Clock>,
+    /// Partition counts of the streams this handle has seen (they never change).
+    partition_counts: RwLock<HashMap<String, u32>>,
+    wakeups: Arc<WakeupMap>,
+    /// What subscribers were woken for (see `watch`).
+    seen: Arc<watch::Seen>,
+    watchers: watch::Watchers,
+    durability: Durability,
+    retention_interval: Duration,
+    scripts: scripts::Scripts,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend").field("prefix", &self.base).finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    /// Opens `redis://…` (or `rediss://…`): parses the URL, connects, and
+    /// reads the server's persistence settings.
+    pub(crate) async fn open(url: &str, clock: Arc<dyn Clock>) -> Result<RedisBackend> {
+        let (o, driver_url) = parse_url(url)?;
+        let client =
+            redis::Client::open(driver_url).map_err(|e| Error::invalid("url", format!("{}: {e}", redact_url(url))))?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(o.connect_timeout))
+            .set_response_timeout(Some(o.response_timeout))
+            .set_number_of_retries(2);
+        let conn = tokio::time::timeout(o.connect_timeout, client.get_connection_manager_with_config(config))
+            .await
+            .map_err(|_| {
+                Error::unavailable(
+                    NAME,
+                    "open",
+                    format!("cannot reach {} within {:?}", redact_url(url), o.connect_timeout),
+                )
+            })?
+            .map_err(|e| Error::unavailable(NAME, "open", format!("cannot reach {}: {e}", redact_url(url))))?;
+        let mut backend = RedisBackend {
+            conn,
+            client,
+            base: format!("rheo:{}:", o.namespace),
+            clock,
+            partition_counts: RwLock::new(HashMap::new()),
+            wakeups: Arc::new(WakeupMap::default()),
+            seen: Arc::new(watch::Seen::default()),
+            watchers: watch::Watchers::default(),
+            durability: Durability { aof: false, fsync: String::new(), known: false },
+            retention_interval: o.retention_interval,
+            scripts: scripts::Scripts::new(),
+        };
+        backend.durability = backend.read_durability().await?;
+        tracing::info!(url = %redact_url(url), durability = %backend.durability.describe(), "redis backend opened");
+        Ok(backend)
+    }
+
+    /// `CONFIG GET appendonly appendfsync`; a server that refuses it
+    /// (managed services rename CONFIG) is "unknown".
+    async fn read_durability(&self) -> Result<Durability> {
+        let mut conn = self.conn.clone();
+        let got: redis::RedisResult<HashMap<String, String>> =
+            redis::cmd("CONFIG").arg("GET").arg("append*").query_async(&mut conn).await;
+        match got {
+            Ok(m) => Ok(Durability {
+                aof: m.get("appendonly").is_some_and(|v| v == "yes"),
+                fsync: m.get("appendfsync").cloned().unwrap_or_default(),
+                known: m.contains_key("appendonly"),
+            }),
+            Err(e) if e.is_connection_refusal() || e.is_io_error() || e.is_timeout() => Err(map_err("open", false, &e)),
+            Err(_) => Ok(Durability { aof: false, fsync: String::new(), known: false }),
+        }
+    }
+
+    /// What the server's persistence makes of acknowledged writes.
+    pub fn durability(&self) -> String {
+        self.durability.describe()
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// The hash tag of a stream: `{<name as keys spell it>}`.
+    fn tag(stream: &str) -> String {
+        format!("{{{}}}", key_name(stream))
+    }
+
+    fn meta_key(&self, stream: &str) -> String {
+        format!("{}meta:{}", self.base, Self::tag(stream))
+    }
+
+    fn part_key(&self, stream: &str, p: u32) -> String {
+        format!("{}s:{}:{p}", self.base, Self::tag(stream))
+    }
+
+    fn group_key(&self, stream: &str, group: &str) -> String {
+        format!("{}g:{}:{}", self.base, Self::tag(stream), key_name(group))
+    }
+
+    fn streams_key(&self) -> String {
+        format!("{}streams", self.base)
+    }
+
+    /// Runs a script on `stream`'s keys: `args` after the prefix and the
+    /// tag. `write`: a lost reply leaves the call `Ambiguous`.
+    async fn run<A: redis::ToRedisArgs + Sync>(
+        &self,
+        script: &redis::Script,
+        stream: &str,
+        args: &[A],
+        operation: &'static str,
+        write: bool,
+    ) -> Result<Value> {
+        let mut inv = script.prepare_invoke();
+        inv.key(self.meta_key(stream)).arg(&self.base).arg(Self::tag(stream));
+        for a in args {
+            inv.arg(a);
+        }
+        let mut conn = self.conn();
+        inv.invoke_async::<Value>(&mut conn).await.map_err(|e| map_err(operation, write, &e))
+    }
+}
+
+// ---- reading replies ----
+
+pub(crate) fn v_int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(n) => Some(*n),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+pub(crate) fn v_u64(v: &Value) -> Option<u64> {
+    v_int(v).and_then(|n| u64::try_from(n).ok())
+}
+
+pub(crate) fn v_text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+pub(crate) fn v_arr(v: &Value) -> &[Value] {
+    match v {
+        Value::Array(a) | Value::Set(a) => a,
+        _ => &[],
+    }
+}
+
+/// A script's answer that is one of the "missing" codes: -1 the stream,
+/// -2 the group.
+pub(crate) fn missing_code(v: &Value, stream: &str, group: &str) -> Result<()> {
+    match v_int(v) {
+        Some(-1) => Err(Error::stream_not_found(stream)),
+        Some(-2) => Err(Error::group_not_found(stream, group)),
+        _ => Ok(()),
+    }
+}
+
+/// An answer that is not what the script returns.
+pub(crate) fn bad_reply(operation: &'static str, what: &str) -> Error {
+    Error::failed(operation, format!("{NAME}: unexpected reply from the {operation} script: {what}"))
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut c = Capabilities::new(NAME);
+        c.durable = self.durability.durable();
+        c.distributed = true;
+        c.wakeups = true;
+        c.ops_inspect = true;
+        c.retention = true;
+        c
+    }
+
+    async fn ping(&self) -> Result<()> {
+        let mut conn = self.conn();
+        redis::cmd("PING").query_async::<String>(&mut conn).await.map_err(|e| map_err("ping", false, &e))?;
+        Ok(())
+    }
+
+    async fn ensure_schema(&self) -> Result<()> {
+        // Keys need no schema; this checks the server runs the scripts
+        // (Redis 7 or later: XREADGROUP inside Lua, shebang flags).
+        self.ping().await?;
+        let mut conn = self.conn();
+        let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await.unwrap_or_default();
+        if let Some(v) = info.lines().find_map(|l| l.strip_prefix("redis_version:"))
+            && v.split('.').next().and_then(|m| m.trim().parse::<u32>().ok()).is_some_and(|m| m < 7)
+        {
+            return Err(Error::invalid("url", format!("redis {v}: rheo needs Redis 7 or later")));
+        }
+        Ok(())
+    }
+
+    async fn create_stream(&self, stream: &str, opts: &StreamOptions) -> Result<StreamInfo> {
+        self.create_stream_impl(stream, opts).await
+    }
+
+    async fn create_group(&self, stream: &str, group: &str, opts: &GroupOptions) -> Result<GroupSummary> {
+        self.create_group_impl(stream, group, opts).await
+    }
+
+    async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
+        let out = self.append_impl(stream, events).await?;
+        let mut news = false;
+        for at in out.iter().filter(|at| !at.duplicate) {
+            news |= self.seen.raise(stream, at.partition, at.sequence);
+        }
+        if news {
+            self.wakeups.wake(stream);
+        }
+        Ok(out)
+    }
+
+    async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
+        self.read_impl(stream, partition, after, limit).await
+    }
+
+    async fn query(&self, query: &Query) -> Result<Page> {
+        self.query_impl(query).await
+    }
+
+    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
+        self.fetch_impl(stream, group, opts).await
+    }
+
+    async fn renew(&self, lease: &LeaseRef, lease_duration: Duration) -> Result<Timestamp> {
+        let mut all = self.renew_many_impl(std::slice::from_ref(lease), lease_duration).await?;
+        all.pop().unwrap_or_else(|| Err(Error::failed("renew", "no result")))
+    }
+
+    async fn renew_many(&self, leases: &[LeaseRef], lease_duration: Duration) -> Result<Vec<Result<Timestamp>>> {
+        self.renew_many_impl(leases, lease_duration).await
+    }
+
+    async fn ack(&self, lease: &LeaseRef) -> Result<()> {
+        let mut all = self.ack_many_impl(std::slice::from_ref(lease)).await?;
+        all.pop().unwrap_or_else(|| Err(Error::failed("ack", "no result")))
+    }
+
+    async fn ack_many(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
+        self.ack_many_impl(leases).await
+    }
+
+    async fn retry(&self, lease: &LeaseRef, reason: &str, delay: Option<Duration>) -> Result<RetryOutcome> {
+        self.retry_impl(lease, reason, delay).await
+    }
+
+    async fn reject(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
+        self.reject_impl(lease, reason).await
+    }
+
+    async fn skip(&self, stream: &str, group: &str, partition: u32, sequence: u64, reason: &str) -> Result<bool> {
+        self.skip_impl(stream, group, partition, sequence, reason).await
+    }
+
+    async fn replay(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64> {
+        self.replay_impl(stream, group, replay).await
+    }
+
+    async fn reset_group(&self, stream: &str, group: &str, reset: &Reset) -> Result<()> {
+        self.reset_impl(stream, group, reset).await
+    }
+
+    async fn lag(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
+        let g = self.load_group(stream, group).await?;
+        let scope = g.scope(stream, partitions)?;
+        Ok(g.lag(stream, group, &scope))
+    }
+
+    async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
+        self.list_streams_impl().await
+    }
+
+    async fn stream_info(&self, stream: &str) -> Result<StreamInfo> {
+        self.stream_info_impl(stream).await
+    }
+
+    async fn set_retention(&self, stream: &str, retention: &Retention) -> Result<StreamInfo> {
+        self.set_retention_impl(stream, retention).await
+    }
+
+    async fn enforce_retention(&self, stream: &str) -> Result<RetentionReport> {
+        self.enforce_retention_impl(stream).await
+    }
+
+    fn retention_interval(&self) -> Option<Duration> {
+        (!self.retention_interval.is_zero()).then_some(self.retention_interval)
+    }
+
+    async fn retention_round(&self) -> Result<Vec<RetentionReport>> {
+        self.retention_round_impl().await
+    }
+
+    async fn list_groups(&self, stream: &str) -> Result<Vec<GroupSummary>> {
+        self.list_groups_impl(stream).await
+    }
+
+    async fn dead_letters(&self, stream: &str, group: &str, opts: &DeadLetterOptions) -> Result<Vec<DeadLetter>> {
+        self.dead_letters_impl(stream, group, opts).await
+    }
+
+    async fn group_info(&self, stream: &str, group: &str) -> Result<GroupInfo> {
+        self.group_info_impl(stream, group).await
+    }
+
+    async fn create_index(&self, stream: &str, field: &str) -> Result<()> {
+        self.create_index_impl(stream, field).await
+    }
+
+    async fn index_status(&self, stream: &str) -> Result<Vec<IndexStatus>> {
+        self.index_status_impl(stream).await
+    }
+
+    async fn subscribe(&self, stream: &str) -> Result<Subscription> {
+        let count = self.partition_count(stream).await?;
+        let keys = (0..count).map(|p| self.part_key(stream, p)).collect();
+        self.watchers.ensure(stream, keys, &self.client, self.wakeups.clone(), self.seen.clone());
+        Ok(self.wakeups.get(stream).subscribe())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rheo_options_are_taken_off_the_url_and_checked() {
+        let (o, driver) = parse_url("redis://h:1/0?rheo_namespace=billing&protocol=resp3").expect("parse");
+        assert_eq!(o.namespace, "billing");
+        assert_eq!(driver, "redis://h:1/0?protocol=resp3");
+        let (o, driver) = parse_url("redis://h/").expect("parse");
+        assert_eq!((o, driver.as_str()), (UrlOptions::default(), "redis://h/"));
+        for (url, says) in [
+            ("redis://h/?rheo_namespace=", "1 to 64 characters"),
+            ("redis://h/?rheo_namespace=a:b", "no spaces, colons"),
+            ("redis://h/?rheo_connect_timeout_ms=0", "from 1 to"),
+            ("redis://h/?rheo_retention_interval_ms=x", "from 0 to"),
+            ("redis://h/?rheo_colour=red", "unknown redis option \"rheo_colour\""),
+        ] {
+            let e = parse_url(url).expect_err(url);
+            assert!(matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains(says), "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn names_have_keys_of_their_own() {
+        assert_eq!(key_name("orders.v2"), "orders.v2");
+        assert_eq!(key_name("a}:b{%"), "a%7D%3Ab%7B%25");
+        // Without the encoding these two pairs would share the key g:{a}:x}:b.
+        let one = format!("{}:{}", key_name("a"), key_name("x}:b"));
+        let two = format!("{}:{}", key_name("a}:x"), key_name("b"));
+        assert_ne!(one, two);
+        assert_eq!(RedisBackend::tag("a}b"), "{a%7Db}");
+    }
+
+    #[test]
+    fn durability_is_stated_per_setting() {
+        let d = |aof, fsync: &str| Durability { aof, fsync: fsync.to_owned(), known: true };
+        assert!(d(true, "always").durable());
+        assert!(!d(true, "everysec").durable() && d(true, "everysec").describe().contains("a second"));
+        assert!(!d(false, "always").durable() && d(false, "always").describe().contains("no AOF"));
+        assert!(!Durability { aof: true, fsync: "always".into(), known: false }.durable());
+    }
+}

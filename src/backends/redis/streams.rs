@@ -1,0 +1,566 @@
+//! Streams and events on Redis: one Redis stream per partition with the
+//! sequence as entry id, the meta hash, appends in one script, reads and
+//! queries by `XRANGE`, retention passes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use redis::{AsyncCommands, Value};
+
+use super::{RedisBackend, bad_reply, map_err, v_arr, v_int, v_text, v_u64};
+use crate::backends::dedupe::{Plan, resolve_plan};
+use crate::error::{Error, ObjectKind, Result};
+use crate::groups::retention::new_start;
+use crate::model::event::{Event, EventParts, Metadata, NewEvent, Payload, PayloadFormat, Position};
+use crate::model::group::{IndexStatus, MAX_INDEXES, StreamInfo, StreamOptions, check_partitions};
+use crate::model::path::canonical_path;
+use crate::model::query::{ALWAYS_INDEXED, Page, Query, check_index_field};
+use crate::model::retention::{DroppedRange, GroupSkip, PartitionInfo, Retention, RetentionReport};
+use crate::model::routing::route;
+use crate::model::time::Timestamp;
+
+/// Entries one `XRANGE` of a read, query or scan returns at most.
+const PAGE: usize = 1000;
+/// Entries one retention step deletes per partition at most.
+const TRIM_BATCH: usize = 1000;
+/// Steps of one retention pass at most (a million entries per partition);
+/// the next pass goes on.
+const TRIM_STEPS: usize = 1000;
+
+/// The meta hash of a stream, as read.
+#[derive(Debug, Clone)]
+pub(super) struct Meta {
+    pub count: u32,
+    pub created: Timestamp,
+    pub retention: Retention,
+    pub indexes: Vec<String>,
+    pub hws: Vec<u64>,
+    pub bytes: Vec<u64>,
+}
+
+/// An entry's fields, decoded into an event.
+pub(super) fn decode_entry(stream: &Arc<str>, p: u32, entry_id: &str, fields: &[Value]) -> Result<Event> {
+    let sequence = entry_id
+        .split_once('-')
+        .and_then(|(s, _)| s.parse::<u64>().ok())
+        .ok_or_else(|| bad_entry(stream, p, entry_id, "its id is not <sequence>-0"))?;
+    let mut parts = EventParts::new(stream, p, sequence);
+    let mut payload = None;
+    let mut i = 0;
+    while i + 1 < fields.len() {
+        let name = v_text(&fields[i]).unwrap_or_default();
+        let value = &fields[i + 1];
+        let bytes = match value {
+            Value::BulkString(b) => b.clone(),
+            other => v_text(other).unwrap_or_default().into_bytes(),
+        };
+        let text = || String::from_utf8(bytes.clone()).map_err(|_| bad_entry(stream, p, entry_id, &name));
+        match name.as_str() {
+            "id" => parts.id = text()?,
+            "timestamp" => {
+                let ms: i64 = text()?.parse().map_err(|_| bad_entry(stream, p, entry_id, "timestamp"))?;
+                parts.timestamp = Timestamp::from_millis(ms);
+            }
+            "key" => parts.key = Some(text()?),
+            "type" => parts.event_type = Some(text()?),
+            "metadata" => {
+                parts.metadata = serde_json::from_slice::<Metadata>(&bytes)
+                    .map_err(|_| bad_entry(stream, p, entry_id, "metadata"))?;
+            }
+            "mp" => {
+                payload =
+                    Some(Payload::from_msgpack(bytes).map_err(|_| bad_entry(stream, p, entry_id, "payload (mp)"))?)
+            }
+            "json" => {
+                payload = Some(
+                    Payload::from_stored_json(bytes).map_err(|_| bad_entry(stream, p, entry_id, "payload (json)"))?,
+                )
+            }
+            _ => {}
+        }
+        i += 2;
+    }
+    parts.payload = payload.ok_or_else(|| bad_entry(stream, p, entry_id, "payload"))?;
+    Ok(Event::from(parts))
+}
+
+fn bad_entry(stream: &str, p: u32, entry_id: &str, what: &str) -> Error {
+    Error::failed(
+        "reading an event",
+        format!("redis: stream {stream:?} partition {p} entry {entry_id}: {what} is missing or not valid"),
+    )
+}
+
+/// The entries of an `XRANGE` reply: (entry id, fields).
+pub(super) fn entries(v: &Value) -> Vec<(String, &[Value])> {
+    v_arr(v)
+        .iter()
+        .filter_map(|e| {
+            let e = v_arr(e);
+            Some((v_text(e.first()?)?, v_arr(e.get(1)?)))
+        })
+        .collect()
+}
+
+impl RedisBackend {
+    /// A stream's meta hash: `StreamNotFound` when there is none.
+    pub(super) async fn meta(&self, stream: &str) -> Result<Meta> {
+        let mut conn = self.conn();
+        let m: HashMap<String, String> =
+            conn.hgetall(self.meta_key(stream)).await.map_err(|e| map_err("read", false, &e))?;
+        if m.is_empty() {
+            return Err(Error::stream_not_found(stream));
+        }
+        let bad = |what: &str| {
+            Error::failed("read", format!("redis: stream {stream:?}: the meta hash's {what} is missing or not valid"))
+        };
+        let count: u32 =
+            m.get("partitions").and_then(|v| v.parse().ok()).filter(|&n| n > 0).ok_or_else(|| bad("partitions"))?;
+        let created = Timestamp::from_millis(m.get("created").and_then(|v| v.parse().ok()).unwrap_or(0));
+        let retention = match m.get("retention") {
+            Some(t) => serde_json::from_str(t).map_err(|_| bad("retention"))?,
+            None => Retention::default(),
+        };
+        let indexes = match m.get("indexes") {
+            Some(t) => serde_json::from_str(t).map_err(|_| bad("indexes"))?,
+            None => Vec::new(),
+        };
+        let per = |prefix: &str| -> Vec<u64> {
+            (0..count).map(|p| m.get(&format!("{prefix}:{p}")).and_then(|v| v.parse().ok()).unwrap_or(0)).collect()
+        };
+        self.partition_counts.write().insert(stream.to_owned(), count);
+        Ok(Meta { count, created, retention, indexes, hws: per("hw"), bytes: per("bytes") })
+    }
+
+    /// A stream's partition count: `StreamNotFound` when there is none.
+    pub(super) async fn partition_count(&self, stream: &str) -> Result<u32> {
+        if let Some(&n) = self.partition_counts.read().get(stream) {
+            return Ok(n);
+        }
+        Ok(self.meta(stream).await?.count)
+    }
+
+    pub(super) async fn create_stream_impl(&self, stream: &str, opts: &StreamOptions) -> Result<StreamInfo> {
+        opts.validate(stream)?;
+        for f in &opts.indexes {
+            check_index_field(stream, f)?;
+        }
+        let created = self.now();
+        let retention =
+            serde_json::to_string(&opts.retention).map_err(|e| Error::failed("create_stream", e.to_string()))?;
+        let indexes =
+            serde_json::to_string(&opts.indexes).map_err(|e| Error::failed("create_stream", e.to_string()))?;
+        // The name first: a stream whose script then fails is a name
+        // without a meta hash, which listings skip.
+        let mut conn = self.conn();
+        let _: i64 = conn.sadd(self.streams_key(), stream).await.map_err(|e| map_err("create_stream", true, &e))?;
+        let r = self
+            .run(
+                &self.scripts.create_stream,
+                stream,
+                &[opts.partition_count.to_string(), created.as_millis().to_string(), retention, indexes],
+                "create_stream",
+                true,
+            )
+            .await?;
+        if v_int(&r) == Some(-3) {
+            return Err(Error::AlreadyExists { kind: ObjectKind::Stream, name: stream.to_owned() });
+        }
+        self.partition_counts.write().insert(stream.to_owned(), opts.partition_count);
+        let n = opts.partition_count as usize;
+        Ok(StreamInfo::new(stream, opts.partition_count, opts.indexes.clone(), vec![0; n], created)
+            .with_partitions((0..opts.partition_count).map(|p| PartitionInfo::new(p, 1, 0, 0)).collect())
+            .with_options(opts.retention, None))
+    }
+
+    /// Appends a batch in one script: all or nothing.
+    pub(super) async fn append_impl(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
+        let count = self.partition_count(stream).await?;
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let at = self.now();
+        // Route and encode everything first: bad input writes nothing.
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(1 + events.len() * 10);
+        args.push(events.len().to_string().into_bytes());
+        let mut stamps = Vec::with_capacity(events.len());
+        for e in events {
+            let p = route(stream, e, count)?;
+            let ts = e.timestamp.unwrap_or(at);
+            stamps.push(ts);
+            let has =
+                format!("{}{}", if e.key.is_some() { "k" } else { "" }, if e.event_type.is_some() { "t" } else { "" });
+            let metadata = if e.metadata.is_empty() {
+                Vec::new()
+            } else {
+                serde_json::to_vec(&e.metadata).map_err(|err| Error::failed("append", err.to_string()))?
+            };
+            let (field, payload) = match e.payload.format() {
+                PayloadFormat::Json => ("json", e.payload.as_bytes().to_vec()),
+                _ => ("mp", e.payload.as_bytes().to_vec()),
+            };
+            args.extend([
+                p.to_string().into_bytes(),
+                e.id.clone().into_bytes(),
+                if e.id_given { b"1".to_vec() } else { b"0".to_vec() },
+                ts.as_millis().to_string().into_bytes(),
+                e.key.clone().unwrap_or_default().into_bytes(),
+                e.event_type.clone().unwrap_or_default().into_bytes(),
+                has.into_bytes(),
+                metadata,
+                field.as_bytes().to_vec(),
+                payload,
+            ]);
+        }
+        let r = self.run(&self.scripts.append, stream, &args, "append", true).await?;
+        if v_int(&r) == Some(-1) {
+            return Err(Error::stream_not_found(stream));
+        }
+        let answers = v_arr(&r);
+        if answers.len() != events.len() {
+            return Err(bad_reply("append", "one answer per event"));
+        }
+        let mut plan = Vec::with_capacity(events.len());
+        let mut stored = Vec::new();
+        for (i, a) in answers.iter().enumerate() {
+            let text = v_text(a).ok_or_else(|| bad_reply("append", "a text answer"))?;
+            let mut it = text.split(':');
+            let kind = it.next().unwrap_or_default();
+            let nums: Vec<i64> = it.filter_map(|x| x.parse().ok()).collect();
+            let num = |k: usize| nums.get(k).copied().ok_or_else(|| bad_reply("append", &text));
+            match kind {
+                "s" => {
+                    let p = u32::try_from(num(0)?).map_err(|_| bad_reply("append", &text))?;
+                    let q = u64::try_from(num(1)?).map_err(|_| bad_reply("append", &text))?;
+                    stored.push(Position::new(p, q, stamps[i]));
+                    plan.push(Plan::Store);
+                }
+                "d" => {
+                    let p = u32::try_from(num(0)?).map_err(|_| bad_reply("append", &text))?;
+                    let q = u64::try_from(num(1)?).map_err(|_| bad_reply("append", &text))?;
+                    plan.push(Plan::Original(Position::duplicate_of(p, q, Timestamp::from_millis(num(2)?))));
+                }
+                "k" => {
+                    let k = usize::try_from(num(0)?).map_err(|_| bad_reply("append", &text))?;
+                    plan.push(Plan::SameAs(k.saturating_sub(1)));
+                }
+                _ => return Err(bad_reply("append", &text)),
+            }
+        }
+        resolve_plan(plan, &stored)
+    }
+
+    /// Entries of partition `p` with `after < sequence <= until`, at most
+    /// `limit`.
+    pub(super) async fn range(&self, stream: &str, p: u32, after: u64, until: u64, limit: usize) -> Result<Value> {
+        let mut conn = self.conn();
+        let until = if until >= i64::MAX as u64 { "+".to_owned() } else { format!("{until}-0") };
+        redis::cmd("XRANGE")
+            .arg(self.part_key(stream, p))
+            .arg(format!("({after}-0"))
+            .arg(until)
+            .arg("COUNT")
+            .arg(limit)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| map_err("read", false, &e))
+    }
+
+    pub(super) async fn read_impl(&self, stream: &str, p: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
+        let count = self.partition_count(stream).await?;
+        check_partitions(stream, &[p], count)?;
+        let v = self.range(stream, p, after, u64::MAX, limit).await?;
+        let name: Arc<str> = Arc::from(stream);
+        entries(&v).iter().map(|(id, f)| decode_entry(&name, p, id, f)).collect()
+    }
+
+    /// One page of a query: the partitions in scope are scanned within the
+    /// query's sequence bounds, a page's worth kept.
+    pub(super) async fn query_impl(&self, q: &Query) -> Result<Page> {
+        let count = self.partition_count(&q.stream).await?;
+        let name: Arc<str> = Arc::from(q.stream.as_str());
+        let mut page = q.page_builder();
+        for p in q.partitions(count) {
+            let (mut after, until) = q.narrowed_bounds(p);
+            'partition: while after < until {
+                let v = self.range(&q.stream, p, after, until, PAGE).await?;
+                let got = entries(&v);
+                for (id, f) in &got {
+                    let e = decode_entry(&name, p, id, f)?;
+                    after = e.sequence();
+                    if q.scan_is_ordered() && page.past_end_at(p, after) {
+                        break 'partition;
+                    }
+                    page.offer(e);
+                }
+                if got.len() < PAGE {
+                    break;
+                }
+            }
+        }
+        Ok(page.finish())
+    }
+
+    /// The log start of each partition: its first entry's sequence (the
+    /// high watermark + 1 when it holds none).
+    pub(super) async fn log_starts(&self, stream: &str, hws: &[u64]) -> Result<Vec<u64>> {
+        let mut pipe = redis::pipe();
+        for p in (0u32..).take(hws.len()) {
+            pipe.cmd("XRANGE").arg(self.part_key(stream, p)).arg("-").arg("+").arg("COUNT").arg(1);
+        }
+        let mut conn = self.conn();
+        let firsts: Vec<Value> = pipe.query_async(&mut conn).await.map_err(|e| map_err("log start", false, &e))?;
+        Ok(hws
+            .iter()
+            .zip(firsts.iter().chain(std::iter::repeat(&Value::Nil)))
+            .map(|(&hw, v)| {
+                entries(v)
+                    .first()
+                    .and_then(|(id, _)| id.split_once('-').and_then(|(s, _)| s.parse().ok()))
+                    .unwrap_or(hw + 1)
+            })
+            .collect())
+    }
+
+    /// Per partition, the first sequence whose timestamp is at or after
+    /// `t` (a scan: timestamps are the producers').
+    pub(super) async fn first_at_or_after(&self, stream: &str, count: u32, t: Timestamp) -> Result<BTreeMap<u32, u64>> {
+        let name: Arc<str> = Arc::from(stream);
+        let mut out = BTreeMap::new();
+        for p in 0..count {
+            let mut after = 0;
+            'scan: loop {
+                let v = self.range(stream, p, after, u64::MAX, PAGE).await?;
+                let got = entries(&v);
+                for (id, f) in &got {
+                    let e = decode_entry(&name, p, id, f)?;
+                    after = e.sequence();
+                    if e.timestamp() >= t {
+                        out.insert(p, after);
+                        break 'scan;
+                    }
+                }
+                if got.len() < PAGE {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn list_streams_impl(&self) -> Result<Vec<StreamInfo>> {
+        let mut conn = self.conn();
+        let mut names: Vec<String> =
+            conn.smembers(self.streams_key()).await.map_err(|e| map_err("list_streams", false, &e))?;
+        names.sort();
+        let mut out = Vec::with_capacity(names.len());
+        for n in names {
+            match self.stream_info_impl(&n).await {
+                Ok(i) => out.push(i),
+                Err(Error::StreamNotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn stream_info_impl(&self, stream: &str) -> Result<StreamInfo> {
+        let m = self.meta(stream).await?;
+        let starts = self.log_starts(stream, &m.hws).await?;
+        let parts = (0u32..)
+            .zip(starts.iter().zip(&m.hws).zip(&m.bytes))
+            .map(|(p, ((&first, &last), &b))| PartitionInfo::new(p, first, last, b))
+            .collect();
+        Ok(StreamInfo::new(stream, m.count, m.indexes.clone(), m.hws.clone(), m.created)
+            .with_partitions(parts)
+            .with_options(m.retention, None))
+    }
+
+    pub(super) async fn set_retention_impl(&self, stream: &str, retention: &Retention) -> Result<StreamInfo> {
+        self.partition_count(stream).await?;
+        let text = serde_json::to_string(retention).map_err(|e| Error::failed("set_retention", e.to_string()))?;
+        let mut conn = self.conn();
+        let _: i64 = conn
+            .hset(self.meta_key(stream), "retention", text)
+            .await
+            .map_err(|e| map_err("set_retention", true, &e))?;
+        self.stream_info_impl(stream).await
+    }
+
+    pub(super) async fn create_index_impl(&self, stream: &str, field: &str) -> Result<()> {
+        let canonical = check_index_field(stream, field)?;
+        let m = self.meta(stream).await?;
+        let known = ALWAYS_INDEXED.contains(&canonical.as_str())
+            || m.indexes.iter().any(|f| canonical_path(f).as_deref() == Some(canonical.as_str()));
+        if known {
+            return Ok(());
+        }
+        if m.indexes.len() >= MAX_INDEXES {
+            return Err(Error::invalid("indexes", format!("stream {stream:?} has {MAX_INDEXES} indexes, the maximum")));
+        }
+        let mut indexes = m.indexes;
+        indexes.push(field.to_owned());
+        let text = serde_json::to_string(&indexes).map_err(|e| Error::failed("create_index", e.to_string()))?;
+        let mut conn = self.conn();
+        let _: i64 =
+            conn.hset(self.meta_key(stream), "indexes", text).await.map_err(|e| map_err("create_index", true, &e))?;
+        Ok(())
+    }
+
+    /// Queries scan the partition streams: a declared field is recorded
+    /// (and listed) but builds nothing, so it is "ready" at once.
+    pub(super) async fn index_status_impl(&self, stream: &str) -> Result<Vec<IndexStatus>> {
+        let m = self.meta(stream).await?;
+        let mut fields: Vec<String> = ALWAYS_INDEXED.iter().map(|f| (*f).to_owned()).collect();
+        fields.extend(m.indexes.iter().filter_map(|f| canonical_path(f)));
+        fields.sort();
+        fields.dedup();
+        Ok(fields
+            .into_iter()
+            .map(|field| IndexStatus { field, segments_ready: 0, segments_total: 0, segments_failed: 0 })
+            .collect())
+    }
+
+    // ---- retention ----
+
+    /// The first sequence of partition `p` the limits keep, at least `start`.
+    async fn limits_start(&self, stream: &str, p: u32, r: &Retention, start: u64, hw: u64, bytes: u64) -> Result<u64> {
+        let mut first = start;
+        if let Some(n) = r.max_events {
+            first = first.max((hw + 1).saturating_sub(n));
+        }
+        let cutoff = r.age_cutoff_ms(self.now().as_millis());
+        let over = r.max_bytes.map(|max| bytes.saturating_sub(max)).filter(|&o| o > 0);
+        if cutoff.is_none() && over.is_none() {
+            return Ok(first);
+        }
+        // From the oldest: past the age limit, and until what is left fits.
+        let name: Arc<str> = Arc::from(stream);
+        let (mut age_done, mut bytes_done) = (cutoff.is_none(), over.is_none());
+        let mut freed = 0u64;
+        let mut after = start.saturating_sub(1);
+        'scan: loop {
+            let v = self.range(stream, p, after, u64::MAX, PAGE).await?;
+            let got = entries(&v);
+            for (id, f) in &got {
+                let e = decode_entry(&name, p, id, f)?;
+                after = e.sequence();
+                if !age_done {
+                    if cutoff.is_some_and(|c| e.timestamp().as_millis() < c) {
+                        first = first.max(after + 1);
+                    } else {
+                        age_done = true;
+                    }
+                }
+                if !bytes_done {
+                    freed += entry_size(f);
+                    first = first.max(after + 1);
+                    if over.is_some_and(|o| freed >= o) {
+                        bytes_done = true;
+                    }
+                }
+                if age_done && bytes_done {
+                    break 'scan;
+                }
+            }
+            if got.len() < PAGE {
+                break;
+            }
+        }
+        Ok(first.min(hw + 1))
+    }
+
+    pub(super) async fn enforce_retention_impl(&self, stream: &str) -> Result<RetentionReport> {
+        let m = self.meta(stream).await?;
+        let mut report = RetentionReport::new(stream);
+        if m.retention.is_unlimited() {
+            return Ok(report);
+        }
+        let starts = self.log_starts(stream, &m.hws).await?;
+        let groups = self.all_groups(stream).await?;
+        let mut plan: Vec<(u32, u64)> = Vec::new();
+        for p in 0..m.count {
+            let (start, hw) = (starts[p as usize], m.hws[p as usize]);
+            let limits = self.limits_start(stream, p, &m.retention, start, hw, m.bytes[p as usize]).await?;
+            let interest = groups
+                .iter()
+                .filter(|g| g.partitions().contains(&p))
+                .map(|g| g.frontiers.get(&p).copied().unwrap_or(0).saturating_add(1))
+                .min();
+            let (new, ceiling) = new_start(m.retention.policy, limits, interest);
+            let new = new.min(hw + 1).max(start);
+            if new > start {
+                report.ceiling_hit |= ceiling;
+                plan.push((p, new));
+            }
+        }
+        if plan.is_empty() {
+            return Ok(report);
+        }
+        let mut dropped: BTreeMap<u32, DroppedRange> = BTreeMap::new();
+        for _ in 0..TRIM_STEPS {
+            let mut args: Vec<String> = vec![TRIM_BATCH.to_string()];
+            for (p, s) in &plan {
+                args.extend([p.to_string(), s.to_string()]);
+            }
+            let r = self.run(&self.scripts.retain, stream, &args, "enforce_retention", true).await?;
+            if v_int(&r) == Some(-1) {
+                return Err(Error::stream_not_found(stream));
+            }
+            let parts = v_arr(&r);
+            for s in parts.first().map(v_arr).unwrap_or_default() {
+                let s = v_arr(s);
+                let (Some(group), Some(p), Some(n)) =
+                    (s.first().and_then(v_text), s.get(1).and_then(v_u64), s.get(2).and_then(v_u64))
+                else {
+                    return Err(bad_reply("enforce_retention", "a skip"));
+                };
+                report.skipped.push(GroupSkip { group, partition: u32::try_from(p).unwrap_or(u32::MAX), skipped: n });
+            }
+            let mut more = false;
+            for d in parts.get(1).map(v_arr).unwrap_or_default() {
+                let d: Vec<u64> = v_arr(d).iter().filter_map(v_u64).collect();
+                let [p, first, last, bytes, again] = d[..] else {
+                    return Err(bad_reply("enforce_retention", "a dropped range"));
+                };
+                let p = u32::try_from(p).unwrap_or(u32::MAX);
+                let range = dropped.entry(p).or_insert(DroppedRange { partition: p, first, last, bytes: 0 });
+                range.last = last;
+                range.bytes += bytes;
+                more |= again == 1;
+            }
+            if !more {
+                break;
+            }
+        }
+        report.dropped = dropped.into_values().collect();
+        Ok(report)
+    }
+
+    pub(super) async fn retention_round_impl(&self) -> Result<Vec<RetentionReport>> {
+        let mut conn = self.conn();
+        let names: Vec<String> =
+            conn.smembers(self.streams_key()).await.map_err(|e| map_err("retention", false, &e))?;
+        let mut out = Vec::new();
+        for stream in names {
+            match self.enforce_retention_impl(&stream).await {
+                Ok(report) => out.push(report),
+                Err(Error::StreamNotFound { .. }) => {}
+                Err(e) => tracing::warn!(stream = %stream, error = %e, "retention pass failed; the next round retries"),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The size an entry counts for (as the append and retention scripts
+/// count it): its fields' names and values, plus 32 bytes.
+fn entry_size(fields: &[Value]) -> u64 {
+    32 + fields
+        .iter()
+        .map(|v| match v {
+            Value::BulkString(b) => b.len() as u64,
+            other => v_text(other).map_or(0, |t| t.len() as u64),
+        })
+        .sum::<u64>()
+}

@@ -1,0 +1,272 @@
+//! The Redis backend (feature `redis`) on a real `redis-server`: the key
+//! layout, atomic appends with contiguous sequences, several processes on
+//! one group, a SIGKILLed consumer, wakeups across handles, a server
+//! restarted mid-run, and the errors at its boundary.
+//!
+//! Every case that needs a server is ignored unless asked for: `.ci/run`
+//! starts one (with AOF and `appendfsync always`) and runs them with
+//! `RHEO_REDIS_URL` set. Each case works in a key namespace of its own,
+//! deleted at its end. Built with the `redis` feature only (`cargo test
+//! --features redis --test redis_backend -- --ignored`).
+
+#![cfg(feature = "redis")]
+
+#[path = "common/scale.rs"]
+mod scale;
+
+use std::time::{Duration, Instant};
+
+use rheo::{AppendOptions, Error, FetchOptions, GroupOptions, Rheo, StreamOptions};
+use serde_json::json;
+
+fn base_url() -> String {
+    std::env::var("RHEO_REDIS_URL")
+        .expect("RHEO_REDIS_URL names a Redis server (redis://host:port/); .ci/run starts one")
+}
+
+/// A URL with a fresh namespace: (url, namespace).
+fn fresh_url() -> (String, String) {
+    let ns = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let base = base_url();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    (format!("{base}{sep}rheo_namespace={ns}"), ns)
+}
+
+/// An `XRANGE` reply: (entry id, fields).
+type Entries = Vec<(String, Vec<(String, Vec<u8>)>)>;
+/// The summary form of `XPENDING`: count, lowest id, highest id, per consumer.
+type Pending = (i64, Option<String>, Option<String>, Option<Vec<(String, String)>>);
+
+fn conn() -> redis::Connection {
+    redis::Client::open(base_url()).expect("client").get_connection().expect("connection")
+}
+
+/// Deletes the case's keys when it ends, passed or failed.
+struct Drop_(String);
+
+impl Drop for Drop_ {
+    fn drop(&mut self) {
+        let pattern = format!("rheo:{}:*", self.0);
+        if let Ok(c) = redis::Client::open(base_url())
+            && let Ok(mut c) = c.get_connection()
+        {
+            let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query(&mut c).unwrap_or_default();
+            for chunk in keys.chunks(500) {
+                let _: redis::RedisResult<i64> = redis::cmd("UNLINK").arg(chunk).query(&mut c);
+            }
+        }
+    }
+}
+
+async fn open() -> (Rheo, String, Drop_) {
+    let (url, ns) = fresh_url();
+    let rheo = Rheo::open(&url).await.expect("the redis backend opens");
+    (rheo, ns.clone(), Drop_(ns))
+}
+
+/// The keys are the documented ones, entry ids are the sequences, and the
+/// partition's consumer group is a real Redis consumer group whose pending
+/// list holds what is in flight.
+#[tokio::test]
+#[ignore = "needs a Redis server: .ci/run starts one and runs these with RHEO_REDIS_URL set"]
+async fn redis_keys_and_entries_have_the_documented_shape() {
+    let (rheo, ns, _drop) = open().await;
+    rheo.create_stream("orders", StreamOptions::new().partitions(2)).await.expect("create");
+    rheo.create_group("orders", "billing", GroupOptions::new()).await.expect("group");
+    let batch: Vec<_> = (0..5).map(|i| (json!({"i": i}), AppendOptions::new().partition(1))).collect();
+    let events = rheo.append_batch_with("orders", batch).await.expect("append");
+    assert_eq!(events.iter().map(|e| e.sequence()).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
+    let mut c = conn();
+    let key = format!("rheo:{ns}:s:{{orders}}:1");
+    let ids: Entries = redis::cmd("XRANGE").arg(&key).arg("-").arg("+").query(&mut c).expect("xrange");
+    assert_eq!(ids.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), vec!["1-0", "2-0", "3-0", "4-0", "5-0"]);
+    assert!(ids[0].1.iter().any(|(f, v)| f == "id" && v == events[0].id().as_bytes()), "the event id is stored");
+    let hw: String =
+        redis::cmd("HGET").arg(format!("rheo:{ns}:meta:{{orders}}")).arg("hw:1").query(&mut c).expect("hw");
+    assert_eq!(hw, "5");
+    let leases = rheo.fetch("orders", "billing", FetchOptions::new().limit(3)).await.expect("fetch");
+    assert_eq!(leases.len(), 3);
+    let pending: Pending = redis::cmd("XPENDING").arg(&key).arg("billing").query(&mut c).expect("xpending");
+    assert_eq!(pending.0, 3, "the Redis pending list holds what is in flight");
+    rheo.ack_many(&leases).await.expect("ack");
+    let pending: Pending = redis::cmd("XPENDING").arg(&key).arg("billing").query(&mut c).expect("xpending");
+    assert_eq!(pending.0, 0, "acks are XACKs");
+    let lag = rheo.lag("orders", "billing").await.expect("lag");
+    assert_eq!(lag.total, 2);
+}
+
+/// Appends from many tasks at once never share or skip a sequence, and a
+/// batch is all or nothing (a bad partition writes nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Redis server: .ci/run starts one and runs these with RHEO_REDIS_URL set"]
+async fn redis_concurrent_appenders_never_share_or_skip_a_sequence() {
+    let (rheo, _ns, _drop) = open().await;
+    rheo.create_stream("s", StreamOptions::new()).await.expect("create");
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let r = rheo.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..25 {
+                let batch: Vec<_> = (0..4).map(|j| (json!({"t": t, "i": i, "j": j}), AppendOptions::new())).collect();
+                r.append_batch_with("s", batch).await.expect("append");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let mut seqs: Vec<u64> = rheo.read("s", 0, 0, 1000).await.expect("read").iter().map(|e| e.sequence()).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=800).collect::<Vec<u64>>());
+    let bad = vec![(json!({"ok": 1}), AppendOptions::new()), (json!({"bad": 1}), AppendOptions::new().partition(7))];
+    let e = rheo.append_batch_with("s", bad).await.expect_err("partition 7 does not exist");
+    assert!(matches!(e, Error::InvalidPartition { .. }), "{e}");
+    assert_eq!(rheo.read("s", 0, 800, 10).await.expect("read").len(), 0, "nothing of the batch was written");
+}
+
+/// Needs no server: an unreachable one is `BackendUnavailable` within the
+/// connect timeout, and bad options are refused before anything is tried.
+#[tokio::test]
+async fn redis_unreachable_server_and_bad_urls_get_clear_errors() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let url = format!("redis://app:s3cret@127.0.0.1:{port}/0?rheo_connect_timeout_ms=300");
+    let t = Instant::now();
+    let e = Rheo::open(&url).await.expect_err("nothing listens there");
+    assert!(matches!(e, Error::BackendUnavailable { .. }), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(10), "gave up after {:?}", t.elapsed());
+    assert!(!e.to_string().contains("s3cret"), "the password is never printed: {e}");
+    for (url, says) in [
+        ("redis://127.0.0.1/?rheo_namespace=a:b", "rheo_namespace"),
+        ("redis://127.0.0.1/?rheo_colour=red", "unknown redis option"),
+        ("redis://127.0.0.1/?rheo_response_timeout_ms=0", "from 1 to"),
+    ] {
+        let e = Rheo::open(url).await.expect_err(url);
+        assert!(matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains(says), "{url}: {e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a worker process of the scale-out cases (run by them)"]
+async fn redis_worker_process() {
+    scale::worker_process("redis_worker_process").await;
+}
+
+/// Competing consumers in 1 and then 2 OS processes on one group share
+/// 2000 events: each handled once, never held by two at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Redis server: .ci/run starts one and runs these with RHEO_REDIS_URL set"]
+async fn redis_processes_share_a_group_and_never_double_lease() {
+    let (url, ns) = fresh_url();
+    let _drop = Drop_(ns);
+    scale::processes_share_a_group(&url, "redis_worker_process", 2000, &[1, 2]).await;
+}
+
+/// A consumer process SIGKILLed mid-batch: its leases come back after
+/// expiry, its acks never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Redis server: .ci/run starts one and runs these with RHEO_REDIS_URL set"]
+async fn redis_consumer_killed_mid_batch_is_redelivered_but_not_what_it_acked() {
+    let (url, ns) = fresh_url();
+    let _drop = Drop_(ns);
+    scale::killed_mid_batch(&url, "redis_worker_process").await;
+}
+
+/// An append through one handle wakes a subscriber of another (a blocking
+/// XREAD), long before the wait's timeout; a wait with nothing appended
+/// times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Redis server: .ci/run starts one and runs these with RHEO_REDIS_URL set"]
+async fn redis_appends_wake_subscribers_of_other_handles() {
+    let (url, ns) = fresh_url();
+    let _drop = Drop_(ns);
+    let writer = Rheo::open(&url).await.expect("open");
+    writer.create_stream("s", StreamOptions::new().partitions(2)).await.expect("create");
+    let reader = Rheo::open(&url).await.expect("a second handle");
+    let mut sub = reader.subscribe("s").await.expect("subscribe");
+    assert!(sub.wakes(), "the backend has wakeups");
+    let t = Instant::now();
+    let mut woke = false;
+    for i in 0..20 {
+        writer.append("s", &json!({"i": i}), AppendOptions::new().partition(i % 2)).await.expect("append");
+        if sub.wait(Duration::from_secs(3)).await {
+            woke = true;
+            break;
+        }
+    }
+    assert!(woke, "an append by another handle woke the subscriber ({:?})", t.elapsed());
+    while sub.wait(Duration::from_millis(300)).await {}
+    assert!(!sub.wait(Duration::from_millis(300)).await, "nothing appended: the wait times out");
+    writer.append("s", &json!({"last": true}), AppendOptions::new().partition(1)).await.expect("append");
+    assert!(sub.wait(Duration::from_secs(10)).await, "woken again");
+}
+
+/// The server's capabilities say what its persistence means: CI runs it
+/// with AOF and `appendfsync always`, which is durable.
+#[tokio::test]
+#[ignore = "needs a Redis server: .ci/run starts one and runs these with RHEO_REDIS_URL set"]
+async fn redis_capabilities_follow_the_servers_persistence() {
+    let (rheo, _ns, _drop) = open().await;
+    let mut c = conn();
+    let cfg: Vec<String> = redis::cmd("CONFIG").arg("GET").arg("appendfsync").query(&mut c).expect("config");
+    let aof: Vec<String> = redis::cmd("CONFIG").arg("GET").arg("appendonly").query(&mut c).expect("config");
+    let durable = cfg.get(1).map(String::as_str) == Some("always") && aof.get(1).map(String::as_str) == Some("yes");
+    assert_eq!(rheo.capabilities().durable, durable);
+}
+
+/// The server is SIGKILLed mid-run (AOF on, `appendfsync always`) and
+/// started again: every append and ack acknowledged before the kill is
+/// there after it, nothing acked is delivered again, and the handle
+/// reconnects by itself. Runs alone (.ci/run runs it by name after the
+/// rest): it stops the server every other case uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "restarts the Redis server: .ci/run runs it alone with RHEO_REDIS_URL set"]
+async fn server_killed_and_restarted_keeps_every_acknowledged_write() {
+    let (rheo, _ns, _drop) = open().await;
+    let mut c = conn();
+    let get = |c: &mut redis::Connection, k: &str| -> String {
+        let v: Vec<String> = redis::cmd("CONFIG").arg("GET").arg(k).query(c).expect("config");
+        v.get(1).cloned().unwrap_or_default()
+    };
+    assert_eq!((get(&mut c, "appendonly"), get(&mut c, "appendfsync")), ("yes".into(), "always".into()));
+    let (dir, port) = (get(&mut c, "dir"), get(&mut c, "port"));
+    let info: String = redis::cmd("INFO").arg("server").query(&mut c).expect("info");
+    let pid = info.lines().find_map(|l| l.strip_prefix("process_id:")).expect("pid").trim().to_owned();
+    rheo.create_stream("s", StreamOptions::new()).await.expect("create");
+    rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+    let batch: Vec<_> = (0..300).map(|i| (json!({"i": i}), AppendOptions::new())).collect();
+    rheo.append_batch_with("s", batch).await.expect("append");
+    let leases = rheo.fetch("s", "g", FetchOptions::new().limit(100)).await.expect("fetch");
+    for r in rheo.ack_many(&leases).await.expect("ack") {
+        r.expect("acked");
+    }
+    let status = std::process::Command::new("kill").arg("-9").arg(&pid).status().expect("kill");
+    assert!(status.success());
+    // Appends while the server is down fail clearly, changing nothing.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let down = rheo.append("s", &json!({"down": true}), AppendOptions::new()).await;
+    assert!(down.is_err(), "an append with the server down fails");
+    let started = std::process::Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port, "--dir", &dir, "--save", "", "--appendonly", "yes"])
+        .args(["--appendfsync", "always", "--daemonize", "yes", "--pidfile", &format!("{dir}/redis.pid")])
+        .args(["--logfile", &format!("{dir}/redis.log")])
+        .status()
+        .expect("redis-server");
+    assert!(started.success());
+    let t = Instant::now();
+    let info = loop {
+        match rheo.stream_info("s").await {
+            Ok(i) => break i,
+            Err(e) if t.elapsed() < Duration::from_secs(30) => {
+                assert!(e.is_transient() || matches!(e, Error::Failed { .. }), "{e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("the handle did not reconnect: {e}"),
+        }
+    };
+    assert_eq!(info.high_watermarks, vec![300], "every acknowledged append survived (the failed one is not there)");
+    let lag = rheo.lag("s", "g").await.expect("lag");
+    assert_eq!(lag.total, 200, "every acknowledged ack survived");
+    let next = rheo.fetch("s", "g", FetchOptions::new().limit(500)).await.expect("fetch");
+    assert_eq!(next.first().map(|l| l.event.sequence()), Some(101), "nothing acked comes back");
+    assert_eq!(next.len(), 200);
+}
