@@ -75,15 +75,22 @@ async fn rheo_round(base: &str, events: usize) -> f64 {
     rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
     let t = Instant::now();
     let mut done = 0;
+    let (mut in_fetch, mut in_ack) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
     while done < events {
+        let t0 = Instant::now();
         let leases = rheo.fetch("s", "g", FetchOptions::new().limit(BATCH)).await.expect("fetch");
+        let t1 = Instant::now();
         assert!(!leases.is_empty(), "events left to fetch");
         for r in rheo.ack_many(&leases).await.expect("ack") {
             r.expect("acked");
         }
+        in_fetch += t1 - t0;
+        in_ack += t1.elapsed();
         done += leases.len();
     }
     let rate = events as f64 / t.elapsed().as_secs_f64();
+    let batches = events.div_ceil(BATCH) as u32;
+    eprintln!("rheo: per batch, fetch {:?}, ack_many {:?}", in_fetch / batches, in_ack / batches);
     assert_eq!(rheo.lag("s", "g").await.expect("lag").total, 0);
     drop_keys(base, &format!("rheo:{ns}:*")).await;
     rate
@@ -153,6 +160,11 @@ fn main() {
         let (mut rheo, mut lua, mut bare) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
             rheo.push(rheo_round(&base, events).await);
+            if std::env::var("RHEO_BENCH_ONLY_RHEO").is_ok() {
+                lua.push(1.0);
+                bare.push(1.0);
+                continue;
+            }
             lua.push(bare_round(&mut conn, events, true).await);
             bare.push(bare_round(&mut conn, events, false).await);
         }

@@ -593,6 +593,14 @@ fn bench_counts_on_mongo() {
 }
 
 #[test]
+#[ignore = "needs a Redis server: RHEO_REDIS_URL (.ci/run starts one)"]
+fn bench_counts_on_redis() {
+    let base = std::env::var("RHEO_REDIS_URL").expect("RHEO_REDIS_URL");
+    let sep = if base.contains('?') { '&' } else { '?' };
+    bench_counts(&format!("{base}{sep}rheo_namespace=t_bench_{}", std::process::id()), true);
+}
+
+#[test]
 fn bench_output_report_and_bad_arguments() {
     let cli = Cli::new();
     // The table on stdout names every case.

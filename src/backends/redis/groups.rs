@@ -194,11 +194,19 @@ impl RedisBackend {
     // ---- fetch ----
 
     pub(super) async fn fetch_impl(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
-        let g = self.load_group(stream, group).await?;
-        let scope = g.scope(stream, opts.partitions.as_deref())?;
-        if scope.is_empty() {
-            return Ok(FetchReport::default());
-        }
+        // One round trip: the script reads the group (max attempts, which
+        // partitions it consumes) itself.
+        let count = self.partition_count(stream).await?;
+        let scope: Vec<u32> = match opts.partitions.as_deref() {
+            Some(r) => {
+                check_partitions(stream, r, count)?;
+                let mut r = r.to_vec();
+                r.sort_unstable();
+                r.dedup();
+                r
+            }
+            None => (0..count).collect(),
+        };
         let now = self.now();
         let expires = now.saturating_add(opts.lease);
         // Redis names every consumer of a group; an unnamed one is "rheo".
@@ -212,7 +220,6 @@ impl RedisBackend {
             expires.as_millis().to_string(),
             consumer.clone(),
             opts.limit.to_string(),
-            g.max_attempts.to_string(),
             SPENT_PER_FETCH.to_string(),
             parts,
         ];

@@ -5,23 +5,53 @@
 G, GN = ARGV[3], ARGV[4]
 local miss = missing()
 if miss ~= 0 then return miss end
-local out, touched = {}, {}
+local out = {}
+-- Per partition: the argument indexes of its leases.
+local parts, order = {}, {}
 for i = 5, #ARGV, 3 do
-  local p, q, l = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local raw = redis.call('HGET', stkey(p), q)
-  local ok = 0
-  if raw then
-    local d = cjson.decode(raw)
-    if d.s == 'L' and d.l == l then
-      redis.call('HDEL', stkey(p), q)
-      redis.call('ZREM', duekey(p), q)
-      redis.call('XACK', skey(p), GN, q .. '-0')
-      redis.call('ZADD', donekey(p), q, q)
-      touched[p] = true
-      ok = 1
+  local p = ARGV[i]
+  if not parts[p] then parts[p] = {}; order[#order + 1] = p end
+  local t = parts[p]
+  t[#t + 1] = i
+  out[(i - 2) / 3] = 0
+end
+for _, p in ipairs(order) do
+  local idx = parts[p]
+  local seqs = {}
+  for j, i in ipairs(idx) do seqs[j] = ARGV[i + 1] end
+  local st = stkey(p)
+  local raws = redis.call('HMGET', st, unpack(seqs))
+  local acked, ids, qs = {}, {}, {}
+  local seen = {}
+  for j, i in ipairs(idx) do
+    local raw = raws[j]
+    -- (Not twice, when one lease is given twice in a batch.)
+    if raw and not seen[seqs[j]] and held(raw, ARGV[i + 2]) then
+      seen[seqs[j]] = true
+      acked[#acked + 1] = seqs[j]
+      ids[#ids + 1] = seqs[j] .. '-0'
+      qs[#qs + 1] = tonumber(seqs[j])
+      out[(i - 2) / 3] = 1
     end
   end
-  out[#out + 1] = ok
+  if #acked > 0 then
+    redis.call('HDEL', st, unpack(acked))
+    redis.call('ZREM', duekey(p), unpack(acked))
+    redis.call('XACK', skey(p), GN, unpack(ids))
+    -- In-order acks right above the frontier with nothing settled above
+    -- it move the frontier directly; anything else goes through the done set.
+    table.sort(qs)
+    local f = frontier(p)
+    local done = donekey(p)
+    local direct = qs[1] == f + 1 and qs[#qs] == f + #qs and redis.call('ZCARD', done) == 0
+    if direct then
+      redis.call('HSET', gkey(), 'f:' .. p, s(f + #qs))
+    else
+      local z = {}
+      for _, q in ipairs(qs) do z[#z + 1] = q; z[#z + 1] = s(q) end
+      redis.call('ZADD', done, unpack(z))
+      collapse(p)
+    end
+  end
 end
-for p, _ in pairs(touched) do collapse(p) end
 return out

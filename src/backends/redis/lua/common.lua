@@ -67,6 +67,10 @@ end
 -- mark counter), settled for the frontier, its state and pending entry gone.
 local function dead_letter(p, q, attempts, reason, eid, now)
   local pos = p .. ':' .. s(q)
+  if not eid then
+    local e = redis.call('XRANGE', skey(p), s(q) .. '-0', s(q) .. '-0')
+    if e[1] then eid = field(e[1][2], 'id') end
+  end
   local rec = {r = reason, a = tostring(attempts), t = now}
   if eid then rec.i = eid end
   redis.call('HSET', deadkey(), pos, cjson.encode(rec))
@@ -77,6 +81,13 @@ local function dead_letter(p, q, attempts, reason, eid, now)
   redis.call('ZREM', duekey(p), s(q))
   redis.call('XACK', skey(p), GN, s(q) .. '-0')
   redis.call('ZADD', donekey(p), s(q), s(q))
+end
+
+-- True when a fence (JSON) is a lease held under `lease`: a plain search
+-- (a JSON string never holds a bare quote, so neither pattern can match
+-- inside a value).
+local function held(raw, lease)
+  return string.find(raw, '"s":"L"', 1, true) ~= nil and string.find(raw, '"l":"' .. lease .. '"', 1, true) ~= nil
 end
 
 -- Removes the dead letter at pos (a replay or reset reopened it).
