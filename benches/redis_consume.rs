@@ -16,7 +16,9 @@
 //! - **bare client loop**: `XREADGROUP COUNT 100`, then `XACK` of its ids
 //!   (two round trips, no fences), what a user writes by hand.
 //!
-//! The events are appended before each case (not timed).
+//! The events are appended before each case (not timed). The rheo case
+//! also prints its time per batch in fetch and in ack_many;
+//! `RHEO_BENCH_ONLY_RHEO=1` runs only it.
 
 #![allow(missing_docs)]
 
