@@ -91,7 +91,7 @@ async fn rheo_round(base: &str, events: usize) -> f64 {
         done += leases.len();
     }
     let rate = events as f64 / t.elapsed().as_secs_f64();
-    let batches = events.div_ceil(BATCH) as u32;
+    let batches = u32::try_from(events.div_ceil(BATCH)).unwrap_or(u32::MAX);
     eprintln!("rheo: per batch, fetch {:?}, ack_many {:?}", in_fetch / batches, in_ack / batches);
     assert_eq!(rheo.lag("s", "g").await.expect("lag").total, 0);
     drop_keys(base, &format!("rheo:{ns}:*")).await;
