@@ -1,7 +1,7 @@
 //! Consuming from Redis: Rheo's Redis backend beside bare Redis Streams on
 //! the same server in the same run (docs/benchmarks.md, issue 19).
 //!
-//! `RHEO_REDIS_URL=redis://… cargo bench --features redis --bench
+//! `RHEO_REDIS_URL=redis://… cargo bench -p rheo --features redis --bench
 //! redis_consume` (run the server with `--appendonly yes --appendfsync
 //! always` for the durable figures; the table says which it was). Each
 //! case consumes `RHEO_BENCH_EVENTS` events (default 20,000, 200-byte

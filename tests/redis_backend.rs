@@ -7,7 +7,7 @@
 //! starts one (with AOF and `appendfsync always`) and runs them with
 //! `RHEO_REDIS_URL` set. Each case works in a key namespace of its own,
 //! deleted at its end. Built with the `redis` feature only (`cargo test
-//! --features redis --test redis_backend -- --ignored`).
+//! -p rheo --features redis --test redis_backend -- --ignored`).
 
 #![cfg(feature = "redis")]
 
@@ -122,6 +122,50 @@ async fn redis_concurrent_appenders_never_share_or_skip_a_sequence() {
     let e = rheo.append_batch_with("s", bad).await.expect_err("partition 7 does not exist");
     assert!(matches!(e, Error::InvalidPartition { .. }), "{e}");
     assert_eq!(rheo.read("s", 0, 800, 10).await.expect("read").len(), 0, "nothing of the batch was written");
+}
+
+/// The largest batches the API allows go through the scripts whole (Lua's
+/// `unpack` takes a few thousand values: the scripts work in chunks): a
+/// fetch of 10,000, an `ack_many` of 10,000 in reverse order, and the
+/// frontier at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Redis server: .ci/run starts one and runs these with RHEO_REDIS_URL set"]
+async fn redis_the_largest_batches_fetch_and_ack_whole() {
+    let (rheo, _ns, _drop) = open().await;
+    rheo.create_stream("s", StreamOptions::new()).await.expect("create");
+    rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+    let batch: Vec<_> = (0..10_000).map(|i| (json!({"i": i}), AppendOptions::new())).collect();
+    rheo.append_batch_with("s", batch).await.expect("append");
+    let mut leases = rheo.fetch("s", "g", FetchOptions::new().limit(10_000)).await.expect("fetch");
+    assert_eq!(leases.len(), 10_000);
+    leases.reverse();
+    for r in rheo.ack_many(&leases).await.expect("ack") {
+        r.expect("acked");
+    }
+    assert_eq!(rheo.lag("s", "g").await.expect("lag").total, 0);
+    assert!(rheo.fetch("s", "g", FetchOptions::new().limit(10)).await.expect("fetch").is_empty());
+}
+
+/// Retention after a replay moved a group's cursor back counts each
+/// unsettled event it drops once.
+#[tokio::test]
+#[ignore = "needs a Redis server: .ci/run starts one and runs these with RHEO_REDIS_URL set"]
+async fn redis_retention_after_a_replay_counts_each_skip_once() {
+    let (rheo, _ns, _drop) = open().await;
+    rheo.create_stream("s", StreamOptions::new()).await.expect("create");
+    rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+    let batch: Vec<_> = (0..8).map(|i| (json!({"i": i}), AppendOptions::new())).collect();
+    rheo.append_batch_with("s", batch).await.expect("append");
+    let leases = rheo.fetch("s", "g", FetchOptions::new().limit(3)).await.expect("fetch");
+    rheo.ack_many(&leases[..2]).await.expect("ack");
+    rheo.replay("s", "g", rheo::ReplayOptions::from_sequence(0)).await.expect("replay");
+    rheo.set_retention("s", rheo::Retention::new().max_events(3)).await.expect("retention");
+    let report = rheo.enforce_retention("s").await.expect("pass");
+    assert_eq!(report.events_dropped(), 5);
+    let skipped: u64 = report.skipped.iter().map(|s| s.skipped).sum();
+    assert_eq!(skipped, 5, "1 and 2 reopened, 3 in flight, 4 and 5 never delivered: {report:?}");
+    let info = rheo.group_info("s", "g").await.expect("info");
+    assert_eq!((info.retention_skipped, info.lag.total), (5, 3));
 }
 
 /// Needs no server: an unreachable one is `BackendUnavailable` within the

@@ -96,10 +96,15 @@ pub async fn replay_query_reopens_exactly_matching_events(f: Fixture) {
     assert_eq!(expected, vec![(0, 1), (1, 2), (0, 4)]);
     let reopened = f.rheo.replay(S, G, ReplayOptions::query(q)).await.expect("replay");
     assert_eq!(reopened, 3);
-    let mut got = positions(&fetch(&f, 100).await);
+    let leases = fetch(&f, 100).await;
+    let mut got = positions(&leases);
     got.sort_unstable();
     assert_eq!(got, vec![(0, 1), (0, 4), (1, 2)]);
     assert_eq!(lag_total(&f).await, 7, "frontiers fall back to the first reopened event");
+    for r in f.rheo.ack_many(&leases).await.expect("ack") {
+        r.expect("acked");
+    }
+    assert_eq!(lag_total(&f).await, 0, "acked again, the frontiers pass the events settled before the replay");
 }
 
 /// `replay` with none of from_sequence / from / query is `InvalidReplayOpts`.

@@ -16,6 +16,7 @@ use crate::backends::common::{self, GroupRow, GroupSettings};
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
 use crate::ids::LeaseId;
+use crate::model::damage::Damage;
 use crate::model::group::{
     DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Replay, ReplayFrom, Reset,
     StartPosition, check_partitions,
@@ -220,7 +221,7 @@ impl RedisBackend {
             expires.as_millis().to_string(),
             consumer.clone(),
             opts.limit.to_string(),
-            SPENT_PER_FETCH.to_string(),
+            (opts.limit + SPENT_PER_FETCH).to_string(),
             parts,
         ];
         args.extend((0..opts.limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id()).to_string()));
@@ -231,6 +232,7 @@ impl RedisBackend {
         let group_name: Arc<str> = Arc::from(group);
         let consumer: Arc<str> = Arc::from(consumer.as_str());
         let mut leases = Vec::with_capacity(claims.len());
+        let mut damaged = Vec::new();
         for c in claims {
             let c = v_arr(c);
             let (Some(p), Some(q), Some(attempt), Some(lease_id)) = (
@@ -242,7 +244,22 @@ impl RedisBackend {
                 return Err(bad_reply("fetch", "a claim"));
             };
             let fields = c.get(4).map(v_arr).unwrap_or_default();
-            let event = decode_entry(&name, p, &format!("{q}-0"), fields)?;
+            // An entry that does not decode (written by another program)
+            // is reported, not delivered; the other claims stand.
+            let event = match decode_entry(&name, p, &format!("{q}-0"), fields) {
+                Ok(e) => e,
+                Err(e) => {
+                    damaged.push(Damage {
+                        stream: stream.to_owned(),
+                        partition: p,
+                        sequence: q,
+                        file: std::path::PathBuf::from(self.part_key(stream, p)),
+                        offset: 0,
+                        reason: e.to_string(),
+                    });
+                    continue;
+                }
+            };
             leases.push(Lease {
                 lease_id: lease_id.parse()?,
                 receipt: None,
@@ -254,7 +271,7 @@ impl RedisBackend {
             });
         }
         leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
-        Ok(FetchReport { leases, ..FetchReport::default() })
+        Ok(FetchReport { leases, damaged })
     }
 
     // ---- settles ----

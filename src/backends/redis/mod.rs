@@ -186,6 +186,12 @@ pub(crate) fn map_err(operation: &'static str, write: bool, e: &redis::RedisErro
         _ if text.contains("OOM") => {
             Error::unavailable(NAME, operation, format!("{text} (the server is at its maxmemory: nothing was written)"))
         }
+        // A script that stopped with an error may have made some of its
+        // writes (Redis does not roll a script back): unknown.
+        _ if write && text.contains("script") => Error::ambiguous(
+            operation,
+            format!("{NAME}: {text} (a script stopped part way; some of its writes may have been made)"),
+        ),
         _ => Error::failed(operation, format!("{NAME}: {text}")),
     }
 }

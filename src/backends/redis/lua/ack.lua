@@ -20,7 +20,7 @@ for _, p in ipairs(order) do
   local seqs = {}
   for j, i in ipairs(idx) do seqs[j] = ARGV[i + 1] end
   local st = stkey(p)
-  local raws = redis.call('HMGET', st, unpack(seqs))
+  local raws = chunked_read('HMGET', st, seqs)
   local acked, ids, qs = {}, {}, {}
   local seen = {}
   for j, i in ipairs(idx) do
@@ -35,9 +35,9 @@ for _, p in ipairs(order) do
     end
   end
   if #acked > 0 then
-    redis.call('HDEL', st, unpack(acked))
-    redis.call('ZREM', duekey(p), unpack(acked))
-    redis.call('XACK', skey(p), GN, unpack(ids))
+    chunked('HDEL', {st}, acked)
+    chunked('ZREM', {duekey(p)}, acked)
+    chunked('XACK', {skey(p), GN}, ids)
     -- In-order acks right above the frontier with nothing settled above
     -- it move the frontier directly; anything else goes through the done set.
     table.sort(qs)
@@ -46,10 +46,12 @@ for _, p in ipairs(order) do
     local direct = qs[1] == f + 1 and qs[#qs] == f + #qs and redis.call('ZCARD', done) == 0
     if direct then
       redis.call('HSET', gkey(), 'f:' .. p, s(f + #qs))
+      -- (Positions settled before a replay by query may follow.)
+      collapse(p)
     else
       local z = {}
       for _, q in ipairs(qs) do z[#z + 1] = q; z[#z + 1] = s(q) end
-      redis.call('ZADD', done, unpack(z))
+      chunked('ZADD', {done}, z)
       collapse(p)
     end
   end

@@ -78,9 +78,11 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
           else
             local e = redis.call('XRANGE', sk, s(q) .. '-0', s(q) .. '-0')
             if #e == 0 then
-              -- Dropped by retention since: nothing to deliver.
+              -- Gone (deleted by hand): settled, nothing to deliver.
               redis.call('HDEL', st, s(q))
               redis.call('ZREM', due, s(q))
+              redis.call('ZADD', done, s(q), s(q))
+              dead = true
             else
               redis.call('XCLAIM', sk, GN, consumer, 0, s(q) .. '-0', 'JUSTID')
               lease(q, d, e[1][2])
@@ -107,8 +109,8 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
       local seqs = {}
       for j, e in ipairs(entries) do seqs[j] = s(seq_of(e[1])) end
       local has, sets = {}, {}
-      if pending_states and #seqs > 0 then has = redis.call('HMGET', st, unpack(seqs)) end
-      if settled_above and #seqs > 0 then sets = redis.call('ZMSCORE', done, unpack(seqs)) end
+      if pending_states then has = chunked_read('HMGET', st, seqs) end
+      if settled_above then sets = chunked_read('ZMSCORE', done, seqs) end
       local passed = {}
       local last, k = nil, 1
       while k <= #entries do
@@ -126,7 +128,7 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
         last = q
         k = k + 1
       end
-      if #passed > 0 then redis.call('XACK', sk, GN, unpack(passed)) end
+      chunked('XACK', {sk, GN}, passed)
       if k <= #entries then
         -- Read but not reached: back to the group (its last-delivered id
         -- before them; out of the pending list unless in flight).
@@ -134,7 +136,7 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
         for j = k, #entries do
           if not has[j] then back_ids[#back_ids + 1] = entries[j][1] end
         end
-        if #back_ids > 0 then redis.call('XACK', sk, GN, unpack(back_ids)) end
+        chunked('XACK', {sk, GN}, back_ids)
         local back = last or (tonumber(seqs[k]) - 1)
         redis.call('XGROUP', 'SETID', sk, GN, s(back) .. '-0')
         redis.call('HSET', gkey(), 'c:' .. p, s(back + 1))
@@ -145,10 +147,8 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
       if #entries < want then exhausted = true end
     end
     due_before(nil)
-    if #hset > 0 then
-      redis.call('HSET', st, unpack(hset))
-      redis.call('ZADD', due, unpack(zadd))
-    end
+    chunked('HSET', {st}, hset)
+    chunked('ZADD', {due}, zadd)
     if dead then collapse(p) end
   end
 end

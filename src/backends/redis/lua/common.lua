@@ -43,22 +43,70 @@ end
 local function frontier(p) return tonumber(redis.call('HGET', gkey(), 'f:' .. p) or '0') end
 local function cursor(p, f) return tonumber(redis.call('HGET', gkey(), 'c:' .. p) or s(f + 1)) end
 
--- Moves partition p's frontier over the settled sequences right above it
--- (the done set holds settled sequences above the frontier).
+-- Calls `cmd` with `head` (a table of leading arguments) and the items of
+-- `list`, `per` items per call (Lua's unpack takes a few thousand values
+-- at most). For writes, each call is one command; a script's reads and
+-- checks come before its first write, so nothing fails half way.
+local function chunked(cmd, head, list, per)
+  per = per or 1000
+  local i = 1
+  while i <= #list do
+    local args = {}
+    for _, h in ipairs(head) do args[#args + 1] = h end
+    for j = i, math.min(i + per - 1, #list) do args[#args + 1] = list[j] end
+    redis.call(cmd, unpack(args))
+    i = i + per
+  end
+end
+
+-- A read of many keys or members (HMGET, ZMSCORE), in chunks; the
+-- replies concatenated.
+local function chunked_read(cmd, key, list)
+  local out = {}
+  local i = 1
+  while i <= #list do
+    local args = {}
+    for j = i, math.min(i + 999, #list) do args[#args + 1] = list[j] end
+    local r = redis.call(cmd, key, unpack(args))
+    for j = 1, #args do out[#out + 1] = r[j] end
+    i = i + 1000
+  end
+  return out
+end
+
+-- The most positions one frontier move looks at below the cursor.
+local COLLAPSE_STEPS = 65536
+
+-- Moves partition p's frontier as far as the settled positions above it
+-- go: those in the done set, and those below the cursor without a fence
+-- (between frontier and cursor a position is unsettled exactly when it
+-- has a fence). At most COLLAPSE_STEPS positions of the second kind per
+-- call (after a replay by query lowered the frontier far); the next
+-- settle goes on.
 local function collapse(p)
   local f = frontier(p)
   local start = f
-  local done = donekey(p)
+  local c = cursor(p, f)
+  local done, st = donekey(p), stkey(p)
+  local steps = 0
   while true do
     local xs = redis.call('ZRANGE', done, 0, 255)
-    local stop = false
+    local gap = false
     for _, m in ipairs(xs) do
       local q = tonumber(m)
       if q == f + 1 then f = q
-      elseif q > f then stop = true; break end
+      elseif q > f then gap = true; break end
     end
     redis.call('ZREMRANGEBYSCORE', done, '-inf', s(f))
-    if stop or #xs < 256 then break end
+    local moved = false
+    while f + 1 < c and steps < COLLAPSE_STEPS do
+      steps = steps + 1
+      if redis.call('HEXISTS', st, s(f + 1)) == 1 then break end
+      f = f + 1
+      moved = true
+    end
+    if not moved and (gap or #xs < 256) then break end
+    if steps >= COLLAPSE_STEPS then break end
   end
   if f ~= start then redis.call('HSET', gkey(), 'f:' .. p, s(f)) end
 end

@@ -23,22 +23,26 @@ for gi = 1, #groups, 2 do
       if fs and tonumber(fs) < below then
         local f = tonumber(fs)
         local c = cursor(p, f)
-        local open = 0
+        local open, open_fresh = 0, 0
         for _, k in ipairs(redis.call('HKEYS', stkey(p))) do
           local q = tonumber(k)
           if q <= below then
             open = open + 1
+            if q >= math.max(f + 1, c) then open_fresh = open_fresh + 1 end
             redis.call('HDEL', stkey(p), k)
             redis.call('ZREM', duekey(p), k)
             redis.call('XACK', skey(p), GN, k .. '-0')
           end
         end
+        -- Unsettled below the new start: the fences, and the positions at
+        -- or above the cursor neither settled nor fenced (a fence can lie
+        -- above the cursor after a replay: counted once).
         local fresh = math.max(f + 1, c)
         local settled_fresh = 0
         if fresh <= below then
           settled_fresh = redis.call('ZCOUNT', donekey(p), s(fresh), s(below))
         end
-        local n = open + math.max(0, below + 1 - fresh - settled_fresh)
+        local n = open + math.max(0, below + 1 - fresh - settled_fresh - open_fresh)
         redis.call('ZREMRANGEBYSCORE', donekey(p), '-inf', s(below))
         redis.call('HSET', gkey(), 'f:' .. p, s(below))
         if c < start then
