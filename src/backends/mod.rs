@@ -56,6 +56,33 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// True when `canonical` (a checked query path) is always indexed or one
+/// of `declared` (fields as given) already names it: declaring it again
+/// is a no-op.
+pub(crate) fn index_declared(declared: &[String], canonical: &str) -> bool {
+    crate::model::query::ALWAYS_INDEXED.contains(&canonical)
+        || declared.iter().any(|f| crate::model::path::canonical_path(f).as_deref() == Some(canonical))
+}
+
+/// The index status of a backend whose queries scan (memory, Redis): the
+/// always-indexed fields and the declared ones, each "ready" at once
+/// (nothing is built).
+pub(crate) fn scanned_index_status(declared: &[String]) -> Vec<crate::model::group::IndexStatus> {
+    let mut fields: Vec<String> = crate::model::query::ALWAYS_INDEXED.iter().map(|f| (*f).to_owned()).collect();
+    fields.extend(declared.iter().filter_map(|f| crate::model::path::canonical_path(f)));
+    fields.sort();
+    fields.dedup();
+    fields
+        .into_iter()
+        .map(|field| crate::model::group::IndexStatus {
+            field,
+            segments_ready: 0,
+            segments_total: 0,
+            segments_failed: 0,
+        })
+        .collect()
+}
+
 /// The wakeup source of each stream of a database backend, shared with
 /// the task that hears the database's notifications.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mongo", feature = "redis"))]

@@ -25,8 +25,7 @@ use crate::model::group::{
     Replay, Reset, StreamInfo, StreamOptions, check_partitions,
 };
 use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
-use crate::model::path::canonical_path;
-use crate::model::query::{ALWAYS_INDEXED, Page, Query, check_index_field};
+use crate::model::query::{Page, Query, check_index_field};
 use crate::model::retention::{DroppedRange, PartitionInfo, Retention, RetentionReport};
 use crate::model::routing::route;
 use crate::model::time::{Clock, SystemClock, Timestamp};
@@ -450,9 +449,7 @@ impl Backend for MemoryBackend {
         let canonical = check_index_field(stream, field)?;
         self.with_stream(stream, |s| {
             let opts = &mut s.log.opts;
-            let known = ALWAYS_INDEXED.contains(&canonical.as_str())
-                || opts.indexes.iter().any(|f| canonical_path(f).as_deref() == Some(canonical.as_str()));
-            if !known {
+            if !super::index_declared(&opts.indexes, &canonical) {
                 if opts.indexes.len() >= MAX_INDEXES {
                     return Err(Error::invalid(
                         "indexes",
@@ -467,16 +464,7 @@ impl Backend for MemoryBackend {
 
     async fn index_status(&self, stream: &str) -> Result<Vec<IndexStatus>> {
         // Queries scan memory: every declared field is "ready" at once.
-        self.with_stream(stream, |s| {
-            let mut fields: Vec<String> = ALWAYS_INDEXED.iter().map(|f| (*f).to_owned()).collect();
-            fields.extend(s.log.opts.indexes.iter().filter_map(|f| canonical_path(f)));
-            fields.sort();
-            fields.dedup();
-            Ok(fields
-                .into_iter()
-                .map(|field| IndexStatus { field, segments_ready: 0, segments_total: 0, segments_failed: 0 })
-                .collect())
-        })
+        self.with_stream(stream, |s| Ok(super::scanned_index_status(&s.log.opts.indexes)))
     }
 
     async fn subscribe(&self, stream: &str) -> Result<Subscription> {

@@ -3,6 +3,7 @@
 //! queries by `XRANGE`, retention passes.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use redis::{AsyncCommands, Value};
@@ -13,8 +14,7 @@ use crate::error::{Error, ObjectKind, Result};
 use crate::groups::retention::new_start;
 use crate::model::event::{Event, EventParts, Metadata, NewEvent, Payload, PayloadFormat, Position};
 use crate::model::group::{IndexStatus, MAX_INDEXES, StreamInfo, StreamOptions, check_partitions};
-use crate::model::path::canonical_path;
-use crate::model::query::{ALWAYS_INDEXED, Page, Query, check_index_field};
+use crate::model::query::{Page, Query, check_index_field};
 use crate::model::retention::{DroppedRange, GroupSkip, PartitionInfo, Retention, RetentionReport};
 use crate::model::routing::route;
 use crate::model::time::Timestamp;
@@ -274,29 +274,50 @@ impl RedisBackend {
         entries(&v).iter().map(|(id, f)| decode_entry(&name, p, id, f)).collect()
     }
 
+    /// Scans partition `p` in sequence order from after `after` to `until`,
+    /// a page of entries per `XRANGE`, handing each decoded event and its
+    /// stored size to `visit` until it answers `Break`.
+    async fn scan(
+        &self,
+        stream: &str,
+        p: u32,
+        mut after: u64,
+        until: u64,
+        mut visit: impl FnMut(Event, u64) -> ControlFlow<()>,
+    ) -> Result<()> {
+        let name: Arc<str> = Arc::from(stream);
+        while after < until {
+            let v = self.range(stream, p, after, until, PAGE).await?;
+            let got = entries(&v);
+            for (id, f) in &got {
+                let e = decode_entry(&name, p, id, f)?;
+                after = e.sequence();
+                if visit(e, entry_size(f)).is_break() {
+                    return Ok(());
+                }
+            }
+            if got.len() < PAGE {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// One page of a query: the partitions in scope are scanned within the
     /// query's sequence bounds, a page's worth kept.
     pub(super) async fn query_impl(&self, q: &Query) -> Result<Page> {
         let count = self.partition_count(&q.stream).await?;
-        let name: Arc<str> = Arc::from(q.stream.as_str());
         let mut page = q.page_builder();
         for p in q.partitions(count) {
-            let (mut after, until) = q.narrowed_bounds(p);
-            'partition: while after < until {
-                let v = self.range(&q.stream, p, after, until, PAGE).await?;
-                let got = entries(&v);
-                for (id, f) in &got {
-                    let e = decode_entry(&name, p, id, f)?;
-                    after = e.sequence();
-                    if q.scan_is_ordered() && page.past_end_at(p, after) {
-                        break 'partition;
-                    }
-                    page.offer(e);
+            let (after, until) = q.narrowed_bounds(p);
+            self.scan(&q.stream, p, after, until, |e, _| {
+                if q.scan_is_ordered() && page.past_end_at(p, e.sequence()) {
+                    return ControlFlow::Break(());
                 }
-                if got.len() < PAGE {
-                    break;
-                }
-            }
+                page.offer(e);
+                ControlFlow::Continue(())
+            })
+            .await?;
         }
         Ok(page.finish())
     }
@@ -325,25 +346,16 @@ impl RedisBackend {
     /// Per partition, the first sequence whose timestamp is at or after
     /// `t` (a scan: timestamps are the producers').
     pub(super) async fn first_at_or_after(&self, stream: &str, count: u32, t: Timestamp) -> Result<BTreeMap<u32, u64>> {
-        let name: Arc<str> = Arc::from(stream);
         let mut out = BTreeMap::new();
         for p in 0..count {
-            let mut after = 0;
-            'scan: loop {
-                let v = self.range(stream, p, after, u64::MAX, PAGE).await?;
-                let got = entries(&v);
-                for (id, f) in &got {
-                    let e = decode_entry(&name, p, id, f)?;
-                    after = e.sequence();
-                    if e.timestamp() >= t {
-                        out.insert(p, after);
-                        break 'scan;
-                    }
+            self.scan(stream, p, 0, u64::MAX, |e, _| {
+                if e.timestamp() < t {
+                    return ControlFlow::Continue(());
                 }
-                if got.len() < PAGE {
-                    break;
-                }
-            }
+                out.insert(p, e.sequence());
+                ControlFlow::Break(())
+            })
+            .await?;
         }
         Ok(out)
     }
@@ -390,9 +402,7 @@ impl RedisBackend {
     pub(super) async fn create_index_impl(&self, stream: &str, field: &str) -> Result<()> {
         let canonical = check_index_field(stream, field)?;
         let m = self.meta(stream).await?;
-        let known = ALWAYS_INDEXED.contains(&canonical.as_str())
-            || m.indexes.iter().any(|f| canonical_path(f).as_deref() == Some(canonical.as_str()));
-        if known {
+        if crate::backends::index_declared(&m.indexes, &canonical) {
             return Ok(());
         }
         if m.indexes.len() >= MAX_INDEXES {
@@ -410,15 +420,7 @@ impl RedisBackend {
     /// Queries scan the partition streams: a declared field is recorded
     /// (and listed) but builds nothing, so it is "ready" at once.
     pub(super) async fn index_status_impl(&self, stream: &str) -> Result<Vec<IndexStatus>> {
-        let m = self.meta(stream).await?;
-        let mut fields: Vec<String> = ALWAYS_INDEXED.iter().map(|f| (*f).to_owned()).collect();
-        fields.extend(m.indexes.iter().filter_map(|f| canonical_path(f)));
-        fields.sort();
-        fields.dedup();
-        Ok(fields
-            .into_iter()
-            .map(|field| IndexStatus { field, segments_ready: 0, segments_total: 0, segments_failed: 0 })
-            .collect())
+        Ok(crate::backends::scanned_index_status(&self.meta(stream).await?.indexes))
     }
 
     // ---- retention ----
@@ -435,38 +437,25 @@ impl RedisBackend {
             return Ok(first);
         }
         // From the oldest: past the age limit, and until what is left fits.
-        let name: Arc<str> = Arc::from(stream);
         let (mut age_done, mut bytes_done) = (cutoff.is_none(), over.is_none());
         let mut freed = 0u64;
-        let mut after = start.saturating_sub(1);
-        'scan: loop {
-            let v = self.range(stream, p, after, u64::MAX, PAGE).await?;
-            let got = entries(&v);
-            for (id, f) in &got {
-                let e = decode_entry(&name, p, id, f)?;
-                after = e.sequence();
-                if !age_done {
-                    if cutoff.is_some_and(|c| e.timestamp().as_millis() < c) {
-                        first = first.max(after + 1);
-                    } else {
-                        age_done = true;
-                    }
-                }
-                if !bytes_done {
-                    freed += entry_size(f);
-                    first = first.max(after + 1);
-                    if over.is_some_and(|o| freed >= o) {
-                        bytes_done = true;
-                    }
-                }
-                if age_done && bytes_done {
-                    break 'scan;
+        self.scan(stream, p, start.saturating_sub(1), u64::MAX, |e, size| {
+            let q = e.sequence();
+            if !age_done {
+                if cutoff.is_some_and(|c| e.timestamp().as_millis() < c) {
+                    first = first.max(q + 1);
+                } else {
+                    age_done = true;
                 }
             }
-            if got.len() < PAGE {
-                break;
+            if !bytes_done {
+                freed += size;
+                first = first.max(q + 1);
+                bytes_done = over.is_some_and(|o| freed >= o);
             }
-        }
+            if age_done && bytes_done { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+        })
+        .await?;
         Ok(first.min(hw + 1))
     }
 
