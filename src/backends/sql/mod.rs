@@ -38,6 +38,7 @@
 // With one of the two features, the other dialect's helpers go unused.
 #![cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code, irrefutable_let_patterns))]
 
+mod append;
 mod db;
 mod dialect;
 mod groups;
@@ -96,12 +97,13 @@ pub struct SqlBackend {
     /// first subscription), so that it never takes one of the calls'.
     #[cfg(feature = "postgres")]
     listen_pool: Option<sqlx::postgres::PgPool>,
-    /// This backend's id in its notifications (see `listen::Filter`).
-    origin: String,
     /// Index builds running in the background: (stream, field) -> failure.
     index_builds: Arc<parking_lot::Mutex<HashMap<String, IndexBuildState>>>,
     /// How often the facade runs a background retention round.
     retention_interval: Duration,
+    /// Group commit of appends (ADR 0020), and what its flushes need.
+    appender: Arc<append::Appender>,
+    appends: crate::backends::combine::Combiner<append::Key, append::Row, Position>,
 }
 
 /// A background index build.
@@ -292,14 +294,17 @@ impl SqlBackend {
     fn new(d: Dialect, pool: Pool, names: Names, clock: Arc<dyn Clock>, db_clock: bool, durable: bool) -> Self {
         let wakeups = Arc::new(WakeupMap::default());
         let origin = uuid::Uuid::new_v4().simple().to_string();
+        let appender = Arc::new(append::Appender::new(d, pool.clone(), names.clone(), wakeups.clone(), &origin));
+        let appends = appender.combiner();
         SqlBackend {
+            appender,
+            appends,
             d,
             #[cfg(feature = "postgres")]
             listener: listen::Listener::new(
                 wakeups.clone(),
                 listen::Filter { origin: origin.clone(), schema: names.schema().map(str::to_owned) },
             ),
-            origin,
             #[cfg(feature = "postgres")]
             listen_pool: None,
             pool,
@@ -432,6 +437,7 @@ fn open_error(backend: &'static str, what: &str, e: sqlx::Error) -> Error {
 
 impl Drop for SqlBackend {
     fn drop(&mut self) {
+        self.appender.stop();
         #[cfg(feature = "postgres")]
         self.listener.stop();
     }

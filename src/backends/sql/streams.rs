@@ -404,9 +404,16 @@ impl SqlBackend {
         // Route every event first so that a bad partition writes nothing.
         let routed: Vec<u32> = events.iter().map(|e| route(stream, e, count)).collect::<Result<_>>()?;
         let now = self.now();
-        let out = super::retry_tx!(self, "append", self.append_tx(stream, events, &routed, now).await)?;
-        self.wakeups.wake(stream);
-        Ok(out)
+        if events.iter().any(|e| e.id_given) {
+            // The duplicate check reads the table inside the append's own
+            // transaction: these do not combine.
+            let out = super::retry_tx!(self, "append", self.append_tx(stream, events, &routed, now).await)?;
+            self.appender.committed(stream, out.iter().filter(|p| !p.duplicate).count());
+            return Ok(out);
+        }
+        let (rows, bytes) = self.appender.encode(events, &routed, now)?;
+        let one = routed.first().copied().filter(|&p| routed.iter().all(|&q| q == p));
+        self.appends.submit((Arc::from(stream), one), rows, bytes).await
     }
 
     async fn append_tx(
@@ -530,21 +537,6 @@ impl SqlBackend {
         let mut stamps: BTreeMap<(u32, u64), Timestamp> = BTreeMap::new();
         for r in &inserted {
             stamps.insert((r.u32(0)?, r.u64(1)?), r.ts(2)?);
-        }
-        if self.d == Dialect::Postgres {
-            let mut s = self.stmt();
-            // The reference's payload, plus who sent it (see `listen::Filter`).
-            let payload = s.text(
-                serde_json::json!({
-                    "stream": stream,
-                    "count": events.len(),
-                    "schema": self.names.schema(),
-                    "origin": self.origin,
-                })
-                .to_string(),
-            );
-            s.push(&format!("SELECT pg_notify('rheo_events', {payload})"));
-            tx.all(&s).await.map_err(safe)?;
         }
         tx.commit().await.map_err(at_commit)?;
         let stored = positions
