@@ -32,6 +32,18 @@ pub const RETENTION_DROPPED: &str = "rheo_retention_dropped_events_total";
 /// Events retention dropped before a group settled them (counter; `stream`, `group`).
 pub const RETENTION_SKIPPED: &str = "rheo_retention_skipped_events_total";
 
+/// Round trips to a database server: statements, and a transaction's
+/// `BEGIN` and `COMMIT` (counter; label `backend`). Divided by the events
+/// a workload moved, it is a figure that does not depend on the machine:
+/// `rheo bench` reports it per event.
+pub const ROUND_TRIPS: &str = "rheo_backend_round_trips_total";
+
+/// One round trip to a database server (see [`ROUND_TRIPS`]).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn round_trip(backend: &'static str) {
+    metrics::counter!(ROUND_TRIPS, "backend" => backend).increment(1);
+}
+
 fn sg(stream: &str, group: &str) -> [(&'static str, String); 2] {
     [("stream", stream.to_owned()), ("group", group.to_owned())]
 }

@@ -244,7 +244,17 @@ macro_rules! bind_all {
 }
 
 impl Pool {
+    fn trip(&self) {
+        crate::observe::round_trip(match self {
+            #[cfg(feature = "postgres")]
+            Pool::Pg(_) => "postgres",
+            #[cfg(feature = "sqlite")]
+            Pool::Lite(_) => "sqlite",
+        });
+    }
+
     pub(crate) async fn all(&self, s: &Stmt) -> std::result::Result<Vec<Row>, sqlx::Error> {
+        self.trip();
         match self {
             #[cfg(feature = "postgres")]
             Pool::Pg(p) => {
@@ -260,6 +270,7 @@ impl Pool {
     }
 
     pub(crate) async fn exec(&self, s: &Stmt) -> std::result::Result<u64, sqlx::Error> {
+        self.trip();
         match self {
             #[cfg(feature = "postgres")]
             Pool::Pg(p) => {
@@ -277,6 +288,7 @@ impl Pool {
     /// Begins a write transaction (`BEGIN IMMEDIATE` on SQLite, so that a
     /// read-modify-write never meets `database is locked` halfway).
     pub(crate) async fn begin(&self) -> std::result::Result<Tx, sqlx::Error> {
+        self.trip();
         match self {
             #[cfg(feature = "postgres")]
             Pool::Pg(p) => Ok(Tx::Pg(p.begin().await?)),
@@ -287,7 +299,17 @@ impl Pool {
 }
 
 impl Tx {
+    fn trip(&self) {
+        crate::observe::round_trip(match self {
+            #[cfg(feature = "postgres")]
+            Tx::Pg(_) => "postgres",
+            #[cfg(feature = "sqlite")]
+            Tx::Lite(_) => "sqlite",
+        });
+    }
+
     pub(crate) async fn all(&mut self, s: &Stmt) -> std::result::Result<Vec<Row>, sqlx::Error> {
+        self.trip();
         match self {
             #[cfg(feature = "postgres")]
             Tx::Pg(t) => {
@@ -303,6 +325,7 @@ impl Tx {
     }
 
     pub(crate) async fn exec(&mut self, s: &Stmt) -> std::result::Result<u64, sqlx::Error> {
+        self.trip();
         match self {
             #[cfg(feature = "postgres")]
             Tx::Pg(t) => {
@@ -318,6 +341,7 @@ impl Tx {
     }
 
     pub(crate) async fn commit(self) -> std::result::Result<(), sqlx::Error> {
+        self.trip();
         match self {
             #[cfg(feature = "postgres")]
             Tx::Pg(t) => t.commit().await,

@@ -112,6 +112,7 @@ async fn send_loop(n: Arc<Notifier>, pool: PgPool) {
         let sql = "SELECT set_config('synchronous_commit', 'off', true), pg_notify('rheo_events', p) \
                    FROM jsonb_array_elements_text($1::jsonb) AS p";
         let arr = serde_json::Value::from(payloads).to_string();
+        crate::observe::round_trip("postgres");
         if let Err(e) = sqlx::query(sql).bind(arr).execute(&pool).await {
             tracing::debug!(error = %e, "postgres NOTIFY failed; other processes' consumers will poll");
         }

@@ -146,6 +146,10 @@ pub struct Case {
     pub load: f64,
     /// Which round.
     pub round: usize,
+    /// Round trips to the database server (statements, `BEGIN`s and
+    /// `COMMIT`s) in the timed part, for the backends that count them.
+    #[serde(default)]
+    pub round_trips: Option<u64>,
 }
 
 /// A whole run: the machine, the probes and the cases.
@@ -453,6 +457,60 @@ pub async fn run(ctx: &Globals, a: BenchArgs) -> CliResult {
     Ok(true)
 }
 
+/// Round trips per event, for a table cell (`-` where not counted).
+pub fn trips_per_event(c: &Case) -> String {
+    match c.round_trips {
+        Some(n) if c.events > 0 => format!("{:.3}", n as f64 / c.events as f64),
+        _ => "-".to_owned(),
+    }
+}
+
+/// Counts the backends' round trips ([`rheo::observe::ROUND_TRIPS`])
+/// through a metrics recorder of this process (only that counter; every
+/// other metric goes nowhere).
+mod trips {
+    use std::sync::Arc;
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+
+    static TRIPS: OnceLock<Arc<AtomicU64>> = OnceLock::new();
+
+    struct Counting(Arc<AtomicU64>);
+
+    impl Recorder for Counting {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            if key.name() == rheo::observe::ROUND_TRIPS { Counter::from_arc(self.0.clone()) } else { Counter::noop() }
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    /// Installs the recorder once (when no other is installed); the count now.
+    pub fn start() -> u64 {
+        let trips = TRIPS.get_or_init(|| {
+            let n = Arc::new(AtomicU64::new(0));
+            // Another recorder already installed: nothing is counted (`-`).
+            let _ = metrics::set_global_recorder(Counting(n.clone()));
+            n
+        });
+        trips.load(Ordering::Relaxed)
+    }
+
+    /// Round trips since `start` returned `from`.
+    pub fn since(from: u64) -> u64 {
+        TRIPS.get().map_or(0, |t| t.load(Ordering::Relaxed).saturating_sub(from))
+    }
+}
+
 /// Milliseconds, for a table cell.
 pub fn ms(us: u64) -> String {
     let ms = us as f64 / 1000.0;
@@ -462,7 +520,19 @@ pub fn ms(us: u64) -> String {
 /// The cases as a table, one row per case (rounds merged by their median).
 pub fn table(cases: &[Case]) -> comfy_table::Table {
     let mut t = markdown_table(&[
-        "backend", "workload", "proc", "prod", "cons", "batch", "events", "events/s", "p50", "p99", "max", "fsync/s",
+        "backend",
+        "workload",
+        "proc",
+        "prod",
+        "cons",
+        "batch",
+        "events",
+        "events/s",
+        "p50",
+        "p99",
+        "max",
+        "fsync/s",
+        "trips/event",
     ]);
     let mut rows = report::medians(cases);
     // By workload, then the counts; backends in the order they ran.
@@ -481,9 +551,10 @@ pub fn table(cases: &[Case]) -> comfy_table::Table {
             ms(c.latency.p99_us),
             ms(c.latency.max_us),
             c.fsync_per_sec.map_or_else(|| "-".to_owned(), |f| format!("{f:.0}")),
+            trips_per_event(&c),
         ]);
     }
-    align_right(&mut t, 2..12);
+    align_right(&mut t, 2..13);
     t
 }
 
@@ -525,11 +596,12 @@ async fn run_case(
                 .map(|j| a.events / processes as u64 + u64::from((j as u64) < a.events % processes as u64))
                 .sum::<u64>(),
     };
-    let (out, secs) = if processes == 1 {
+    let (out, secs, round_trips) = if processes == 1 {
         let phase = per_process(0);
+        let t0 = trips::start();
         let started = Instant::now();
         let out = workload::run(target, &phase, &bar).await?;
-        (out, started.elapsed().as_secs_f64())
+        (out, started.elapsed().as_secs_f64(), trips::since(t0))
     } else {
         spawn_workers(&opened.raw, stream, (0..processes).map(per_process).collect(), &bar).await?
     };
@@ -559,6 +631,7 @@ async fn run_case(
         durable: opened.durable,
         load: probe::load_average(),
         round: 0,
+        round_trips: (round_trips > 0).then_some(round_trips),
     })
 }
 
@@ -575,6 +648,8 @@ struct WorkerOut {
     events: u64,
     ops: u64,
     latencies: Vec<(u64, u64)>,
+    #[serde(default)]
+    round_trips: u64,
 }
 
 /// The environment variable that hands a worker its backend URL (not its
@@ -590,7 +665,7 @@ async fn spawn_workers(
     stream: &str,
     phases: Vec<Phase>,
     bar: &ProgressBar,
-) -> Result<(PhaseOut, f64), CliError> {
+) -> Result<(PhaseOut, f64, u64), CliError> {
     let exe = std::env::current_exe().map_err(|e| CliError::new(format!("cannot find the rheo executable: {e}")))?;
     let mut children = Vec::new();
     for (i, phase) in phases.into_iter().enumerate() {
@@ -637,6 +712,7 @@ async fn spawn_workers(
         reports.spawn(async move { (i, lines.next_line().await) });
     }
     let mut out = PhaseOut { events: 0, ops: 0, latencies: Latencies::new()? };
+    let mut trips = 0;
     while let Some(joined) = reports.join_next().await {
         let (i, line) = joined.map_err(|e| CliError::new(format!("reading a worker process: {e}")))?;
         let line = match line {
@@ -648,6 +724,7 @@ async fn spawn_workers(
             .map_err(|e| CliError::new(format!("worker process {i}'s report {line:?}: {e}")))?;
         out.events += w.events;
         out.ops += w.ops;
+        trips += w.round_trips;
         out.latencies.merge(&Latencies::from_buckets(&w.latencies)?);
         bar.inc(w.events);
     }
@@ -658,7 +735,7 @@ async fn spawn_workers(
             return Err(CliError::new(format!("worker process {i} exited with {status} after its report")));
         }
     }
-    Ok((out, secs))
+    Ok((out, secs, trips))
 }
 
 /// The worker side of [`spawn_workers`].
@@ -675,8 +752,14 @@ async fn worker(spec: &str) -> CliResult {
         Ok(Some(l)) if l == "go" => {}
         other => return Err(CliError::new(format!("worker: expected `go`, got {other:?}"))),
     }
+    let trips = trips::start();
     let out = workload::run(&target, &spec.phase, &ProgressBar::hidden()).await?;
-    let report = WorkerOut { events: out.events, ops: out.ops, latencies: out.latencies.buckets() };
+    let report = WorkerOut {
+        events: out.events,
+        ops: out.ops,
+        latencies: out.latencies.buckets(),
+        round_trips: trips::since(trips),
+    };
     let line = serde_json::to_string(&report).map_err(|e| CliError::new(format!("encoding a report: {e}")))?;
     println!("{line}");
     Ok(true)

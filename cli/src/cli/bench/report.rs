@@ -469,6 +469,7 @@ mod tests {
             durable: true,
             load: 1.0,
             round,
+            round_trips: None,
         }
     }
 
