@@ -3,8 +3,10 @@
 //! process is SIGKILLed mid-batch; the server is restarted under a running
 //! consumer; a statement timeout is never a wrong answer.
 //!
-//! Every case needs a PostgreSQL server (`RHEO_POSTGRES_URL`) and is
+//! Every PostgreSQL case needs a server (`RHEO_POSTGRES_URL`) and is
 //! ignored by a plain `cargo test`; `.ci/run` starts one and runs them.
+//! The SQLite cases (4 and 8 processes on one database file) run in a
+//! plain `cargo test`.
 //! The restart case (`pgrestart_*`) also needs `PGBIN` and `PG_CTL_DATA`
 //! (set by `.ci/services.sh`) and restarts the server, so .ci/run runs it
 //! on its own, after the others.
@@ -36,6 +38,26 @@ fn fresh_schema(tag: &str) -> String {
 #[ignore = "a worker process of the scale-out cases (run by them)"]
 async fn postgres_worker_process() {
     scale::worker_process("postgres_worker_process").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a worker process of the SQLite scale-out case (run by it)"]
+async fn sqlite_worker_process() {
+    scale::worker_process("sqlite_worker_process").await;
+}
+
+/// 4 and then 8 OS processes, 2 consumers' worth of calls each, compete on
+/// one group of one SQLite file: SQLite's single write lock is contended
+/// all the time, and no caller may see `database is locked` or a pool
+/// timeout; no event is leased by two processes at once, each is acked once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_processes_compete_on_one_file_and_never_see_a_lock_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A short busy timeout: writers wait past it all the time, and the
+    // backend must run their transactions again rather than fail them.
+    let url =
+        format!("sqlite:{}?rheo_retention_interval_ms=0&busy_timeout_ms=20", dir.path().join("scale.db").display());
+    scale::processes_share_a_group(&url, "sqlite_worker_process", 4_000, &[4, 8]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -70,12 +70,20 @@ pub(crate) struct Appender {
     pool: Pool,
     names: Names,
     wakeups: Arc<WakeupMap>,
+    busy_budget: Option<std::time::Duration>,
     #[cfg(feature = "postgres")]
     notifier: Option<(Arc<super::listen::Notifier>, sqlx::postgres::PgPool)>,
 }
 
 impl Appender {
-    pub(crate) fn new(d: Dialect, pool: Pool, names: Names, wakeups: Arc<WakeupMap>, origin: &str) -> Self {
+    pub(crate) fn new(
+        d: Dialect,
+        pool: Pool,
+        names: Names,
+        wakeups: Arc<WakeupMap>,
+        origin: &str,
+        busy_budget: Option<std::time::Duration>,
+    ) -> Self {
         #[cfg(feature = "postgres")]
         let notifier = match &pool {
             Pool::Pg(p) => Some((
@@ -92,6 +100,7 @@ impl Appender {
             pool,
             names,
             wakeups,
+            busy_budget,
             #[cfg(feature = "postgres")]
             notifier,
         }
@@ -114,6 +123,10 @@ impl Appender {
 
     pub(crate) fn be(&self) -> &'static str {
         self.d.name()
+    }
+
+    pub(crate) fn busy_budget(&self) -> Option<std::time::Duration> {
+        self.busy_budget
     }
 
     /// Tells this process's subscribers at once, and other processes'

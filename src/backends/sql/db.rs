@@ -152,6 +152,15 @@ pub(crate) fn map_err(backend: &'static str, operation: &'static str, phase: Pha
             let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
             let msg = db.message().to_owned();
             match db_class(&code) {
+                // SQLite's lock was busy: the statement (or COMMIT) did
+                // nothing, whatever the phase.
+                DbClass::Unavailable if matches!(code.as_str(), "5" | "6" | "261" | "262" | "517") => {
+                    Error::unavailable(
+                        backend,
+                        operation,
+                        format!("{msg} (code {code}: another writer holds the lock)"),
+                    )
+                }
                 DbClass::Unavailable => match phase {
                     Phase::Safe => Error::unavailable(backend, operation, format!("{msg} (code {code})")),
                     Phase::Commit => Error::ambiguous(operation, format!("{backend}: {msg} (code {code})")),
@@ -194,6 +203,39 @@ pub(crate) fn is_conflict(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
 }
 
+/// True when SQLite's lock was busy (BUSY or LOCKED and their extended
+/// codes) or no connection of the pool came free in time: the statement
+/// did nothing. (Only SQLite's handles act on it: see `retry_tx`.)
+pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("5" | "6" | "261" | "262" | "517")),
+        _ => false,
+    }
+}
+
+/// Runs `op` again while it fails with SQLite's lock busy (it did nothing
+/// then), for at most `budget`; the last error after that.
+#[cfg(feature = "sqlite")]
+async fn busy_retry<T, F, Fut>(budget: std::time::Duration, mut op: F) -> std::result::Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+{
+    let started = std::time::Instant::now();
+    let mut attempt = 0u64;
+    loop {
+        match op().await {
+            Err(e) if is_busy(&e) && started.elapsed() < budget => {
+                attempt += 1;
+                let jitter = u64::from(started.elapsed().subsec_nanos() % 7);
+                tokio::time::sleep(std::time::Duration::from_millis(1 + jitter + attempt.min(10))).await;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// True for a unique-key violation.
 pub(crate) fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.kind() == sqlx::error::ErrorKind::UniqueViolation)
@@ -217,8 +259,10 @@ pub(crate) fn names_constraint(e: &sqlx::Error, parts: &[&str]) -> bool {
 pub(crate) enum Pool {
     #[cfg(feature = "postgres")]
     Pg(PgPool),
+    /// With how long a statement that meets another process's write lock
+    /// is tried again (see `retry_tx`, which does the same for transactions).
     #[cfg(feature = "sqlite")]
-    Lite(SqlitePool),
+    Lite(SqlitePool, std::time::Duration),
 }
 
 /// An open transaction of either driver; dropping it rolls back.
@@ -249,7 +293,7 @@ impl Pool {
             #[cfg(feature = "postgres")]
             Pool::Pg(_) => "postgres",
             #[cfg(feature = "sqlite")]
-            Pool::Lite(_) => "sqlite",
+            Pool::Lite(..) => "sqlite",
         });
     }
 
@@ -262,9 +306,12 @@ impl Pool {
                 Ok(q.fetch_all(p).await?.into_iter().map(Row::Pg).collect())
             }
             #[cfg(feature = "sqlite")]
-            Pool::Lite(p) => {
-                let q = bind_all!(sqlx::query::<Sqlite>(AssertSqlSafe(s.sql.clone())), &s.args);
-                Ok(q.fetch_all(p).await?.into_iter().map(Row::Lite).collect())
+            Pool::Lite(p, budget) => {
+                let rows = busy_retry(*budget, || {
+                    bind_all!(sqlx::query::<Sqlite>(AssertSqlSafe(s.sql.clone())), &s.args).fetch_all(p)
+                })
+                .await?;
+                Ok(rows.into_iter().map(Row::Lite).collect())
             }
         }
     }
@@ -278,9 +325,12 @@ impl Pool {
                 Ok(q.execute(p).await?.rows_affected())
             }
             #[cfg(feature = "sqlite")]
-            Pool::Lite(p) => {
-                let q = bind_all!(sqlx::query::<Sqlite>(AssertSqlSafe(s.sql.clone())), &s.args);
-                Ok(q.execute(p).await?.rows_affected())
+            Pool::Lite(p, budget) => {
+                let done = busy_retry(*budget, || {
+                    bind_all!(sqlx::query::<Sqlite>(AssertSqlSafe(s.sql.clone())), &s.args).execute(p)
+                })
+                .await?;
+                Ok(done.rows_affected())
             }
         }
     }
@@ -293,7 +343,7 @@ impl Pool {
             #[cfg(feature = "postgres")]
             Pool::Pg(p) => Ok(Tx::Pg(p.begin().await?)),
             #[cfg(feature = "sqlite")]
-            Pool::Lite(p) => Ok(Tx::Lite(p.begin_with("BEGIN IMMEDIATE").await?)),
+            Pool::Lite(p, budget) => Ok(Tx::Lite(busy_retry(*budget, || p.begin_with("BEGIN IMMEDIATE")).await?)),
         }
     }
 }

@@ -20,7 +20,7 @@
 //! | `rheo_connect_timeout_ms=N` | both | how long a call waits for a connection before `BackendUnavailable` | 5000 |
 //! | `rheo_statement_timeout_ms=N` | postgres | the server's `statement_timeout` | none |
 //! | `synchronous=normal\|full` | sqlite | `PRAGMA synchronous` (`full`: every commit survives a power cut) | `full` |
-//! | `busy_timeout_ms=N` | sqlite | how long a writer waits for the lock | 5000 |
+//! | `busy_timeout_ms=N` | sqlite | how long a writer waits for the lock before its transaction runs again (for 4 times as long in all, at least 20 s; then `BackendUnavailable`) | 5000 |
 //! | `rheo_retention_interval_ms=N` | both | how often a background retention round runs over the streams with a retention (0: never; [`crate::Rheo::enforce_retention`] still works) | 10000 |
 //!
 //! SQLite uses one connection unless `rheo_pool` says more: its calls then
@@ -101,6 +101,9 @@ pub struct SqlBackend {
     index_builds: Arc<parking_lot::Mutex<HashMap<String, IndexBuildState>>>,
     /// How often the facade runs a background retention round.
     retention_interval: Duration,
+    /// How long a call keeps running a transaction again that met SQLite's
+    /// lock held by another process (None on PostgreSQL).
+    busy_budget: Option<Duration>,
     /// Group commit of appends (ADR 0020), and what its flushes need.
     appender: Arc<append::Appender>,
     appends: crate::backends::combine::Combiner<append::Key, append::Row, Position>,
@@ -120,6 +123,17 @@ use crate::backends::WakeupMap;
 pub(crate) enum Now {
     Db,
     At(Timestamp),
+}
+
+/// On SQLite, a call whose transaction meets the write lock held by
+/// another process (past `busy_timeout_ms`) runs it again until this many
+/// busy timeouts, and at least [`BUSY_BUDGET_MIN`], have passed; then it
+/// is `BackendUnavailable`.
+const BUSY_ROUNDS: u32 = 4;
+const BUSY_BUDGET_MIN: Duration = Duration::from_secs(20);
+
+fn busy_budget(busy_timeout: Duration) -> Duration {
+    busy_timeout.saturating_mul(BUSY_ROUNDS).max(BUSY_BUDGET_MIN)
 }
 
 /// The options parsed from a URL.
@@ -233,11 +247,21 @@ impl SqlBackend {
             .min_connections(if memory { 1 } else { 0 })
             .idle_timeout(if memory { None } else { Some(Duration::from_secs(600)) })
             .max_lifetime(if memory { None } else { Some(Duration::from_secs(3600)) })
-            .acquire_timeout(o.connect_timeout)
+            // A call may wait for the one connection while its holder waits
+            // for another process's write lock: up to the busy budget more.
+            .acquire_timeout(o.connect_timeout.saturating_add(busy_budget(o.busy_timeout)))
             .connect_with(opts)
             .await
             .map_err(|e| open_error("sqlite", path, e))?;
-        let mut backend = Self::new(Dialect::Sqlite, Pool::Lite(pool), Names::new(None), clock, false, !memory);
+        let mut backend = Self::new(
+            Dialect::Sqlite,
+            Pool::Lite(pool, busy_budget(o.busy_timeout)),
+            Names::new(None),
+            clock,
+            false,
+            !memory,
+            Some(busy_budget(o.busy_timeout)),
+        );
         backend.retention_interval = o.retention_interval;
         Ok(backend)
     }
@@ -285,18 +309,28 @@ impl SqlBackend {
             .await
             .map_err(|e| open_error("postgres", &redact_url(url), e))?;
         let mut backend =
-            Self::new(Dialect::Postgres, Pool::Pg(pool), Names::new(o.schema), clock, !custom_clock, true);
+            Self::new(Dialect::Postgres, Pool::Pg(pool), Names::new(o.schema), clock, !custom_clock, true, None);
         backend.listen_pool = Some(listen_pool);
         backend.retention_interval = o.retention_interval;
         Ok(backend)
     }
 
-    fn new(d: Dialect, pool: Pool, names: Names, clock: Arc<dyn Clock>, db_clock: bool, durable: bool) -> Self {
+    fn new(
+        d: Dialect,
+        pool: Pool,
+        names: Names,
+        clock: Arc<dyn Clock>,
+        db_clock: bool,
+        durable: bool,
+        busy_budget: Option<Duration>,
+    ) -> Self {
         let wakeups = Arc::new(WakeupMap::default());
         let origin = uuid::Uuid::new_v4().simple().to_string();
-        let appender = Arc::new(append::Appender::new(d, pool.clone(), names.clone(), wakeups.clone(), &origin));
+        let appender =
+            Arc::new(append::Appender::new(d, pool.clone(), names.clone(), wakeups.clone(), &origin, busy_budget));
         let appends = appender.combiner();
         SqlBackend {
+            busy_budget,
             appender,
             appends,
             d,
@@ -321,6 +355,10 @@ impl SqlBackend {
 
     fn be(&self) -> &'static str {
         self.d.name()
+    }
+
+    fn busy_budget(&self) -> Option<Duration> {
+        self.busy_budget
     }
 
     fn now(&self) -> Now {
@@ -362,6 +400,7 @@ impl SqlBackend {
 macro_rules! retry_tx {
     ($self:ident, $op:expr, $body:expr) => {{
         let mut attempt = 0u32;
+        let started = std::time::Instant::now();
         loop {
             match $body {
                 Ok(v) => break Ok(v),
@@ -380,6 +419,20 @@ macro_rules! retry_tx {
                     });
                 }
                 Err($crate::backends::sql::TxError::Sql(e, phase)) => {
+                    // SQLite's write lock held by another process past
+                    // busy_timeout, or this handle's one connection busy
+                    // meanwhile: nothing was done (a COMMIT that meets BUSY
+                    // did not commit), so the whole transaction runs again,
+                    // within the busy budget.
+                    if $crate::backends::sql::db::is_busy(&e)
+                        && $self.busy_budget().is_some_and(|b| started.elapsed() < b)
+                    {
+                        attempt = attempt.saturating_add(1);
+                        let jitter = u64::from(started.elapsed().subsec_nanos() % 7);
+                        tokio::time::sleep(std::time::Duration::from_millis(1 + jitter + u64::from(attempt.min(10))))
+                            .await;
+                        continue;
+                    }
                     if $crate::backends::sql::db::is_conflict(&e) && attempt < 4 {
                         attempt += 1;
                         tokio::time::sleep(std::time::Duration::from_millis(2u64 << attempt)).await;
