@@ -171,3 +171,129 @@ async fn pgrestart_runtime_survives_a_server_restart_and_loses_nothing() {
     let again = seen.values().filter(|&&n| n > 1).count();
     println!("restart: {summary:?}; {again} events handled twice (at least once: allowed)");
 }
+
+/// The reference implementation's append, as ADAPTERS.md gives its
+/// statements: in one transaction, reserve `n` sequences on the counter
+/// row (`UPDATE … RETURNING next_sequence`, PostgreSQL's form; the row
+/// lock serializes appenders), then one `INSERT` per event.
+async fn reference_append(pool: &sqlx::PgPool, schema: &str, stream: &str, partition: i32, ids: &[String]) {
+    let mut tx = pool.begin().await.expect("begin");
+    let n = ids.len() as i64;
+    let last: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "UPDATE \"{schema}\".rheo_stream_sequences SET next_sequence = next_sequence + $1 \
+         WHERE stream = $2 AND partition = $3 RETURNING next_sequence"
+    )))
+    .bind(n)
+    .bind(stream)
+    .bind(partition)
+    .fetch_one(&mut *tx)
+    .await
+    .expect("reserve");
+    for (k, id) in ids.iter().enumerate() {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO \"{schema}\".rheo_events (id, stream, partition, sequence, \"timestamp\", \"key\", \"type\", metadata, payload) \
+             VALUES ($1, $2, $3, $4, now(), NULL, 'ref', '{{}}'::jsonb, '{{\"ref\": true}}'::jsonb)"
+        )))
+        .bind(id)
+        .bind(stream)
+        .bind(partition)
+        .bind(last - n + 1 + k as i64)
+        .execute(&mut *tx)
+        .await
+        .expect("insert");
+    }
+    tx.commit().await.expect("commit");
+}
+
+/// An Elixir Rheo and this crate append to one stream at once through the
+/// same counter rows: the reference's statements (4 tasks, 3 events a
+/// transaction) beside combined appends (32 tasks, single events and
+/// batches spanning both partitions). Every partition ends gapless, each
+/// sequence holds exactly one event, and every position a Rust append
+/// answered holds the event it appended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: .ci/run starts one and runs these with RHEO_POSTGRES_URL set"]
+async fn postgres_reference_appends_interleave_with_combined_appends() {
+    use std::collections::BTreeMap;
+    let schema = fresh_schema("mixed");
+    let rheo = Arc::new(Rheo::open(&url_in(&schema, 8)).await.expect("open"));
+    rheo.create_stream("mix", StreamOptions::new().partitions(2)).await.expect("stream");
+    let admin =
+        sqlx::postgres::PgPoolOptions::new().max_connections(4).connect(&common::postgres_url()).await.expect("admin");
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..4 {
+        let (pool, schema) = (admin.clone(), schema.clone());
+        tasks.spawn(async move {
+            let mut answered = Vec::new();
+            for i in 0..40 {
+                let ids: Vec<String> = (0..3).map(|k| format!("ref-{t}-{i}-{k}")).collect();
+                reference_append(&pool, &schema, "mix", (i % 2) as i32, &ids).await;
+                answered.extend(ids.into_iter().map(|id| (id, None)));
+            }
+            answered
+        });
+    }
+    for t in 0..32u32 {
+        let rheo = rheo.clone();
+        tasks.spawn(async move {
+            let mut answered = Vec::new();
+            for i in 0..25u32 {
+                if i % 5 == 4 {
+                    // A batch across both partitions: atomic, combined apart.
+                    let batch: Vec<serde_json::Value> =
+                        (0..4).map(|k| serde_json::json!({"t": t, "i": i, "k": k, "key": format!("k{k}")})).collect();
+                    for e in rheo.append_batch("mix", &batch).await.expect("append_batch") {
+                        answered.push((e.id().to_owned(), Some((e.partition(), e.sequence()))));
+                    }
+                } else {
+                    let e = rheo
+                        .append(
+                            "mix",
+                            &serde_json::json!({"t": t, "i": i}),
+                            rheo::AppendOptions::new().partition(i % 2),
+                        )
+                        .await
+                        .expect("append");
+                    answered.push((e.id().to_owned(), Some((e.partition(), e.sequence()))));
+                }
+            }
+            answered
+        });
+    }
+    let mut expected: BTreeMap<String, Option<(u32, u64)>> = BTreeMap::new();
+    while let Some(done) = tasks.join_next().await {
+        expected.extend(done.expect("task"));
+    }
+    assert_eq!(expected.len(), 4 * 40 * 3 + 32 * (20 + 5 * 4), "every id is distinct");
+    let rows: Vec<(String, i32, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT id, partition, sequence FROM \"{schema}\".rheo_events WHERE stream = 'mix' ORDER BY partition, sequence"
+    )))
+    .fetch_all(&admin)
+    .await
+    .expect("read back");
+    assert_eq!(rows.len(), expected.len(), "every event stored once");
+    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+    for (id, p, seq) in &rows {
+        let n = next.entry(*p).or_insert(1);
+        assert_eq!(*seq, *n, "partition {p}: gapless and each sequence once");
+        *n += 1;
+        match expected.get(id) {
+            Some(Some(pos)) => assert_eq!(*pos, (*p as u32, *seq as u64), "event {id}: where its append said"),
+            Some(None) => {}
+            None => panic!("event {id} was not appended by anyone"),
+        }
+    }
+    let hw: Vec<(i32, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT partition, next_sequence FROM \"{schema}\".rheo_stream_sequences WHERE stream = 'mix' ORDER BY partition"
+    )))
+    .fetch_all(&admin)
+    .await
+    .expect("counters");
+    for (p, last) in hw {
+        assert_eq!(
+            next.get(&p).copied().unwrap_or(1) - 1,
+            last,
+            "partition {p}: the counter row names the last sequence"
+        );
+    }
+}
