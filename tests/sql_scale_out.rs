@@ -227,9 +227,9 @@ async fn postgres_reference_appends_interleave_with_combined_appends() {
         let (pool, schema) = (admin.clone(), schema.clone());
         tasks.spawn(async move {
             let mut answered = Vec::new();
-            for i in 0..40 {
+            for i in 0..40i32 {
                 let ids: Vec<String> = (0..3).map(|k| format!("ref-{t}-{i}-{k}")).collect();
-                reference_append(&pool, &schema, "mix", (i % 2) as i32, &ids).await;
+                reference_append(&pool, &schema, "mix", i % 2, &ids).await;
                 answered.extend(ids.into_iter().map(|id| (id, None)));
             }
             answered

@@ -71,7 +71,7 @@ impl Proxy {
 
     /// Holds every forwarded chunk this long (zero: no delay).
     pub fn delay(&self, d: Duration) {
-        self.faults.delay_ms.store(d.as_millis() as u64, Ordering::SeqCst);
+        self.faults.delay_ms.store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), Ordering::SeqCst);
     }
 }
 

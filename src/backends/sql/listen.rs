@@ -63,7 +63,7 @@ impl Notifier {
         }
         {
             let mut task = self.task.lock();
-            if !task.as_ref().is_some_and(|t| !t.is_finished()) {
+            if task.as_ref().is_none_or(|t| t.is_finished()) {
                 *task = Some(tokio::spawn(send_loop(self.clone(), pool.clone())));
             }
         }
