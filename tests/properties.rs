@@ -1664,7 +1664,10 @@ properties!(native_mem, crate::common::native_mem);
 // The SQL backends pay a schema per case (and PostgreSQL a round trip per
 // call): an eighth of the cases each, said here and in docs/benchmarks.md.
 properties!(sqlite, crate::common::sqlite, 8;);
+properties!(sqlite_rows, crate::common::sqlite_rows, 8;);
 properties!(postgres, crate::common::postgres, 8;
+    #[ignore = "needs PostgreSQL: .ci/run starts one and runs these with RHEO_POSTGRES_URL set"]);
+properties!(postgres_rows, crate::common::postgres_rows, 8;
     #[ignore = "needs PostgreSQL: .ci/run starts one and runs these with RHEO_POSTGRES_URL set"]);
 // MongoDB on SecantusDB (a server written in Python) is slower still: a
 // thirty-second of the cases, said here and in docs/benchmarks.md.

@@ -86,14 +86,15 @@ async fn postgres_statement_timeout_is_unavailable_or_ambiguous_never_a_wrong_an
     rheo.create_group("jobs", "workers", GroupOptions::new()).await.expect("group");
     scale::fill(&rheo, "jobs", 5).await;
     let leases = rheo.fetch("jobs", "workers", FetchOptions::new()).await.expect("fetch");
-    // Another session holds the group row: an ack waits on it past the timeout.
+    // Another session holds the claim rows (an ack of claimed leases
+    // writes nothing else): the ack waits on them past the timeout.
     let admin =
         sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&common::postgres_url()).await.expect("admin");
     let mut blocker = admin.begin().await.expect("begin");
-    sqlx::query(sqlx::AssertSqlSafe(format!("SELECT 1 FROM \"{schema}\".rheo_groups FOR UPDATE")))
+    sqlx::query(sqlx::AssertSqlSafe(format!("SELECT 1 FROM \"{schema}\".rheo_rs_claims FOR UPDATE")))
         .execute(&mut *blocker)
         .await
-        .expect("lock the group row");
+        .expect("lock the claims");
     let err = rheo.ack(&leases[0]).await.expect_err("the ack times out");
     assert!(
         matches!(err, Error::BackendUnavailable { .. } | Error::Ambiguous { .. }),

@@ -251,6 +251,24 @@ async fn sqlite_pool(path: &std::path::Path) -> sqlx::SqlitePool {
     sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(opts).await.expect("sqlite opens")
 }
 
+/// Polls `read` (a JSON column as text) until it reads `want`, for at
+/// most 5 s: the frontier is written by a flush after the acks (ADR 0021).
+async fn eventually_json<F, Fut>(what: &str, want: serde_json::Value, read: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = String>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let got: serde_json::Value = serde_json::from_str(&read().await).expect("json");
+        if got == want {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {got} never became {want}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Works a backend a little: a stream, a group, an event through a claim
 /// and an ack, so that every shared table holds a row.
 async fn exercise(rheo: &Rheo) {
@@ -283,16 +301,35 @@ async fn sqlite_creates_exactly_the_reference_tables_and_indexes() {
     for (table, _) in reference_tables() {
         assert_eq!(sqlite_shape(&pool, table).await, expected_shape(false, table), "{table}");
     }
-    // The rows the reference reads are in its shapes.
+    // The rows the reference reads are in its shapes: the frontier (once
+    // flushed) and the cursor keyed by decimal partition.
     use sqlx::Row;
-    let g =
-        sqlx::query("SELECT cursors, frontiers, max_attempts FROM rheo_groups").fetch_one(&pool).await.expect("group");
+    eventually_json("frontiers", json!({"0": 1, "1": 0}), || async {
+        let g = sqlx::query("SELECT frontiers FROM rheo_groups").fetch_one(&pool).await.expect("group");
+        g.get::<String, _>(0)
+    })
+    .await;
+    let g = sqlx::query("SELECT cursors FROM rheo_groups").fetch_one(&pool).await.expect("group");
     let cursors: serde_json::Value = serde_json::from_str(&g.get::<String, _>(0)).expect("json");
-    let frontiers: serde_json::Value = serde_json::from_str(&g.get::<String, _>(1)).expect("json");
-    assert_eq!(frontiers, json!({"0": 1, "1": 0}), "frontiers keyed by decimal partition");
-    assert!(cursors.as_object().is_some_and(|m| m.keys().all(|k| k == "0" || k == "1")), "{cursors}");
-    let d =
-        sqlx::query("SELECT status, acked_at, created_at FROM rheo_deliveries").fetch_one(&pool).await.expect("row");
+    assert_eq!(cursors, json!({"0": 2, "1": 1}), "the claimed event is behind the cursor");
+    // A claimed range and its ack need no delivery row; the flush deleted
+    // the settled claim.
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM rheo_deliveries").fetch_one(&pool).await.expect("n");
+    assert_eq!(rows, 0, "ranges write no delivery row");
+    let claims: i64 = sqlx::query_scalar("SELECT count(*) FROM rheo_rs_claims").fetch_one(&pool).await.expect("n");
+    assert_eq!(claims, 0, "a settled claim is deleted by the flush");
+    // With rheo_claims=rows a delivery is a row in the reference's shape.
+    drop(rheo);
+    let rows_url = format!("sqlite:{}?rheo_claims=rows", path.display());
+    let rheo = Rheo::open(&rows_url).await.expect("open in rows mode");
+    rheo.create_group("orders", "audit", GroupOptions::new()).await.expect("group");
+    let leases = rheo.fetch("orders", "audit", FetchOptions::new()).await.expect("fetch");
+    assert_eq!(leases.len(), 1);
+    rheo.ack(&leases[0]).await.expect("ack");
+    let d = sqlx::query("SELECT status, acked_at, created_at FROM rheo_deliveries WHERE group_name = 'audit'")
+        .fetch_one(&pool)
+        .await
+        .expect("row");
     assert_eq!(d.get::<String, _>(0), "acked");
     for col in [1, 2] {
         let t: String = d.get(col);
@@ -448,12 +485,14 @@ async fn postgres_creates_exactly_the_reference_tables_and_indexes() {
         assert_eq!(pg_shape(&pool, &schema, table).await, expected_shape(true, table), "{table}");
     }
     use sqlx::Row;
-    let g = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT frontiers::text FROM \"{schema}\".rheo_groups")))
-        .fetch_one(&pool)
-        .await
-        .expect("group");
-    let frontiers: serde_json::Value = serde_json::from_str(&g.get::<String, _>(0)).expect("json");
-    assert_eq!(frontiers, json!({"0": 1, "1": 0}));
+    eventually_json("frontiers", json!({"0": 1, "1": 0}), || async {
+        let g = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT frontiers::text FROM \"{schema}\".rheo_groups")))
+            .fetch_one(&pool)
+            .await
+            .expect("group");
+        g.get::<String, _>(0)
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -487,11 +526,41 @@ async fn postgres_uses_a_database_the_reference_created() {
     assert_eq!(leases.iter().map(|l| l.sequence()).collect::<Vec<_>>(), vec![2]);
     rheo.ack(&leases[0]).await.expect("ack");
     assert_eq!(rheo.lag("orders", "billing").await.expect("lag").total, 0, "the frontier left at 0 is repaired");
-    // An Elixir-style claim of the same group sees no work left and a
-    // Rust lease row carries the reference's status and a text lease id.
+    // The cursor is past the claimed event, so an Elixir fetch of the
+    // same group materializes nothing; the frontier it reads is flushed.
     use sqlx::Row;
+    let g = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT cursors::text FROM {}", t("rheo_groups"))))
+        .fetch_one(&pool)
+        .await
+        .expect("group");
+    let cursors: serde_json::Value = serde_json::from_str(&g.get::<String, _>(0)).expect("json");
+    assert_eq!(cursors, json!({"0": 3}));
+    eventually_json("frontiers", json!({"0": 2}), || async {
+        let g = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT frontiers::text FROM {}", t("rheo_groups"))))
+            .fetch_one(&pool)
+            .await
+            .expect("group");
+        g.get::<String, _>(0)
+    })
+    .await;
+    // With rheo_claims=rows (for groups with Elixir consumers) a Rust lease
+    // is a row with the reference's status and a text lease id.
+    let rheo = Rheo::open(&format!("{}&rheo_claims=rows", pg_url_with(&schema))).await.expect("rows mode");
+    rheo.append("orders", &json!({"type": "shipped"}), rheo::AppendOptions::new()).await.expect("append");
+    let leases = rheo.fetch("orders", "billing", FetchOptions::new()).await.expect("fetch");
+    assert_eq!(leases.iter().map(|l| l.sequence()).collect::<Vec<_>>(), vec![3]);
     let r = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT status, lease_id FROM {} WHERE sequence = 2",
+        "SELECT status, lease_id FROM {} WHERE sequence = 3",
+        t("rheo_deliveries")
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("row");
+    assert_eq!(r.get::<String, _>(0), "leased");
+    assert_eq!(r.get::<Option<String>, _>(1), Some(leases[0].lease_id.to_string()));
+    rheo.ack(&leases[0]).await.expect("ack");
+    let r = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT status, lease_id FROM {} WHERE sequence = 3",
         t("rheo_deliveries")
     )))
     .fetch_one(&pool)

@@ -97,10 +97,20 @@ pub fn native_disk() -> BoxFuture<'static, Fixture> {
 
 /// SQLite on a temporary file.
 pub fn sqlite() -> BoxFuture<'static, Fixture> {
-    Box::pin(async {
+    sqlite_with("")
+}
+
+/// SQLite with a delivery row per claim (`rheo_claims=rows`, the mode for
+/// groups shared with Elixir consumers).
+pub fn sqlite_rows() -> BoxFuture<'static, Fixture> {
+    sqlite_with("&rheo_claims=rows")
+}
+
+fn sqlite_with(options: &'static str) -> BoxFuture<'static, Fixture> {
+    Box::pin(async move {
         let clock = ManualClock::new(START);
         let dir = tempfile::tempdir().expect("temporary directory");
-        let url = format!("sqlite:{}?rheo_retention_interval_ms=0", dir.path().join("rheo.db").display());
+        let url = format!("sqlite:{}?rheo_retention_interval_ms=0{options}", dir.path().join("rheo.db").display());
         let rheo = Rheo::builder()
             .clock(Arc::new(clock.clone()))
             .consumer_id("test-consumer")
@@ -124,12 +134,21 @@ pub fn postgres_url() -> String {
 /// PostgreSQL, in a fresh schema of the database `RHEO_POSTGRES_URL` names
 /// (so cases running at once never meet).
 pub fn postgres() -> BoxFuture<'static, Fixture> {
-    Box::pin(async {
+    postgres_with("")
+}
+
+/// PostgreSQL with a delivery row per claim (`rheo_claims=rows`).
+pub fn postgres_rows() -> BoxFuture<'static, Fixture> {
+    postgres_with("&rheo_claims=rows")
+}
+
+fn postgres_with(options: &'static str) -> BoxFuture<'static, Fixture> {
+    Box::pin(async move {
         let clock = ManualClock::new(START);
         let base = postgres_url();
         let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
         let sep = if base.contains('?') { '&' } else { '?' };
-        let url = format!("{base}{sep}rheo_schema={schema}&rheo_pool=4&rheo_retention_interval_ms=0");
+        let url = format!("{base}{sep}rheo_schema={schema}&rheo_pool=4&rheo_retention_interval_ms=0{options}");
         let rheo = Rheo::builder()
             .clock(Arc::new(clock.clone()))
             .consumer_id("test-consumer")
@@ -265,6 +284,7 @@ macro_rules! backends {
         $callback!(native_mem, $crate::common::native_mem);
         $callback!(native_disk, $crate::common::native_disk);
         $callback!(sqlite, $crate::common::sqlite);
+        $callback!(sqlite_rows, $crate::common::sqlite_rows);
     };
 }
 
@@ -275,6 +295,7 @@ macro_rules! backends {
 macro_rules! service_backends {
     ($callback:ident) => {
         $callback!(postgres, $crate::common::postgres);
+        $callback!(postgres_rows, $crate::common::postgres_rows);
     };
 }
 

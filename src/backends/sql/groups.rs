@@ -23,10 +23,14 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::claims::{Claimed, Split, claim_base, claim_lease, partition_base};
 use super::db::{Phase, Row, Stmt, Tx};
 use super::dialect::Dialect;
 use super::streams::{EVENT_COLS, decode_event, event_cols, lease_rows, seq_arg};
-use super::{Now, SqlBackend, TxError, at_commit, safe};
+use super::{ClaimsMode, GroupScope, Now, SqlBackend, TxError, at_commit, safe};
+
+/// Groups whose partitions a handle remembers for its fetches.
+const GROUP_SCOPES_MAX: usize = 4096;
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
 use crate::model::group::{
@@ -41,44 +45,37 @@ const MATERIALIZE_MIN: u64 = 512;
 /// Spent deliveries one fetch dead-letters at most, beyond its limit.
 const SPENT_PER_FETCH: usize = crate::groups::SPENT_PER_FETCH;
 
-pub(super) const TERMINAL: &str = "('acked', 'rejected')";
-
 /// Rust-only group settings, kept in `rheo_rs_group_settings`.
 type Settings = crate::backends::common::GroupSettings;
 
 use crate::backends::common::{self, GroupRow, frontier_cursor as fc};
 
-/// Reads a `{"0": n}` map (the reference writes integers; strings of
-/// digits are read too).
-fn parse_map(stream: &str, group: &str, what: &str, text: &str) -> Result<BTreeMap<u32, u64>> {
-    let bad = |why: String| Error::failed("reading a group", format!("group {stream:?}/{group:?}: {what}: {why}"));
-    let v: Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-    let Value::Object(m) = v else { return Err(bad(format!("{text} is not an object"))) };
-    let mut out = BTreeMap::new();
-    for (k, v) in m {
-        let p: u32 = k.parse().map_err(|_| bad(format!("key {k:?} is not a partition")))?;
-        let n = match &v {
-            // A float (a start past i64::MAX read back by SQLite) saturates.
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            Value::Number(n) => n.as_u64().or_else(|| n.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64)),
-            Value::String(s) => s.parse().ok(),
-            _ => None,
-        }
-        .ok_or_else(|| bad(format!("{v} is not a sequence")))?;
-        out.insert(p, n);
-    }
-    Ok(out)
-}
-
-fn map_text(m: &BTreeMap<u32, u64>) -> String {
-    // Sequences are BIGINT in SQL: a start past i64::MAX is as good as i64::MAX.
-    let obj: serde_json::Map<String, Value> =
-        m.iter().map(|(p, n)| (p.to_string(), Value::from((*n).min(i64::MAX as u64)))).collect();
-    Value::Object(obj).to_string()
-}
+use super::frontier::{TERMINAL, map_text, parse_map, sg};
 
 fn stale(l: &LeaseRef) -> Error {
     l.stale()
+}
+
+/// A claimed lease of a settle call: its index in the call and
+/// (partition, sequence, claim base).
+type ClaimedLease = (usize, (u32, u64, i64));
+
+/// What a claim hands out: leases, and the spent positions it dead-lettered.
+type Taken = (Vec<Lease>, Vec<(u32, u64)>);
+
+/// The leases `idx` of `leases` by kind: claimed ones, and the indexes of
+/// row leases.
+fn split_by_kind(leases: &[LeaseRef], idx: &[usize]) -> (Vec<ClaimedLease>, Vec<usize>) {
+    let mut claimed = Vec::new();
+    let mut rows = Vec::new();
+    for &i in idx {
+        let l = &leases[i];
+        match claim_base(l.lease_id, l.sequence) {
+            Some(b) => claimed.push((i, (l.partition, l.sequence, b))),
+            None => rows.push(i),
+        }
+    }
+    (claimed, rows)
 }
 
 /// The partition/sequence/lease fence of a delivery row `d` against
@@ -118,11 +115,6 @@ impl SqlBackend {
             }
         }
     }
-}
-
-/// A group row as a tuple of stream and group arguments.
-pub(super) fn sg(s: &mut Stmt, stream: &str, group: &str) -> (String, String) {
-    (s.text(stream), s.text(group))
 }
 
 impl SqlBackend {
@@ -188,18 +180,7 @@ impl SqlBackend {
         stream: &str,
         group: &str,
     ) -> std::result::Result<(BTreeMap<u32, u64>, BTreeMap<u32, u64>), TxError> {
-        let mut s = self.stmt();
-        let (st, gr) = sg(&mut s, stream, group);
-        s.push(&format!(
-            "SELECT {}, {} FROM {} WHERE stream = {st} AND name = {gr}{}",
-            self.d.json_out("frontiers"),
-            self.d.json_out("cursors"),
-            self.names.groups(),
-            if self.d == Dialect::Postgres { " FOR UPDATE" } else { "" }
-        ));
-        let rows = tx.all(&s).await.map_err(safe)?;
-        let r = rows.first().ok_or_else(|| Error::group_not_found(stream, group))?;
-        Ok((parse_map(stream, group, "frontiers", &r.text(0)?)?, parse_map(stream, group, "cursors", &r.text(1)?)?))
+        self.frontier.lock_group(tx, stream, group).await
     }
 
     pub(super) async fn write_maps(
@@ -210,26 +191,10 @@ impl SqlBackend {
         frontiers: Option<&BTreeMap<u32, u64>>,
         cursors: Option<&BTreeMap<u32, u64>>,
     ) -> std::result::Result<(), TxError> {
-        let mut s = self.stmt();
-        let mut sets = Vec::new();
-        if let Some(f) = frontiers {
-            let ph = s.text(map_text(f));
-            sets.push(format!("frontiers = {}", self.d.json_in(&ph)));
-        }
-        if let Some(c) = cursors {
-            let ph = s.text(map_text(c));
-            sets.push(format!("cursors = {}", self.d.json_in(&ph)));
-        }
-        if sets.is_empty() {
-            return Ok(());
-        }
-        let (st, gr) = sg(&mut s, stream, group);
-        s.push(&format!("UPDATE {} SET {} WHERE stream = {st} AND name = {gr}", self.names.groups(), sets.join(", ")));
-        tx.exec(&s).await.map_err(safe)?;
-        Ok(())
+        self.frontier.write_maps(tx, stream, group, frontiers, cursors).await
     }
 
-    /// Moves the frontier of `parts` as far as the settled rows allow
+    /// Moves the frontier of `parts` as far as what is settled allows
     /// (under the group lock the caller holds), and writes it when it moved.
     pub(super) async fn advance(
         &self,
@@ -240,76 +205,7 @@ impl SqlBackend {
         cursors: &BTreeMap<u32, u64>,
         parts: &BTreeSet<u32>,
     ) -> std::result::Result<(), TxError> {
-        if parts.is_empty() {
-            return Ok(());
-        }
-        let mut s = self.stmt();
-        let (st, gr) = sg(&mut s, stream, group);
-        let select = self.advance_select(&mut s, &st, &gr, frontiers, cursors, parts);
-        s.push(&select);
-        let rows = tx.all(&s).await.map_err(safe)?;
-        let mut moved = false;
-        for r in &rows {
-            let p = r.u32(0)?;
-            let (f, c) = fc(frontiers, cursors, p);
-            let gap = r.opt_i64(2)?.and_then(|n| u64::try_from(n).ok()).unwrap_or(c);
-            let first = r.opt_i64(1)?.and_then(|n| u64::try_from(n).ok()).unwrap_or(gap).min(gap);
-            let new = f.max(first.saturating_sub(1));
-            if new != f {
-                frontiers.insert(p, new);
-                moved = true;
-            }
-        }
-        if moved {
-            self.write_maps(tx, stream, group, Some(frontiers), None).await?;
-        }
-        Ok(())
-    }
-
-    /// The SELECT of a frontier advance over `parts`: per partition, the
-    /// first unsettled row above F, and the first position at or after
-    /// the cursor without a row (rows there exist only after a replay
-    /// moved the cursor back, or a skip ahead of it). Positions without a
-    /// row below the cursor are settled (the group started past them).
-    /// Each subquery walks an index in order and stops early. (Row tests
-    /// are scalar subqueries, not `EXISTS`: PostgreSQL may run an `EXISTS`
-    /// as one hashed pass over the group's every row.)
-    fn advance_select(
-        &self,
-        s: &mut Stmt,
-        st: &str,
-        gr: &str,
-        frontiers: &BTreeMap<u32, u64>,
-        cursors: &BTreeMap<u32, u64>,
-        parts: &BTreeSet<u32>,
-    ) -> String {
-        let rows: Vec<Value> = parts
-            .iter()
-            .map(|&p| {
-                let (f, c) = fc(frontiers, cursors, p);
-                Value::from(vec![
-                    Value::from(p),
-                    Value::from(f.min(i64::MAX as u64)),
-                    Value::from(c.min(i64::MAX as u64)),
-                ])
-            })
-            .collect();
-        let arr = s.text(Value::from(rows).to_string());
-        let (p, f, c) = (self.d.as_int("x.c0"), self.d.as_int("x.c1"), self.d.as_int("x.c2"));
-        let same = |a: &str| format!("{a}.stream = {st} AND {a}.group_name = {gr} AND {a}.partition = {p}");
-        format!(
-            "SELECT {p}, (SELECT min(d.sequence) FROM {t} d WHERE {sd} AND d.sequence > {f} \
-             AND d.status NOT IN {TERMINAL}), \
-             CASE WHEN (SELECT d.sequence FROM {t} d WHERE {sd} AND d.sequence = {c} LIMIT 1) IS NULL THEN {c} \
-             ELSE (SELECT d.sequence + 1 FROM {t} d WHERE {sd} AND d.sequence >= {c} AND \
-               (SELECT n.sequence FROM {t} n WHERE n.stream = d.stream AND n.group_name = d.group_name \
-                AND n.partition = d.partition AND n.sequence = d.sequence + 1 LIMIT 1) IS NULL \
-               ORDER BY d.partition, d.sequence LIMIT 1) END \
-             FROM {rows} AS x",
-            sd = same("d"),
-            t = self.names.deliveries(),
-            rows = self.d.json_rows(&arr, 3)
-        )
+        self.frontier.advance(tx, stream, group, frontiers, cursors, parts).await
     }
 
     /// Gives dead letters their order (`rheo_rs_dead_letter_order`),
@@ -475,7 +371,7 @@ impl SqlBackend {
         tx.exec(&s).await.map_err(safe)?;
         // Deliveries of an earlier group of that name (deleted by hand) would
         // be taken for this one's.
-        for t in [self.names.deliveries(), self.names.dl_order()] {
+        for t in [self.names.deliveries(), self.names.dl_order(), self.names.claims()] {
             let mut s = self.stmt();
             let (st, gr) = sg(&mut s, stream, group);
             s.push(&format!("DELETE FROM {t} WHERE stream = {st} AND group_name = {gr}"));
@@ -520,6 +416,109 @@ impl SqlBackend {
     // ---- fetch ----
 
     pub(super) async fn fetch_impl(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
+        if self.claims_mode == ClaimsMode::Rows {
+            return self.fetch_rows_impl(stream, group, opts).await;
+        }
+        let scope = self.fetch_scope(stream, group, opts.partitions.as_deref()).await?;
+        if scope.is_empty() {
+            return Ok(FetchReport::default());
+        }
+        let consumer = opts.consumer_id.clone().unwrap_or_default();
+        let lease_ids: Vec<LeaseId> = (0..opts.limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id())).collect();
+        let (limit, lease) = (opts.limit, opts.lease);
+        let tx = || self.claim_ranges_tx(stream, group, &scope, limit, &consumer, lease, &lease_ids);
+        let claimed = match self.d {
+            Dialect::Postgres => {
+                let one = super::retry_tx!(
+                    self,
+                    "fetch",
+                    self.claim_ranges_pg(stream, group, &scope, limit, &consumer, lease, &lease_ids).await
+                )?;
+                if one.flags.found && one.flags.slow { super::retry_tx!(self, "fetch", tx().await)? } else { one }
+            }
+            Dialect::Sqlite => super::retry_tx!(self, "fetch", tx().await)?,
+        };
+        if !claimed.flags.found {
+            self.group_scopes.write().remove(&(stream.to_owned(), group.to_owned()));
+            self.load_group(stream, group).await?;
+            return Err(Error::group_not_found(stream, group));
+        }
+        let (mut leases, mut spent) = self.leases_of(stream, group, &consumer, &claimed)?;
+        leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
+        if !spent.is_empty() {
+            spent.sort_unstable();
+            // The claim committed (with its dead letters): failing the fetch
+            // now would strand its leases until they expire. The order marks
+            // and the frontier move are redone by the next settle's advance.
+            if let Err(e) = super::retry_tx!(self, "fetch", self.settled_tx(stream, group, &spent).await) {
+                tracing::warn!(stream, group, error = %e, "ordering dead letters after a claim failed");
+            }
+        }
+        Ok(FetchReport { leases, ..FetchReport::default() })
+    }
+
+    /// The partitions a fetch claims from: the group's (cached: a group's
+    /// partitions never change) within those asked for.
+    async fn fetch_scope(&self, stream: &str, group: &str, requested: Option<&[u32]>) -> Result<Vec<u32>> {
+        let key = (stream.to_owned(), group.to_owned());
+        let cached = self.group_scopes.read().get(&key).cloned();
+        let gs = match cached {
+            Some(gs) => gs,
+            None => {
+                let g = self.load_group(stream, group).await?;
+                let gs = GroupScope { count: g.count, partitions: g.settings.partitions.clone() };
+                let mut scopes = self.group_scopes.write();
+                // Bounded: a handle that fetched from more groups forgets them all.
+                if scopes.len() >= GROUP_SCOPES_MAX {
+                    scopes.clear();
+                }
+                scopes.insert(key, gs.clone());
+                gs
+            }
+        };
+        if let Some(r) = requested {
+            check_partitions(stream, r, gs.count)?;
+        }
+        let all: Vec<u32> = gs.partitions.clone().unwrap_or_else(|| (0..gs.count).collect());
+        Ok(all.into_iter().filter(|p| requested.is_none_or(|r| r.contains(p))).collect())
+    }
+
+    /// The leases and spent positions of a claim's rows.
+    fn leases_of(&self, stream: &str, group: &str, consumer: &str, claimed: &Claimed) -> Result<Taken> {
+        let name: Arc<str> = Arc::from(stream);
+        let group_name: Arc<str> = Arc::from(group);
+        let consumer: Arc<str> = Arc::from(consumer);
+        let mut leases = Vec::with_capacity(claimed.rows.len());
+        let mut spent = Vec::new();
+        for r in &claimed.rows {
+            let (p, q) = (r.u32(1)?, r.u64(2)?);
+            let kind = r.i64(0)?;
+            if kind == 1 {
+                spent.push((p, q));
+                continue;
+            }
+            if r.opt_text(6)?.is_none() {
+                tracing::warn!(stream, group, partition = p, sequence = q, "a claimed delivery has no event row");
+                continue;
+            }
+            let lease_id =
+                if kind == 2 { claim_lease(partition_base(claimed.base, p), q) } else { r.text(3)?.parse()? };
+            leases.push(Lease {
+                lease_id,
+                receipt: None,
+                group: group_name.clone(),
+                consumer_id: consumer.clone(),
+                attempt: r.u32(4)?,
+                expires_at: r.ts(5)?,
+                event: decode_event(&name, r, 6)?,
+            });
+        }
+        Ok((leases, spent))
+    }
+
+    /// The fetch of `rheo_claims=rows`: delivery rows added ahead of the
+    /// claims (the reference's materialization), then claimed.
+    async fn fetch_rows_impl(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
         let g = self.load_group(stream, group).await?;
         let scope = g.scope(stream, opts.partitions.as_deref())?;
         if scope.is_empty() {
@@ -621,7 +620,14 @@ impl SqlBackend {
 
     /// The SET clause of a claim, given the SQL of "this row is spent" and
     /// of its new lease id.
-    fn claim_set(&self, s: &mut Stmt, spent: &str, lease: &str, consumer: &str, lease_for: Duration) -> String {
+    pub(super) fn claim_set(
+        &self,
+        s: &mut Stmt,
+        spent: &str,
+        lease: &str,
+        consumer: &str,
+        lease_for: Duration,
+    ) -> String {
         let now = self.now();
         let at = self.now_sql(s, now);
         let exp = self.later_sql(s, now, lease_for);
@@ -640,7 +646,7 @@ impl SqlBackend {
     }
 
     /// The claimable predicate on delivery rows `d` at `now`.
-    fn claimable(&self, s: &mut Stmt) -> String {
+    pub(super) fn claimable(&self, s: &mut Stmt) -> String {
         let now = self.now();
         let at = self.now_sql(s, now);
         format!(
@@ -908,27 +914,16 @@ impl SqlBackend {
     pub(super) async fn renew_many_impl(&self, leases: &[LeaseRef], d: Duration) -> Result<Vec<Result<Timestamp>>> {
         let mut out: Vec<Option<Result<Timestamp>>> = vec![None; leases.len()];
         for ((stream, group), idx) in common::by_group(leases) {
-            let mut s = self.stmt();
-            let (st, gr) = sg(&mut s, &stream, &group);
-            let arr = s.arg(lease_rows(idx.iter().map(|&i| {
-                let l = &leases[i];
-                (l.partition, l.sequence, l.lease_id.to_string())
-            })));
-            let now = self.now();
-            let at = self.now_sql(&mut s, now);
-            let exp = self.later_sql(&mut s, now, d);
-            s.push(&format!(
-                "UPDATE {dl} AS d SET expires_at = {exp}, renewed_at = {at} \
-                 {fenced} \
-                 RETURNING partition, sequence, {out}",
-                dl = self.names.deliveries(),
-                fenced = self.fenced(&st, &gr, &arr),
-                out = self.d.ts_out("expires_at"),
-            ));
-            let rows = super::retry_tx!(self, "renew", self.pool.all(&s).await.map_err(super::at_commit))?;
-            let mut renewed: HashMap<(u32, u64), Timestamp> = HashMap::new();
-            for r in &rows {
-                renewed.insert((r.u32(0)?, r.u64(1)?), r.ts(2)?);
+            let (claimed, mut row_idx) = split_by_kind(leases, &idx);
+            let triples: Vec<(u32, u64, i64)> = claimed.iter().map(|&(_, t)| t).collect();
+            let mut renewed = self.renew_claimed(&stream, &group, &triples, d).await?;
+            for &(i, (p, q, _)) in &claimed {
+                if !renewed.contains_key(&(p, q)) {
+                    row_idx.push(i);
+                }
+            }
+            if !row_idx.is_empty() {
+                renewed.extend(self.renew_rows(&stream, &group, leases, &row_idx, d).await?);
             }
             let missing = if renewed.len() < idx.len() { self.missing(&stream, &group).await? } else { None };
             for i in idx {
@@ -942,37 +937,77 @@ impl SqlBackend {
         Ok(out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::failed("renew", "no result")))).collect())
     }
 
+    /// Renews the row leases `idx` of `leases`: the new expiry of each renewed.
+    async fn renew_rows(
+        &self,
+        stream: &str,
+        group: &str,
+        leases: &[LeaseRef],
+        idx: &[usize],
+        d: Duration,
+    ) -> Result<HashMap<(u32, u64), Timestamp>> {
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let arr = s.arg(lease_rows(idx.iter().map(|&i| {
+            let l = &leases[i];
+            (l.partition, l.sequence, l.lease_id.to_string())
+        })));
+        let now = self.now();
+        let at = self.now_sql(&mut s, now);
+        let exp = self.later_sql(&mut s, now, d);
+        s.push(&format!(
+            "UPDATE {dl} AS d SET expires_at = {exp}, renewed_at = {at} \
+             {fenced} \
+             RETURNING partition, sequence, {out}",
+            dl = self.names.deliveries(),
+            fenced = self.fenced(&st, &gr, &arr),
+            out = self.d.ts_out("expires_at"),
+        ));
+        let rows = super::retry_tx!(self, "renew", self.pool.all(&s).await.map_err(super::at_commit))?;
+        let mut renewed = HashMap::new();
+        for r in &rows {
+            renewed.insert((r.u32(0)?, r.u64(1)?), r.ts(2)?);
+        }
+        Ok(renewed)
+    }
+
     pub(super) async fn ack_many_impl(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
         let mut out: Vec<Option<Result<()>>> = vec![None; leases.len()];
         for ((stream, group), idx) in common::by_group(leases) {
-            let batch: Vec<&LeaseRef> = idx.iter().map(|&i| &leases[i]).collect();
-            let acked = match super::retry_tx!(self, "ack", self.ack_tx(&stream, &group, &batch).await) {
-                Ok(a) => a,
-                Err(e @ Error::GroupNotFound { .. }) => {
-                    let e = self.missing(&stream, &group).await?.unwrap_or(e);
-                    for i in idx {
-                        out[i] = Some(Err(e.clone()));
-                    }
-                    continue;
+            let (claimed, mut row_idx) = split_by_kind(leases, &idx);
+            let triples: Vec<(u32, u64, i64)> = claimed.iter().map(|&(_, t)| t).collect();
+            let mut acked: BTreeSet<(u32, u64)> =
+                self.ack_claimed(&stream, &group, &triples).await?.into_iter().collect();
+            // Claimed leases their claims no longer hold may be rows now
+            // (a split handed them over): tried as row leases.
+            for &(i, (p, q, _)) in &claimed {
+                if !acked.contains(&(p, q)) {
+                    row_idx.push(i);
                 }
-                Err(e) => return Err(e),
-            };
-            let mut acked: BTreeSet<(u32, u64)> = acked.into_iter().collect();
+            }
+            if !row_idx.is_empty() {
+                let rows: Vec<&LeaseRef> = row_idx.iter().map(|&i| &leases[i]).collect();
+                acked.extend(self.ack_rows(&stream, &group, &rows).await?);
+            }
+            if !acked.is_empty() {
+                self.frontier.note(&stream, &group, acked.iter().map(|a| a.0));
+            }
+            let missing = if acked.len() < idx.len() { self.missing(&stream, &group).await? } else { None };
             for i in idx {
                 let l = &leases[i];
-                out[i] = Some(if acked.remove(&(l.partition, l.sequence)) { Ok(()) } else { Err(stale(l)) });
+                out[i] = Some(match &missing {
+                    Some(e) => Err(e.clone()),
+                    None if acked.remove(&(l.partition, l.sequence)) => Ok(()),
+                    None => Err(stale(l)),
+                });
             }
         }
         Ok(out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::failed("ack", "no result")))).collect())
     }
 
-    async fn ack_tx(
-        &self,
-        stream: &str,
-        group: &str,
-        leases: &[&LeaseRef],
-    ) -> std::result::Result<Vec<(u32, u64)>, TxError> {
-        let mut tx = self.pool.begin().await.map_err(safe)?;
+    /// Acks row leases in one statement; the positions acked. The frontier
+    /// moves later (the flusher): an ack never waits for the group row.
+    async fn ack_rows(&self, stream: &str, group: &str, leases: &[&LeaseRef]) -> Result<Vec<(u32, u64)>> {
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
         let mut rows: Vec<&LeaseRef> = leases.to_vec();
@@ -980,25 +1015,15 @@ impl SqlBackend {
         let arr = s.arg(lease_rows(rows.iter().map(|l| (l.partition, l.sequence, l.lease_id.to_string()))));
         let now = self.now();
         let at = self.now_sql(&mut s, now);
-        let update = format!(
+        s.push(&format!(
             "UPDATE {dl} AS d SET status = 'acked', acked_at = {at}, lease_id = NULL, expires_at = NULL \
              {fenced} \
              RETURNING partition, sequence",
             dl = self.names.deliveries(),
             fenced = self.fenced(&st, &gr, &arr),
-        );
-        s.push(&update);
-        let rows = tx.all(&s).await.map_err(safe)?;
-        let acked = rows.iter().map(|r| Ok((r.u32(0)?, r.u64(1)?))).collect::<Result<Vec<_>>>()?;
-        // The group lock after the rows' own: consumers settling disjoint
-        // rows wait for each other only for the frontier's move. (A replay
-        // or reset, which locks the group first, may deadlock with this;
-        // the database aborts one and retry_tx runs it again.)
-        let (mut frontiers, cursors) = self.lock_group(&mut tx, stream, group).await?;
-        let parts: BTreeSet<u32> = acked.iter().map(|a| a.0).collect();
-        self.advance(&mut tx, stream, group, &mut frontiers, &cursors, &parts).await?;
-        tx.commit().await.map_err(at_commit)?;
-        Ok(acked)
+        ));
+        let rows = super::retry_tx!(self, "ack", self.pool.all(&s).await.map_err(super::at_commit))?;
+        rows.iter().map(|r| Ok((r.u32(0)?, r.u64(1)?))).collect()
     }
 
     /// Dead-letters the delivery a lease holds, with `reason`; false when
@@ -1030,6 +1055,7 @@ impl SqlBackend {
     }
 
     pub(super) async fn reject_impl(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
+        self.split_lease(lease).await?;
         let now = self.now();
         let reason = rules::rejected(reason);
         match super::retry_tx!(self, "reject", self.dead_letter_tx(lease, &reason, now).await) {
@@ -1048,6 +1074,7 @@ impl SqlBackend {
         delay: Option<Duration>,
     ) -> Result<RetryOutcome> {
         let g = self.load_group(&lease.stream, &lease.group).await?;
+        self.split_lease(lease).await?;
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, &lease.stream, &lease.group);
         let (part, seq) = (s.int(i64::from(lease.partition)), s.int(seq_arg(lease.sequence)));
@@ -1135,6 +1162,8 @@ impl SqlBackend {
     ) -> std::result::Result<bool, TxError> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let (mut frontiers, cursors) = self.lock_group(&mut tx, stream, group).await?;
+        // A claimed position becomes an ordinary leased row first.
+        self.split_claims(&mut tx, stream, group, &Split::Positions(&[(partition, sequence)])).await?;
         let (f, c) = fc(&frontiers, &cursors, partition);
         let mut s = self.stmt();
         let st = s.text(stream);
@@ -1170,13 +1199,18 @@ impl SqlBackend {
         let at = self.now_sql(&mut s, now);
         let why = s.text(reason);
         s.push(&format!(
-            "INSERT INTO {} (stream, group_name, event_id, partition, sequence, status, attempt, reason, dead_lettered_at, created_at) \
+            "INSERT INTO {t} (stream, group_name, event_id, partition, sequence, status, attempt, reason, dead_lettered_at, created_at) \
              VALUES ({st}, {gr}, {id}, {p}, {q}, 'rejected', 0, {why}, {at}, {at}) \
              ON CONFLICT (stream, group_name, event_id) DO UPDATE SET status = 'rejected', lease_id = NULL, \
-             expires_at = NULL, reason = excluded.reason, dead_lettered_at = excluded.dead_lettered_at",
-            self.names.deliveries()
+             expires_at = NULL, reason = excluded.reason, dead_lettered_at = excluded.dead_lettered_at \
+             WHERE {t}.status <> 'acked'",
+            t = self.names.deliveries()
         ));
-        tx.exec(&s).await.map_err(safe)?;
+        // An ack that committed since the status was read (acks take no
+        // group lock) wins: the position is settled.
+        if tx.exec(&s).await.map_err(safe)? == 0 {
+            return Err(common::already_settled(group, partition, sequence).into());
+        }
         self.mark_dead(&mut tx, stream, group, &[(partition, sequence)]).await?;
         self.advance(&mut tx, stream, group, &mut frontiers, &cursors, &BTreeSet::from([partition])).await?;
         tx.commit().await.map_err(at_commit)?;
@@ -1221,29 +1255,31 @@ impl SqlBackend {
         // above them, never settled, so nothing they change is counted.
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let (mut frontiers, mut cursors) = self.lock_group(&mut tx, stream, group).await?;
+        // Claims give their open positions above the start to rows and end
+        // there: what they acked above it has no row and is reopened as
+        // the cursor moves back.
+        self.split_claims(&mut tx, stream, group, &Split::After(starts)).await?;
         let mut reopened = 0u64;
         for &(p, from) in starts {
             let (f, c) = fc(&frontiers, &cursors, p);
             let hw = hws.get(p as usize).copied().unwrap_or(0);
             let upper = hw.min(c.saturating_sub(1));
+            // Reopened: the settled rows above `from` (counted from the
+            // UPDATE itself, which sees an ack that commits meanwhile: acks
+            // take no group lock), and the positions without a row in
+            // (from, upper], which are settled (acked in a claim, or before
+            // the group's start). Rows appear only under this lock.
             let mut s = self.stmt();
             let (st, gr) = sg(&mut s, stream, group);
             let part = s.int(i64::from(p));
             let lo = s.int(seq_arg(from));
-            let cc = s.int(seq_arg(c));
-            let hi = s.int(seq_arg(hw));
+            let hi = s.int(seq_arg(upper));
             s.push(&format!(
-                "SELECT COALESCE(sum(CASE WHEN sequence < {cc} AND status NOT IN {TERMINAL} THEN 1 ELSE 0 END), 0), \
-                 COALESCE(sum(CASE WHEN sequence >= {cc} AND status IN {TERMINAL} THEN 1 ELSE 0 END), 0) \
-                 FROM {} WHERE stream = {st} AND group_name = {gr} AND partition = {part} AND sequence > {lo} AND sequence <= {hi}",
+                "SELECT count(*) FROM {} WHERE stream = {st} AND group_name = {gr} AND partition = {part} \
+                 AND sequence > {lo} AND sequence <= {hi}",
                 self.names.deliveries()
             ));
-            let rows = tx.all(&s).await.map_err(safe)?;
-            let (open_below, settled_above) = match rows.first() {
-                Some(r) => (r.u64(0)?, r.u64(1)?),
-                None => (0, 0),
-            };
-            reopened += upper.saturating_sub(from).saturating_sub(open_below) + settled_above;
+            let rows_below = tx.all(&s).await.map_err(safe)?.first().map(|r| r.u64(0)).transpose()?.unwrap_or(0);
             let mut s = self.stmt();
             let (st, gr) = sg(&mut s, stream, group);
             let part = s.int(i64::from(p));
@@ -1252,10 +1288,11 @@ impl SqlBackend {
             s.push(&format!(
                 "UPDATE {} SET status = 'available', attempt = 0, lease_id = NULL, consumer_id = NULL, expires_at = NULL, \
                  reason = 'replay', retried_at = {at} WHERE stream = {st} AND group_name = {gr} AND partition = {part} \
-                 AND sequence > {lo} AND status IN {TERMINAL}",
+                 AND sequence > {lo} AND status IN {TERMINAL} RETURNING sequence",
                 self.names.deliveries()
             ));
-            tx.exec(&s).await.map_err(safe)?;
+            let reopened_rows = tx.all(&s).await.map_err(safe)?.len() as u64;
+            reopened += reopened_rows + upper.saturating_sub(from).saturating_sub(rows_below);
             self.unmark(&mut tx, stream, group, p, from).await?;
             frontiers.insert(p, f.min(from));
             cursors.insert(p, c.min(from.saturating_add(1)));
@@ -1274,6 +1311,11 @@ impl SqlBackend {
     ) -> std::result::Result<u64, TxError> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let (mut frontiers, cursors) = self.lock_group(&mut tx, stream, group).await?;
+        // Matched positions in flight under a claim become leased rows (not
+        // settled, so not reopened); those a claim acked have no row and
+        // are reopened like any settled one.
+        let positions: Vec<(u32, u64)> = matched.iter().map(|(p, q, _)| (*p, *q)).collect();
+        self.split_claims(&mut tx, stream, group, &Split::Positions(&positions)).await?;
         let mut reopened = 0u64;
         for chunk in matched.chunks(1000) {
             let keys: Vec<Value> = chunk
@@ -1359,6 +1401,7 @@ impl SqlBackend {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let (mut frontiers, mut cursors) = self.lock_group(&mut tx, stream, group).await?;
         let parts: Vec<u32> = starts.keys().copied().collect();
+        self.delete_claims(&mut tx, stream, group, Some(&parts)).await?;
         for t in [self.names.deliveries(), self.names.dl_order()] {
             let mut s = self.stmt();
             let (st, gr) = sg(&mut s, stream, group);
@@ -1382,9 +1425,29 @@ impl SqlBackend {
     // ---- inspecting ----
 
     pub(super) async fn lag_impl(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
-        let g = self.load_group(stream, group).await?;
+        let mut g = self.load_group(stream, group).await?;
         let scope = g.scope(stream, partitions)?;
+        self.derive_frontiers(stream, group, &mut g, &scope).await?;
         Ok(self.lag_of(stream, group, &g, &scope))
+    }
+
+    /// Derives the frontiers of `scope` (the stored ones may trail what
+    /// is settled by a flush), and has a stored one that trails written.
+    pub(super) async fn derive_frontiers(
+        &self,
+        stream: &str,
+        group: &str,
+        g: &mut GroupRow,
+        scope: &[u32],
+    ) -> Result<()> {
+        let stored = g.frontiers.clone();
+        let parts: BTreeSet<u32> = scope.iter().copied().collect();
+        self.frontier.derive(stream, group, &mut g.frontiers, &g.cursors, &parts).await?;
+        let behind: Vec<u32> = parts.iter().copied().filter(|p| stored.get(p) != g.frontiers.get(p)).collect();
+        if !behind.is_empty() {
+            self.frontier.note(stream, group, behind);
+        }
+        Ok(())
     }
 
     fn lag_of(&self, stream: &str, group: &str, g: &GroupRow, scope: &[u32]) -> Lag {
@@ -1392,8 +1455,9 @@ impl SqlBackend {
     }
 
     pub(super) async fn group_info_impl(&self, stream: &str, group: &str) -> Result<GroupInfo> {
-        let g = self.load_group(stream, group).await?;
+        let mut g = self.load_group(stream, group).await?;
         let scope = g.partitions();
+        self.derive_frontiers(stream, group, &mut g, &scope).await?;
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
         let now = self.now();
@@ -1410,6 +1474,7 @@ impl SqlBackend {
             Some(r) => (r.u64(0)?, r.u64(1)?, r.u64(2)?),
             None => (0, 0, 0),
         };
+        let inflight = inflight + self.claimed_inflight(stream, group).await?;
         Ok(GroupInfo {
             summary: g.summary(group),
             lag: self.lag_of(stream, group, &g, &scope),

@@ -21,6 +21,7 @@
 //! | `rheo_statement_timeout_ms=N` | postgres | the server's `statement_timeout` | none |
 //! | `synchronous=normal\|full` | sqlite | `PRAGMA synchronous` (`full`: every commit survives a power cut) | `full` |
 //! | `busy_timeout_ms=N` | sqlite | how long a writer waits for the lock before its transaction runs again (for 4 times as long in all, at least 20 s; then `BackendUnavailable`) | 5000 |
+//! | `rheo_claims=ranges\|rows` | both | how a fetch takes new events: `ranges` writes one claim row per run of positions (ADR 0021); `rows` writes a delivery row per event, as the Elixir reference does, for groups whose competing consumers include Elixir processes | `ranges` |
 //! | `rheo_retention_interval_ms=N` | both | how often a background retention round runs over the streams with a retention (0: never; [`crate::Rheo::enforce_retention`] still works) | 10000 |
 //!
 //! SQLite uses one connection unless `rheo_pool` says more: its calls then
@@ -39,8 +40,10 @@
 #![cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code, irrefutable_let_patterns))]
 
 mod append;
+mod claims;
 mod db;
 mod dialect;
+mod frontier;
 mod groups;
 #[cfg(feature = "postgres")]
 mod listen;
@@ -107,6 +110,30 @@ pub struct SqlBackend {
     /// Group commit of appends (ADR 0020), and what its flushes need.
     appender: Arc<append::Appender>,
     appends: crate::backends::combine::Combiner<append::Key, append::Row, Position>,
+    /// The frontier SQL and its flusher (ADR 0021).
+    frontier: Arc<frontier::Frontiers>,
+    /// How fetches take fresh positions (`rheo_claims`).
+    claims_mode: ClaimsMode,
+    /// Partition counts and partition subsets of the groups fetched from
+    /// (neither changes once a group exists): a fetch needs no read first.
+    group_scopes: RwLock<HashMap<(String, String), GroupScope>>,
+}
+
+/// How a fetch takes positions no fetch has taken yet (URL `rheo_claims`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClaimsMode {
+    /// One `rheo_rs_claims` row per run of fresh positions (ADR 0021).
+    Ranges,
+    /// A delivery row per position, as the reference writes them: for
+    /// groups whose competing consumers include Elixir processes.
+    Rows,
+}
+
+/// What a fetch needs to know of a group before it claims.
+#[derive(Debug, Clone)]
+pub(crate) struct GroupScope {
+    pub count: u32,
+    pub partitions: Option<Vec<u32>>,
 }
 
 /// A background index build.
@@ -147,6 +174,7 @@ pub(crate) struct SqlOptions {
     pub busy_timeout: Duration,
     /// How often the facade runs a background retention round (zero: never).
     pub retention_interval: Duration,
+    pub claims: ClaimsMode,
 }
 
 fn parse_options(scheme: &str, query: &str, allow_schema: bool) -> Result<(SqlOptions, Vec<(String, String)>)> {
@@ -162,6 +190,7 @@ fn parse_options(scheme: &str, query: &str, allow_schema: bool) -> Result<(SqlOp
         synchronous_full: true,
         busy_timeout: Duration::from_secs(5),
         retention_interval: Duration::from_secs(10),
+        claims: ClaimsMode::Ranges,
     };
     let mut rest = Vec::new();
     let bad = |k: &str, v: &str, why: &str| Error::invalid("url", format!("{scheme}: option {k}={v:?}: {why}"));
@@ -183,6 +212,13 @@ fn parse_options(scheme: &str, query: &str, allow_schema: bool) -> Result<(SqlOp
                 o.retention_interval = match v.parse::<u64>() {
                     Ok(n) if n <= 86_400_000 => Duration::from_millis(n),
                     _ => return Err(bad(k, v, "expected milliseconds from 0 (never) to 86400000")),
+                }
+            }
+            "rheo_claims" => {
+                o.claims = match v {
+                    "ranges" => ClaimsMode::Ranges,
+                    "rows" => ClaimsMode::Rows,
+                    _ => return Err(bad(k, v, "expected ranges or rows")),
                 }
             }
             "rheo_statement_timeout_ms" if allow_schema => o.statement_timeout = Some(ms(k, v)?),
@@ -263,6 +299,7 @@ impl SqlBackend {
             Some(busy_budget(o.busy_timeout)),
         );
         backend.retention_interval = o.retention_interval;
+        backend.claims_mode = o.claims;
         Ok(backend)
     }
 
@@ -312,6 +349,7 @@ impl SqlBackend {
             Self::new(Dialect::Postgres, Pool::Pg(pool), Names::new(o.schema), clock, !custom_clock, true, None);
         backend.listen_pool = Some(listen_pool);
         backend.retention_interval = o.retention_interval;
+        backend.claims_mode = o.claims;
         Ok(backend)
     }
 
@@ -329,7 +367,11 @@ impl SqlBackend {
         let appender =
             Arc::new(append::Appender::new(d, pool.clone(), names.clone(), wakeups.clone(), &origin, busy_budget));
         let appends = appender.combiner();
+        let frontier = Arc::new(frontier::Frontiers::new(d, pool.clone(), names.clone(), busy_budget));
         SqlBackend {
+            frontier,
+            claims_mode: ClaimsMode::Ranges,
+            group_scopes: RwLock::new(HashMap::new()),
             busy_budget,
             appender,
             appends,

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::db::Phase;
-use super::groups::{TERMINAL, sg};
+use super::frontier::sg;
 use super::{Now, SqlBackend, TxError, at_commit, safe};
 use crate::backends::common::{self, GroupSettings};
 use crate::error::{Error, Result};
@@ -182,7 +182,11 @@ impl SqlBackend {
         let groups = self.list_groups_impl(stream).await?;
         let mut loaded = Vec::new();
         for g in &groups {
-            loaded.push((g.name.clone(), self.load_group(stream, &g.name).await?));
+            let mut row = self.load_group(stream, &g.name).await?;
+            let parts = row.partitions();
+            // `interest` drops what is settled: derived, not as last flushed.
+            self.derive_frontiers(stream, &g.name, &mut row, &parts).await?;
+            loaded.push((g.name.clone(), row));
         }
         // Per partition: (new start, whether events go).
         let mut plan: BTreeMap<u32, u64> = BTreeMap::new();
@@ -235,6 +239,14 @@ impl SqlBackend {
     ) -> std::result::Result<Vec<(u32, u64)>, TxError> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let (mut frontiers, mut cursors) = self.lock_group(&mut tx, stream, group).await?;
+        // Claims of the partitions that move give every open position to
+        // a row first (counted below as unsettled, deleted with the rest).
+        let cut: Vec<(u32, u64)> = plan
+            .iter()
+            .filter(|&(p, &start)| frontiers.get(p).is_some_and(|&f| f < start.saturating_sub(1)))
+            .map(|(&p, _)| (p, 0))
+            .collect();
+        self.split_claims(&mut tx, stream, group, &super::claims::Split::After(&cut)).await?;
         let mut out = Vec::new();
         let mut moved = std::collections::BTreeSet::new();
         for (&p, &start) in plan {
@@ -247,36 +259,47 @@ impl SqlBackend {
             // Unsettled: rows not acked nor rejected, and positions from the
             // cursor on (never materialized) without a row.
             let fresh_from = (f + 1).max(c);
-            let mut s = self.stmt();
-            let (st, gr) = sg(&mut s, stream, group);
-            let part = s.int(i64::from(p));
-            let lo = s.int(super::streams::seq_arg(f));
-            let hi = s.int(super::streams::seq_arg(below));
-            let ff = s.int(super::streams::seq_arg(fresh_from));
-            s.push(&format!(
-                "SELECT COALESCE(sum(CASE WHEN status NOT IN {TERMINAL} THEN 1 ELSE 0 END), 0), \
-                 COALESCE(sum(CASE WHEN sequence >= {ff} THEN 1 ELSE 0 END), 0) \
-                 FROM {} WHERE stream = {st} AND group_name = {gr} AND partition = {part} \
-                 AND sequence > {lo} AND sequence <= {hi}",
-                self.names.deliveries()
-            ));
-            let rows = tx.all(&s).await.map_err(safe)?;
-            let (open, rows_fresh) = match rows.first() {
-                Some(r) => (r.u64(0)?, r.u64(1)?),
-                None => (0, 0),
-            };
-            let fresh = (below + 1).saturating_sub(fresh_from);
-            let skipped = open + fresh.saturating_sub(rows_fresh);
+            // The rows below the start go (dead letters stay), and what they
+            // held is counted from what the DELETE removed: an ack that
+            // commits meanwhile (acks take no group lock) is seen by it, so
+            // a position is never both acknowledged and counted as skipped.
             let mut s = self.stmt();
             let (st, gr) = sg(&mut s, stream, group);
             let part = s.int(i64::from(p));
             let st_ = s.int(super::streams::seq_arg(start));
             s.push(&format!(
                 "DELETE FROM {} WHERE stream = {st} AND group_name = {gr} AND partition = {part} \
-                 AND sequence < {st_} AND status <> 'rejected'",
+                 AND sequence < {st_} AND status <> 'rejected' RETURNING sequence, status",
                 self.names.deliveries()
             ));
-            tx.exec(&s).await.map_err(safe)?;
+            let gone = tx.all(&s).await.map_err(safe)?;
+            let (mut open, mut rows_fresh) = (0u64, 0u64);
+            for r in &gone {
+                let (q, status) = (r.u64(0)?, r.text(1)?);
+                if q <= f {
+                    continue;
+                }
+                if status != "acked" {
+                    open += 1;
+                }
+                if q >= fresh_from {
+                    rows_fresh += 1;
+                }
+            }
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let part = s.int(i64::from(p));
+            let ff = s.int(super::streams::seq_arg(fresh_from));
+            let hi = s.int(super::streams::seq_arg(below));
+            s.push(&format!(
+                "SELECT count(*) FROM {} WHERE stream = {st} AND group_name = {gr} AND partition = {part} \
+                 AND status = 'rejected' AND sequence >= {ff} AND sequence <= {hi}",
+                self.names.deliveries()
+            ));
+            let rows = tx.all(&s).await.map_err(safe)?;
+            rows_fresh += rows.first().map(|r| r.u64(0)).transpose()?.unwrap_or(0);
+            let fresh = (below + 1).saturating_sub(fresh_from);
+            let skipped = open + fresh.saturating_sub(rows_fresh);
             frontiers.insert(p, below);
             cursors.insert(p, c.max(start));
             moved.insert(p);

@@ -7,7 +7,11 @@ use super::dialect::Dialect;
 
 /// The schema version this build writes and reads (kept in
 /// `rheo_rs_meta`; the shared tables carry no version).
-pub(crate) const SCHEMA_VERSION: u16 = 1;
+///
+/// 2: `rheo_rs_claims` (claimed ranges, ADR 0021). A build of version 1
+/// would take a range's positions for settled, so it refuses a database
+/// of version 2.
+pub(crate) const SCHEMA_VERSION: u16 = 2;
 
 /// One column: name, PostgreSQL type, SQLite type, NOT NULL, default.
 #[derive(Debug, Clone, Copy)]
@@ -141,6 +145,25 @@ pub(crate) const TABLES: &[Table] = &[
         ],
         key: &["stream", "group_name", "partition", "sequence"],
     },
+    // A claimed range of fresh positions (ADR 0021): one row stands for
+    // up to `CLAIM_MAX_POSITIONS` leases of consecutive sequences, each
+    // settled when its character of `settled` is '1'.
+    Table {
+        name: "rheo_rs_claims",
+        columns: &[
+            col("stream", "text", true, None),
+            col("group_name", "text", true, None),
+            col("partition", "int", true, None),
+            col("first_seq", "bigint", true, None),
+            col("last_seq", "bigint", true, None),
+            col("base", "bigint", true, None),
+            col("consumer_id", "text", true, None),
+            col("leased_at", "ts", true, None),
+            col("expires_at", "ts", true, None),
+            col("settled", "text", true, None),
+        ],
+        key: &["stream", "group_name", "partition", "first_seq"],
+    },
 ];
 
 /// The reference's indexes: (name, table, columns, unique).
@@ -240,6 +263,9 @@ impl Names {
     pub(crate) fn meta(&self) -> String {
         self.t("rheo_rs_meta")
     }
+    pub(crate) fn claims(&self) -> String {
+        self.t("rheo_rs_claims")
+    }
 }
 
 /// The idempotent DDL, in order: tables, then indexes (`docs/guides/sql.md`
@@ -268,6 +294,11 @@ pub(crate) fn ddl(d: Dialect, names: &Names) -> Vec<String> {
         let key: Vec<String> = t.key.iter().map(|c| quote_col(c)).collect();
         cols.push(format!("PRIMARY KEY ({})", key.join(", ")));
         out.push(format!("CREATE TABLE IF NOT EXISTS {} ({})", names.t(t.name), cols.join(", ")));
+    }
+    // Claims change on every settle and are few: room in their pages keeps
+    // those updates HOT (no new index entries).
+    if d == Dialect::Postgres {
+        out.push(format!("ALTER TABLE {} SET (fillfactor = 50)", names.claims()));
     }
     for (name, table, cols, unique) in INDEXES {
         let cols: Vec<String> = cols.iter().map(|c| quote_col(c)).collect();

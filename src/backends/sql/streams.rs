@@ -158,7 +158,21 @@ impl SqlBackend {
         let rows = self.pool.all(&s).await.map_err(self.err("ensure_schema", Phase::Safe))?;
         let found = rows.first().map(|r| r.text(0)).transpose()?.unwrap_or_default();
         match found.parse::<u16>() {
-            Ok(v) if v <= SCHEMA_VERSION => Ok(()),
+            Ok(v) if v < SCHEMA_VERSION => {
+                // The tables of the newer version were created above
+                // (every change so far adds a table): record it, so that
+                // an older build refuses this database from now on.
+                let mut s = self.stmt();
+                let v = s.text(SCHEMA_VERSION.to_string());
+                let old = s.text(found.clone());
+                s.push(&format!(
+                    "UPDATE {} SET value = {v} WHERE \"key\" = 'schema_version' AND value = {old}",
+                    self.names.meta()
+                ));
+                self.pool.exec(&s).await.map_err(|e| self.schema_error(e))?;
+                Ok(())
+            }
+            Ok(SCHEMA_VERSION) => Ok(()),
             Ok(v) => Err(Error::UnsupportedVersion {
                 file: format!("{} table rheo_rs_meta", self.be()).into(),
                 found: v,

@@ -1,0 +1,1155 @@
+//! Claimed ranges (ADR 0021): how a fetch hands out fresh events without
+//! writing a delivery row per event.
+//!
+//! A group's cursor (`rheo_groups.cursors`, the reference's) is the first
+//! position of each partition no fetch has taken yet. A fetch that takes
+//! fresh positions moves the cursor past them and writes one row of
+//! `rheo_rs_claims` per run of at most [`CLAIM_MAX_POSITIONS`] consecutive
+//! positions: who holds them, until when, and one character per position
+//! of `settled` (`'0'` in flight, `'1'` settled or handed over to a
+//! delivery row). The lease of position `s` of a claim is
+//! `base << 64 | s`, with version nibble 8 in `base`, so a settle finds its
+//! claim without a table of lease ids; row leases are version 4.
+//!
+//! The state of a position below the cursor is, in this order: its
+//! delivery row if it has one; else its claim's character if a claim
+//! covers it; else settled (an ack that needed no row, or before the
+//! group's start). A position whose claim needs per-lease state (a retry,
+//! a reject, a skip, a renewal of part of a claim, a replay, an expired
+//! claim met by a fetch) is *split* out first: it gets the delivery row of
+//! an ordinary lease (status `leased`, attempt 1, the claim's lease id and
+//! expiry) and its character becomes `'1'`; everything after that is the
+//! row path of `groups.rs`. A claim with no `'0'` left says nothing and is
+//! deleted by the next frontier flush.
+//!
+//! An ack of claimed leases is one statement that sets their characters;
+//! it never locks the group row. The frontier is derived state (the first
+//! unsettled row or `'0'`, else the cursor, minus one) and is written by
+//! the frontier flusher (`frontier.rs`), never ahead of what is settled.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::db::{Phase, Row, Tx};
+use super::dialect::Dialect;
+use super::frontier::{parse_map, sg};
+use super::streams::{EVENT_COLS, event_cols, seq_arg};
+use super::{Now, SqlBackend, TxError, at_commit, safe};
+use crate::backends::common::frontier_cursor as fc;
+use crate::error::{Error, Result};
+use crate::model::lease::{LeaseId, LeaseRef};
+use crate::model::time::Timestamp;
+
+/// The most positions one claim row covers: a settle rewrites its
+/// `settled` text, so this bounds what one ack writes per claim.
+pub(crate) const CLAIM_MAX_POSITIONS: u64 = 256;
+
+/// Bits 12..16 of a lease id's upper half: the UUID version. Row leases
+/// are version 4 (`ids::new_lease_id`); claimed leases version 8.
+const VERSION_MASK: u64 = 0xf000;
+const CLAIM_VERSION: u64 = 0x8000;
+
+/// A new claim base: 64 bits, version nibble 8, unique per fetch within a
+/// process and random across processes.
+pub(crate) fn new_claim_base() -> i64 {
+    let id = crate::ids::new_lease_id();
+    let (hi, lo) = split_u128(id);
+    let mixed = hi.rotate_left(23) ^ lo.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    ((mixed & !VERSION_MASK) | CLAIM_VERSION) as i64
+}
+
+fn split_u128(v: u128) -> (u64, u64) {
+    let hi = u64::try_from(v >> 64).unwrap_or(u64::MAX);
+    let lo = u64::try_from(v & u128::from(u64::MAX)).unwrap_or(u64::MAX);
+    (hi, lo)
+}
+
+/// The base of a fetch's claims in partition `p`: two partitions' claims
+/// of one fetch cover the same sequences, and their leases must differ.
+/// (Bits 16.. only: the version nibble stays.)
+pub(crate) fn partition_base(base: i64, p: u32) -> i64 {
+    base ^ (i64::from(p) << 16)
+}
+
+/// The lease of position `seq` of the claim with `base`.
+pub(crate) fn claim_lease(base: i64, seq: u64) -> LeaseId {
+    LeaseId::from_u128((u128::from(base as u64) << 64) | u128::from(seq))
+}
+
+/// The claim base of a claimed lease of position `seq`; None for a row
+/// lease (or an id that names another position).
+pub(crate) fn claim_base(id: LeaseId, seq: u64) -> Option<i64> {
+    let (hi, lo) = split_u128(id.as_u128());
+    (hi & VERSION_MASK == CLAIM_VERSION && lo == seq).then_some(hi as i64)
+}
+
+/// A claim row as read for a split, an ack or a renewal.
+#[derive(Debug, Clone)]
+pub(crate) struct Claim {
+    pub partition: u32,
+    pub first: u64,
+    pub last: u64,
+    pub base: i64,
+    pub consumer: String,
+    pub leased_at: Timestamp,
+    pub expires_at: Timestamp,
+    /// One byte per position: b'0' in flight, b'1' settled or handed over.
+    pub settled: Vec<u8>,
+}
+
+impl Claim {
+    fn offset(&self, seq: u64) -> Option<usize> {
+        (self.first..=self.last).contains(&seq).then(|| usize::try_from(seq - self.first).unwrap_or(usize::MAX))
+    }
+
+    /// True when position `seq` is in flight under this claim.
+    pub fn open(&self, seq: u64) -> bool {
+        self.offset(seq).and_then(|i| self.settled.get(i)) == Some(&b'0')
+    }
+
+    fn set(&mut self, seq: u64) {
+        if let Some(c) = self.offset(seq).and_then(|i| self.settled.get_mut(i)) {
+            *c = b'1';
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.settled.is_empty() || self.first > self.last || !self.settled.contains(&b'0')
+    }
+
+    fn settled_text(&self) -> String {
+        String::from_utf8_lossy(&self.settled).into_owned()
+    }
+}
+
+/// Which claims a split hands over to delivery rows.
+#[derive(Debug, Clone)]
+pub(crate) enum Split<'a> {
+    /// Every open position of claims that expired by `now`, in `parts`.
+    Expired(&'a [u32], Timestamp),
+    /// Every open position above `after` in each of these partitions; the
+    /// claims then end at `after` (what they settled above it is no longer
+    /// theirs: the cursor moves back over it).
+    After(&'a [(u32, u64)]),
+    /// These positions.
+    Positions(&'a [(u32, u64)]),
+}
+
+/// What a claim statement found besides its leases.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct ClaimFlags {
+    /// The group row exists.
+    pub found: bool,
+    /// The one-statement claim left this fetch to `claim_ranges_tx`
+    /// (nothing was claimed).
+    pub slow: bool,
+}
+
+/// The rows of a claim (one layout for both dialects): kind (0 a leased
+/// row, 1 a spent row dead-lettered, 2 a claimed position), partition,
+/// sequence, row lease id (NULL for kind 2), attempt, expiry, then the
+/// event's columns (`event_cols`).
+pub(crate) struct Claimed {
+    pub rows: Vec<Row>,
+    pub base: i64,
+    pub flags: ClaimFlags,
+}
+
+/// Positions past a cursor (beyond a fetch's limit) whose rows the
+/// transactional claim reads to find free ones: bounds its work when many
+/// rows follow a cursor (a replay's), at the cost of a few more fetches.
+const FRESH_WINDOW_ROWS: u64 = 1000;
+
+impl SqlBackend {
+    /// The PostgreSQL claim: one statement. It locks candidate delivery
+    /// rows with `SKIP LOCKED` (retries, expired leases, replays: the rare
+    /// case) and, only when the snapshot shows fresh events, the group row
+    /// (`FOR UPDATE`) to move the cursor; walks the candidates and the
+    /// fresh positions in (partition, sequence) order; leases the rows it
+    /// takes, dead-letters spent ones met on the way, writes the claim rows
+    /// and returns every event.
+    ///
+    /// Fresh positions start at the cursor of the locked row (a concurrent
+    /// fetch may have moved it since the snapshot) and end before the first
+    /// delivery row or claim at or after it and after the snapshot's high
+    /// watermark, so nothing the snapshot may not see is ever claimed. A
+    /// partition whose locked cursor is behind the snapshot's (a replay
+    /// moved it back meanwhile) takes nothing fresh.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn claim_ranges_pg(
+        &self,
+        stream: &str,
+        group: &str,
+        scope: &[u32],
+        limit: usize,
+        consumer: &str,
+        lease_for: Duration,
+        lease_ids: &[LeaseId],
+    ) -> std::result::Result<Claimed, TxError> {
+        let base = new_claim_base();
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let parts = s.text(Value::from(scope.to_vec()).to_string());
+        let spent_max = limit + crate::groups::SPENT_PER_FETCH;
+        let per = s.int(i64::try_from(spent_max).unwrap_or(i64::MAX));
+        let lim = s.int(i64::try_from(limit).unwrap_or(i64::MAX));
+        let ids = s.text(Value::from(lease_ids.iter().map(ToString::to_string).collect::<Vec<_>>()).to_string());
+        let b = s.int(base);
+        let cons = s.text(consumer);
+        let claimable = self.claimable(&mut s);
+        let now = self.now();
+        let at = self.now_sql(&mut s, now);
+        let exp = self.later_sql(&mut s, now, lease_for);
+        let set =
+            self.claim_set(&mut s, "pick.spent", &format!("({ids}::jsonb ->> pick.rn::int)"), consumer, lease_for);
+        let cur = |alias: &str, p: &str| {
+            format!(
+                "COALESCE(({alias}.cursors ->> {p}::text)::bigint, COALESCE((g.frontiers ->> {p}::text)::bigint, 0) + 1)"
+            )
+        };
+        let same = |a: &str| format!("{a}.stream = {st} AND {a}.group_name = {gr}");
+        s.push(&format!(
+            "WITH sc AS (SELECT (x.v)::int AS p FROM jsonb_array_elements_text({parts}::jsonb) AS x(v)), \
+             g AS (SELECT g0.cursors, g0.frontiers, g0.max_attempts FROM {groups} g0 \
+                   WHERE g0.stream = {st} AND g0.name = {gr}), \
+             hw AS (SELECT q.partition AS p, q.next_sequence AS hw FROM {seqs} q WHERE q.stream = {st}), \
+             ex AS (SELECT (EXISTS (SELECT 1 FROM {claims} k WHERE {sk} AND k.partition IN (SELECT p FROM sc) \
+                     AND k.expires_at <= {at} AND strpos(k.settled, '0') > 0) \
+                   OR EXISTS (SELECT 1 FROM sc JOIN hw ON hw.p = sc.p CROSS JOIN g CROSS JOIN LATERAL \
+                     (SELECT d.sequence FROM {dl} d WHERE {sd} AND d.partition = sc.p AND d.sequence >= {cur_g} \
+                      AND d.sequence <= hw.hw LIMIT 1) r) \
+                   OR EXISTS (SELECT 1 FROM sc JOIN hw ON hw.p = sc.p CROSS JOIN g CROSS JOIN LATERAL \
+                     (SELECT k.first_seq FROM {claims} k WHERE {sk} AND k.partition = sc.p \
+                      AND k.last_seq >= {cur_g} LIMIT 1) r)) AS slow), \
+             rc AS (SELECT y.* FROM sc CROSS JOIN g CROSS JOIN LATERAL ( \
+                   SELECT d.ctid AS tid, d.partition AS p, d.sequence AS s, d.event_id, \
+                   (d.status = 'leased' AND d.lease_id IS NOT NULL AND d.attempt >= g.max_attempts) AS spent \
+                   FROM {dl} d WHERE {sd} AND d.partition = sc.p \
+                   AND d.sequence > COALESCE((g.frontiers ->> sc.p::text)::bigint, 0) AND {claimable} \
+                   ORDER BY d.sequence LIMIT {per} FOR UPDATE OF d SKIP LOCKED) y \
+                   WHERE NOT (SELECT slow FROM ex)), \
+             lk AS (SELECT l.cursors FROM {groups} l WHERE l.stream = {st} AND l.name = {gr} \
+                   AND NOT (SELECT slow FROM ex) \
+                   AND EXISTS (SELECT 1 FROM sc JOIN hw ON hw.p = sc.p CROSS JOIN g WHERE {cur_l} <= hw.hw) \
+                   FOR UPDATE), \
+             fa AS (SELECT sc.p, cl.c, GREATEST(0, hw.hw + 1 - cl.c) AS avail \
+                   FROM sc JOIN hw ON hw.p = sc.p CROSS JOIN lk CROSS JOIN g \
+                   CROSS JOIN LATERAL (SELECT {cur_lk} AS c, {cur_g} AS c0) cl WHERE cl.c >= cl.c0), \
+             cand AS (SELECT rc.p, rc.s, rc.tid, rc.event_id, rc.spent, false AS fresh FROM rc \
+                   UNION ALL SELECT fa.p, gs.s, NULL::tid, NULL::text, false, true FROM fa \
+                   CROSS JOIN LATERAL generate_series(fa.c, fa.c + LEAST(fa.avail, {lim}) - 1) AS gs(s)), \
+             w AS (SELECT cand.*, \
+                   COALESCE(sum(CASE WHEN cand.spent THEN 0 ELSE 1 END) OVER (ORDER BY cand.p, cand.s \
+                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS rn, \
+                   sum(CASE WHEN cand.spent THEN 1 ELSE 0 END) OVER (ORDER BY cand.p, cand.s \
+                     ROWS UNBOUNDED PRECEDING) AS spent_n FROM cand), \
+             w2 AS (SELECT w.*, min(CASE WHEN w.spent AND w.spent_n > {spent_max} THEN w.s END) \
+                   OVER (PARTITION BY w.p) AS stop FROM w), \
+             pick AS (SELECT * FROM w2 WHERE w2.rn < {lim} AND (NOT w2.spent OR w2.spent_n <= {spent_max}) \
+                   AND (w2.stop IS NULL OR w2.s < w2.stop)), \
+             ru AS (UPDATE {dl} d SET {set} FROM pick WHERE NOT pick.fresh AND d.ctid = pick.tid \
+                   RETURNING pick.spent, d.partition, d.sequence, d.lease_id, d.attempt, d.expires_at, d.event_id), \
+             fr AS (SELECT pick.p, min(pick.s) AS first, max(pick.s) AS last, count(*) AS n FROM pick \
+                   WHERE pick.fresh GROUP BY pick.p, (pick.s - 1) / {CLAIM_MAX_POSITIONS}), \
+             cu AS (UPDATE {groups} g3 SET cursors = g3.cursors || (SELECT jsonb_object_agg(x.p::text, x.last + 1) \
+                   FROM (SELECT fr.p, max(fr.last) AS last FROM fr GROUP BY fr.p) x) \
+                   WHERE g3.stream = {st} AND g3.name = {gr} AND EXISTS (SELECT 1 FROM fr) RETURNING 1), \
+             ins AS (INSERT INTO {claims} (stream, group_name, partition, first_seq, last_seq, base, consumer_id, \
+                   leased_at, expires_at, settled) \
+                   SELECT {st}, {gr}, fr.p, fr.first, fr.last, {b} # (fr.p::bigint << 16), {cons}, {at}, {exp}, repeat('0', fr.n::int) \
+                   FROM fr WHERE EXISTS (SELECT 1 FROM cu) RETURNING partition, first_seq, last_seq, expires_at) \
+             SELECT CASE WHEN ru.spent THEN 1 ELSE 0 END, ru.partition::bigint, ru.sequence, ru.lease_id, \
+                   ru.attempt::bigint, {exp_ru}, {cols} \
+               FROM ru LEFT JOIN LATERAL (SELECT * FROM {ev} e1 WHERE e1.id = ru.event_id LIMIT 1) e ON true \
+             UNION ALL \
+             SELECT 2, ins.partition::bigint, e.sequence, NULL, 1, {exp_ins}, {cols} FROM ins JOIN {ev} e \
+               ON e.stream = {st} AND e.partition = ins.partition \
+               AND e.sequence BETWEEN ins.first_seq AND ins.last_seq \
+             UNION ALL \
+             SELECT 9, (SELECT count(*) FROM g), CASE WHEN (SELECT slow FROM ex) THEN 1 ELSE 0 END, NULL, \
+               0, NULL, \
+               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL",
+            groups = self.names.groups(),
+            seqs = self.names.seqs(),
+            claims = self.names.claims(),
+            dl = self.names.deliveries(),
+            ev = self.names.events(),
+            sk = same("k"),
+            sd = same("d"),
+            cur_l = cur("l", "sc.p"),
+            cur_lk = cur("lk", "sc.p"),
+            cur_g = cur("g", "sc.p"),
+            exp_ru = self.d.ts_out("ru.expires_at"),
+            exp_ins = self.d.ts_out("ins.expires_at"),
+            cols = event_cols(self.d, "e"),
+        ));
+        debug_assert_eq!(EVENT_COLS, 8);
+        // One statement, so no transaction around it: a connection lost
+        // while it runs leaves the outcome unknown (Ambiguous).
+        let mut rows = self.pool.all(&s).await.map_err(at_commit)?;
+        let mut flags = ClaimFlags::default();
+        if let Some(i) = rows.iter().position(|r| r.i64(0).ok() == Some(9)) {
+            let r = rows.swap_remove(i);
+            flags = ClaimFlags { found: r.i64(1)? > 0, slow: r.i64(2)? > 0 };
+        }
+        Ok(Claimed { rows, base, flags })
+    }
+
+    /// The claim as a transaction: always on SQLite (inside one `BEGIN
+    /// IMMEDIATE`, which every writer of the file takes), and on PostgreSQL
+    /// when the one-statement claim finds what it leaves to this path
+    /// (expired claims, delivery rows or claims between a cursor and its
+    /// high watermark: after a replay or a skip ahead). It locks the group
+    /// row first, so what it reads cannot change under it: expired claims
+    /// and claims at or after a cursor are split into rows, then the walk
+    /// over candidate rows and fresh positions, where fresh positions skip
+    /// the rows among them (a claim marks those `'1'`: their row decides).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn claim_ranges_tx(
+        &self,
+        stream: &str,
+        group: &str,
+        scope: &[u32],
+        limit: usize,
+        consumer: &str,
+        lease_for: Duration,
+        lease_ids: &[LeaseId],
+    ) -> std::result::Result<Claimed, TxError> {
+        let base = new_claim_base();
+        let pg = self.d == Dialect::Postgres;
+        let mut tx = self.pool.begin().await.map_err(safe)?;
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        s.push(&format!(
+            "SELECT {}, {}, max_attempts FROM {} WHERE stream = {st} AND name = {gr}{}",
+            self.d.json_out("frontiers"),
+            self.d.json_out("cursors"),
+            self.names.groups(),
+            if pg { " FOR UPDATE" } else { "" }
+        ));
+        let rows = tx.all(&s).await.map_err(safe)?;
+        let Some(row) = rows.first() else {
+            return Ok(Claimed { rows: Vec::new(), base, flags: ClaimFlags::default() });
+        };
+        let frontiers = parse_map(stream, group, "frontiers", &row.text(0)?)?;
+        let mut cursors = parse_map(stream, group, "cursors", &row.text(1)?)?;
+        let max_attempts = row.i64(2)?;
+        let now_ts = self.db_now(&mut tx).await?;
+        self.split_claims(&mut tx, stream, group, &Split::Expired(scope, now_ts)).await?;
+        let reaching: Vec<(u32, u64)> =
+            scope.iter().map(|&p| (p, fc(&frontiers, &cursors, p).1.saturating_sub(1))).collect();
+        self.split_claims(&mut tx, stream, group, &Split::After(&reaching)).await?;
+        let hws = self.hws_in(&mut tx, stream).await?;
+        let spent_max = limit + crate::groups::SPENT_PER_FETCH;
+        let id = if pg { "d.ctid::text" } else { "CAST(d.rowid AS TEXT)" };
+        // (partition, sequence, row id or None for a fresh position, spent)
+        let mut cands: Vec<(u32, u64, Option<String>, bool)> = Vec::new();
+        // Per partition: the fresh positions offered, and how far the
+        // cursor goes when all are taken (past rows that follow them).
+        let mut offered: BTreeMap<u32, (Vec<u64>, u64)> = BTreeMap::new();
+        for &p in scope {
+            let (f, c) = fc(&frontiers, &cursors, p);
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let part = s.int(i64::from(p));
+            let fl = s.int(seq_arg(f));
+            let ma = s.int(max_attempts);
+            let per = s.int(i64::try_from(spent_max).unwrap_or(i64::MAX));
+            let claimable = self.claimable(&mut s);
+            s.push(&format!(
+                "SELECT {id}, d.sequence, \
+                 CASE WHEN d.status = 'leased' AND d.lease_id IS NOT NULL AND d.attempt >= {ma} THEN 1 ELSE 0 END \
+                 FROM {} d WHERE d.stream = {st} AND d.group_name = {gr} AND d.partition = {part} \
+                 AND d.sequence > {fl} AND {claimable} ORDER BY d.sequence LIMIT {per}{}",
+                self.names.deliveries(),
+                if pg { " FOR UPDATE OF d SKIP LOCKED" } else { "" }
+            ));
+            for r in tx.all(&s).await.map_err(safe)? {
+                cands.push((p, r.u64(1)?, Some(r.text(0)?), r.i64(2)? == 1));
+            }
+            let hw = hws.get(&p).copied().unwrap_or(0);
+            if c > hw {
+                continue;
+            }
+            // Rows in a bounded window after the cursor: the free
+            // positions there are offered (at most `limit`).
+            let window_end = hw.min(c.saturating_add(limit as u64 + FRESH_WINDOW_ROWS));
+            let taken = self.rows_between(&mut tx, stream, group, p, c, window_end).await?;
+            let mut free = Vec::new();
+            let mut q = c;
+            while q <= window_end && free.len() < limit {
+                if !taken.contains(&q) {
+                    free.push(q);
+                }
+                q += 1;
+            }
+            // With nothing free, the cursor still passes the rows it met.
+            offered.insert(p, (free, q));
+        }
+        for (&p, (free, _)) in &offered {
+            cands.extend(free.iter().map(|&q| (p, q, None, false)));
+        }
+        cands.sort_by_key(|c| (c.0, c.1));
+        // The walk: in (partition, sequence) order until `limit` claims;
+        // spent rows met on the way are dead-lettered (at most
+        // limit + 64 a fetch; past that a partition stops).
+        let (mut spent_left, mut n_claim) = (spent_max, 0usize);
+        let mut stopped: Option<u32> = None;
+        let mut picks: Vec<Value> = Vec::new();
+        let mut fresh: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for (p, q, rowid, spent) in cands {
+            if n_claim >= limit {
+                break;
+            }
+            if stopped == Some(p) {
+                continue;
+            }
+            match rowid {
+                Some(rowid) if spent => {
+                    if spent_left == 0 {
+                        stopped = Some(p);
+                        continue;
+                    }
+                    spent_left -= 1;
+                    picks.push(Value::from(vec![Value::from(rowid), Value::Null, Value::from("1")]));
+                }
+                Some(rowid) => {
+                    let id = lease_ids.get(n_claim).map(ToString::to_string).unwrap_or_default();
+                    n_claim += 1;
+                    picks.push(Value::from(vec![Value::from(rowid), Value::from(id), Value::from("0")]));
+                }
+                None => {
+                    n_claim += 1;
+                    fresh.entry(p).or_default().push(q);
+                }
+            }
+        }
+        // (kind, partition, sequence, lease id, attempt, expiry, event id
+        // or NULL for a fresh position, whose event is found by position)
+        let mut keys: Vec<Value> = Vec::new();
+        if !picks.is_empty() {
+            let mut s = self.stmt();
+            let arr = s.text(Value::from(picks).to_string());
+            let set = self.claim_set(&mut s, "(x.c2 = '1')", "x.c1", consumer, lease_for);
+            let by_id = if pg { "d.ctid = (x.c0)::tid" } else { "d.rowid = CAST(x.c0 AS INTEGER)" };
+            s.push(&format!(
+                "UPDATE {dl} AS d SET {set} FROM {rows} AS x WHERE {by_id} \
+                 RETURNING CASE WHEN status = 'rejected' THEN 1 ELSE 0 END, partition, sequence, lease_id, \
+                 attempt, {exp}, event_id",
+                dl = self.names.deliveries(),
+                rows = self.d.json_rows(&arr, 3),
+                exp = self.d.ts_out("expires_at"),
+            ));
+            for r in &tx.all(&s).await.map_err(safe)? {
+                let exp = match self.d {
+                    Dialect::Postgres => r.opt_i64(5)?.map_or(Value::Null, Value::from),
+                    Dialect::Sqlite => r.opt_text(5)?.map_or(Value::Null, Value::from),
+                };
+                keys.push(Value::from(vec![
+                    Value::from(r.i64(0)?),
+                    Value::from(r.u32(1)?),
+                    Value::from(r.u64(2)?),
+                    r.opt_text(3)?.map_or(Value::Null, Value::from),
+                    Value::from(r.i64(4)?),
+                    exp,
+                    Value::from(r.text(6)?),
+                ]));
+            }
+        }
+        let expires = now_ts.saturating_add(lease_for);
+        let mut moved = false;
+        for (&p, (free, end)) in &offered {
+            let taken = fresh.get(&p).map(Vec::as_slice).unwrap_or_default();
+            // Past the last position taken; past the rows met when every
+            // free one was taken (or there was none).
+            let to = match taken.last() {
+                Some(&last) if taken.len() < free.len() => last + 1,
+                Some(_) => *end,
+                // Nothing taken: only past the rows before the first free one.
+                None => free.first().copied().unwrap_or(*end),
+            };
+            if to > fc(&frontiers, &cursors, p).1 {
+                cursors.insert(p, to);
+                moved = true;
+            }
+        }
+        if !fresh.is_empty() {
+            let mut claims: Vec<Value> = Vec::new();
+            for (&p, qs) in &fresh {
+                for (first, last, text) in spans(qs) {
+                    claims.push(Value::from(vec![
+                        Value::from(p),
+                        Value::from(first),
+                        Value::from(last),
+                        Value::from(text),
+                        Value::from(partition_base(base, p)),
+                    ]));
+                }
+                for &q in qs {
+                    keys.push(Value::from(vec![
+                        Value::from(2),
+                        Value::from(p),
+                        Value::from(q),
+                        Value::Null,
+                        Value::from(1),
+                        self.ts_json(expires),
+                        Value::Null,
+                    ]));
+                }
+            }
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let arr = s.text(Value::from(claims).to_string());
+            let cons = s.text(consumer);
+            let at = s.ts(now_ts);
+            let exp = s.ts(expires);
+            s.push(&format!(
+                "INSERT INTO {} (stream, group_name, partition, first_seq, last_seq, base, consumer_id, leased_at, \
+                 expires_at, settled) SELECT {st}, {gr}, {}, {}, {}, {}, {cons}, {at}, {exp}, x.c3 FROM {} AS x",
+                self.names.claims(),
+                self.d.as_int("x.c0"),
+                self.d.as_int("x.c1"),
+                self.d.as_int("x.c2"),
+                self.d.as_int("x.c4"),
+                self.d.json_rows(&arr, 5),
+            ));
+            tx.exec(&s).await.map_err(safe)?;
+        }
+        if moved {
+            self.write_maps(&mut tx, stream, group, None, Some(&cursors)).await?;
+        }
+        if keys.is_empty() {
+            tx.commit().await.map_err(at_commit)?;
+            return Ok(Claimed { rows: Vec::new(), base, flags: ClaimFlags { found: true, slow: false } });
+        }
+        // Their events, in one read, in the claim's column layout.
+        let mut s = self.stmt();
+        let st = s.text(stream);
+        let arr = s.text(Value::from(keys).to_string());
+        let head = format!(
+            "SELECT {}, {}, {}, x.c3, {}, {}, {cols} FROM {rows} AS x",
+            self.d.as_int("x.c0"),
+            self.d.as_int("x.c1"),
+            self.d.as_int("x.c2"),
+            self.d.as_int("x.c4"),
+            match self.d {
+                Dialect::Postgres => self.d.as_int("x.c5"),
+                Dialect::Sqlite => "x.c5".to_owned(),
+            },
+            cols = event_cols(self.d, "e"),
+            rows = self.d.json_rows(&arr, 7),
+        );
+        s.push(&format!(
+            "{head} LEFT JOIN {ev} e ON e.id = x.c6 WHERE x.c6 IS NOT NULL \
+             UNION ALL {head} LEFT JOIN {ev} e ON e.stream = {st} AND e.partition = {p} AND e.sequence = {q} \
+             WHERE x.c6 IS NULL",
+            ev = self.names.events(),
+            p = self.d.as_int("x.c1"),
+            q = self.d.as_int("x.c2"),
+        ));
+        let out = tx.all(&s).await.map_err(safe)?;
+        tx.commit().await.map_err(at_commit)?;
+        Ok(Claimed { rows: out, base, flags: ClaimFlags { found: true, slow: false } })
+    }
+
+    /// High watermarks of a stream read in a transaction.
+    async fn hws_in(&self, tx: &mut Tx, stream: &str) -> std::result::Result<HashMap<u32, u64>, TxError> {
+        let mut s = self.stmt();
+        let st = s.text(stream);
+        s.push(&format!("SELECT partition, next_sequence FROM {} WHERE stream = {st}", self.names.seqs()));
+        Ok(tx.all(&s).await.map_err(safe)?.iter().map(|r| Ok((r.u32(0)?, r.u64(1)?))).collect::<Result<_>>()?)
+    }
+
+    /// The sequences of a partition's delivery rows in `from..=to`.
+    async fn rows_between(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        group: &str,
+        p: u32,
+        from: u64,
+        to: u64,
+    ) -> std::result::Result<BTreeSet<u64>, TxError> {
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let part = s.int(i64::from(p));
+        let lo = s.int(seq_arg(from));
+        let hi = s.int(seq_arg(to));
+        s.push(&format!(
+            "SELECT d.sequence FROM {} d WHERE d.stream = {st} AND d.group_name = {gr} AND d.partition = {part} \
+             AND d.sequence >= {lo} AND d.sequence <= {hi}",
+            self.names.deliveries(),
+        ));
+        Ok(tx.all(&s).await.map_err(safe)?.iter().map(|r| r.u64(0)).collect::<Result<_>>()?)
+    }
+
+    /// Reads the claims of a group that `sel` touches (locking them on
+    /// PostgreSQL).
+    async fn claims_for(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        group: &str,
+        sel: &Split<'_>,
+    ) -> std::result::Result<Vec<Claim>, TxError> {
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let cond = match sel {
+            Split::Expired(parts, now) => {
+                let arr = s.text(Value::from(parts.to_vec()).to_string());
+                let at = s.ts(*now);
+                format!(
+                    "k.partition IN (SELECT {} FROM {} AS x) AND k.expires_at <= {at} AND {} > 0",
+                    self.d.as_int("x.c0"),
+                    self.json_scalars(&arr),
+                    self.strpos("k.settled", "'0'")
+                )
+            }
+            Split::After(after) => {
+                let rows: Vec<Value> = after.iter().map(|&(p, a)| Value::from(vec![p as u64, a])).collect();
+                let arr = s.text(Value::from(rows).to_string());
+                format!(
+                    "EXISTS (SELECT 1 FROM {} AS x WHERE {} = k.partition AND k.last_seq > {})",
+                    self.d.json_rows(&arr, 2),
+                    self.d.as_int("x.c0"),
+                    self.d.as_int("x.c1")
+                )
+            }
+            Split::Positions(ps) => {
+                let rows: Vec<Value> = ps.iter().map(|&(p, q)| Value::from(vec![u64::from(p), q])).collect();
+                let arr = s.text(Value::from(rows).to_string());
+                format!(
+                    "EXISTS (SELECT 1 FROM {} AS x WHERE {} = k.partition AND {q} BETWEEN k.first_seq AND k.last_seq)",
+                    self.d.json_rows(&arr, 2),
+                    self.d.as_int("x.c0"),
+                    q = self.d.as_int("x.c1")
+                )
+            }
+        };
+        s.push(&format!(
+            "SELECT k.partition, k.first_seq, k.last_seq, k.base, k.consumer_id, {}, {}, k.settled FROM {} k \
+             WHERE k.stream = {st} AND k.group_name = {gr} AND {cond} ORDER BY k.partition, k.first_seq{}",
+            self.d.ts_out("k.leased_at"),
+            self.d.ts_out("k.expires_at"),
+            self.names.claims(),
+            if self.d == Dialect::Postgres { " FOR UPDATE" } else { "" }
+        ));
+        tx.all(&s).await.map_err(safe)?.iter().map(|r| Ok(read_claim(r)?)).collect()
+    }
+
+    /// Hands the open positions `sel` names over to delivery rows (status
+    /// `leased`, attempt 1, the claim's lease id, holder and expiry), so
+    /// that the row path of `groups.rs` settles, renews, reopens or
+    /// dead-letters them; claims left with nothing open are deleted.
+    /// Returns the positions handed over.
+    pub(super) async fn split_claims(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        group: &str,
+        sel: &Split<'_>,
+    ) -> std::result::Result<Vec<(u32, u64)>, TxError> {
+        let claims = self.claims_for(tx, stream, group, sel).await?;
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let wanted: Option<BTreeSet<(u32, u64)>> = match sel {
+            Split::Positions(ps) => Some(ps.iter().copied().collect()),
+            _ => None,
+        };
+        let after: BTreeMap<u32, u64> = match sel {
+            Split::After(a) => a.iter().copied().collect(),
+            _ => BTreeMap::new(),
+        };
+        let mut rows: Vec<Value> = Vec::new();
+        let mut handed = Vec::new();
+        let mut changed: Vec<Claim> = Vec::new();
+        for mut c in claims {
+            let before = c.settled.clone();
+            for q in c.first..=c.last {
+                let take = match (&wanted, sel) {
+                    (Some(w), _) => w.contains(&(c.partition, q)),
+                    (None, Split::After(_)) => after.get(&c.partition).is_some_and(|&a| q > a),
+                    _ => true,
+                };
+                if take && c.open(q) {
+                    c.set(q);
+                    handed.push((c.partition, q));
+                    rows.push(Value::from(vec![
+                        Value::from(c.partition),
+                        Value::from(q),
+                        Value::from(claim_lease(c.base, q).to_string()),
+                        Value::from(c.consumer.as_str()),
+                        self.ts_json(c.leased_at),
+                        self.ts_json(c.expires_at),
+                    ]));
+                }
+            }
+            if let Some(&a) = after.get(&c.partition)
+                && c.last > a
+            {
+                // Cut at `after`: nothing above it stays claimed.
+                let keep = usize::try_from(a.saturating_sub(c.first - 1)).unwrap_or(0);
+                c.settled.truncate(if c.first > a { 0 } else { keep });
+                c.last = a;
+                changed.push(c);
+            } else if c.settled != before {
+                changed.push(c);
+            }
+        }
+        for chunk in rows.chunks(1000) {
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let arr = s.text(Value::from(chunk.to_vec()).to_string());
+            let now = self.now();
+            let at = self.now_sql(&mut s, now);
+            let (ins, ignore) = match self.d {
+                Dialect::Postgres => ("INSERT INTO", "ON CONFLICT DO NOTHING"),
+                Dialect::Sqlite => ("INSERT OR IGNORE INTO", ""),
+            };
+            s.push(&format!(
+                "{ins} {dl} (stream, group_name, event_id, partition, sequence, status, attempt, lease_id, \
+                 consumer_id, leased_at, expires_at, created_at) \
+                 SELECT {st}, {gr}, e.id, e.partition, e.sequence, 'leased', 1, x.c2, x.c3, {la}, {ea}, {at} \
+                 FROM {rows} AS x JOIN {ev} e ON e.stream = {st} AND e.partition = {p} AND e.sequence = {q} {ignore}",
+                dl = self.names.deliveries(),
+                ev = self.names.events(),
+                rows = self.d.json_rows(&arr, 6),
+                p = self.d.as_int("x.c0"),
+                q = self.d.as_int("x.c1"),
+                la = self.ts_from_json("x.c4"),
+                ea = self.ts_from_json("x.c5"),
+            ));
+            tx.exec(&s).await.map_err(safe)?;
+        }
+        self.write_claims(tx, stream, group, &changed).await?;
+        Ok(handed)
+    }
+
+    /// Writes claims back: their `settled`, or deletes those with nothing
+    /// open.
+    async fn write_claims(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        group: &str,
+        claims: &[Claim],
+    ) -> std::result::Result<(), TxError> {
+        let (done, open): (Vec<&Claim>, Vec<&Claim>) = claims.iter().partition(|c| c.done());
+        for chunk in done.chunks(1000) {
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let keys: Vec<Value> = chunk.iter().map(|c| Value::from(vec![u64::from(c.partition), c.first])).collect();
+            let arr = s.text(Value::from(keys).to_string());
+            s.push(&format!(
+                "DELETE FROM {t} WHERE stream = {st} AND group_name = {gr} AND EXISTS (SELECT 1 FROM {rows} AS x \
+                 WHERE {p} = {t}.partition AND {q} = {t}.first_seq)",
+                t = self.names.claims(),
+                rows = self.d.json_rows(&arr, 2),
+                p = self.d.as_int("x.c0"),
+                q = self.d.as_int("x.c1"),
+            ));
+            tx.exec(&s).await.map_err(safe)?;
+        }
+        for chunk in open.chunks(1000) {
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let keys: Vec<Value> = chunk
+                .iter()
+                .map(|c| {
+                    Value::from(vec![
+                        Value::from(c.partition),
+                        Value::from(c.first),
+                        Value::from(c.settled_text()),
+                        Value::from(c.last),
+                    ])
+                })
+                .collect();
+            let arr = s.text(Value::from(keys).to_string());
+            s.push(&format!(
+                "UPDATE {t} SET settled = x.c2, last_seq = {l} FROM {rows} AS x WHERE {t}.stream = {st} \
+                 AND {t}.group_name = {gr} AND {t}.partition = {p} AND {t}.first_seq = {q}",
+                t = self.names.claims(),
+                rows = self.d.json_rows(&arr, 4),
+                p = self.d.as_int("x.c0"),
+                q = self.d.as_int("x.c1"),
+                l = self.d.as_int("x.c3"),
+            ));
+            tx.exec(&s).await.map_err(safe)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes a group's claims in `parts` (a reset).
+    pub(super) async fn delete_claims(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        group: &str,
+        parts: Option<&[u32]>,
+    ) -> std::result::Result<(), TxError> {
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let cond = match parts {
+            Some(ps) => {
+                let arr = s.text(Value::from(ps.to_vec()).to_string());
+                format!(" AND partition IN (SELECT {} FROM {} AS x)", self.d.as_int("x.c0"), self.json_scalars(&arr))
+            }
+            None => String::new(),
+        };
+        s.push(&format!("DELETE FROM {} WHERE stream = {st} AND group_name = {gr}{cond}", self.names.claims()));
+        tx.exec(&s).await.map_err(safe)?;
+        Ok(())
+    }
+
+    /// `(SELECT value AS c0 …)` rows of a JSON array of scalars.
+    fn json_scalars(&self, arr: &str) -> String {
+        match self.d {
+            Dialect::Postgres => format!("(SELECT x.v AS c0 FROM jsonb_array_elements_text({arr}::jsonb) AS x(v))"),
+            Dialect::Sqlite => format!("(SELECT x.value AS c0 FROM json_each({arr}) AS x)"),
+        }
+    }
+
+    /// The position of `needle` in `hay` (1-based, 0 when absent).
+    pub(super) fn strpos(&self, hay: &str, needle: &str) -> String {
+        match self.d {
+            Dialect::Postgres => format!("strpos({hay}, {needle})"),
+            Dialect::Sqlite => format!("instr({hay}, {needle})"),
+        }
+    }
+
+    /// A timestamp as a JSON array element (milliseconds on PostgreSQL,
+    /// the reference's text on SQLite), and back in SQL.
+    fn ts_json(&self, t: Timestamp) -> Value {
+        match self.d {
+            Dialect::Postgres => Value::from(t.as_millis()),
+            Dialect::Sqlite => Value::from(super::dialect::format_ts(t)),
+        }
+    }
+
+    fn ts_from_json(&self, col: &str) -> String {
+        match self.d {
+            Dialect::Postgres => format!("('epoch'::timestamptz + ({col})::bigint * interval '1 millisecond')"),
+            Dialect::Sqlite => col.to_owned(),
+        }
+    }
+
+    // ---- settles of claimed leases ----
+
+    /// Acks claimed leases: sets their characters, in one statement on
+    /// PostgreSQL (claims locked, rewritten, never the group row), in the
+    /// caller's transaction on SQLite. Returns the positions acked; the
+    /// others are stale as far as their claims go (a split may have handed
+    /// them to rows: the caller tries those as row leases).
+    pub(super) async fn ack_claimed(
+        &self,
+        stream: &str,
+        group: &str,
+        leases: &[(u32, u64, i64)],
+    ) -> Result<Vec<(u32, u64)>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.d {
+            Dialect::Postgres => {
+                let mut s = self.stmt();
+                let (st, gr) = sg(&mut s, stream, group);
+                let rows: Vec<Value> = leases
+                    .iter()
+                    .map(|&(p, q, b)| Value::from(vec![Value::from(p), Value::from(q), Value::from(b)]))
+                    .collect();
+                let arr = s.text(Value::from(rows).to_string());
+                s.push(&format!(
+                    "WITH a AS (SELECT DISTINCT (x.v ->> 0)::int AS p, (x.v ->> 1)::bigint AS s, (x.v ->> 2)::bigint AS b \
+                       FROM jsonb_array_elements({arr}::jsonb) AS x(v)), \
+                     lk AS (SELECT k.ctid AS tid, k.partition, k.first_seq, k.last_seq, k.base, k.settled FROM {t} k \
+                       WHERE k.stream = {st} AND k.group_name = {gr} \
+                       AND (k.partition, k.base) IN (SELECT DISTINCT a.p, a.b FROM a) FOR UPDATE), \
+                     hit AS (SELECT lk.tid, a.p, a.s, (a.s - lk.first_seq + 1)::int AS off FROM a JOIN lk \
+                       ON lk.partition = a.p AND lk.base = a.b AND a.s BETWEEN lk.first_seq AND lk.last_seq \
+                       WHERE substr(lk.settled, (a.s - lk.first_seq + 1)::int, 1) = '0'), \
+                     nb AS (SELECT lk.tid, string_agg(CASE WHEN h.off IS NULL THEN substr(lk.settled, i, 1) ELSE '1' END, \
+                       '' ORDER BY i) AS bits FROM lk CROSS JOIN generate_series(1, length(lk.settled)) AS i \
+                       LEFT JOIN hit h ON h.tid = lk.tid AND h.off = i \
+                       WHERE lk.tid IN (SELECT hit.tid FROM hit) GROUP BY lk.tid), \
+                     up AS (UPDATE {t} k SET settled = nb.bits FROM nb WHERE k.ctid = nb.tid RETURNING 1) \
+                     SELECT hit.p::bigint, hit.s FROM hit WHERE (SELECT count(*) FROM up) >= 0",
+                    t = self.names.claims(),
+                ));
+                let rows = super::retry_tx!(self, "ack", self.pool.all(&s).await.map_err(at_commit))?;
+                rows.iter().map(|r| Ok((r.u32(0)?, r.u64(1)?))).collect()
+            }
+            Dialect::Sqlite => {
+                let acked = super::retry_tx!(self, "ack", {
+                    async {
+                        let mut tx = self.pool.begin().await.map_err(safe)?;
+                        let acked = self.ack_claimed_in(&mut tx, stream, group, leases).await?;
+                        tx.commit().await.map_err(at_commit)?;
+                        Ok::<_, TxError>(acked)
+                    }
+                    .await
+                })?;
+                Ok(acked)
+            }
+        }
+    }
+
+    /// The SQLite ack of claimed leases, in a transaction.
+    async fn ack_claimed_in(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        group: &str,
+        leases: &[(u32, u64, i64)],
+    ) -> std::result::Result<Vec<(u32, u64)>, TxError> {
+        let positions: Vec<(u32, u64)> = leases.iter().map(|&(p, q, _)| (p, q)).collect();
+        let mut claims = self.claims_for(tx, stream, group, &Split::Positions(&positions)).await?;
+        let mut acked = Vec::new();
+        let mut changed = BTreeSet::new();
+        for &(p, q, b) in leases {
+            if let Some((i, c)) =
+                claims.iter_mut().enumerate().find(|(_, c)| c.partition == p && c.base == b && c.open(q))
+            {
+                c.set(q);
+                acked.push((p, q));
+                changed.insert(i);
+            }
+        }
+        // A claim acked to the end stays until the frontier flush deletes
+        // it after moving past it (acks never write the group row).
+        let changed: Vec<Claim> = changed.into_iter().filter_map(|i| claims.get(i).cloned()).collect();
+        self.update_claim_texts(tx, stream, group, &changed).await?;
+        Ok(acked)
+    }
+
+    /// Writes the `settled` text of claims (whether or not anything is open).
+    async fn update_claim_texts(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        group: &str,
+        claims: &[Claim],
+    ) -> std::result::Result<(), TxError> {
+        for chunk in claims.chunks(1000) {
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let keys: Vec<Value> = chunk
+                .iter()
+                .map(|c| {
+                    Value::from(vec![Value::from(c.partition), Value::from(c.first), Value::from(c.settled_text())])
+                })
+                .collect();
+            let arr = s.text(Value::from(keys).to_string());
+            s.push(&format!(
+                "UPDATE {t} SET settled = x.c2 FROM {rows} AS x WHERE {t}.stream = {st} AND {t}.group_name = {gr} \
+                 AND {t}.partition = {p} AND {t}.first_seq = {q}",
+                t = self.names.claims(),
+                rows = self.d.json_rows(&arr, 3),
+                p = self.d.as_int("x.c0"),
+                q = self.d.as_int("x.c1"),
+            ));
+            tx.exec(&s).await.map_err(safe)?;
+        }
+        Ok(())
+    }
+
+    /// Renews claimed leases: a claim whose every open position is renewed
+    /// gets the new expiry; positions renewed without the rest of their
+    /// claim are handed to rows with it. Returns each renewed position's
+    /// new expiry.
+    pub(super) async fn renew_claimed(
+        &self,
+        stream: &str,
+        group: &str,
+        leases: &[(u32, u64, i64)],
+        d: Duration,
+    ) -> Result<HashMap<(u32, u64), Timestamp>> {
+        if leases.is_empty() {
+            return Ok(HashMap::new());
+        }
+        super::retry_tx!(self, "renew", self.renew_claimed_tx(stream, group, leases, d).await)
+    }
+
+    async fn renew_claimed_tx(
+        &self,
+        stream: &str,
+        group: &str,
+        leases: &[(u32, u64, i64)],
+        d: Duration,
+    ) -> std::result::Result<HashMap<(u32, u64), Timestamp>, TxError> {
+        let mut tx = self.pool.begin().await.map_err(safe)?;
+        let now = self.db_now(&mut tx).await?;
+        let expires = now.saturating_add(d);
+        let positions: Vec<(u32, u64)> = leases.iter().map(|&(p, q, _)| (p, q)).collect();
+        let claims = self.claims_for(&mut tx, stream, group, &Split::Positions(&positions)).await?;
+        // Per claim (index), the open positions renewed.
+        let mut per: BTreeMap<usize, BTreeSet<u64>> = BTreeMap::new();
+        for &(p, q, b) in leases {
+            if let Some(i) = claims.iter().position(|c| c.partition == p && c.base == b && c.open(q)) {
+                per.entry(i).or_default().insert(q);
+            }
+        }
+        let mut out = HashMap::new();
+        let mut whole: Vec<Value> = Vec::new();
+        let mut part: Vec<(u32, u64)> = Vec::new();
+        for (i, qs) in per {
+            let Some(c) = claims.get(i) else { continue };
+            let open = c.settled.iter().filter(|&&b| b == b'0').count();
+            for &q in &qs {
+                out.insert((c.partition, q), expires);
+            }
+            if qs.len() == open {
+                whole.push(Value::from(vec![u64::from(c.partition), c.first]));
+            } else {
+                part.extend(qs.iter().map(|&q| (c.partition, q)));
+            }
+        }
+        if !whole.is_empty() {
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let arr = s.text(Value::from(whole).to_string());
+            let exp = s.ts(expires);
+            s.push(&format!(
+                "UPDATE {t} SET expires_at = {exp} WHERE stream = {st} AND group_name = {gr} AND EXISTS \
+                 (SELECT 1 FROM {rows} AS x WHERE {p} = {t}.partition AND {q} = {t}.first_seq)",
+                t = self.names.claims(),
+                rows = self.d.json_rows(&arr, 2),
+                p = self.d.as_int("x.c0"),
+                q = self.d.as_int("x.c1"),
+            ));
+            tx.exec(&s).await.map_err(safe)?;
+        }
+        if !part.is_empty() {
+            self.split_claims(&mut tx, stream, group, &Split::Positions(&part)).await?;
+            let rows: Vec<Value> = part.iter().map(|&(p, q)| Value::from(vec![u64::from(p), q])).collect();
+            let mut s = self.stmt();
+            let (st, gr) = sg(&mut s, stream, group);
+            let arr = s.text(Value::from(rows).to_string());
+            let exp = s.ts(expires);
+            let at = s.ts(now);
+            s.push(&format!(
+                "UPDATE {t} SET expires_at = {exp}, renewed_at = {at} WHERE stream = {st} AND group_name = {gr} \
+                 AND status = 'leased' AND EXISTS (SELECT 1 FROM {rows} AS x WHERE {p} = {t}.partition \
+                 AND {q} = {t}.sequence)",
+                t = self.names.deliveries(),
+                rows = self.d.json_rows(&arr, 2),
+                p = self.d.as_int("x.c0"),
+                q = self.d.as_int("x.c1"),
+            ));
+            tx.exec(&s).await.map_err(safe)?;
+        }
+        tx.commit().await.map_err(at_commit)?;
+        Ok(out)
+    }
+
+    /// "Now" for a write: the database's clock where the backend uses it
+    /// (read in the transaction), else the handle's.
+    pub(super) async fn db_now(&self, tx: &mut Tx) -> std::result::Result<Timestamp, TxError> {
+        match self.now() {
+            Now::At(t) => Ok(t),
+            Now::Db => {
+                let mut s = self.stmt();
+                s.push(&format!("SELECT {}", self.d.ts_out("now()")));
+                let rows = tx.all(&s).await.map_err(safe)?;
+                Ok(rows.first().ok_or_else(|| Error::failed("renew", "now() returned no row"))?.ts(0)?)
+            }
+        }
+    }
+
+    /// Hands the position of one claimed lease over to a delivery row
+    /// (before a retry or reject of it), in a transaction of its own.
+    /// Nothing happens when the claim no longer holds it.
+    pub(super) async fn split_lease(&self, lease: &LeaseRef) -> Result<()> {
+        if claim_base(lease.lease_id, lease.sequence).is_none() {
+            return Ok(());
+        }
+        let pos = [(lease.partition, lease.sequence)];
+        super::retry_tx!(self, "settle", {
+            async {
+                let mut tx = self.pool.begin().await.map_err(safe)?;
+                self.split_claims(&mut tx, &lease.stream, &lease.group, &Split::Positions(&pos)).await?;
+                tx.commit().await.map_err(at_commit)?;
+                Ok::<_, TxError>(())
+            }
+            .await
+        })
+    }
+
+    /// In-flight positions of a group's claims (`group_info`).
+    pub(super) async fn claimed_inflight(&self, stream: &str, group: &str) -> Result<u64> {
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        s.push(&format!(
+            "SELECT COALESCE(sum(length(settled) - length(replace(settled, '0', ''))), 0) FROM {} \
+             WHERE stream = {st} AND group_name = {gr}",
+            self.names.claims()
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("group_info", Phase::Safe))?;
+        rows.first().map(|r| r.u64(0)).transpose().map(Option::unwrap_or_default)
+    }
+}
+
+/// The claims of a partition's fresh positions `qs` (sorted): one per
+/// block of [`CLAIM_MAX_POSITIONS`] sequences, from the first position
+/// taken in it to the last, `'0'` for those taken and `'1'` for those
+/// between them that rows hold. Returns (first, last, settled).
+fn spans(qs: &[u64]) -> Vec<(u64, u64, String)> {
+    let mut out: Vec<(u64, u64, String)> = Vec::new();
+    for &q in qs {
+        match out.last_mut() {
+            Some((first, last, text)) if (q - 1) / CLAIM_MAX_POSITIONS == (*first - 1) / CLAIM_MAX_POSITIONS => {
+                for _ in *last + 1..q {
+                    text.push('1');
+                }
+                text.push('0');
+                *last = q;
+            }
+            _ => out.push((q, q, "0".to_owned())),
+        }
+    }
+    out
+}
+
+fn read_claim(r: &Row) -> Result<Claim> {
+    Ok(Claim {
+        partition: r.u32(0)?,
+        first: r.u64(1)?,
+        last: r.u64(2)?,
+        base: r.i64(3)?,
+        consumer: r.text(4)?,
+        leased_at: r.ts(5)?,
+        expires_at: r.ts(6)?,
+        settled: r.text(7)?.into_bytes(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claimed_lease_ids_name_their_claim_and_position_and_never_look_like_row_leases() {
+        let base = new_claim_base();
+        let id = claim_lease(base, 42);
+        assert_eq!(claim_base(id, 42), Some(base));
+        assert_eq!(claim_base(id, 43), None, "another position");
+        for _ in 0..1000 {
+            let row = LeaseId::from_u128(crate::ids::new_lease_id());
+            assert_eq!(claim_base(row, split_u128(row.as_u128()).1), None, "row leases are version 4");
+        }
+        let other = new_claim_base();
+        assert_ne!(base, other, "each fetch has its own base");
+        assert_eq!(id.to_string().as_bytes()[14], b'8', "UUID version 8: {id}");
+    }
+
+    #[test]
+    fn spans_mark_rows_between_and_split_at_block_edges() {
+        let m = CLAIM_MAX_POSITIONS;
+        let t = |a: u64, b: u64, s: &str| (a, b, s.to_owned());
+        assert_eq!(spans(&[1, 2, 3, 5, 6]), vec![t(1, 6, "000100")]);
+        assert_eq!(spans(&[m - 1, m, m + 1, m + 2]), vec![t(m - 1, m, "00"), t(m + 1, m + 2, "00")]);
+        assert_eq!(spans(&[]), vec![]);
+    }
+}
