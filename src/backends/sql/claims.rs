@@ -4,10 +4,10 @@
 //! A group's cursor (`rheo_groups.cursors`, the reference's) is the first
 //! position of each partition no fetch has taken yet. A fetch that takes
 //! fresh positions moves the cursor past them and writes one row of
-//! `rheo_rs_claims` per run of at most [`CLAIM_MAX_POSITIONS`] consecutive
-//! positions: who holds them, until when, and one character per position
-//! of `settled` (`'0'` in flight, `'1'` settled or handed over to a
-//! delivery row). The lease of position `s` of a claim is
+//! `rheo_rs_claims` per block of [`CLAIM_MAX_POSITIONS`] sequences it takes
+//! from: who holds them, until when, and the block's bitmap in eight 32-bit
+//! words (a bit clear: in flight; set: settled, handed over to a delivery
+//! row, or not the claim's). The lease of position `s` of a claim is
 //! `base << 64 | s`, with version nibble 8 in `base`, so a settle finds its
 //! claim without a table of lease ids; row leases are version 4.
 //!
@@ -18,13 +18,14 @@
 //! a reject, a skip, a renewal of part of a claim, a replay, an expired
 //! claim met by a fetch) is *split* out first: it gets the delivery row of
 //! an ordinary lease (status `leased`, attempt 1, the claim's lease id and
-//! expiry) and its character becomes `'1'`; everything after that is the
-//! row path of `groups.rs`. A claim with no `'0'` left says nothing and is
-//! deleted by the next frontier flush.
+//! expiry) and its bit is set; everything after that is the row path of
+//! `groups.rs`. A claim with every bit set says nothing and is deleted by
+//! the next frontier flush.
 //!
-//! An ack of claimed leases is one statement that sets their characters;
-//! it never locks the group row. The frontier is derived state (the first
-//! unsettled row or `'0'`, else the cursor, minus one) and is written by
+//! An ack of claimed leases is one statement that ORs its bits into the
+//! claims' words (the same SQL on both dialects); it never locks the group
+//! row. The frontier is derived state (the first
+//! unsettled row or claimed bit, else the cursor, minus one) and is written by
 //! the frontier flusher (`frontier.rs`), never ahead of what is settled.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -42,8 +43,8 @@ use crate::error::{Error, Result};
 use crate::model::lease::{LeaseId, LeaseRef};
 use crate::model::time::Timestamp;
 
-/// The most positions one claim row covers: a settle rewrites its
-/// `settled` text, so this bounds what one ack writes per claim.
+/// The sequences of a block: a claim covers positions of one block, and
+/// its bitmap is the block's (eight words of 32 bits).
 pub(crate) const CLAIM_MAX_POSITIONS: u64 = 256;
 
 /// Bits 12..16 of a lease id's upper half: the UUID version. Row leases
@@ -85,6 +86,40 @@ pub(crate) fn claim_base(id: LeaseId, seq: u64) -> Option<i64> {
     (hi & VERSION_MASK == CLAIM_VERSION && lo == seq).then_some(hi as i64)
 }
 
+/// Words of a claim's bitmap, and positions a word holds.
+pub(crate) const WORDS: usize = 8;
+const WORD_BITS: u64 = 32;
+/// A word with every position settled.
+pub(crate) const FULL: u32 = u32::MAX;
+
+/// The block of a sequence (0-based), and its first sequence.
+pub(crate) fn block_of(seq: u64) -> u64 {
+    seq.saturating_sub(1) / CLAIM_MAX_POSITIONS
+}
+
+fn block_start(block: u64) -> u64 {
+    block * CLAIM_MAX_POSITIONS + 1
+}
+
+/// The word and bit of a position in its block.
+fn bit_of(seq: u64) -> (usize, u32) {
+    let off = seq.saturating_sub(1) % CLAIM_MAX_POSITIONS;
+    (usize::try_from(off / WORD_BITS).unwrap_or(0), 1u32 << (off % WORD_BITS))
+}
+
+/// The bitmap of a claim of `first..=last` (one block): their bits clear,
+/// every other bit set.
+pub(crate) fn open_words(first: u64, last: u64) -> [u32; WORDS] {
+    let mut w = [FULL; WORDS];
+    for q in first..=last {
+        let (i, m) = bit_of(q);
+        if let Some(word) = w.get_mut(i) {
+            *word &= !m;
+        }
+    }
+    w
+}
+
 /// A claim row as read for a split, an ack or a renewal.
 #[derive(Debug, Clone)]
 pub(crate) struct Claim {
@@ -95,33 +130,77 @@ pub(crate) struct Claim {
     pub consumer: String,
     pub leased_at: Timestamp,
     pub expires_at: Timestamp,
-    /// One byte per position: b'0' in flight, b'1' settled or handed over.
-    pub settled: Vec<u8>,
+    pub words: [u32; WORDS],
 }
 
 impl Claim {
-    fn offset(&self, seq: u64) -> Option<usize> {
-        (self.first..=self.last).contains(&seq).then(|| usize::try_from(seq - self.first).unwrap_or(usize::MAX))
-    }
-
     /// True when position `seq` is in flight under this claim.
     pub fn open(&self, seq: u64) -> bool {
-        self.offset(seq).and_then(|i| self.settled.get(i)) == Some(&b'0')
+        if !(self.first..=self.last).contains(&seq) {
+            return false;
+        }
+        let (i, m) = bit_of(seq);
+        self.words.get(i).is_some_and(|w| w & m == 0)
     }
 
     fn set(&mut self, seq: u64) {
-        if let Some(c) = self.offset(seq).and_then(|i| self.settled.get_mut(i)) {
-            *c = b'1';
+        if (self.first..=self.last).contains(&seq) {
+            let (i, m) = bit_of(seq);
+            if let Some(w) = self.words.get_mut(i) {
+                *w |= m;
+            }
         }
     }
 
     fn done(&self) -> bool {
-        self.settled.is_empty() || self.first > self.last || !self.settled.contains(&b'0')
+        self.first > self.last || self.words.iter().all(|&w| w == FULL)
     }
 
-    fn settled_text(&self) -> String {
-        String::from_utf8_lossy(&self.settled).into_owned()
+    /// Positions in flight.
+    pub fn open_count(&self) -> u64 {
+        self.words.iter().map(|w| u64::from(w.count_zeros())).sum()
     }
+
+    /// Ends the claim at `at`: what is above it is no longer the claim's.
+    fn cut(&mut self, at: u64) {
+        for q in at.saturating_add(1).max(self.first)..=self.last {
+            self.set(q);
+        }
+        self.last = self.last.min(at);
+    }
+}
+
+/// The first position in flight of a claim starting at `first` with these
+/// words, if any.
+pub(crate) fn first_open(first: u64, words: &[u32; WORDS]) -> Option<u64> {
+    let start = block_start(block_of(first));
+    words
+        .iter()
+        .enumerate()
+        .find(|(_, w)| **w != FULL)
+        .map(|(i, w)| start + (i as u64) * WORD_BITS + u64::from(w.trailing_ones()))
+}
+
+/// The SQL of "every bit of claim `k` is set".
+pub(crate) fn all_set(k: &str) -> String {
+    (0..WORDS).map(|i| format!("{k}.w{i} = {FULL}")).collect::<Vec<_>>().join(" AND ")
+}
+
+/// `w0, …, w7`, of alias `k` unless it is empty.
+fn word_cols(k: &str) -> String {
+    let dot = if k.is_empty() { String::new() } else { format!("{k}.") };
+    (0..WORDS).map(|i| format!("{dot}w{i}")).collect::<Vec<_>>().join(", ")
+}
+
+/// The SQL of word `j` of a new claim whose positions are offsets
+/// `lo..=hi` of its block: the bits of those positions clear, every other
+/// set (`FULL - ((1 << (h + 1)) - (1 << l))`, l and h clamped to the word).
+fn init_word(j: usize, lo: &str, hi: &str) -> String {
+    let (a, b) = (j as u64 * WORD_BITS, j as u64 * WORD_BITS + WORD_BITS - 1);
+    format!(
+        "CASE WHEN ({hi}) < {a} OR ({lo}) > {b} THEN {FULL} ELSE {FULL} - ((CAST(1 AS BIGINT) << CAST(LEAST(({hi}), {b}) - {a} + 1 AS INTEGER)) \
+         - (CAST(1 AS BIGINT) << CAST(GREATEST(({lo}), {a}) - {a} AS INTEGER))) END"
+    )
 }
 
 /// Which claims a split hands over to delivery rows.
@@ -145,6 +224,9 @@ pub(crate) struct ClaimFlags {
     /// The one-statement claim left this fetch to `claim_ranges_tx`
     /// (nothing was claimed).
     pub slow: bool,
+    /// The fresh-only claim found claimable delivery rows and left this
+    /// fetch to `claim_ranges_pg` (nothing was claimed).
+    pub rows: bool,
 }
 
 /// The rows of a claim (one layout for both dialects): kind (0 a leased
@@ -163,6 +245,103 @@ pub(crate) struct Claimed {
 const FRESH_WINDOW_ROWS: u64 = 1000;
 
 impl SqlBackend {
+    /// The common PostgreSQL claim: fresh positions only, in one small
+    /// statement (a third of the plan of `claim_ranges_pg`, which every
+    /// execution initializes, and a retry after a concurrent fetch moved
+    /// the cursor re-runs). It claims nothing and says so when a partition
+    /// in scope has claimable delivery rows (`rows`: `claim_ranges_pg`
+    /// walks them with the fresh positions) or needs the transaction
+    /// (`slow`: rows or claims between a cursor and the high watermark,
+    /// expired claims). The same rules as `claim_ranges_pg` otherwise:
+    /// the group row is locked only when the snapshot shows fresh events,
+    /// fresh positions start at its locked cursor and end at the
+    /// snapshot's high watermark, and a partition whose cursor moved back
+    /// since the snapshot takes nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn claim_fresh_pg(
+        &self,
+        stream: &str,
+        group: &str,
+        scope: &[u32],
+        limit: usize,
+        consumer: &str,
+        lease_for: Duration,
+    ) -> std::result::Result<Claimed, TxError> {
+        let base = new_claim_base();
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let parts = s.text(format!("{{{}}}", scope.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")));
+        let lim = s.int(i64::try_from(limit).unwrap_or(i64::MAX));
+        let b = s.int(base);
+        let cons = s.text(consumer);
+        let claimable = self.claimable(&mut s);
+        let now = self.now();
+        let at = self.now_sql(&mut s, now);
+        let exp = self.later_sql(&mut s, now, lease_for);
+        let same = |a: &str| format!("{a}.stream = {st} AND {a}.group_name = {gr}");
+        s.push(&format!(
+            "WITH g AS (SELECT g0.cursors, g0.frontiers FROM {groups} g0 WHERE g0.stream = {st} AND g0.name = {gr}), \
+             pc AS (SELECT sc.p, q.next_sequence AS hw, \
+                   COALESCE((g.frontiers ->> sc.p::text)::bigint, 0) AS f, \
+                   COALESCE((g.cursors ->> sc.p::text)::bigint, COALESCE((g.frontiers ->> sc.p::text)::bigint, 0) + 1) AS c \
+                   FROM unnest({parts}::int[]) AS sc(p) CROSS JOIN g \
+                   JOIN {seqs} q ON q.stream = {st} AND q.partition = sc.p), \
+             gate AS (SELECT EXISTS (SELECT 1 FROM pc CROSS JOIN LATERAL (SELECT 1 FROM {dl} d WHERE {sd} \
+                     AND d.partition = pc.p AND d.sequence > pc.f AND {claimable} LIMIT 1) r) AS rows, \
+                   (EXISTS (SELECT 1 FROM pc CROSS JOIN LATERAL (SELECT 1 FROM {dl} d WHERE {sd} AND d.partition = pc.p \
+                     AND d.sequence >= pc.c AND d.sequence <= pc.hw LIMIT 1) r) \
+                   OR EXISTS (SELECT 1 FROM pc CROSS JOIN LATERAL (SELECT 1 FROM {claims} k WHERE {sk} \
+                     AND k.partition = pc.p AND (k.last_seq >= pc.c OR (k.expires_at <= {at} AND NOT ({full_k}))) \
+                     LIMIT 1) r)) AS slow), \
+             lk AS (SELECT l.cursors FROM {groups} l WHERE l.stream = {st} AND l.name = {gr} \
+                   AND NOT (SELECT rows OR slow FROM gate) \
+                   AND EXISTS (SELECT 1 FROM pc WHERE COALESCE((l.cursors ->> pc.p::text)::bigint, pc.f + 1) <= pc.hw) \
+                   FOR UPDATE), \
+             fa AS (SELECT pc.p, cl.c, GREATEST(0, pc.hw + 1 - cl.c) AS avail FROM pc CROSS JOIN lk \
+                   CROSS JOIN LATERAL (SELECT COALESCE((lk.cursors ->> pc.p::text)::bigint, pc.f + 1) AS c) cl \
+                   WHERE cl.c >= pc.c), \
+             fq AS (SELECT fa.p, fa.c, LEAST(fa.avail, GREATEST(0, {lim} - COALESCE(sum(LEAST(fa.avail, {lim})) \
+                   OVER (ORDER BY fa.p ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)))::bigint AS n FROM fa), \
+             fr AS (SELECT fq.p, GREATEST(fq.c, blk * {n} + 1) AS first, LEAST(fq.c + fq.n - 1, (blk + 1) * {n}) AS last, \
+                   blk * {n} + 1 AS bs FROM fq \
+                   CROSS JOIN LATERAL generate_series((fq.c - 1) / {n}, (fq.c + fq.n - 2) / {n}) AS blk WHERE fq.n > 0), \
+             cu AS (UPDATE {groups} g3 SET cursors = g3.cursors || (SELECT jsonb_object_agg(fq.p::text, fq.c + fq.n) \
+                   FROM fq WHERE fq.n > 0) \
+                   WHERE g3.stream = {st} AND g3.name = {gr} AND EXISTS (SELECT 1 FROM fr) RETURNING 1), \
+             ins AS (INSERT INTO {claims} (stream, group_name, partition, first_seq, last_seq, base, consumer_id, \
+                   leased_at, expires_at, {words}) \
+                   SELECT {st}, {gr}, fr.p, fr.first, fr.last, {b} # (fr.p::bigint << 16), {cons}, {at}, {exp}, {init} \
+                   FROM fr WHERE EXISTS (SELECT 1 FROM cu) RETURNING partition, first_seq, last_seq, expires_at) \
+             SELECT 2, ins.partition::bigint, e.sequence, NULL, 1, {exp_ins}, {cols} FROM ins CROSS JOIN LATERAL \
+               (SELECT * FROM {ev} e1 WHERE e1.stream = {st} AND e1.partition = ins.partition \
+               AND e1.sequence BETWEEN ins.first_seq AND ins.last_seq ORDER BY e1.sequence) e \
+             UNION ALL \
+             SELECT 9, (SELECT count(*) FROM g), CASE WHEN (SELECT slow FROM gate) THEN 1 ELSE 0 END, NULL, \
+               CASE WHEN (SELECT rows FROM gate) THEN 1 ELSE 0 END, NULL, \
+               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL",
+            groups = self.names.groups(),
+            seqs = self.names.seqs(),
+            claims = self.names.claims(),
+            dl = self.names.deliveries(),
+            ev = self.names.events(),
+            sk = same("k"),
+            sd = same("d"),
+            n = CLAIM_MAX_POSITIONS,
+            exp_ins = self.d.ts_out("ins.expires_at"),
+            cols = event_cols(self.d, "e"),
+            full_k = all_set("k"),
+            words = word_cols(""),
+            init = (0..WORDS).map(|j| init_word(j, "fr.first - fr.bs", "fr.last - fr.bs")).collect::<Vec<_>>().join(", "),
+        ));
+        let mut rows = self.hot.all(&s).await.map_err(at_commit)?;
+        let mut flags = ClaimFlags::default();
+        if let Some(i) = rows.iter().position(|r| r.i64(0).ok() == Some(9)) {
+            let r = rows.swap_remove(i);
+            flags = ClaimFlags { found: r.i64(1)? > 0, slow: r.i64(2)? > 0, rows: r.i64(4)? > 0 };
+        }
+        Ok(Claimed { rows, base, flags })
+    }
+
     /// The PostgreSQL claim: one statement. It locks candidate delivery
     /// rows with `SKIP LOCKED` (retries, expired leases, replays: the rare
     /// case) and, only when the snapshot shows fresh events, the group row
@@ -216,7 +395,7 @@ impl SqlBackend {
                    WHERE g0.stream = {st} AND g0.name = {gr}), \
              hw AS (SELECT q.partition AS p, q.next_sequence AS hw FROM {seqs} q WHERE q.stream = {st}), \
              ex AS (SELECT (EXISTS (SELECT 1 FROM {claims} k WHERE {sk} AND k.partition IN (SELECT p FROM sc) \
-                     AND k.expires_at <= {at} AND strpos(k.settled, '0') > 0) \
+                     AND k.expires_at <= {at} AND NOT ({full_k})) \
                    OR EXISTS (SELECT 1 FROM sc JOIN hw ON hw.p = sc.p CROSS JOIN g CROSS JOIN LATERAL \
                      (SELECT d.sequence FROM {dl} d WHERE {sd} AND d.partition = sc.p AND d.sequence >= {cur_g} \
                       AND d.sequence <= hw.hw LIMIT 1) r) \
@@ -247,26 +426,33 @@ impl SqlBackend {
                      ROWS UNBOUNDED PRECEDING) AS spent_n FROM cand), \
              w2 AS (SELECT w.*, min(CASE WHEN w.spent AND w.spent_n > {spent_max} THEN w.s END) \
                    OVER (PARTITION BY w.p) AS stop FROM w), \
-             pick AS (SELECT * FROM w2 WHERE w2.rn < {lim} AND (NOT w2.spent OR w2.spent_n <= {spent_max}) \
-                   AND (w2.stop IS NULL OR w2.s < w2.stop)), \
+             fq AS (SELECT fa.p, fa.c, LEAST(fa.avail, GREATEST(0, {lim} - COALESCE(sum(LEAST(fa.avail, {lim})) \
+                   OVER (ORDER BY fa.p ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)))::bigint AS n FROM fa), \
+             pick AS (SELECT w2.p, w2.s, w2.tid, w2.event_id, w2.spent, w2.fresh, w2.rn FROM w2 \
+                   WHERE EXISTS (SELECT 1 FROM rc) AND w2.rn < {lim} AND (NOT w2.spent OR w2.spent_n <= {spent_max}) \
+                   AND (w2.stop IS NULL OR w2.s < w2.stop) \
+                   UNION ALL SELECT fq.p, gs.s, NULL::tid, NULL::text, false, true, 0 FROM fq \
+                   CROSS JOIN LATERAL generate_series(fq.c, fq.c + fq.n - 1) AS gs(s) \
+                   WHERE NOT EXISTS (SELECT 1 FROM rc)), \
              ru AS (UPDATE {dl} d SET {set} FROM pick WHERE NOT pick.fresh AND d.ctid = pick.tid \
                    RETURNING pick.spent, d.partition, d.sequence, d.lease_id, d.attempt, d.expires_at, d.event_id), \
-             fr AS (SELECT pick.p, min(pick.s) AS first, max(pick.s) AS last, count(*) AS n FROM pick \
+             fr AS (SELECT pick.p, min(pick.s) AS first, max(pick.s) AS last, \
+                   ((min(pick.s) - 1) / {CLAIM_MAX_POSITIONS}) * {CLAIM_MAX_POSITIONS} + 1 AS bs FROM pick \
                    WHERE pick.fresh GROUP BY pick.p, (pick.s - 1) / {CLAIM_MAX_POSITIONS}), \
              cu AS (UPDATE {groups} g3 SET cursors = g3.cursors || (SELECT jsonb_object_agg(x.p::text, x.last + 1) \
                    FROM (SELECT fr.p, max(fr.last) AS last FROM fr GROUP BY fr.p) x) \
                    WHERE g3.stream = {st} AND g3.name = {gr} AND EXISTS (SELECT 1 FROM fr) RETURNING 1), \
              ins AS (INSERT INTO {claims} (stream, group_name, partition, first_seq, last_seq, base, consumer_id, \
-                   leased_at, expires_at, settled) \
-                   SELECT {st}, {gr}, fr.p, fr.first, fr.last, {b} # (fr.p::bigint << 16), {cons}, {at}, {exp}, repeat('0', fr.n::int) \
+                   leased_at, expires_at, {words}) \
+                   SELECT {st}, {gr}, fr.p, fr.first, fr.last, {b} # (fr.p::bigint << 16), {cons}, {at}, {exp}, {init} \
                    FROM fr WHERE EXISTS (SELECT 1 FROM cu) RETURNING partition, first_seq, last_seq, expires_at) \
              SELECT CASE WHEN ru.spent THEN 1 ELSE 0 END, ru.partition::bigint, ru.sequence, ru.lease_id, \
                    ru.attempt::bigint, {exp_ru}, {cols} \
                FROM ru LEFT JOIN LATERAL (SELECT * FROM {ev} e1 WHERE e1.id = ru.event_id LIMIT 1) e ON true \
              UNION ALL \
-             SELECT 2, ins.partition::bigint, e.sequence, NULL, 1, {exp_ins}, {cols} FROM ins JOIN {ev} e \
-               ON e.stream = {st} AND e.partition = ins.partition \
-               AND e.sequence BETWEEN ins.first_seq AND ins.last_seq \
+             SELECT 2, ins.partition::bigint, e.sequence, NULL, 1, {exp_ins}, {cols} FROM ins CROSS JOIN LATERAL \
+               (SELECT * FROM {ev} e1 WHERE e1.stream = {st} AND e1.partition = ins.partition \
+               AND e1.sequence BETWEEN ins.first_seq AND ins.last_seq ORDER BY e1.sequence) e \
              UNION ALL \
              SELECT 9, (SELECT count(*) FROM g), CASE WHEN (SELECT slow FROM ex) THEN 1 ELSE 0 END, NULL, \
                0, NULL, \
@@ -284,15 +470,19 @@ impl SqlBackend {
             exp_ru = self.d.ts_out("ru.expires_at"),
             exp_ins = self.d.ts_out("ins.expires_at"),
             cols = event_cols(self.d, "e"),
+            full_k = all_set("k"),
+            words = (0..WORDS).map(|i| format!("w{i}")).collect::<Vec<_>>().join(", "),
+            init =
+                (0..WORDS).map(|j| init_word(j, "fr.first - fr.bs", "fr.last - fr.bs")).collect::<Vec<_>>().join(", "),
         ));
         debug_assert_eq!(EVENT_COLS, 8);
         // One statement, so no transaction around it: a connection lost
         // while it runs leaves the outcome unknown (Ambiguous).
-        let mut rows = self.pool.all(&s).await.map_err(at_commit)?;
+        let mut rows = self.hot.all(&s).await.map_err(at_commit)?;
         let mut flags = ClaimFlags::default();
         if let Some(i) = rows.iter().position(|r| r.i64(0).ok() == Some(9)) {
             let r = rows.swap_remove(i);
-            flags = ClaimFlags { found: r.i64(1)? > 0, slow: r.i64(2)? > 0 };
+            flags = ClaimFlags { found: r.i64(1)? > 0, slow: r.i64(2)? > 0, rows: false };
         }
         Ok(Claimed { rows, base, flags })
     }
@@ -478,14 +668,15 @@ impl SqlBackend {
         if !fresh.is_empty() {
             let mut claims: Vec<Value> = Vec::new();
             for (&p, qs) in &fresh {
-                for (first, last, text) in spans(qs) {
-                    claims.push(Value::from(vec![
+                for (first, last, words) in spans(qs) {
+                    let mut row = vec![
                         Value::from(p),
                         Value::from(first),
                         Value::from(last),
-                        Value::from(text),
                         Value::from(partition_base(base, p)),
-                    ]));
+                    ];
+                    row.extend(words.iter().map(|&w| Value::from(w)));
+                    claims.push(Value::from(row));
                 }
                 for &q in qs {
                     keys.push(Value::from(vec![
@@ -505,15 +696,18 @@ impl SqlBackend {
             let cons = s.text(consumer);
             let at = s.ts(now_ts);
             let exp = s.ts(expires);
+            let xs: Vec<String> = (0..WORDS).map(|i| self.d.as_int(&format!("x.c{}", i + 4))).collect();
             s.push(&format!(
                 "INSERT INTO {} (stream, group_name, partition, first_seq, last_seq, base, consumer_id, leased_at, \
-                 expires_at, settled) SELECT {st}, {gr}, {}, {}, {}, {}, {cons}, {at}, {exp}, x.c3 FROM {} AS x",
+                 expires_at, {}) SELECT {st}, {gr}, {}, {}, {}, {}, {cons}, {at}, {exp}, {} FROM {} AS x",
                 self.names.claims(),
+                word_cols(""),
                 self.d.as_int("x.c0"),
                 self.d.as_int("x.c1"),
                 self.d.as_int("x.c2"),
-                self.d.as_int("x.c4"),
-                self.d.json_rows(&arr, 5),
+                self.d.as_int("x.c3"),
+                xs.join(", "),
+                self.d.json_rows(&arr, 4 + WORDS),
             ));
             tx.exec(&s).await.map_err(safe)?;
         }
@@ -522,7 +716,7 @@ impl SqlBackend {
         }
         if keys.is_empty() {
             tx.commit().await.map_err(at_commit)?;
-            return Ok(Claimed { rows: Vec::new(), base, flags: ClaimFlags { found: true, slow: false } });
+            return Ok(Claimed { rows: Vec::new(), base, flags: ClaimFlags { found: true, slow: false, rows: false } });
         }
         // Their events, in one read, in the claim's column layout.
         let mut s = self.stmt();
@@ -551,7 +745,7 @@ impl SqlBackend {
         ));
         let out = tx.all(&s).await.map_err(safe)?;
         tx.commit().await.map_err(at_commit)?;
-        Ok(Claimed { rows: out, base, flags: ClaimFlags { found: true, slow: false } })
+        Ok(Claimed { rows: out, base, flags: ClaimFlags { found: true, slow: false, rows: false } })
     }
 
     /// High watermarks of a stream read in a transaction.
@@ -601,10 +795,10 @@ impl SqlBackend {
                 let arr = s.text(Value::from(parts.to_vec()).to_string());
                 let at = s.ts(*now);
                 format!(
-                    "k.partition IN (SELECT {} FROM {} AS x) AND k.expires_at <= {at} AND {} > 0",
+                    "k.partition IN (SELECT {} FROM {} AS x) AND k.expires_at <= {at} AND NOT ({})",
                     self.d.as_int("x.c0"),
                     self.json_scalars(&arr),
-                    self.strpos("k.settled", "'0'")
+                    all_set("k")
                 )
             }
             Split::After(after) => {
@@ -629,10 +823,11 @@ impl SqlBackend {
             }
         };
         s.push(&format!(
-            "SELECT k.partition, k.first_seq, k.last_seq, k.base, k.consumer_id, {}, {}, k.settled FROM {} k \
+            "SELECT k.partition, k.first_seq, k.last_seq, k.base, k.consumer_id, {}, {}, {} FROM {} k \
              WHERE k.stream = {st} AND k.group_name = {gr} AND {cond} ORDER BY k.partition, k.first_seq{}",
             self.d.ts_out("k.leased_at"),
             self.d.ts_out("k.expires_at"),
+            word_cols("k"),
             self.names.claims(),
             if self.d == Dialect::Postgres { " FOR UPDATE" } else { "" }
         ));
@@ -667,7 +862,7 @@ impl SqlBackend {
         let mut handed = Vec::new();
         let mut changed: Vec<Claim> = Vec::new();
         for mut c in claims {
-            let before = c.settled.clone();
+            let before = (c.words, c.last);
             for q in c.first..=c.last {
                 let take = match (&wanted, sel) {
                     (Some(w), _) => w.contains(&(c.partition, q)),
@@ -687,15 +882,11 @@ impl SqlBackend {
                     ]));
                 }
             }
-            if let Some(&a) = after.get(&c.partition)
-                && c.last > a
-            {
+            if let Some(&a) = after.get(&c.partition) {
                 // Cut at `after`: nothing above it stays claimed.
-                let keep = usize::try_from(a.saturating_sub(c.first - 1)).unwrap_or(0);
-                c.settled.truncate(if c.first > a { 0 } else { keep });
-                c.last = a;
-                changed.push(c);
-            } else if c.settled != before {
+                c.cut(a);
+            }
+            if (c.words, c.last) != before {
                 changed.push(c);
             }
         }
@@ -728,7 +919,7 @@ impl SqlBackend {
         Ok(handed)
     }
 
-    /// Writes claims back: their `settled`, or deletes those with nothing
+    /// Writes claims back: their words and end, or deletes those with nothing
     /// open.
     async fn write_claims(
         &self,
@@ -756,26 +947,19 @@ impl SqlBackend {
         for chunk in open.chunks(1000) {
             let mut s = self.stmt();
             let (st, gr) = sg(&mut s, stream, group);
-            let keys: Vec<Value> = chunk
-                .iter()
-                .map(|c| {
-                    Value::from(vec![
-                        Value::from(c.partition),
-                        Value::from(c.first),
-                        Value::from(c.settled_text()),
-                        Value::from(c.last),
-                    ])
-                })
-                .collect();
+            let keys: Vec<Value> = chunk.iter().map(|c| claim_key_words(c)).collect();
             let arr = s.text(Value::from(keys).to_string());
+            let sets: Vec<String> =
+                (0..WORDS).map(|i| format!("w{i} = {}", self.d.as_int(&format!("x.c{}", i + 3)))).collect();
             s.push(&format!(
-                "UPDATE {t} SET settled = x.c2, last_seq = {l} FROM {rows} AS x WHERE {t}.stream = {st} \
+                "UPDATE {t} SET last_seq = {l}, {sets} FROM {rows} AS x WHERE {t}.stream = {st} \
                  AND {t}.group_name = {gr} AND {t}.partition = {p} AND {t}.first_seq = {q}",
                 t = self.names.claims(),
-                rows = self.d.json_rows(&arr, 4),
+                rows = self.d.json_rows(&arr, 3 + WORDS),
                 p = self.d.as_int("x.c0"),
                 q = self.d.as_int("x.c1"),
-                l = self.d.as_int("x.c3"),
+                l = self.d.as_int("x.c2"),
+                sets = sets.join(", "),
             ));
             tx.exec(&s).await.map_err(safe)?;
         }
@@ -809,14 +993,6 @@ impl SqlBackend {
         match self.d {
             Dialect::Postgres => format!("(SELECT x.v AS c0 FROM jsonb_array_elements_text({arr}::jsonb) AS x(v))"),
             Dialect::Sqlite => format!("(SELECT x.value AS c0 FROM json_each({arr}) AS x)"),
-        }
-    }
-
-    /// The position of `needle` in `hay` (1-based, 0 when absent).
-    pub(super) fn strpos(&self, hay: &str, needle: &str) -> String {
-        match self.d {
-            Dialect::Postgres => format!("strpos({hay}, {needle})"),
-            Dialect::Sqlite => format!("instr({hay}, {needle})"),
         }
     }
 
@@ -856,30 +1032,41 @@ impl SqlBackend {
             Dialect::Postgres => {
                 let mut s = self.stmt();
                 let (st, gr) = sg(&mut s, stream, group);
-                let rows: Vec<Value> = leases
-                    .iter()
-                    .map(|&(p, q, b)| Value::from(vec![Value::from(p), Value::from(q), Value::from(b)]))
-                    .collect();
-                let arr = s.text(Value::from(rows).to_string());
+                let arr = s.text(Value::from(ack_masks(leases)).to_string());
+                let ms: Vec<String> = (0..WORDS).map(|i| format!("(x.v ->> {})::bigint AS m{i}", i + 3)).collect();
+                let ors: Vec<String> = (0..WORDS).map(|i| format!("w{i} = k.w{i} | o.m{i}")).collect();
+                let news: Vec<String> = (0..WORDS).map(|i| format!("o.m{i} & ~o.w{i}")).collect();
                 s.push(&format!(
-                    "WITH a AS (SELECT DISTINCT (x.v ->> 0)::int AS p, (x.v ->> 1)::bigint AS s, (x.v ->> 2)::bigint AS b \
+                    "WITH a AS (SELECT (x.v ->> 0)::int AS p, (x.v ->> 1)::bigint AS blk, (x.v ->> 2)::bigint AS b, {ms} \
                        FROM jsonb_array_elements({arr}::jsonb) AS x(v)), \
-                     lk AS (SELECT k.ctid AS tid, k.partition, k.first_seq, k.last_seq, k.base, k.settled FROM {t} k \
-                       WHERE k.stream = {st} AND k.group_name = {gr} \
-                       AND (k.partition, k.base) IN (SELECT DISTINCT a.p, a.b FROM a) FOR UPDATE), \
-                     hit AS (SELECT lk.tid, a.p, a.s, (a.s - lk.first_seq + 1)::int AS off FROM a JOIN lk \
-                       ON lk.partition = a.p AND lk.base = a.b AND a.s BETWEEN lk.first_seq AND lk.last_seq \
-                       WHERE substr(lk.settled, (a.s - lk.first_seq + 1)::int, 1) = '0'), \
-                     nb AS (SELECT lk.tid, string_agg(CASE WHEN h.off IS NULL THEN substr(lk.settled, i, 1) ELSE '1' END, \
-                       '' ORDER BY i) AS bits FROM lk CROSS JOIN generate_series(1, length(lk.settled)) AS i \
-                       LEFT JOIN hit h ON h.tid = lk.tid AND h.off = i \
-                       WHERE lk.tid IN (SELECT hit.tid FROM hit) GROUP BY lk.tid), \
-                     up AS (UPDATE {t} k SET settled = nb.bits FROM nb WHERE k.ctid = nb.tid RETURNING 1) \
-                     SELECT hit.p::bigint, hit.s FROM hit WHERE (SELECT count(*) FROM up) >= 0",
+                     o AS (SELECT k.ctid AS tid, k.partition, k.first_seq, {kw}, a.* FROM {t} k JOIN a \
+                       ON k.partition = a.p AND k.base = a.b \
+                       AND k.first_seq BETWEEN a.blk * {n} + 1 AND a.blk * {n} + {n} \
+                       WHERE k.stream = {st} AND k.group_name = {gr} FOR UPDATE OF k), \
+                     up AS (UPDATE {t} k SET {ors} FROM o WHERE k.ctid = o.tid RETURNING 1) \
+                     SELECT o.partition::bigint, o.first_seq, {news}, (SELECT count(*) FROM up) FROM o",
                     t = self.names.claims(),
+                    ms = ms.join(", "),
+                    kw = word_cols("k"),
+                    n = CLAIM_MAX_POSITIONS,
+                    ors = ors.join(", "),
+                    news = news.join(", "),
                 ));
-                let rows = super::retry_tx!(self, "ack", self.pool.all(&s).await.map_err(at_commit))?;
-                rows.iter().map(|r| Ok((r.u32(0)?, r.u64(1)?))).collect()
+                let rows = super::retry_tx!(self, "ack", self.hot.all(&s).await.map_err(at_commit))?;
+                let mut acked = Vec::new();
+                for r in &rows {
+                    let (p, first) = (r.u32(0)?, r.u64(1)?);
+                    let start = block_start(block_of(first));
+                    for i in 0..WORDS {
+                        let new = r.i64(2 + i)?;
+                        for bit in 0..WORD_BITS {
+                            if new & (1 << bit) != 0 {
+                                acked.push((p, start + i as u64 * WORD_BITS + bit));
+                            }
+                        }
+                    }
+                }
+                Ok(acked)
             }
             Dialect::Sqlite => {
                 let acked = super::retry_tx!(self, "ack", {
@@ -920,12 +1107,12 @@ impl SqlBackend {
         // A claim acked to the end stays until the frontier flush deletes
         // it after moving past it (acks never write the group row).
         let changed: Vec<Claim> = changed.into_iter().filter_map(|i| claims.get(i).cloned()).collect();
-        self.update_claim_texts(tx, stream, group, &changed).await?;
+        self.update_claim_words(tx, stream, group, &changed).await?;
         Ok(acked)
     }
 
-    /// Writes the `settled` text of claims (whether or not anything is open).
-    async fn update_claim_texts(
+    /// Writes the words of claims (whether or not anything is open).
+    async fn update_claim_words(
         &self,
         tx: &mut Tx,
         stream: &str,
@@ -935,20 +1122,18 @@ impl SqlBackend {
         for chunk in claims.chunks(1000) {
             let mut s = self.stmt();
             let (st, gr) = sg(&mut s, stream, group);
-            let keys: Vec<Value> = chunk
-                .iter()
-                .map(|c| {
-                    Value::from(vec![Value::from(c.partition), Value::from(c.first), Value::from(c.settled_text())])
-                })
-                .collect();
+            let keys: Vec<Value> = chunk.iter().map(claim_key_words).collect();
             let arr = s.text(Value::from(keys).to_string());
+            let sets: Vec<String> =
+                (0..WORDS).map(|i| format!("w{i} = {}", self.d.as_int(&format!("x.c{}", i + 3)))).collect();
             s.push(&format!(
-                "UPDATE {t} SET settled = x.c2 FROM {rows} AS x WHERE {t}.stream = {st} AND {t}.group_name = {gr} \
+                "UPDATE {t} SET {sets} FROM {rows} AS x WHERE {t}.stream = {st} AND {t}.group_name = {gr} \
                  AND {t}.partition = {p} AND {t}.first_seq = {q}",
                 t = self.names.claims(),
-                rows = self.d.json_rows(&arr, 3),
+                rows = self.d.json_rows(&arr, 3 + WORDS),
                 p = self.d.as_int("x.c0"),
                 q = self.d.as_int("x.c1"),
+                sets = sets.join(", "),
             ));
             tx.exec(&s).await.map_err(safe)?;
         }
@@ -996,11 +1181,10 @@ impl SqlBackend {
         let mut part: Vec<(u32, u64)> = Vec::new();
         for (i, qs) in per {
             let Some(c) = claims.get(i) else { continue };
-            let open = c.settled.iter().filter(|&&b| b == b'0').count();
             for &q in &qs {
                 out.insert((c.partition, q), expires);
             }
-            if qs.len() == open {
+            if qs.len() as u64 == c.open_count() {
                 whole.push(Value::from(vec![u64::from(c.partition), c.first]));
             } else {
                 part.extend(qs.iter().map(|&q| (c.partition, q)));
@@ -1082,34 +1266,82 @@ impl SqlBackend {
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
         s.push(&format!(
-            "SELECT COALESCE(sum(length(settled) - length(replace(settled, '0', ''))), 0) FROM {} \
-             WHERE stream = {st} AND group_name = {gr}",
-            self.names.claims()
+            "SELECT {} FROM {} k WHERE k.stream = {st} AND k.group_name = {gr} AND NOT ({})",
+            word_cols("k"),
+            self.names.claims(),
+            all_set("k")
         ));
         let rows = self.pool.all(&s).await.map_err(self.err("group_info", Phase::Safe))?;
-        rows.first().map(|r| r.u64(0)).transpose().map(Option::unwrap_or_default)
+        let mut n = 0;
+        for r in &rows {
+            n += read_words(r, 0)?.iter().map(|w| u64::from(w.count_zeros())).sum::<u64>();
+        }
+        Ok(n)
     }
 }
 
 /// The claims of a partition's fresh positions `qs` (sorted): one per
 /// block of [`CLAIM_MAX_POSITIONS`] sequences, from the first position
-/// taken in it to the last, `'0'` for those taken and `'1'` for those
-/// between them that rows hold. Returns (first, last, settled).
-fn spans(qs: &[u64]) -> Vec<(u64, u64, String)> {
-    let mut out: Vec<(u64, u64, String)> = Vec::new();
+/// taken in it to the last; the bits of the positions taken are clear,
+/// every other bit (rows between them, the rest of the block) set.
+/// Returns (first, last, words).
+fn spans(qs: &[u64]) -> Vec<(u64, u64, [u32; WORDS])> {
+    let mut out: Vec<(u64, u64, [u32; WORDS])> = Vec::new();
     for &q in qs {
+        let (i, m) = bit_of(q);
         match out.last_mut() {
-            Some((first, last, text)) if (q - 1) / CLAIM_MAX_POSITIONS == (*first - 1) / CLAIM_MAX_POSITIONS => {
-                for _ in *last + 1..q {
-                    text.push('1');
-                }
-                text.push('0');
+            Some((first, last, words)) if block_of(q) == block_of(*first) => {
                 *last = q;
+                if let Some(w) = words.get_mut(i) {
+                    *w &= !m;
+                }
             }
-            _ => out.push((q, q, "0".to_owned())),
+            _ => out.push((q, q, open_words(q, q))),
         }
     }
     out
+}
+
+/// The acks of claimed leases as `[partition, block, base, m0..m7]` rows:
+/// one per (partition, block, base), its words the bits to set.
+fn ack_masks(leases: &[(u32, u64, i64)]) -> Vec<Value> {
+    let mut masks: BTreeMap<(u32, u64, i64), [u32; WORDS]> = BTreeMap::new();
+    for &(p, q, b) in leases {
+        let (i, m) = bit_of(q);
+        if let Some(w) = masks.entry((p, block_of(q), b)).or_insert([0; WORDS]).get_mut(i) {
+            *w |= m;
+        }
+    }
+    masks
+        .into_iter()
+        .map(|((p, blk, b), ws)| {
+            let mut row = vec![Value::from(p), Value::from(blk), Value::from(b)];
+            row.extend(ws.iter().map(|&w| Value::from(w)));
+            Value::from(row)
+        })
+        .collect()
+}
+
+/// `[partition, first, last, w0..w7]` of a claim (for an update).
+fn claim_key_words(c: &Claim) -> Value {
+    let mut row = vec![Value::from(c.partition), Value::from(c.first), Value::from(c.last)];
+    row.extend(c.words.iter().map(|&w| Value::from(w)));
+    Value::from(row)
+}
+
+/// Word `i` of a row's `w0..w7` starting at column `at + i`.
+fn word_at(r: &Row, at: usize) -> Result<u32> {
+    let v = r.i64(at)?;
+    u32::try_from(v).map_err(|_| Error::failed("reading a claim", format!("a bitmap word holds {v}")))
+}
+
+/// The eight words of a row from column `at`.
+fn read_words(r: &Row, at: usize) -> Result<[u32; WORDS]> {
+    let mut w = [FULL; WORDS];
+    for (i, slot) in w.iter_mut().enumerate() {
+        *slot = word_at(r, at + i)?;
+    }
+    Ok(w)
 }
 
 fn read_claim(r: &Row) -> Result<Claim> {
@@ -1121,7 +1353,7 @@ fn read_claim(r: &Row) -> Result<Claim> {
         consumer: r.text(4)?,
         leased_at: r.ts(5)?,
         expires_at: r.ts(6)?,
-        settled: r.text(7)?.into_bytes(),
+        words: read_words(r, 7)?,
     })
 }
 
@@ -1147,9 +1379,42 @@ mod tests {
     #[test]
     fn spans_mark_rows_between_and_split_at_block_edges() {
         let m = CLAIM_MAX_POSITIONS;
-        let t = |a: u64, b: u64, s: &str| (a, b, s.to_owned());
-        assert_eq!(spans(&[1, 2, 3, 5, 6]), vec![t(1, 6, "000100")]);
-        assert_eq!(spans(&[m - 1, m, m + 1, m + 2]), vec![t(m - 1, m, "00"), t(m + 1, m + 2, "00")]);
-        assert_eq!(spans(&[]), vec![]);
+        let got = spans(&[1, 2, 3, 5, 6]);
+        assert_eq!(got.len(), 1);
+        let (first, last, w) = got[0];
+        assert_eq!((first, last), (1, 6));
+        assert_eq!(w[0], !0b11_0111, "positions 1-3, 5 and 6 open; 4 (a row) and the rest set");
+        assert!(w[1..].iter().all(|&x| x == FULL));
+        let got = spans(&[m - 1, m, m + 1, m + 2]);
+        assert_eq!(got.iter().map(|s| (s.0, s.1)).collect::<Vec<_>>(), vec![(m - 1, m), (m + 1, m + 2)]);
+        assert_eq!(got[0].2[WORDS - 1], !(0b11 << 30), "the block's last two positions");
+        assert_eq!(got[1].2[0], !0b11, "the next block's first two");
+        assert!(spans(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_claims_bitmap_opens_its_range_and_finds_its_first_open_position() {
+        let mut c = Claim {
+            partition: 0,
+            first: 300,
+            last: 340,
+            base: 0,
+            consumer: String::new(),
+            leased_at: Timestamp::from_millis(0),
+            expires_at: Timestamp::from_millis(0),
+            words: open_words(300, 340),
+        };
+        assert_eq!(c.open_count(), 41);
+        assert!(c.open(300) && c.open(340) && !c.open(299) && !c.open(341));
+        assert_eq!(first_open(c.first, &c.words), Some(300));
+        c.set(300);
+        c.set(301);
+        assert_eq!(first_open(c.first, &c.words), Some(302));
+        c.cut(320);
+        assert_eq!((c.last, c.open_count()), (320, 19));
+        for q in 302..=320 {
+            c.set(q);
+        }
+        assert!(c.done() && first_open(c.first, &c.words).is_none());
     }
 }

@@ -30,7 +30,7 @@ use crate::backends::common::frontier_cursor as fc;
 use crate::error::{Error, Result};
 
 /// How often the frontiers of one group are written at most, per handle.
-pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(10);
+pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// How long a flush that failed waits before the next try.
 const FLUSH_RETRY: Duration = Duration::from_millis(200);
 
@@ -180,20 +180,13 @@ impl Frontiers {
             Dialect::Sqlite => format!("(SELECT CAST(value AS INTEGER) FROM json_each({arr}))"),
         };
         s.push(&format!(
-            "DELETE FROM {} WHERE stream = {st} AND group_name = {gr} AND partition IN {list} AND {} = 0",
+            "DELETE FROM {} AS k WHERE k.stream = {st} AND k.group_name = {gr} AND k.partition IN {list} AND {}",
             self.names.claims(),
-            self.strpos("settled", "'0'")
+            super::claims::all_set("k")
         ));
         tx.exec(&s).await.map_err(safe)?;
         tx.commit().await.map_err(at_commit)?;
         Ok(())
-    }
-
-    fn strpos(&self, hay: &str, needle: &str) -> String {
-        match self.d {
-            Dialect::Postgres => format!("strpos({hay}, {needle})"),
-            Dialect::Sqlite => format!("instr({hay}, {needle})"),
-        }
     }
 
     /// Locks the group row in a transaction; returns (frontiers, cursors).
@@ -333,16 +326,30 @@ impl Frontiers {
                (SELECT n.sequence FROM {t} n WHERE n.stream = d.stream AND n.group_name = d.group_name \
                 AND n.partition = d.partition AND n.sequence = d.sequence + 1 LIMIT 1) IS NULL \
                ORDER BY d.partition, d.sequence LIMIT 1) END, \
-             (SELECT min(k.first_seq + {pos} - 1) FROM {k} k WHERE {sk} AND {pos} > 0) \
+             (SELECT {words} FROM {k} k WHERE {sk} AND NOT ({full}) ORDER BY k.first_seq LIMIT 1) \
              FROM {rows} AS x",
             sd = same("d"),
             sk = same("k"),
             t = self.names.deliveries(),
             k = self.names.claims(),
-            pos = self.strpos("k.settled", "'0'"),
+            full = super::claims::all_set("k"),
+            words =
+                (0..super::claims::WORDS).fold("k.first_seq".to_owned(), |acc, i| format!("{acc} || ':' || k.w{i}")),
             rows = self.d.json_rows(&arr, 3)
         )
     }
+}
+
+/// The first open position of a claim written `first:w0:…:w7`.
+fn first_open_of(text: &str) -> Result<Option<u64>> {
+    let bad = || Error::failed("reading a claim", format!("{text:?} is not first_seq:w0:…:w7"));
+    let mut parts = text.split(':');
+    let first: u64 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+    let mut words = [super::claims::FULL; super::claims::WORDS];
+    for w in &mut words {
+        *w = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+    }
+    Ok(super::claims::first_open(first, &words))
 }
 
 /// Applies the rows of `advance_select`; true when a frontier moved.
@@ -357,7 +364,10 @@ fn apply_advance(
         let (f, c) = fc(frontiers, cursors, p);
         let gap = r.opt_i64(2)?.and_then(|n| u64::try_from(n).ok()).unwrap_or(c);
         let row = r.opt_i64(1)?.and_then(|n| u64::try_from(n).ok()).unwrap_or(u64::MAX);
-        let claim = r.opt_i64(3)?.and_then(|n| u64::try_from(n).ok()).unwrap_or(u64::MAX);
+        let claim = match r.opt_text(3)? {
+            Some(t) => first_open_of(&t)?.unwrap_or(u64::MAX),
+            None => u64::MAX,
+        };
         let first = gap.min(row).min(claim);
         let new = f.max(first.saturating_sub(1));
         if new != f {

@@ -429,11 +429,18 @@ impl SqlBackend {
         let tx = || self.claim_ranges_tx(stream, group, &scope, limit, &consumer, lease, &lease_ids);
         let claimed = match self.d {
             Dialect::Postgres => {
-                let one = super::retry_tx!(
+                let mut one = super::retry_tx!(
                     self,
                     "fetch",
-                    self.claim_ranges_pg(stream, group, &scope, limit, &consumer, lease, &lease_ids).await
+                    self.claim_fresh_pg(stream, group, &scope, limit, &consumer, lease).await
                 )?;
+                if one.flags.found && one.flags.rows && !one.flags.slow {
+                    one = super::retry_tx!(
+                        self,
+                        "fetch",
+                        self.claim_ranges_pg(stream, group, &scope, limit, &consumer, lease, &lease_ids).await
+                    )?;
+                }
                 if one.flags.found && one.flags.slow { super::retry_tx!(self, "fetch", tx().await)? } else { one }
             }
             Dialect::Sqlite => super::retry_tx!(self, "fetch", tx().await)?,

@@ -16,7 +16,7 @@
 //! | option | backend | meaning | default |
 //! |---|---|---|---|
 //! | `rheo_schema=NAME` | postgres | qualify the tables with this schema (created when missing) | none (the search path) |
-//! | `rheo_pool=N` | both | the most connections (1 to 256; PostgreSQL opens one more for LISTEN) | 10 (sqlite: 1, see below) |
+//! | `rheo_pool=N` | both | the most connections (1 to 256; PostgreSQL opens as many again for claims and acks, and one for LISTEN) | 10 (sqlite: 1, see below) |
 //! | `rheo_connect_timeout_ms=N` | both | how long a call waits for a connection before `BackendUnavailable` | 5000 |
 //! | `rheo_statement_timeout_ms=N` | postgres | the server's `statement_timeout` | none |
 //! | `synchronous=normal\|full` | sqlite | `PRAGMA synchronous` (`full`: every commit survives a power cut) | `full` |
@@ -112,6 +112,9 @@ pub struct SqlBackend {
     appends: crate::backends::combine::Combiner<append::Key, append::Row, Position>,
     /// The frontier SQL and its flusher (ADR 0021).
     frontier: Arc<frontier::Frontiers>,
+    /// The pool of claims and acks: on PostgreSQL connections that keep
+    /// generic plans (see `open_postgres`); otherwise `pool` itself.
+    hot: Pool,
     /// How fetches take fresh positions (`rheo_claims`).
     claims_mode: ClaimsMode,
     /// Partition counts and partition subsets of the groups fetched from
@@ -333,6 +336,22 @@ impl SqlBackend {
         }
         let listen_pool =
             PgPoolOptions::new().max_connections(1).acquire_timeout(o.connect_timeout).connect_lazy_with(opts.clone());
+        // Claims and acks: statements of a dozen CTEs that take 2-3 ms to
+        // plan and a millisecond to run. Their generic plans (cached per
+        // connection) are as good as custom ones once no sequential scan is
+        // considered: every one of their scans walks an index and stops
+        // early. Other calls keep custom plans (a user's query is planned
+        // for its values). ADR 0021.
+        let hot_pool = PgPoolOptions::new()
+            .test_before_acquire(false)
+            .max_connections(o.pool)
+            .min_connections(0)
+            .acquire_timeout(o.connect_timeout)
+            .idle_timeout(Some(Duration::from_secs(600)))
+            .max_lifetime(Some(Duration::from_secs(1800)))
+            .connect_lazy_with(
+                opts.clone().options([("plan_cache_mode", "force_generic_plan"), ("enable_seqscan", "off")]),
+            );
         // No ping before each use: a dead connection fails its statement,
         // which is mapped like any other connection loss.
         let pool = PgPoolOptions::new()
@@ -348,6 +367,7 @@ impl SqlBackend {
         let mut backend =
             Self::new(Dialect::Postgres, Pool::Pg(pool), Names::new(o.schema), clock, !custom_clock, true, None);
         backend.listen_pool = Some(listen_pool);
+        backend.hot = Pool::Pg(hot_pool);
         backend.retention_interval = o.retention_interval;
         backend.claims_mode = o.claims;
         Ok(backend)
@@ -369,6 +389,7 @@ impl SqlBackend {
         let appends = appender.combiner();
         let frontier = Arc::new(frontier::Frontiers::new(d, pool.clone(), names.clone(), busy_budget));
         SqlBackend {
+            hot: pool.clone(),
             frontier,
             claims_mode: ClaimsMode::Ranges,
             group_scopes: RwLock::new(HashMap::new()),

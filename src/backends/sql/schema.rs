@@ -146,8 +146,9 @@ pub(crate) const TABLES: &[Table] = &[
         key: &["stream", "group_name", "partition", "sequence"],
     },
     // A claimed range of fresh positions (ADR 0021): one row stands for
-    // up to `CLAIM_MAX_POSITIONS` leases of consecutive sequences, each
-    // settled when its character of `settled` is '1'.
+    // the leases of `first_seq..=last_seq`, all in one block of 256
+    // sequences; `w0`..`w7` are that block's bitmap, 32 positions a word,
+    // a bit set when its position is settled or not the claim's.
     Table {
         name: "rheo_rs_claims",
         columns: &[
@@ -160,7 +161,14 @@ pub(crate) const TABLES: &[Table] = &[
             col("consumer_id", "text", true, None),
             col("leased_at", "ts", true, None),
             col("expires_at", "ts", true, None),
-            col("settled", "text", true, None),
+            col("w0", "bigint", true, None),
+            col("w1", "bigint", true, None),
+            col("w2", "bigint", true, None),
+            col("w3", "bigint", true, None),
+            col("w4", "bigint", true, None),
+            col("w5", "bigint", true, None),
+            col("w6", "bigint", true, None),
+            col("w7", "bigint", true, None),
         ],
         key: &["stream", "group_name", "partition", "first_seq"],
     },
