@@ -239,6 +239,17 @@ pub(crate) struct Claimed {
     pub flags: ClaimFlags,
 }
 
+/// What a transactional claim meets (`claim_survey`).
+struct Survey {
+    hws: HashMap<u32, u64>,
+    /// Claims in scope that expired, or reach a cursor.
+    claims: bool,
+    /// Claimable delivery rows above a frontier.
+    rows: bool,
+    /// Delivery rows at or after a cursor.
+    ahead: bool,
+}
+
 /// Positions past a cursor (beyond a fetch's limit) whose rows the
 /// transactional claim reads to find free ones: bounds its work when many
 /// rows follow a cursor (a replay's), at the cost of a few more fetches.
@@ -527,11 +538,20 @@ impl SqlBackend {
         let mut cursors = parse_map(stream, group, "cursors", &row.text(1)?)?;
         let max_attempts = row.i64(2)?;
         let now_ts = self.db_now(&mut tx).await?;
-        self.split_claims(&mut tx, stream, group, &Split::Expired(scope, now_ts)).await?;
-        let reaching: Vec<(u32, u64)> =
-            scope.iter().map(|&p| (p, fc(&frontiers, &cursors, p).1.saturating_sub(1))).collect();
-        self.split_claims(&mut tx, stream, group, &Split::After(&reaching)).await?;
-        let hws = self.hws_in(&mut tx, stream).await?;
+        // What this fetch meets, read once (under the lock): each kind of
+        // work below runs only when there is some.
+        let mut seen = self.claim_survey(&mut tx, stream, group, scope, &frontiers, &cursors, now_ts).await?;
+        if seen.claims {
+            // Splits make rows: of expired claims below the cursors, of
+            // claims reaching one at or after it.
+            seen.rows = true;
+            seen.ahead = true;
+            self.split_claims(&mut tx, stream, group, &Split::Expired(scope, now_ts)).await?;
+            let reaching: Vec<(u32, u64)> =
+                scope.iter().map(|&p| (p, fc(&frontiers, &cursors, p).1.saturating_sub(1))).collect();
+            self.split_claims(&mut tx, stream, group, &Split::After(&reaching)).await?;
+        }
+        let hws = seen.hws;
         let spent_max = limit + crate::groups::SPENT_PER_FETCH;
         let id = if pg { "d.ctid::text" } else { "CAST(d.rowid AS TEXT)" };
         // (partition, sequence, row id or None for a fresh position, spent)
@@ -556,8 +576,10 @@ impl SqlBackend {
                 self.names.deliveries(),
                 if pg { " FOR UPDATE OF d SKIP LOCKED" } else { "" }
             ));
-            for r in tx.all(&s).await.map_err(safe)? {
-                cands.push((p, r.u64(1)?, Some(r.text(0)?), r.i64(2)? == 1));
+            if seen.rows {
+                for r in tx.all(&s).await.map_err(safe)? {
+                    cands.push((p, r.u64(1)?, Some(r.text(0)?), r.i64(2)? == 1));
+                }
             }
             let hw = hws.get(&p).copied().unwrap_or(0);
             if c > hw {
@@ -566,7 +588,11 @@ impl SqlBackend {
             // Rows in a bounded window after the cursor: the free
             // positions there are offered (at most `limit`).
             let window_end = hw.min(c.saturating_add(limit as u64 + FRESH_WINDOW_ROWS));
-            let taken = self.rows_between(&mut tx, stream, group, p, c, window_end).await?;
+            let taken = if seen.ahead {
+                self.rows_between(&mut tx, stream, group, p, c, window_end).await?
+            } else {
+                BTreeSet::new()
+            };
             let mut free = Vec::new();
             let mut q = c;
             while q <= window_end && free.len() < limit {
@@ -649,6 +675,8 @@ impl SqlBackend {
             }
         }
         let expires = now_ts.saturating_add(lease_for);
+        // (partition, first, last) of each run of fresh positions taken.
+        let mut ranges: Vec<Value> = Vec::new();
         let mut moved = false;
         for (&p, (free, end)) in &offered {
             let taken = fresh.get(&p).map(Vec::as_slice).unwrap_or_default();
@@ -678,16 +706,8 @@ impl SqlBackend {
                     row.extend(words.iter().map(|&w| Value::from(w)));
                     claims.push(Value::from(row));
                 }
-                for &q in qs {
-                    keys.push(Value::from(vec![
-                        Value::from(2),
-                        Value::from(p),
-                        Value::from(q),
-                        Value::Null,
-                        Value::from(1),
-                        self.ts_json(expires),
-                        Value::Null,
-                    ]));
+                for run in runs(qs) {
+                    ranges.push(Value::from(vec![Value::from(p), Value::from(run.0), Value::from(run.1)]));
                 }
             }
             let mut s = self.stmt();
@@ -714,46 +734,106 @@ impl SqlBackend {
         if moved {
             self.write_maps(&mut tx, stream, group, None, Some(&cursors)).await?;
         }
-        if keys.is_empty() {
+        if keys.is_empty() && ranges.is_empty() {
             tx.commit().await.map_err(at_commit)?;
             return Ok(Claimed { rows: Vec::new(), base, flags: ClaimFlags { found: true, slow: false, rows: false } });
         }
-        // Their events, in one read, in the claim's column layout.
+        // Their events, in one read, in the claim's column layout: rows'
+        // by event id, fresh positions' by runs of sequences.
         let mut s = self.stmt();
         let st = s.text(stream);
-        let arr = s.text(Value::from(keys).to_string());
-        let head = format!(
-            "SELECT {}, {}, {}, x.c3, {}, {}, {cols} FROM {rows} AS x",
-            self.d.as_int("x.c0"),
-            self.d.as_int("x.c1"),
-            self.d.as_int("x.c2"),
-            self.d.as_int("x.c4"),
-            match self.d {
-                Dialect::Postgres => self.d.as_int("x.c5"),
-                Dialect::Sqlite => "x.c5".to_owned(),
-            },
-            cols = event_cols(self.d, "e"),
-            rows = self.d.json_rows(&arr, 7),
-        );
-        s.push(&format!(
-            "{head} LEFT JOIN {ev} e ON e.id = x.c6 WHERE x.c6 IS NOT NULL \
-             UNION ALL {head} LEFT JOIN {ev} e ON e.stream = {st} AND e.partition = {p} AND e.sequence = {q} \
-             WHERE x.c6 IS NULL",
-            ev = self.names.events(),
-            p = self.d.as_int("x.c1"),
-            q = self.d.as_int("x.c2"),
-        ));
+        let mut parts = Vec::new();
+        if !keys.is_empty() {
+            let arr = s.text(Value::from(keys).to_string());
+            parts.push(format!(
+                "SELECT {}, {}, {}, x.c3, {}, {}, {cols} FROM {rows} AS x LEFT JOIN {ev} e ON e.id = x.c6",
+                self.d.as_int("x.c0"),
+                self.d.as_int("x.c1"),
+                self.d.as_int("x.c2"),
+                self.d.as_int("x.c4"),
+                match self.d {
+                    Dialect::Postgres => self.d.as_int("x.c5"),
+                    Dialect::Sqlite => "x.c5".to_owned(),
+                },
+                cols = event_cols(self.d, "e"),
+                rows = self.d.json_rows(&arr, 7),
+                ev = self.names.events(),
+            ));
+        }
+        if !ranges.is_empty() {
+            let arr = s.text(Value::from(ranges).to_string());
+            let exp = s.arg(self.d.ts_arg(expires));
+            parts.push(format!(
+                "SELECT 2, e.partition, e.sequence, NULL, 1, {exp}, {cols} FROM {rows} AS x {join} {ev} e \
+                 ON e.stream = {st} AND e.partition = {p} AND e.sequence BETWEEN {a} AND {b}",
+                join = self.d.ordered_join(),
+                cols = event_cols(self.d, "e"),
+                rows = self.d.json_rows(&arr, 3),
+                ev = self.names.events(),
+                p = self.d.as_int("x.c0"),
+                a = self.d.as_int("x.c1"),
+                b = self.d.as_int("x.c2"),
+            ));
+        }
+        s.push(&parts.join(" UNION ALL "));
         let out = tx.all(&s).await.map_err(safe)?;
         tx.commit().await.map_err(at_commit)?;
         Ok(Claimed { rows: out, base, flags: ClaimFlags { found: true, slow: false, rows: false } })
     }
 
-    /// High watermarks of a stream read in a transaction.
-    async fn hws_in(&self, tx: &mut Tx, stream: &str) -> std::result::Result<HashMap<u32, u64>, TxError> {
+    /// One read of what a transactional claim meets in `scope`: the high
+    /// watermarks, claims that expired or reach a cursor, claimable
+    /// delivery rows, and delivery rows at or after a cursor.
+    #[allow(clippy::too_many_arguments)]
+    async fn claim_survey(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        group: &str,
+        scope: &[u32],
+        frontiers: &BTreeMap<u32, u64>,
+        cursors: &BTreeMap<u32, u64>,
+        now: Timestamp,
+    ) -> std::result::Result<Survey, TxError> {
         let mut s = self.stmt();
-        let st = s.text(stream);
-        s.push(&format!("SELECT partition, next_sequence FROM {} WHERE stream = {st}", self.names.seqs()));
-        Ok(tx.all(&s).await.map_err(safe)?.iter().map(|r| Ok((r.u32(0)?, r.u64(1)?))).collect::<Result<_>>()?)
+        let (st, gr) = sg(&mut s, stream, group);
+        let rows: Vec<Value> = scope
+            .iter()
+            .map(|&p| {
+                let (f, c) = fc(frontiers, cursors, p);
+                Value::from(vec![Value::from(p), Value::from(seq_arg(f)), Value::from(seq_arg(c))])
+            })
+            .collect();
+        let arr = s.text(Value::from(rows).to_string());
+        let at = s.ts(now);
+        let claimable = self.claimable(&mut s);
+        let (p, f, c) = (self.d.as_int("x.c0"), self.d.as_int("x.c1"), self.d.as_int("x.c2"));
+        let hws = match self.d {
+            Dialect::Postgres => "jsonb_object_agg(q.partition, q.next_sequence)::text",
+            Dialect::Sqlite => "json_group_object(q.partition, q.next_sequence)",
+        };
+        s.push(&format!(
+            "SELECT (SELECT {hws} FROM {seqs} q WHERE q.stream = {st}), \
+             CASE WHEN EXISTS (SELECT 1 FROM {xs} AS x {join} {claims} k ON k.stream = {st} AND k.group_name = {gr} \
+               AND k.partition = {p} WHERE (k.expires_at <= {at} AND NOT ({full})) OR k.last_seq >= {c}) THEN 1 ELSE 0 END, \
+             CASE WHEN EXISTS (SELECT 1 FROM {xs} AS x {join} {dl} d ON d.stream = {st} AND d.group_name = {gr} \
+               AND d.partition = {p} WHERE d.sequence > {f} AND {claimable}) THEN 1 ELSE 0 END, \
+             CASE WHEN EXISTS (SELECT 1 FROM {xs} AS x {join} {dl} d ON d.stream = {st} AND d.group_name = {gr} \
+               AND d.partition = {p} WHERE d.sequence >= {c}) THEN 1 ELSE 0 END",
+            seqs = self.names.seqs(),
+            claims = self.names.claims(),
+            dl = self.names.deliveries(),
+            xs = self.d.json_rows(&arr, 3),
+            full = all_set("k"),
+            join = self.d.ordered_join(),
+        ));
+        let rows = tx.all(&s).await.map_err(safe)?;
+        let r = rows.first().ok_or_else(|| Error::failed("fetch", "the survey returned no row"))?;
+        let hws = match r.opt_text(0)? {
+            Some(t) => parse_map(stream, group, "high watermarks", &t)?.into_iter().collect(),
+            None => HashMap::new(),
+        };
+        Ok(Survey { hws, claims: r.i64(1)? == 1, rows: r.i64(2)? == 1, ahead: r.i64(3)? == 1 })
     }
 
     /// The sequences of a partition's delivery rows in `from..=to`.
@@ -904,7 +984,8 @@ impl SqlBackend {
                 "{ins} {dl} (stream, group_name, event_id, partition, sequence, status, attempt, lease_id, \
                  consumer_id, leased_at, expires_at, created_at) \
                  SELECT {st}, {gr}, e.id, e.partition, e.sequence, 'leased', 1, x.c2, x.c3, {la}, {ea}, {at} \
-                 FROM {rows} AS x JOIN {ev} e ON e.stream = {st} AND e.partition = {p} AND e.sequence = {q} {ignore}",
+                 FROM {rows} AS x {join} {ev} e ON e.stream = {st} AND e.partition = {p} AND e.sequence = {q} {ignore}",
+                join = self.d.ordered_join(),
                 dl = self.names.deliveries(),
                 ev = self.names.events(),
                 rows = self.d.json_rows(&arr, 6),
@@ -1028,116 +1109,46 @@ impl SqlBackend {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
-        match self.d {
-            Dialect::Postgres => {
-                let mut s = self.stmt();
-                let (st, gr) = sg(&mut s, stream, group);
-                let arr = s.text(Value::from(ack_masks(leases)).to_string());
-                let ms: Vec<String> = (0..WORDS).map(|i| format!("(x.v ->> {})::bigint AS m{i}", i + 3)).collect();
-                let ors: Vec<String> = (0..WORDS).map(|i| format!("w{i} = k.w{i} | o.m{i}")).collect();
-                let news: Vec<String> = (0..WORDS).map(|i| format!("o.m{i} & ~o.w{i}")).collect();
-                s.push(&format!(
-                    "WITH a AS (SELECT (x.v ->> 0)::int AS p, (x.v ->> 1)::bigint AS blk, (x.v ->> 2)::bigint AS b, {ms} \
-                       FROM jsonb_array_elements({arr}::jsonb) AS x(v)), \
-                     o AS (SELECT k.ctid AS tid, k.partition, k.first_seq, {kw}, a.* FROM {t} k JOIN a \
-                       ON k.partition = a.p AND k.base = a.b \
-                       AND k.first_seq BETWEEN a.blk * {n} + 1 AND a.blk * {n} + {n} \
-                       WHERE k.stream = {st} AND k.group_name = {gr} FOR UPDATE OF k), \
-                     up AS (UPDATE {t} k SET {ors} FROM o WHERE k.ctid = o.tid RETURNING 1) \
-                     SELECT o.partition::bigint, o.first_seq, {news}, (SELECT count(*) FROM up) FROM o",
-                    t = self.names.claims(),
-                    ms = ms.join(", "),
-                    kw = word_cols("k"),
-                    n = CLAIM_MAX_POSITIONS,
-                    ors = ors.join(", "),
-                    news = news.join(", "),
-                ));
-                let rows = super::retry_tx!(self, "ack", self.hot.all(&s).await.map_err(at_commit))?;
-                let mut acked = Vec::new();
-                for r in &rows {
-                    let (p, first) = (r.u32(0)?, r.u64(1)?);
-                    let start = block_start(block_of(first));
-                    for i in 0..WORDS {
-                        let new = r.i64(2 + i)?;
-                        for bit in 0..WORD_BITS {
-                            if new & (1 << bit) != 0 {
-                                acked.push((p, start + i as u64 * WORD_BITS + bit));
-                            }
-                        }
+        // One UPDATE on both dialects: it ORs each claim's mask into its
+        // words (a row lock on PostgreSQL, re-read if another settle got
+        // there first), and records which bits it set, read back below.
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let arr = s.text(Value::from(ack_masks(leases)).to_string());
+        let t = self.names.claims();
+        let m = |i: usize| self.d.as_int(&format!("x.c{}", i + 3));
+        let acked: Vec<String> = (0..WORDS).map(|i| format!("({} & ~{t}.w{i})", m(i))).collect();
+        let ors: Vec<String> = (0..WORDS).map(|i| format!("w{i} = {t}.w{i} | {}", m(i))).collect();
+        s.push(&format!(
+            "UPDATE {t} SET acked = {acked}, {ors} FROM {rows} AS x WHERE {t}.stream = {st} AND {t}.group_name = {gr} \
+             AND {t}.partition = {p} AND {t}.base = {b} AND {t}.first_seq BETWEEN {blk} * {n} + 1 AND {blk} * {n} + {n} \
+             RETURNING partition, first_seq, acked",
+            acked = acked.join(" || ':' || "),
+            ors = ors.join(", "),
+            rows = self.d.json_rows(&arr, 3 + WORDS),
+            p = self.d.as_int("x.c0"),
+            blk = self.d.as_int("x.c1"),
+            b = self.d.as_int("x.c2"),
+            n = CLAIM_MAX_POSITIONS,
+        ));
+        let rows = super::retry_tx!(self, "ack", self.hot.all(&s).await.map_err(at_commit))?;
+        let mut out = Vec::new();
+        for r in &rows {
+            let (p, first) = (r.u32(0)?, r.u64(1)?);
+            let text = r.text(2)?;
+            let start = block_start(block_of(first));
+            for (i, w) in text.split(':').enumerate() {
+                let bits: i64 = w.parse().map_err(|_| {
+                    Error::failed("ack", format!("claim {p}/{first} of {stream:?}/{group:?}: bad acked {text:?}"))
+                })?;
+                for bit in 0..WORD_BITS {
+                    if bits & (1 << bit) != 0 {
+                        out.push((p, start + i as u64 * WORD_BITS + bit));
                     }
                 }
-                Ok(acked)
-            }
-            Dialect::Sqlite => {
-                let acked = super::retry_tx!(self, "ack", {
-                    async {
-                        let mut tx = self.pool.begin().await.map_err(safe)?;
-                        let acked = self.ack_claimed_in(&mut tx, stream, group, leases).await?;
-                        tx.commit().await.map_err(at_commit)?;
-                        Ok::<_, TxError>(acked)
-                    }
-                    .await
-                })?;
-                Ok(acked)
             }
         }
-    }
-
-    /// The SQLite ack of claimed leases, in a transaction.
-    async fn ack_claimed_in(
-        &self,
-        tx: &mut Tx,
-        stream: &str,
-        group: &str,
-        leases: &[(u32, u64, i64)],
-    ) -> std::result::Result<Vec<(u32, u64)>, TxError> {
-        let positions: Vec<(u32, u64)> = leases.iter().map(|&(p, q, _)| (p, q)).collect();
-        let mut claims = self.claims_for(tx, stream, group, &Split::Positions(&positions)).await?;
-        let mut acked = Vec::new();
-        let mut changed = BTreeSet::new();
-        for &(p, q, b) in leases {
-            if let Some((i, c)) =
-                claims.iter_mut().enumerate().find(|(_, c)| c.partition == p && c.base == b && c.open(q))
-            {
-                c.set(q);
-                acked.push((p, q));
-                changed.insert(i);
-            }
-        }
-        // A claim acked to the end stays until the frontier flush deletes
-        // it after moving past it (acks never write the group row).
-        let changed: Vec<Claim> = changed.into_iter().filter_map(|i| claims.get(i).cloned()).collect();
-        self.update_claim_words(tx, stream, group, &changed).await?;
-        Ok(acked)
-    }
-
-    /// Writes the words of claims (whether or not anything is open).
-    async fn update_claim_words(
-        &self,
-        tx: &mut Tx,
-        stream: &str,
-        group: &str,
-        claims: &[Claim],
-    ) -> std::result::Result<(), TxError> {
-        for chunk in claims.chunks(1000) {
-            let mut s = self.stmt();
-            let (st, gr) = sg(&mut s, stream, group);
-            let keys: Vec<Value> = chunk.iter().map(claim_key_words).collect();
-            let arr = s.text(Value::from(keys).to_string());
-            let sets: Vec<String> =
-                (0..WORDS).map(|i| format!("w{i} = {}", self.d.as_int(&format!("x.c{}", i + 3)))).collect();
-            s.push(&format!(
-                "UPDATE {t} SET {sets} FROM {rows} AS x WHERE {t}.stream = {st} AND {t}.group_name = {gr} \
-                 AND {t}.partition = {p} AND {t}.first_seq = {q}",
-                t = self.names.claims(),
-                rows = self.d.json_rows(&arr, 3 + WORDS),
-                p = self.d.as_int("x.c0"),
-                q = self.d.as_int("x.c1"),
-                sets = sets.join(", "),
-            ));
-            tx.exec(&s).await.map_err(safe)?;
-        }
-        Ok(())
+        Ok(out)
     }
 
     /// Renews claimed leases: a claim whose every open position is renewed
@@ -1278,6 +1289,18 @@ impl SqlBackend {
         }
         Ok(n)
     }
+}
+
+/// The runs of consecutive positions of `qs` (sorted): (first, last).
+fn runs(qs: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &q in qs {
+        match out.last_mut() {
+            Some((_, last)) if *last + 1 == q => *last = q,
+            _ => out.push((q, q)),
+        }
+    }
+    out
 }
 
 /// The claims of a partition's fresh positions `qs` (sorted): one per

@@ -122,6 +122,16 @@ impl Dialect {
         }
     }
 
+    /// An inner join whose left side stays the outer loop: SQLite's
+    /// `CROSS JOIN` (its planner would otherwise scan the table and parse
+    /// a JSON argument once per row); PostgreSQL's planner needs no hint.
+    pub(crate) fn ordered_join(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "JOIN",
+            Dialect::Sqlite => "CROSS JOIN",
+        }
+    }
+
     /// A text column of `json_rows` as a bigint.
     pub(crate) fn as_int(self, expr: &str) -> String {
         match self {

@@ -611,7 +611,7 @@ impl SqlBackend {
                     self.names.events()
                 )
             }
-            Dialect::Sqlite => format!("JOIN {} e ON {cond}", self.names.events()),
+            Dialect::Sqlite => format!("CROSS JOIN {} e ON {cond}", self.names.events()),
         };
         s.push(&format!(
             "{ins} {} (stream, group_name, event_id, partition, sequence, status, attempt, created_at) \

@@ -261,6 +261,10 @@ impl SqlBackend {
         }
         let memory = path == ":memory:";
         let mut opts = SqliteConnectOptions::new()
+            // sqlx runs SQLite on a thread of its own and hands rows over a
+            // channel: room for a whole fetch's rows lets the thread finish
+            // a statement without waiting for the caller to take each one.
+            .row_buffer_size(1024)
             .busy_timeout(o.busy_timeout)
             .synchronous(if o.synchronous_full { SqliteSynchronous::Full } else { SqliteSynchronous::Normal })
             .foreign_keys(false);

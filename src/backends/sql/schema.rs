@@ -169,6 +169,10 @@ pub(crate) const TABLES: &[Table] = &[
             col("w5", "bigint", true, None),
             col("w6", "bigint", true, None),
             col("w7", "bigint", true, None),
+            // What the last settle of the claim set (its eight words as
+            // `n0:…:n7`): an UPDATE's RETURNING shows new values only, and
+            // a settle answers for the bits it set itself.
+            col("acked", "text", false, None),
         ],
         key: &["stream", "group_name", "partition", "first_seq"],
     },
