@@ -401,6 +401,40 @@ async fn sqlite_refuses_tables_of_another_shape_and_writes_nothing() {
     assert_eq!(tables, vec!["rheo_events".to_owned()], "nothing was created");
 }
 
+/// A flush that fails inside its transaction (here: another writer set the
+/// counter row back, so the sequences collide) changes nothing, answers
+/// every call in it with an error, and leaves the connection usable: the
+/// next append, once the counter is right, goes through. A quote in the
+/// stream name and the payload travels intact (the flush writes literals).
+#[tokio::test]
+async fn sqlite_failed_flush_rolls_back_and_the_next_one_works() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("rheo.db");
+    let rheo = Rheo::open(&format!("sqlite:{}", path.display())).await.expect("open");
+    let s = "it's";
+    rheo.create_stream(s, StreamOptions::new()).await.expect("stream");
+    for i in 0..3 {
+        rheo.append(s, &json!({"n": i, "note": "o'clock"}), rheo::AppendOptions::new()).await.expect("append");
+    }
+    let pool = sqlite_pool(&path).await;
+    sqlx::query("UPDATE rheo_stream_sequences SET next_sequence = 1").execute(&pool).await.expect("rewind");
+    let err = rheo.append(s, &json!({"n": 3}), rheo::AppendOptions::new()).await.expect_err("sequence 2 is taken");
+    assert!(!err.is_transient(), "a unique violation is definite: {err}");
+    let (counter, events): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT next_sequence FROM rheo_stream_sequences), (SELECT count(*) FROM rheo_events)",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("state");
+    assert_eq!((counter, events), (1, 3), "the failed flush wrote nothing");
+    sqlx::query("UPDATE rheo_stream_sequences SET next_sequence = 3").execute(&pool).await.expect("repair");
+    let p = rheo.append(s, &json!({"n": 3}), rheo::AppendOptions::new()).await.expect("append after the failure");
+    assert_eq!(p.sequence(), 4);
+    let events = rheo.read(s, 0, 0, 10).await.expect("read");
+    assert_eq!(events.len(), 4);
+    assert_eq!(events[0].payload().json().expect("payload")["note"], json!("o'clock"));
+}
+
 #[tokio::test]
 async fn sqlite_bad_urls_and_files_get_clear_errors() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -33,7 +33,7 @@ use serde_json::Value;
 use super::db::{Phase, Pool, Stmt};
 use super::dialect::Dialect;
 use super::schema::Names;
-use super::{Now, TxError, at_commit, safe};
+use super::{Now, TxError};
 use crate::backends::WakeupMap;
 use crate::backends::combine::{Answers, Call, Combiner};
 use crate::error::{Error, Result};
@@ -299,52 +299,77 @@ impl Appender {
                 }
                 Ok((base, now))
             }
-            Dialect::Sqlite => {
-                let mut tx = self.pool.begin().await.map_err(safe)?;
-                let mut base: BTreeMap<u32, u64> = BTreeMap::new();
-                for (&p, &n) in per {
-                    let mut s = Stmt::new(self.d);
-                    let name = s.text(stream);
-                    let part = s.int(i64::from(p));
-                    let add = s.int(super::streams::seq_arg(n));
-                    s.push(&format!(
-                        "INSERT INTO {seqs} AS q (stream, partition, next_sequence) VALUES ({name}, {part}, {add}) \
-                         ON CONFLICT (stream, partition) DO UPDATE SET next_sequence = q.next_sequence + excluded.next_sequence \
-                         RETURNING next_sequence",
-                        seqs = self.names.seqs()
-                    ));
-                    let last =
-                        tx.all(&s).await.map_err(safe)?.first().map(|r| r.u64(0)).transpose()?.ok_or_else(|| {
-                            Error::failed("append", format!("stream {stream:?}: no sequence was allocated"))
-                        })?;
-                    base.insert(p, last - n);
+            #[cfg(feature = "sqlite")]
+            Dialect::Sqlite => self.write_lite(stream, rows, ks, per).await,
+            #[cfg(not(feature = "sqlite"))]
+            Dialect::Sqlite => Err(TxError::Rheo(Error::failed("append", "built without the sqlite feature"))),
+        }
+    }
+
+    /// The SQLite flush: one script in one round trip (`BEGIN IMMEDIATE`,
+    /// each partition's counter row, the events numbered from it in SQL,
+    /// `changes()`, `COMMIT`): one commit and one fsync for every call in
+    /// the flush, one hand-off to sqlx's SQLite thread instead of a
+    /// statement's each.
+    #[cfg(feature = "sqlite")]
+    async fn write_lite(
+        &self,
+        stream: &str,
+        rows: &[&Row],
+        ks: &[u64],
+        per: &BTreeMap<u32, u64>,
+    ) -> std::result::Result<(BTreeMap<u32, u64>, Option<Timestamp>), TxError> {
+        use super::db::lite_literal;
+        let name = lite_literal(stream);
+        let mut script = String::from("BEGIN IMMEDIATE;");
+        for (&p, &n) in per {
+            script.push_str(&format!(
+                "INSERT INTO {seqs} AS q (stream, partition, next_sequence) VALUES ({name}, {p}, {n}) \
+                 ON CONFLICT (stream, partition) DO UPDATE SET next_sequence = q.next_sequence + excluded.next_sequence \
+                 RETURNING partition, next_sequence;",
+                seqs = self.names.seqs(),
+                n = super::streams::seq_arg(n),
+            ));
+        }
+        // Each event's sequence: its partition's new counter, less the
+        // partition's count in this flush, plus its own number k.
+        let counts: Vec<String> =
+            per.iter().map(|(p, n)| format!("WHEN {p} THEN {}", super::streams::seq_arg(*n))).collect();
+        let arr = lite_literal(&json_rows(rows, ks.iter().copied()));
+        script.push_str(&format!(
+            "WITH b AS MATERIALIZED (SELECT q.partition AS p, q.next_sequence - (CASE q.partition {counts} END) AS base \
+               FROM {seqs} q WHERE q.stream = {name}) \
+             INSERT INTO {events} (id, stream, partition, sequence, \"timestamp\", \"key\", \"type\", metadata, payload) \
+             SELECT x.value ->> 2, {name}, b.p, b.base + CAST(x.value ->> 1 AS INTEGER), \
+                    x.value ->> 3, x.value ->> 4, x.value ->> 5, x.value -> 6, x.value -> 7 \
+             FROM json_each({arr}) AS x CROSS JOIN b ON b.p = CAST(x.value ->> 0 AS INTEGER); SELECT -1, changes();",
+            events = self.names.events(),
+            seqs = self.names.seqs(),
+            counts = counts.join(" "),
+        ));
+        let out = self.pool.lite_script(script, per.len() + 1).await.map_err(|(e, phase)| TxError::Sql(e, phase))?;
+        let mut base: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut inserted = None;
+        for r in &out {
+            match r.i64(0)? {
+                -1 => inserted = Some(r.u64(1)?),
+                p => {
+                    let p = u32::try_from(p).map_err(|_| Error::failed("append", format!("partition {p}")))?;
+                    let n = per.get(&p).copied().unwrap_or(0);
+                    base.insert(p, r.u64(1)?.saturating_sub(n));
                 }
-                let seqs = rows.iter().zip(ks).map(|(r, &k)| base.get(&r.partition).copied().unwrap_or(0) + k);
-                let mut s = Stmt::new(self.d);
-                let name = s.text(stream);
-                let arr = s.text(json_rows(rows, seqs));
-                s.push(&format!(
-                    "INSERT INTO {events} (id, stream, partition, sequence, \"timestamp\", \"key\", \"type\", metadata, payload) \
-                     SELECT x.value ->> 2, {name}, CAST(x.value ->> 0 AS INTEGER), CAST(x.value ->> 1 AS INTEGER), \
-                            x.value ->> 3, x.value ->> 4, x.value ->> 5, x.value -> 6, x.value -> 7 \
-                     FROM json_each({arr}) AS x",
-                    events = self.names.events(),
-                ));
-                let inserted = tx.exec(&s).await.map_err(safe)?;
-                if inserted != rows.len() as u64 {
-                    return Err(TxError::Rheo(Error::failed(
-                        "append",
-                        format!(
-                            "stream {stream:?}: {inserted} of {} events were inserted (nothing was committed)",
-                            rows.len()
-                        ),
-                    )));
-                }
-                tx.commit().await.map_err(at_commit)?;
-                // SQLite rows always carry their timestamp (no database clock).
-                Ok((base, None))
             }
         }
+        if inserted != Some(rows.len() as u64) || base.len() != per.len() {
+            // The script ran to its end and COMMIT succeeded, so this is
+            // a bug, not a failure: what was written is not what was sent.
+            return Err(TxError::Rheo(Error::ambiguous(
+                "append",
+                format!("stream {stream:?}: {inserted:?} of {} events were inserted", rows.len()),
+            )));
+        }
+        // SQLite rows always carry their timestamp (no database clock).
+        Ok((base, None))
     }
 }
 

@@ -348,6 +348,55 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// SQLite: runs `script` (statements separated by `;`, the first of
+    /// them `BEGIN IMMEDIATE`, values written as literals: see
+    /// [`lite_literal`]) and then `COMMIT`, in one hand-off to sqlx's
+    /// SQLite thread, and returns the rows the statements returned.
+    /// `rows` is how many rows the script returns before its COMMIT: an
+    /// error after them was the COMMIT's. A failure before the commit rolls
+    /// back (Phase::Safe); a `COMMIT` that fails with the lock busy rolls
+    /// back too (SQLite did not commit); another `COMMIT` failure leaves the
+    /// outcome unknown (Phase::Commit).
+    #[cfg(feature = "sqlite")]
+    pub(crate) async fn lite_script(
+        &self,
+        script: String,
+        rows: usize,
+    ) -> std::result::Result<Vec<Row>, (sqlx::Error, Phase)> {
+        use futures::TryStreamExt as _;
+        let Pool::Lite(p, budget) = self else {
+            return Err((sqlx::Error::Configuration("lite_script on a PostgreSQL pool".into()), Phase::Safe));
+        };
+        self.trip();
+        let mut conn = busy_retry(*budget, || p.acquire()).await.map_err(|e| (e, Phase::Safe))?;
+        let mut out = Vec::with_capacity(rows);
+        let failed = {
+            let mut stream = sqlx::raw_sql(AssertSqlSafe(format!("{script}; COMMIT"))).fetch(&mut *conn);
+            loop {
+                match stream.try_next().await {
+                    Ok(Some(r)) => out.push(Row::Lite(r)),
+                    Ok(None) => break None,
+                    Err(e) => break Some(e),
+                }
+            }
+        };
+        let Some(e) = failed else { return Ok(out) };
+        // It stopped at the failing statement: undo what ran (a failed
+        // BEGIN left nothing to undo, and says so; so does a COMMIT that
+        // went through).
+        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+        let phase = if out.len() >= rows && !is_busy(&e) { Phase::Commit } else { Phase::Safe };
+        Err((e, phase))
+    }
+}
+
+/// A text value as an SQLite string literal (for [`Pool::lite_script`]).
+#[cfg(feature = "sqlite")]
+pub(crate) fn lite_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
 impl Tx {
     fn trip(&self) {
         crate::observe::round_trip(match self {

@@ -267,7 +267,10 @@ impl SqlBackend {
             .row_buffer_size(1024)
             .busy_timeout(o.busy_timeout)
             .synchronous(if o.synchronous_full { SqliteSynchronous::Full } else { SqliteSynchronous::Normal })
-            .foreign_keys(false);
+            .foreign_keys(false)
+            // Statement journals (a multi-row write inside a transaction)
+            // in memory, not a file created and deleted per transaction.
+            .pragma("temp_store", "memory");
         let pool_size = if memory {
             opts = opts.in_memory(true).shared_cache(false);
             1
