@@ -299,9 +299,11 @@ impl SqlBackend {
             .connect_with(opts)
             .await
             .map_err(|e| open_error("sqlite", path, e))?;
+        let lite = Pool::Lite(pool, busy_budget(o.busy_timeout));
         let mut backend = Self::new(
             Dialect::Sqlite,
-            Pool::Lite(pool, busy_budget(o.busy_timeout)),
+            lite.clone(),
+            lite,
             Names::new(None),
             clock,
             false,
@@ -343,8 +345,8 @@ impl SqlBackend {
         }
         let listen_pool =
             PgPoolOptions::new().max_connections(1).acquire_timeout(o.connect_timeout).connect_lazy_with(opts.clone());
-        // Claims and acks: statements of a dozen CTEs that take 2-3 ms to
-        // plan and a millisecond to run. Their generic plans (cached per
+        // Claims, acks and append flushes: statements of a dozen CTEs that
+        // take 1-3 ms to plan and about as long to run. Their generic plans (cached per
         // connection) are as good as custom ones once no sequential scan is
         // considered: every one of their scans walks an index and stops
         // early. Other calls keep custom plans (a user's query is planned
@@ -371,18 +373,27 @@ impl SqlBackend {
             .connect_with(opts)
             .await
             .map_err(|e| open_error("postgres", &redact_url(url), e))?;
-        let mut backend =
-            Self::new(Dialect::Postgres, Pool::Pg(pool), Names::new(o.schema), clock, !custom_clock, true, None);
+        let mut backend = Self::new(
+            Dialect::Postgres,
+            Pool::Pg(pool),
+            Pool::Pg(hot_pool),
+            Names::new(o.schema),
+            clock,
+            !custom_clock,
+            true,
+            None,
+        );
         backend.listen_pool = Some(listen_pool);
-        backend.hot = Pool::Pg(hot_pool);
         backend.retention_interval = o.retention_interval;
         backend.claims_mode = o.claims;
         Ok(backend)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn new(
         d: Dialect,
         pool: Pool,
+        hot: Pool,
         names: Names,
         clock: Arc<dyn Clock>,
         db_clock: bool,
@@ -392,11 +403,11 @@ impl SqlBackend {
         let wakeups = Arc::new(WakeupMap::default());
         let origin = uuid::Uuid::new_v4().simple().to_string();
         let appender =
-            Arc::new(append::Appender::new(d, pool.clone(), names.clone(), wakeups.clone(), &origin, busy_budget));
+            Arc::new(append::Appender::new(d, hot.clone(), names.clone(), wakeups.clone(), &origin, busy_budget));
         let appends = appender.combiner();
         let frontier = Arc::new(frontier::Frontiers::new(d, pool.clone(), names.clone(), busy_budget));
         SqlBackend {
-            hot: pool.clone(),
+            hot,
             frontier,
             claims_mode: ClaimsMode::Ranges,
             group_scopes: RwLock::new(HashMap::new()),
