@@ -189,6 +189,15 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         Err(self.unsupported("enforce_retention"))
     }
 
+    /// True when concurrent single `ack` calls are worth combining into
+    /// one `ack_many` (a backend behind a network round trip): the facade
+    /// then coalesces the acks of one (stream, group) that arrive while
+    /// one is in flight. The default is false (an in-process backend
+    /// settles one lease as cheaply as it would wait for company).
+    fn combines_acks(&self) -> bool {
+        false
+    }
+
     /// How often the facade should run [`Backend::retention_round`] in the
     /// background (None: never, the default; the native backend runs its
     /// own thread).

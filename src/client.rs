@@ -66,6 +66,50 @@ struct Inner {
     /// The background retention task of a backend that asks for one
     /// ([`Backend::retention_interval`]); stopped with the last handle.
     retainer: Option<tokio::task::AbortHandle>,
+    /// Concurrent `ack` calls of one (stream, group) combined into
+    /// `ack_many` calls, for backends that ask for it
+    /// ([`Backend::combines_acks`]).
+    acks: Option<AckCombiner>,
+}
+
+/// The facade's ack combiner: items are leases, answers their acks.
+type AckCombiner = crate::backends::combine::Combiner<(Arc<str>, Arc<str>), LeaseRef, Result<()>>;
+
+/// An ack combiner over `backend`: a flush is one `ack_many` of every call
+/// waiting (one lease each), at most [`MAX_BATCH_EVENTS`] leases.
+fn ack_combiner(backend: &Arc<dyn Backend>) -> Option<AckCombiner> {
+    if !backend.combines_acks() {
+        return None;
+    }
+    let backend = backend.clone();
+    Some(crate::backends::combine::Combiner::new(
+        "ack",
+        MAX_BATCH_EVENTS,
+        usize::MAX,
+        1,
+        move |_key, calls: Vec<crate::backends::combine::Call<LeaseRef>>| {
+            let backend = backend.clone();
+            async move {
+                let all: Vec<LeaseRef> = calls.iter().flat_map(|c| c.items.iter().cloned()).collect();
+                match backend.ack_many(&all).await {
+                    Ok(results) if results.len() == all.len() => {
+                        let mut rest = results.into_iter();
+                        calls.iter().map(|c| Ok(rest.by_ref().take(c.items.len()).collect())).collect()
+                    }
+                    Ok(results) => calls
+                        .iter()
+                        .map(|_| {
+                            Err(Error::failed(
+                                "ack",
+                                format!("ack_many answered {} of {} leases (a bug)", results.len(), all.len()),
+                            ))
+                        })
+                        .collect(),
+                    Err(e) => calls.iter().map(|_| Err(e.clone())).collect(),
+                }
+            }
+        },
+    ))
 }
 
 impl Drop for Inner {
@@ -162,6 +206,7 @@ impl RheoBuilder {
             return Err(Error::invalid("max_event_bytes", "must be above zero"));
         }
         let retainer = start_retainer(&backend);
+        let acks = ack_combiner(&backend);
         Ok(Rheo {
             inner: Arc::new(Inner {
                 backend,
@@ -169,6 +214,7 @@ impl RheoBuilder {
                 max_event_bytes: self.max_event_bytes,
                 damage_seen: Default::default(),
                 retainer,
+                acks,
             }),
         })
     }
@@ -650,8 +696,19 @@ impl Rheo {
     pub async fn ack(&self, lease: impl Into<LeaseRef>) -> Result<()> {
         let lease = lease.into();
         check_lease_ref(&lease)?;
-        observed("ack", &lease.stream, &lease.group, self.inner.backend.ack(&lease)).await?;
-        observe::settled(observe::ACKED, &lease.stream, &lease.group, 1);
+        let (stream, group) = (lease.stream.clone(), lease.group.clone());
+        match &self.inner.acks {
+            // Combined with the other acks of its group waiting meanwhile.
+            Some(acks) => {
+                let combined = async {
+                    let mut answers = acks.submit((stream.clone(), group.clone()), vec![lease], 1).await?;
+                    answers.pop().unwrap_or_else(|| Err(Error::failed("ack", "no answer for the lease")))
+                };
+                observed("ack", &stream, &group, combined).await?;
+            }
+            None => observed("ack", &stream, &group, self.inner.backend.ack(&lease)).await?,
+        }
+        observe::settled(observe::ACKED, &stream, &group, 1);
         Ok(())
     }
 

@@ -420,12 +420,11 @@ async fn sqlite_failed_flush_rolls_back_and_the_next_one_works() {
     sqlx::query("UPDATE rheo_stream_sequences SET next_sequence = 1").execute(&pool).await.expect("rewind");
     let err = rheo.append(s, &json!({"n": 3}), rheo::AppendOptions::new()).await.expect_err("sequence 2 is taken");
     assert!(!err.is_transient(), "a unique violation is definite: {err}");
-    let (counter, events): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT next_sequence FROM rheo_stream_sequences), (SELECT count(*) FROM rheo_events)",
-    )
-    .fetch_one(&pool)
-    .await
-    .expect("state");
+    let (counter, events): (i64, i64) =
+        sqlx::query_as("SELECT (SELECT next_sequence FROM rheo_stream_sequences), (SELECT count(*) FROM rheo_events)")
+            .fetch_one(&pool)
+            .await
+            .expect("state");
     assert_eq!((counter, events), (1, 3), "the failed flush wrote nothing");
     sqlx::query("UPDATE rheo_stream_sequences SET next_sequence = 3").execute(&pool).await.expect("repair");
     let p = rheo.append(s, &json!({"n": 3}), rheo::AppendOptions::new()).await.expect("append after the failure");

@@ -441,6 +441,10 @@ impl Backend for MongoBackend {
         NAME
     }
 
+    fn combines_acks(&self) -> bool {
+        true
+    }
+
     fn capabilities(&self) -> Capabilities {
         let mut c = Capabilities::new(NAME);
         c.durable = true;

@@ -419,6 +419,10 @@ impl Backend for RedisBackend {
         NAME
     }
 
+    fn combines_acks(&self) -> bool {
+        true
+    }
+
     fn capabilities(&self) -> Capabilities {
         let mut c = Capabilities::new(NAME);
         c.durable = self.durability.durable();

@@ -583,6 +583,10 @@ impl Backend for SqlBackend {
         self.be()
     }
 
+    fn combines_acks(&self) -> bool {
+        true
+    }
+
     fn capabilities(&self) -> Capabilities {
         let mut c = Capabilities::new(self.be());
         c.durable = self.durable;
