@@ -48,8 +48,9 @@ def pgbench(d, workload, clients, per, fsync, port):
     lat.sort()
     events = len(lat) * per
     secs = len(lat) / tps
-    what = {"append": "one INSERT", "append-batch": "one INSERT of 100 rows",
-            "consume": "claim 100 (UPDATE ... FOR UPDATE SKIP LOCKED) + DELETE"}[workload]
+    what = {"append": "one INSERT of a payload the client sends",
+            "append-batch": "one INSERT of 100 payloads the client sends",
+            "consume": "claim 100 (UPDATE ... FOR UPDATE SKIP LOCKED ... RETURNING id, payload) + DELETE"}[workload]
     return case("postgres SKIP LOCKED queue", "pgbench", workload, clients, per, events, secs,
                 percentile(lat, 0.5), percentile(lat, 0.99), lat[-1] if lat else 0, fsync, True,
                 f"postgres://127.0.0.1:{port}/", what)

@@ -189,12 +189,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         Err(self.unsupported("enforce_retention"))
     }
 
-    /// True when concurrent single `ack` calls are worth combining into
-    /// one `ack_many` (a backend behind a network round trip): the facade
-    /// then coalesces the acks of one (stream, group) that arrive while
-    /// one is in flight. The default is false (an in-process backend
-    /// settles one lease as cheaply as it would wait for company).
-    fn combines_acks(&self) -> bool {
+    /// True when concurrent calls are worth combining (a backend behind a
+    /// network round trip): the facade then coalesces the single acks of
+    /// one (stream, group), and the fetches of one (stream, group) with the
+    /// same consumer, lease and partitions, that arrive while one is in
+    /// flight (a combined fetch claims for all and hands each caller its
+    /// share, in order). The default is false (an in-process backend
+    /// serves one call as cheaply as it would wait for company).
+    fn combines_calls(&self) -> bool {
         false
     }
 

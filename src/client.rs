@@ -17,8 +17,8 @@ use crate::model::group::{
 };
 use crate::model::lease::{FetchReport, Lease, LeaseRef, RetryOutcome};
 use crate::model::limits::{
-    DEFAULT_MAX_EVENT_BYTES, MAX_BATCH_EVENTS, MAX_NAME_BYTES, MAX_REASON_BYTES, validate_lease, validate_limit,
-    validate_name,
+    DEFAULT_MAX_EVENT_BYTES, MAX_BATCH_EVENTS, MAX_LIMIT, MAX_NAME_BYTES, MAX_REASON_BYTES, validate_lease,
+    validate_limit, validate_name,
 };
 use crate::model::query::{Page, Query};
 use crate::model::retention::{Retention, RetentionReport};
@@ -68,8 +68,63 @@ struct Inner {
     retainer: Option<tokio::task::AbortHandle>,
     /// Concurrent `ack` calls of one (stream, group) combined into
     /// `ack_many` calls, for backends that ask for it
-    /// ([`Backend::combines_acks`]).
+    /// ([`Backend::combines_calls`]).
     acks: Option<AckCombiner>,
+    /// Concurrent fetches of one (stream, group, consumer, lease,
+    /// partitions) combined into one, for the same backends.
+    fetches: Option<FetchCombiner>,
+}
+
+/// What fetches must share to be combined.
+type FetchKey = (Arc<str>, Arc<str>, Option<String>, Duration, Option<Vec<u32>>);
+
+/// The facade's fetch combiner: a call's one item is its limit.
+type FetchCombiner = crate::backends::combine::Combiner<FetchKey, usize, FetchReport>;
+
+/// A fetch combiner over `backend`: a flush is one fetch for the sum of
+/// the waiting calls' limits (at most [`MAX_LIMIT`]); each call gets the
+/// next leases in order, up to its limit (so the first calls are served
+/// first when fewer are due), and the first call the damage report.
+fn fetch_combiner(backend: &Arc<dyn Backend>) -> Option<FetchCombiner> {
+    if !backend.combines_calls() {
+        return None;
+    }
+    let backend = backend.clone();
+    Some(crate::backends::combine::Combiner::new(
+        "fetch",
+        usize::MAX,
+        MAX_LIMIT,
+        1,
+        move |key: FetchKey, calls: Vec<crate::backends::combine::Call<usize>>| {
+            let backend = backend.clone();
+            async move {
+                let (stream, group, consumer_id, lease, partitions) = key;
+                let limits: Vec<usize> = calls.iter().map(|c| c.items.iter().sum()).collect();
+                let opts = FetchOptions {
+                    limit: limits.iter().sum::<usize>().clamp(1, MAX_LIMIT),
+                    consumer_id,
+                    lease,
+                    partitions,
+                };
+                match backend.fetch(&stream, &group, &opts).await {
+                    Ok(report) => {
+                        let mut leases = report.leases.into_iter();
+                        let mut damaged = Some(report.damaged);
+                        limits
+                            .iter()
+                            .map(|&n| {
+                                Ok(vec![FetchReport {
+                                    leases: leases.by_ref().take(n).collect(),
+                                    damaged: damaged.take().unwrap_or_default(),
+                                }])
+                            })
+                            .collect()
+                    }
+                    Err(e) => calls.iter().map(|_| Err(e.clone())).collect(),
+                }
+            }
+        },
+    ))
 }
 
 /// The facade's ack combiner: items are leases, answers their acks.
@@ -78,7 +133,7 @@ type AckCombiner = crate::backends::combine::Combiner<(Arc<str>, Arc<str>), Leas
 /// An ack combiner over `backend`: a flush is one `ack_many` of every call
 /// waiting (one lease each), at most [`MAX_BATCH_EVENTS`] leases.
 fn ack_combiner(backend: &Arc<dyn Backend>) -> Option<AckCombiner> {
-    if !backend.combines_acks() {
+    if !backend.combines_calls() {
         return None;
     }
     let backend = backend.clone();
@@ -207,6 +262,7 @@ impl RheoBuilder {
         }
         let retainer = start_retainer(&backend);
         let acks = ack_combiner(&backend);
+        let fetches = fetch_combiner(&backend);
         Ok(Rheo {
             inner: Arc::new(Inner {
                 backend,
@@ -215,6 +271,7 @@ impl RheoBuilder {
                 damage_seen: Default::default(),
                 retainer,
                 acks,
+                fetches,
             }),
         })
     }
@@ -621,7 +678,24 @@ impl Rheo {
             Some(id) => validate_name(ObjectKind::Consumer, id)?,
             None => opts.consumer_id = Some(self.inner.consumer_id.clone()),
         }
-        let report = observed("fetch", stream, group, self.inner.backend.fetch(stream, group, &opts)).await?;
+        let report = match &self.inner.fetches {
+            // Combined with the same fetches of its group waiting meanwhile.
+            Some(fetches) => {
+                let key: FetchKey = (
+                    Arc::from(stream),
+                    Arc::from(group),
+                    opts.consumer_id.clone(),
+                    opts.lease,
+                    opts.partitions.clone(),
+                );
+                let combined = async {
+                    let mut answers = fetches.submit(key, vec![opts.limit], opts.limit).await?;
+                    answers.pop().ok_or_else(|| Error::failed("fetch", "no answer for the fetch"))
+                };
+                observed("fetch", stream, group, combined).await?
+            }
+            None => observed("fetch", stream, group, self.inner.backend.fetch(stream, group, &opts)).await?,
+        };
         observe::leased(stream, group, &report.leases);
         if !report.damaged.is_empty() {
             observe::damaged(group, &report.damaged);

@@ -182,13 +182,14 @@ impl Payload {
         if max > MAX_PAYLOAD_DEPTH {
             return Err(fail(format!("nested deeper than {MAX_PAYLOAD_DEPTH} levels of arrays and objects")));
         }
+        // Checked to be one JSON value without building it (a fetch hands
+        // out many payloads its consumer may never look into); `json()`
+        // builds the value on first use.
         let mut de = serde_json::Deserializer::from_slice(&bytes);
         de.disable_recursion_limit();
-        let v = Value::deserialize(&mut de).map_err(|e| fail(e.to_string()))?;
+        serde::de::IgnoredAny::deserialize(&mut de).map_err(|e| fail(e.to_string()))?;
         de.end().map_err(|e| fail(e.to_string()))?;
-        let p = Payload { bytes, format: PayloadFormat::Json, checked: true, json: OnceLock::new() };
-        let _ = p.json.set(v);
-        Ok(p)
+        Ok(Payload { bytes, format: PayloadFormat::Json, checked: true, json: OnceLock::new() })
     }
 
     /// A payload of MessagePack bytes. `Error::Payload` when they are not
@@ -245,7 +246,15 @@ impl Payload {
     pub fn decode<T: DeserializeOwned>(&self) -> Result<T> {
         let r = match self.format {
             PayloadFormat::MessagePack => rmp_serde::from_slice(&self.bytes).map_err(|e| e.to_string()),
-            PayloadFormat::Json => serde_json::from_slice(&self.bytes).map_err(|e| e.to_string()),
+            PayloadFormat::Json => {
+                // A checked payload nests at most MAX_PAYLOAD_DEPTH deep,
+                // which serde_json's own limit (128) would refuse at the top.
+                let mut de = serde_json::Deserializer::from_slice(&self.bytes);
+                if self.checked {
+                    de.disable_recursion_limit();
+                }
+                T::deserialize(&mut de).and_then(|v| de.end().map(|()| v)).map_err(|e| e.to_string())
+            }
         };
         r.map_err(|reason| Error::Payload { context: "decoding a payload".to_owned(), reason })
     }

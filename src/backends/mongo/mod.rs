@@ -441,7 +441,7 @@ impl Backend for MongoBackend {
         NAME
     }
 
-    fn combines_acks(&self) -> bool {
+    fn combines_calls(&self) -> bool {
         true
     }
 

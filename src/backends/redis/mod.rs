@@ -419,7 +419,7 @@ impl Backend for RedisBackend {
         NAME
     }
 
-    fn combines_acks(&self) -> bool {
+    fn combines_calls(&self) -> bool {
         true
     }
 

@@ -424,9 +424,11 @@ impl SqlBackend {
             return Ok(FetchReport::default());
         }
         let consumer = opts.consumer_id.clone().unwrap_or_default();
-        let lease_ids: Vec<LeaseId> = (0..opts.limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id())).collect();
+        // Lease ids of delivery rows, made only when a claim meets rows.
+        let lease_ids =
+            || -> Vec<LeaseId> { (0..opts.limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id())).collect() };
         let (limit, lease) = (opts.limit, opts.lease);
-        let tx = || self.claim_ranges_tx(stream, group, &scope, limit, &consumer, lease, &lease_ids);
+        let tx = || async { self.claim_ranges_tx(stream, group, &scope, limit, &consumer, lease, &lease_ids()).await };
         let claimed = match self.d {
             Dialect::Postgres => {
                 let mut one = super::retry_tx!(
@@ -435,10 +437,11 @@ impl SqlBackend {
                     self.claim_fresh_pg(stream, group, &scope, limit, &consumer, lease).await
                 )?;
                 if one.flags.found && one.flags.rows && !one.flags.slow {
+                    let ids = lease_ids();
                     one = super::retry_tx!(
                         self,
                         "fetch",
-                        self.claim_ranges_pg(stream, group, &scope, limit, &consumer, lease, &lease_ids).await
+                        self.claim_ranges_pg(stream, group, &scope, limit, &consumer, lease, &ids).await
                     )?;
                 }
                 if one.flags.found && one.flags.slow { super::retry_tx!(self, "fetch", tx().await)? } else { one }

@@ -583,7 +583,7 @@ impl Backend for SqlBackend {
         self.be()
     }
 
-    fn combines_acks(&self) -> bool {
+    fn combines_calls(&self) -> bool {
         true
     }
 

@@ -1,7 +1,8 @@
-//! The facade combines concurrent single acks into `ack_many` calls for a
-//! backend that asks for it (`Backend::combines_acks`): a consumer that
-//! acks one lease at a time from many tasks still settles in batches, and
-//! each caller gets its own answer.
+//! The facade combines concurrent calls for a backend that asks for it
+//! (`Backend::combines_calls`): single acks into `ack_many` calls (a
+//! consumer that acks one lease at a time from many tasks still settles in
+//! batches), and fetches of one group with the same consumer, lease and
+//! partitions into one claim; each caller gets its own answer.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,6 +23,7 @@ struct Counting {
     inner: MemoryBackend,
     ack_many_calls: AtomicUsize,
     ack_calls: AtomicUsize,
+    fetch_calls: AtomicUsize,
 }
 
 #[async_trait]
@@ -32,7 +34,7 @@ impl Backend for Counting {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    fn combines_acks(&self) -> bool {
+    fn combines_calls(&self) -> bool {
         true
     }
     async fn ping(&self) -> rheo::Result<()> {
@@ -57,6 +59,8 @@ impl Backend for Counting {
         self.inner.query(query).await
     }
     async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> rheo::Result<FetchReport> {
+        self.fetch_calls.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(3)).await;
         self.inner.fetch(stream, group, opts).await
     }
     async fn renew(&self, lease: &LeaseRef, d: Duration) -> rheo::Result<Timestamp> {
@@ -91,13 +95,18 @@ impl Backend for Counting {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_single_acks_become_few_ack_many_calls_each_with_its_own_answer() {
-    let backend = Arc::new(Counting {
+fn counting() -> Arc<Counting> {
+    Arc::new(Counting {
         inner: MemoryBackend::new(),
         ack_many_calls: AtomicUsize::new(0),
         ack_calls: AtomicUsize::new(0),
-    });
+        fetch_calls: AtomicUsize::new(0),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_single_acks_become_few_ack_many_calls_each_with_its_own_answer() {
+    let backend = counting();
     let rheo = Rheo::builder().with_backend(backend.clone()).expect("handle");
     rheo.create_stream("s", StreamOptions::new().partitions(2)).await.expect("stream");
     rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
@@ -129,4 +138,42 @@ async fn concurrent_single_acks_become_few_ack_many_calls_each_with_its_own_answ
     assert!(calls <= 60, "300 concurrent acks took {calls} ack_many calls: they were not combined");
     assert_eq!(backend.ack_calls.load(Ordering::SeqCst), 0, "single acks go through ack_many");
     assert_eq!(rheo.lag("s", "g").await.expect("lag").total, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_fetches_of_a_group_share_claims_and_each_gets_its_share() {
+    let backend = counting();
+    let rheo = Rheo::builder().consumer_id("c1").with_backend(backend.clone()).expect("handle");
+    rheo.create_stream("s", StreamOptions::new().partitions(3)).await.expect("stream");
+    rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+    let events: Vec<serde_json::Value> = (0..300).map(|n| json!({"n": n})).collect();
+    rheo.append_batch("s", &events).await.expect("append");
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..16usize {
+        let rheo = rheo.clone();
+        // Two shapes: 12 fetches as the handle's consumer, 4 as another one.
+        let opts = if i % 4 == 3 { FetchOptions::new().consumer("c2") } else { FetchOptions::new() };
+        tasks.spawn(async move { (i, rheo.fetch("s", "g", opts.limit(5 + i % 3)).await) });
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut total = 0;
+    while let Some(joined) = tasks.join_next().await {
+        let (i, r) = joined.expect("task");
+        let leases = r.expect("fetch");
+        assert_eq!(leases.len(), 5 + i % 3, "fetch {i} gets exactly its limit (300 are due)");
+        let want = if i % 4 == 3 { "c2" } else { "c1" };
+        assert!(leases.iter().all(|l| &*l.consumer_id == want), "fetch {i}: leases of {want}");
+        assert!(
+            leases.windows(2).all(|w| (w[0].partition(), w[0].sequence()) < (w[1].partition(), w[1].sequence())),
+            "fetch {i}: in (partition, sequence) order"
+        );
+        for l in &leases {
+            assert!(seen.insert((l.partition(), l.sequence())), "a position went to two fetches");
+        }
+        total += leases.len();
+    }
+    assert_eq!(total, (0..16usize).map(|i| 5 + i % 3).sum::<usize>());
+    let calls = backend.fetch_calls.load(Ordering::SeqCst);
+    assert!(calls < 16, "16 concurrent fetches took {calls} backend fetches: none were combined");
+    assert!(calls >= 2, "fetches of two consumers are never combined ({calls} calls)");
 }
