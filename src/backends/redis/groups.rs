@@ -117,6 +117,7 @@ impl RedisBackend {
         for n in &names {
             pipe.hgetall(self.group_key(stream, n));
         }
+        crate::observe::round_trip(super::NAME);
         let rows: Vec<HashMap<String, String>> =
             pipe.query_async(&mut conn).await.map_err(|e| map_err("list_groups", false, &e))?;
         let mut out = Vec::with_capacity(names.len());
@@ -577,6 +578,7 @@ impl RedisBackend {
         if positions.is_empty() {
             return Ok(Vec::new());
         }
+        crate::observe::round_trip(super::NAME);
         let records: Vec<Option<String>> = redis::cmd("HMGET")
             .arg(&dead)
             .arg(&positions)

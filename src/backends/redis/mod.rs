@@ -363,6 +363,7 @@ impl RedisBackend {
             inv.arg(a);
         }
         let mut conn = self.conn();
+        crate::observe::round_trip(NAME);
         inv.invoke_async::<Value>(&mut conn).await.map_err(|e| map_err(operation, write, &e))
     }
 }

@@ -255,6 +255,7 @@ impl RedisBackend {
     pub(super) async fn range(&self, stream: &str, p: u32, after: u64, until: u64, limit: usize) -> Result<Value> {
         let mut conn = self.conn();
         let until = if until >= i64::MAX as u64 { "+".to_owned() } else { format!("{until}-0") };
+        crate::observe::round_trip(super::NAME);
         redis::cmd("XRANGE")
             .arg(self.part_key(stream, p))
             .arg(format!("({after}-0"))
@@ -329,6 +330,7 @@ impl RedisBackend {
         for p in (0u32..).take(hws.len()) {
             pipe.cmd("XRANGE").arg(self.part_key(stream, p)).arg("-").arg("+").arg("COUNT").arg(1);
         }
+        crate::observe::round_trip(super::NAME);
         let mut conn = self.conn();
         let firsts: Vec<Value> = pipe.query_async(&mut conn).await.map_err(|e| map_err("log start", false, &e))?;
         Ok(hws
