@@ -21,7 +21,6 @@ use crate::engine::EngineOptions;
 use crate::error::{Error, Result};
 use crate::model::time::Clock;
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod combine;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mongo", feature = "redis"))]
 pub(crate) mod common;

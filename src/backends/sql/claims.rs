@@ -353,20 +353,22 @@ impl SqlBackend {
         Ok(Claimed { rows, base, flags })
     }
 
-    /// The PostgreSQL claim: one statement. It locks candidate delivery
-    /// rows with `SKIP LOCKED` (retries, expired leases, replays: the rare
-    /// case) and, only when the snapshot shows fresh events, the group row
-    /// (`FOR UPDATE`) to move the cursor; walks the candidates and the
-    /// fresh positions in (partition, sequence) order; leases the rows it
-    /// takes, dead-letters spent ones met on the way, writes the claim rows
-    /// and returns every event.
+    /// The PostgreSQL claim when delivery rows are claimable (retries,
+    /// expired leases, replays): one statement. It locks candidate rows
+    /// with `SKIP LOCKED` and, only when the snapshot shows fresh events,
+    /// the group row (`FOR UPDATE`) to move the cursor; walks the
+    /// candidates and the fresh positions in (partition, sequence) order;
+    /// leases the rows it takes, dead-letters spent ones met on the way,
+    /// writes the claim rows and returns every event.
     ///
-    /// Fresh positions start at the cursor of the locked row (a concurrent
-    /// fetch may have moved it since the snapshot) and end before the first
-    /// delivery row or claim at or after it and after the snapshot's high
-    /// watermark, so nothing the snapshot may not see is ever claimed. A
-    /// partition whose locked cursor is behind the snapshot's (a replay
-    /// moved it back meanwhile) takes nothing fresh.
+    /// It leaves the fetch to `claim_ranges_tx` (claiming nothing) when its
+    /// snapshot shows expired claims, or rows or claims between a cursor
+    /// and the high watermark. Otherwise fresh positions start at the
+    /// cursor of the locked row (a concurrent fetch may have moved it since
+    /// the snapshot) and end at the snapshot's high watermark, so nothing
+    /// the snapshot may not see is ever claimed; a partition whose locked
+    /// cursor is behind the snapshot's (a replay moved it back meanwhile)
+    /// takes nothing fresh.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn claim_ranges_pg(
         &self,
