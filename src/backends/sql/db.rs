@@ -2,6 +2,10 @@
 //! with owned arguments, rows read by index, and driver errors mapped to
 //! [`Error`] at this boundary (no sqlx type leaves this module).
 
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
 use crate::error::{Error, Result};
 use crate::model::time::Timestamp;
 
@@ -448,4 +452,39 @@ impl Tx {
             Tx::Lite(t) => t.commit().await,
         }
     }
+}
+
+/// Reads a `{"0": n}` map (the reference writes integers; strings of
+/// digits are read too).
+pub(super) fn parse_map(stream: &str, group: &str, what: &str, text: &str) -> Result<BTreeMap<u32, u64>> {
+    let bad = |why: String| Error::failed("reading a group", format!("group {stream:?}/{group:?}: {what}: {why}"));
+    let v: Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let Value::Object(m) = v else { return Err(bad(format!("{text} is not an object"))) };
+    let mut out = BTreeMap::new();
+    for (k, v) in m {
+        let p: u32 = k.parse().map_err(|_| bad(format!("key {k:?} is not a partition")))?;
+        let n = match &v {
+            // A float (a start past i64::MAX read back by SQLite) saturates.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            Value::Number(n) => n.as_u64().or_else(|| n.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64)),
+            Value::String(s) => s.parse().ok(),
+            _ => None,
+        }
+        .ok_or_else(|| bad(format!("{v} is not a sequence")))?;
+        out.insert(p, n);
+    }
+    Ok(out)
+}
+
+/// A group row as a tuple of stream and group arguments.
+pub(super) fn sg(s: &mut Stmt, stream: &str, group: &str) -> (String, String) {
+    (s.text(stream), s.text(group))
+}
+
+/// A `{"0": n}` map as the reference writes it.
+pub(super) fn map_text(m: &BTreeMap<u32, u64>) -> String {
+    // Sequences are BIGINT in SQL: a start past i64::MAX is as good as i64::MAX.
+    let obj: serde_json::Map<String, Value> =
+        m.iter().map(|(p, n)| (p.to_string(), Value::from((*n).min(i64::MAX as u64)))).collect();
+    Value::Object(obj).to_string()
 }

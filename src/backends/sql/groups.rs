@@ -50,7 +50,8 @@ type Settings = crate::backends::common::GroupSettings;
 
 use crate::backends::common::{self, GroupRow, frontier_cursor as fc};
 
-use super::frontier::{TERMINAL, map_text, parse_map, sg};
+use super::db::{map_text, parse_map, sg};
+use super::frontier::TERMINAL;
 
 fn stale(l: &LeaseRef) -> Error {
     l.stale()

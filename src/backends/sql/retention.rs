@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::db::Phase;
-use super::frontier::sg;
+use super::db::sg;
 use super::{Now, SqlBackend, TxError, at_commit, safe};
 use crate::backends::common::{self, GroupSettings};
 use crate::error::{Error, Result};
