@@ -33,8 +33,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::db::{Phase, Row, Tx};
-use super::db::{parse_map, sg};
+use super::db::{Phase, Row, Tx, parse_map, sg};
 use super::dialect::Dialect;
 use super::streams::{EVENT_COLS, event_cols, seq_arg};
 use super::{Now, SqlBackend, TxError, at_commit, safe};
