@@ -191,3 +191,64 @@ impl<'a> Reader<'a> {
 fn float(f: f64) -> Scalar<'static> {
     if f.is_finite() { Scalar::Float(f) } else { Scalar::Null }
 }
+
+/// Writes the MessagePack value `b` as JSON text to `out`: what
+/// `serde_json::to_writer` writes for the value decoded into a `Value`
+/// (keys in their stored order, a 32-bit float widened to 64 bits, a
+/// non-finite float as `null`), without building the `Value`. `None` when
+/// `b` is not exactly one JSON-compatible value nested at most `max_depth`
+/// deep; `out` may then hold part of it. Iterative: hostile nesting can't
+/// exhaust the stack.
+pub(crate) fn write_json(b: &[u8], out: &mut Vec<u8>, max_depth: usize) -> Option<()> {
+    struct Frame {
+        /// Values (keys and values, in a map) still to write.
+        left: usize,
+        /// Values written so far.
+        done: usize,
+        map: bool,
+    }
+    let mut r = Reader::new(b);
+    // The root is a frame of one value, without brackets.
+    let mut stack = vec![Frame { left: 1, done: 0, map: false }];
+    while let Some(top) = stack.last_mut() {
+        if top.left == 0 {
+            let map = top.map;
+            stack.pop();
+            if !stack.is_empty() {
+                out.push(if map { b'}' } else { b']' });
+            }
+            continue;
+        }
+        let (i, map) = (top.done, top.map);
+        top.left -= 1;
+        top.done += 1;
+        let is_key = map && i % 2 == 0;
+        if stack.len() > 1 && i > 0 {
+            out.push(if map && !is_key { b':' } else { b',' });
+        }
+        match r.item()? {
+            Item::Scalar(Scalar::Str(s)) => serde_json::to_writer(&mut *out, std::str::from_utf8(s).ok()?).ok()?,
+            Item::Scalar(_) if is_key => return None,
+            Item::Scalar(Scalar::Null) => out.extend_from_slice(b"null"),
+            Item::Scalar(Scalar::Bool(v)) => out.extend_from_slice(if v { b"true" } else { b"false" }),
+            Item::Scalar(Scalar::Int(v)) => std::io::Write::write_fmt(out, format_args!("{v}")).ok()?,
+            Item::Scalar(Scalar::Float(v)) => serde_json::to_writer(&mut *out, &v).ok()?,
+            Item::Scalar(Scalar::Other) | Item::Opaque => return None,
+            Item::Array(_) | Item::Map(_) if is_key || stack.len() > max_depth => return None,
+            Item::Array(n) => {
+                // Every element takes at least a byte.
+                if n > b.len() - r.pos() {
+                    return None;
+                }
+                out.push(b'[');
+                stack.push(Frame { left: n, done: 0, map: false });
+            }
+            Item::Map(n) => {
+                let n2 = n.checked_mul(2).filter(|&m| m <= b.len() - r.pos())?;
+                out.push(b'{');
+                stack.push(Frame { left: n2, done: 0, map: true });
+            }
+        }
+    }
+    (r.pos() == b.len()).then_some(())
+}

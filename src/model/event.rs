@@ -268,6 +268,30 @@ impl Payload {
         Ok(self.json.get_or_init(|| v))
     }
 
+    /// Writes the payload as JSON text to `out`: the same text as
+    /// `serde_json::to_writer(out, self.json()?)`, but a MessagePack
+    /// payload not decoded yet is transcoded straight from its bytes,
+    /// without building (and dropping) a `Value` (the SQL backends write
+    /// every appended payload so). On an error `out` is as it was.
+    pub(crate) fn write_json(&self, out: &mut Vec<u8>) -> Result<()> {
+        let start = out.len();
+        let done = match (self.json.get(), self.format) {
+            (None, PayloadFormat::MessagePack) => crate::msgpack::write_json(&self.bytes, out, MAX_PAYLOAD_DEPTH)
+                .ok_or_else(|| Error::Payload {
+                    context: "writing a payload as JSON".to_owned(),
+                    reason: format!(
+                        "not one JSON-compatible MessagePack value nested at most {MAX_PAYLOAD_DEPTH} levels deep"
+                    ),
+                }),
+            _ => serde_json::to_writer(&mut *out, self.json()?)
+                .map_err(|e| Error::Payload { context: "writing a payload as JSON".to_owned(), reason: e.to_string() }),
+        };
+        if done.is_err() {
+            out.truncate(start);
+        }
+        done
+    }
+
     /// The encoded bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes
@@ -1196,6 +1220,80 @@ mod tests {
         let mut meta = Vec::new();
         rmp_serde::encode::write_named(&mut meta, &SortedMap(&m)).expect("metadata");
         assert_eq!(meta, want);
+    }
+
+    /// A payload not decoded yet: `write_json` must transcode its bytes.
+    fn fresh(p: &Payload) -> Payload {
+        Payload::from_msgpack(p.bytes()).expect("stored bytes")
+    }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            any::<f32>().prop_map(|f| Value::from(f64::from(f))),
+            ".{0,12}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(6, 64, 8, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                proptest::collection::btree_map(".{0,8}", inner, 0..8)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// The transcoder writes exactly what serde_json writes for the
+        /// decoded value (the text the SQL backends stored before it).
+        #[test]
+        fn write_json_matches_the_decoded_value(v in json_value()) {
+            let p = fresh(&Payload::from_value(&v));
+            let want = serde_json::to_vec(p.json().expect("decodes")).expect("writes");
+            let mut got = b"prefix".to_vec();
+            fresh(&p).write_json(&mut got).expect("transcodes");
+            proptest::prop_assert_eq!(&got[6..], &want[..]);
+        }
+    }
+
+    #[test]
+    fn write_json_widens_f32_like_decoding_and_refuses_bad_bytes_untouched() {
+        #[derive(Serialize)]
+        struct R {
+            f: f32,
+            n: f64,
+            i: i64,
+            u: u64,
+        }
+        let p = Payload::encode(&R { f: 0.1, n: f64::NAN, i: i64::MIN, u: u64::MAX }).expect("encode");
+        let mut got = Vec::new();
+        fresh(&p).write_json(&mut got).expect("transcodes");
+        assert_eq!(got, serde_json::to_vec(p.json().expect("decodes")).expect("writes"));
+        // Malformed, a non-string key, a byte string, trailing bytes, and
+        // nesting deeper than an append takes: refused, `out` untouched.
+        let deep: Vec<u8> = std::iter::repeat_n(0x91u8, MAX_PAYLOAD_DEPTH + 1).chain([0xc0]).collect();
+        for bad in [&[0x92, 0x01][..], &[0x81, 0x01, 0x02], &[0xc4, 0x01, 0x00], &[0x01, 0x02], &[0xc1], &deep] {
+            let p = Payload {
+                bytes: Bytes::copy_from_slice(bad),
+                format: PayloadFormat::MessagePack,
+                checked: true,
+                json: OnceLock::new(),
+            };
+            let mut out = b"kept".to_vec();
+            let e = p.write_json(&mut out).expect_err("refused");
+            assert!(matches!(e, Error::Payload { .. }), "{e}");
+            assert_eq!(out, b"kept", "out is as it was");
+        }
+        // Nested exactly as deep as an append takes: written.
+        let ok: Vec<u8> = std::iter::repeat_n(0x91u8, MAX_PAYLOAD_DEPTH - 1).chain([0xc0]).collect();
+        let p = Payload::from_msgpack(ok).expect("deep but allowed");
+        let mut out = Vec::new();
+        p.write_json(&mut out).expect("written");
+        assert_eq!(out, serde_json::to_vec(p.json().expect("decodes")).expect("writes"));
     }
 
     #[test]

@@ -180,8 +180,7 @@ impl Appender {
             cols.push(b',');
             serde_json::to_writer(&mut cols, &e.metadata).map_err(|err| Error::failed("append", err.to_string()))?;
             cols.push(b',');
-            serde_json::to_writer(&mut cols, e.payload.json()?)
-                .map_err(|err| Error::failed("append", err.to_string()))?;
+            e.payload.write_json(&mut cols)?;
             let cols = String::from_utf8(cols).map_err(|err| Error::failed("append", err.to_string()))?;
             bytes += cols.len() + 16;
             rows.push(Row { partition, ts: at, cols });
