@@ -199,6 +199,7 @@ fn float(f: f64) -> Scalar<'static> {
 /// `b` is not exactly one JSON-compatible value nested at most `max_depth`
 /// deep; `out` may then hold part of it. Iterative: hostile nesting can't
 /// exhaust the stack.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 pub(crate) fn write_json(b: &[u8], out: &mut Vec<u8>, max_depth: usize) -> Option<()> {
     struct Frame {
         /// Values (keys and values, in a map) still to write.

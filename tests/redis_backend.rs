@@ -146,6 +146,51 @@ async fn redis_the_largest_batches_fetch_and_ack_whole() {
     assert!(rheo.fetch("s", "g", FetchOptions::new().limit(10)).await.expect("fetch").is_empty());
 }
 
+/// A claimed batch writes one due entry, not one per lease; when its
+/// leases expire they come back lease by lease, in order, a few per fetch,
+/// except those renewed meanwhile, whose holders keep them.
+#[tokio::test]
+#[ignore = "needs a Redis server: .ci/run starts one and runs these with RHEO_REDIS_URL set"]
+async fn redis_a_claimed_batch_has_one_due_entry_and_its_leases_expire_one_by_one() {
+    let (rheo, ns, _drop) = open().await;
+    rheo.create_stream("s", StreamOptions::new()).await.expect("create");
+    rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+    let batch: Vec<_> = (0..10).map(|i| (json!({"i": i}), AppendOptions::new())).collect();
+    rheo.append_batch_with("s", batch).await.expect("append");
+    let short = FetchOptions::new().limit(10).lease(Duration::from_millis(300));
+    let first = rheo.fetch("s", "g", short).await.expect("fetch");
+    assert_eq!(first.iter().map(|l| l.event.sequence()).collect::<Vec<_>>(), (1..=10).collect::<Vec<_>>());
+    let mut c = conn();
+    let due_key = format!("rheo:{ns}:due:{{s}}:g:0");
+    let due: Vec<String> = redis::cmd("ZRANGE").arg(&due_key).arg(0).arg(-1).query(&mut c).expect("zrange");
+    assert_eq!(due.len(), 1, "one due entry for the batch: {due:?}");
+    assert!(due[0].starts_with('b') && due[0].ends_with(":1-10"), "{due:?}");
+    rheo.ack(&first[0]).await.expect("ack 1");
+    rheo.renew(&first[2], Duration::from_secs(60)).await.expect("renew 3");
+    rheo.renew(&first[7], Duration::from_secs(60)).await.expect("renew 8");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let seqs = |ls: &[rheo::Lease]| ls.iter().map(|l| l.event.sequence()).collect::<Vec<_>>();
+    let again = rheo.fetch("s", "g", FetchOptions::new().limit(3)).await.expect("fetch 3");
+    assert_eq!(seqs(&again), vec![2, 4, 5], "expired leases come back in order, a limit at a time");
+    assert!(again.iter().all(|l| l.attempt == 2), "a second attempt each");
+    let rest = rheo.fetch("s", "g", FetchOptions::new().limit(10)).await.expect("fetch rest");
+    assert_eq!(seqs(&rest), vec![6, 7, 9, 10], "the rest of the batch, but not the renewed leases");
+    assert!(rheo.fetch("s", "g", FetchOptions::new().limit(10)).await.expect("fetch").is_empty());
+    assert!(matches!(rheo.ack(&first[1]).await, Err(Error::StaleLease { .. })), "an expired lease reclaimed is stale");
+    for l in [&first[2], &first[7]] {
+        rheo.ack(l).await.expect("the renewed leases are still held");
+    }
+    for r in rheo.ack_many(&again).await.expect("ack").into_iter().chain(rheo.ack_many(&rest).await.expect("ack")) {
+        r.expect("acked");
+    }
+    assert_eq!(rheo.lag("s", "g").await.expect("lag").total, 0);
+    // The used-up entries go: the reclaimed batch's at once, the renewals'
+    // with their acks; what is left are the two live batches' own entries.
+    let due: Vec<String> = redis::cmd("ZRANGE").arg(&due_key).arg(0).arg(-1).query(&mut c).expect("zrange");
+    assert_eq!(due.len(), 2, "{due:?}");
+    assert!(due.iter().all(|m| m.starts_with('b')), "{due:?}");
+}
+
 /// Retention after a replay moved a group's cursor back counts each
 /// unsettled event it drops once.
 #[tokio::test]

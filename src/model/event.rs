@@ -273,6 +273,7 @@ impl Payload {
     /// payload not decoded yet is transcoded straight from its bytes,
     /// without building (and dropping) a `Value` (the SQL backends write
     /// every appended payload so). On an error `out` is as it was.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn write_json(&self, out: &mut Vec<u8>) -> Result<()> {
         let start = out.len();
         let done = match (self.json.get(), self.format) {

@@ -1,7 +1,12 @@
 -- Claims up to `limit` deliveries in (partition, sequence) order: per
 -- partition, the pending ones whose lease expired or whose retry wait
 -- ended (from the due set, on Rheo's clock) merged with new entries from
--- XREADGROUP. Each claim gets its fence (state, lease id, expiry) here.
+-- XREADGROUP. Each claim gets its fence (state, lease id, expiry) here,
+-- and each claimed batch one due entry: `b<first lease id>:<ranges>`
+-- (e.g. `b…:5-104,107`) scored by the batch's expiry, instead of one per
+-- lease. A due entry is a hint: a position is claimable when its fence's
+-- time (`x`) has come, whichever entry led to it; a renewal or a retry
+-- wait adds the position's own entry (its sequence).
 -- A delivery whose lease expired on its last attempt is dead-lettered on
 -- the way (at most `spent` of them; past that a partition stops).
 -- ARGV[3]: encoded group, [4]: group, [5]: now, [6]: expiry, [7]: consumer,
@@ -26,8 +31,12 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
     local st, due, sk, done = stkey(p), duekey(p), skey(p), donekey(p)
     local f0 = tonumber(g[1])
     local stop, dead = false, false
-    -- Fences written at the end, in one HSET and one ZADD.
-    local hset, zadd = {}, {}
+    -- Fences written at the end, in one HSET; the batch's due entry is
+    -- built from the claimed sequences as ranges (they come in order).
+    local hset, ranges, lo, hi, first_lid = {}, {}, nil, nil, nil
+    local function add_range()
+      if lo then ranges[#ranges + 1] = lo == hi and s(lo) or (s(lo) .. '-' .. s(hi)) end
+    end
     -- A fence: `d` (a reclaimed delivery's, kept with its attempt, event
     -- id and reason) or, for a first delivery, built as text (no table to
     -- encode: most claims are first deliveries).
@@ -50,28 +59,73 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
       end
       hset[#hset + 1] = qs_
       hset[#hset + 1] = text
-      zadd[#zadd + 1] = exp
-      zadd[#zadd + 1] = qs_
+      first_lid = first_lid or lid
+      if hi and q == hi + 1 then
+        hi = q
+      else
+        add_range()
+        lo, hi = q, q
+      end
       out[#out + 1] = {tonumber(p), qs_, a, lid, fields}
     end
     local cands = redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, limit - n + spent)
-    local qs = {}
-    for _, m in ipairs(cands) do qs[#qs + 1] = tonumber(m) end
+    -- The candidates: each position's own entry, and the positions of
+    -- each due batch whose fence's time has come (a renewed lease in it
+    -- has its own entry, later). Once in the list, in sequence order.
+    local qs, seen, singles, batches = {}, {}, {}, {}
+    local nowt = tonumber(now)
+    for _, m in ipairs(cands) do
+      if string.byte(m, 1) == 98 then
+        local list = {}
+        for part in string.gmatch(string.match(m, '^b[^:]*:(.*)$') or '', '[^,]+') do
+          local a, b = string.match(part, '^(%d+)-(%d+)$')
+          a, b = tonumber(a or part), tonumber(b or part)
+          -- (A malformed entry, not one of ours, claims nothing and goes.)
+          if a and b and b >= a and b - a < 10000 then
+            -- (A batch holds at most one fetch's limit of positions.)
+            for q = a, b do list[#list + 1] = s(q) end
+          end
+        end
+        local raws = chunked_read('HMGET', st, list)
+        local mine = {}
+        for j, qs_ in ipairs(list) do
+          local x = raws[j] and tonumber(string.match(raws[j], '"x":"(%d+)"'))
+          if x and x <= nowt then
+            local q = tonumber(qs_)
+            mine[#mine + 1] = q
+            if not seen[q] then seen[q] = true; qs[#qs + 1] = q end
+          end
+        end
+        batches[#batches + 1] = {m, mine}
+      else
+        local q = tonumber(m)
+        if q then
+          singles[#singles + 1] = q
+          if not seen[q] then seen[q] = true; qs[#qs + 1] = q end
+        end
+      end
+    end
     table.sort(qs)
-    local di = 1
+    local di, handled = 1, {}
     -- The due candidates below `bound` (all when nil), in sequence order.
     local function due_before(bound)
       while di <= #qs and n < limit and not stop do
         local q = qs[di]
         if bound and q >= bound then return end
         di = di + 1
+        -- (Reset below when the dead-letter budget stops the partition.)
+        handled[q] = true
         local raw = redis.call('HGET', st, s(q))
         if not raw then
+          redis.call('ZREM', due, s(q))
+        elseif (tonumber(string.match(raw, '"x":"(%d+)"')) or 0) > nowt then
+          -- Renewed (or claimed again) since this entry was written: its
+          -- own entry is later.
           redis.call('ZREM', due, s(q))
         else
           local d = cjson.decode(raw)
           if d.s == 'L' and tonumber(d.a) >= maxa then
-            if spent == 0 then stop = true; return end
+            if spent == 0 then handled[q] = nil; stop = true; return end
             spent = spent - 1
             dead_letter(p, q, d.a, 'max_attempts: lease expired', d.i, now)
             dead = true
@@ -148,7 +202,25 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
     end
     due_before(nil)
     chunked('HSET', {st}, hset)
-    chunked('ZADD', {due}, zadd)
+    -- Due entries used up: a position's own once it was reached, a batch's
+    -- once every position of it that was due was reached (the rest keep
+    -- it for the next claim).
+    local zrem = {}
+    for _, q in ipairs(singles) do
+      if handled[q] then zrem[#zrem + 1] = s(q) end
+    end
+    for _, b in ipairs(batches) do
+      local all = true
+      for _, q in ipairs(b[2]) do
+        if not handled[q] then all = false; break end
+      end
+      if all then zrem[#zrem + 1] = b[1] end
+    end
+    chunked('ZREM', {due}, zrem)
+    add_range()
+    if first_lid then
+      redis.call('ZADD', due, exp, 'b' .. first_lid .. ':' .. table.concat(ranges, ','))
+    end
     if dead then collapse(p) end
   end
 end
