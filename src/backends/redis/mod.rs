@@ -38,6 +38,8 @@
 //! | `rheo_connect_timeout_ms=N` | how long connecting may take before `BackendUnavailable` | 5000 |
 //! | `rheo_response_timeout_ms=N` | how long a call waits for its reply (then `Ambiguous` for a write) | 10000 |
 //! | `rheo_retention_interval_ms=N` | how often retention runs in the background (0: never) | 10000 |
+//! | `rheo_wait_replicas=N` | every write waits (`WAIT`) until N replicas have it; fewer within the wait timeout: `Ambiguous` (0 to 64) | 0 |
+//! | `rheo_wait_timeout_ms=N` | how long a write waits for its replicas (below the response timeout) | 1000 |
 //!
 //! ```no_run
 //! # async fn demo() -> rheo::Result<()> {
@@ -87,6 +89,9 @@ struct UrlOptions {
     connect_timeout: Duration,
     response_timeout: Duration,
     retention_interval: Duration,
+    /// Replicas every write waits for (`WAIT`); 0: none.
+    wait_replicas: u32,
+    wait_timeout: Duration,
 }
 
 impl Default for UrlOptions {
@@ -96,6 +101,8 @@ impl Default for UrlOptions {
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(10),
             retention_interval: Duration::from_secs(10),
+            wait_replicas: 0,
+            wait_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -127,17 +134,35 @@ fn parse_url(url: &str) -> Result<(UrlOptions, String)> {
             "rheo_connect_timeout_ms" => o.connect_timeout = millis(1, 3_600_000)?,
             "rheo_response_timeout_ms" => o.response_timeout = millis(1, 3_600_000)?,
             "rheo_retention_interval_ms" => o.retention_interval = millis(0, 86_400_000)?,
+            "rheo_wait_replicas" => {
+                o.wait_replicas = v.parse().ok().filter(|n| *n <= 64).ok_or_else(|| {
+                    Error::invalid("url", format!("{k}={v:?}: expected a number of replicas from 0 to 64"))
+                })?;
+            }
+            "rheo_wait_timeout_ms" => o.wait_timeout = millis(1, 3_600_000)?,
             k if k.starts_with("rheo_") => {
                 return Err(Error::invalid(
                     "url",
                     format!(
                         "unknown redis option {k:?}; expected rheo_namespace, rheo_connect_timeout_ms, \
-                         rheo_response_timeout_ms or rheo_retention_interval_ms"
+                         rheo_response_timeout_ms, rheo_retention_interval_ms, rheo_wait_replicas or \
+                         rheo_wait_timeout_ms"
                     ),
                 ));
             }
             _ => rest.push(pair),
         }
+    }
+    if o.wait_replicas > 0 && o.wait_timeout >= o.response_timeout {
+        return Err(Error::invalid(
+            "url",
+            format!(
+                "rheo_wait_timeout_ms ({} ms) must be below rheo_response_timeout_ms ({} ms): a write's reply \
+                 comes after its replicas' wait",
+                o.wait_timeout.as_millis(),
+                o.response_timeout.as_millis()
+            ),
+        ));
     }
     let driver = if rest.is_empty() { base.to_owned() } else { format!("{base}?{}", rest.join("&")) };
     Ok((o, driver))
@@ -249,6 +274,8 @@ pub struct RedisBackend {
     durability: Durability,
     retention_interval: Duration,
     scripts: scripts::Scripts,
+    /// `rheo_wait_replicas` and its timeout: every write waits for them.
+    wait: Option<(u32, Duration)>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -290,6 +317,7 @@ impl RedisBackend {
             durability: Durability { aof: false, fsync: String::new(), known: false },
             retention_interval: o.retention_interval,
             scripts: scripts::Scripts::new(),
+            wait: (o.wait_replicas > 0).then_some((o.wait_replicas, o.wait_timeout)),
         };
         backend.durability = backend.read_durability().await?;
         tracing::info!(url = %redact_url(url), durability = %backend.durability.describe(), "redis backend opened");
@@ -364,7 +392,40 @@ impl RedisBackend {
         }
         let mut conn = self.conn();
         crate::observe::round_trip(NAME);
-        inv.invoke_async::<Value>(&mut conn).await.map_err(|e| map_err(operation, write, &e))
+        let out = inv.invoke_async::<Value>(&mut conn).await.map_err(|e| map_err(operation, write, &e))?;
+        if write && let Some((n, timeout)) = self.wait {
+            self.wait_for_replicas(&mut conn, stream, n, timeout, operation).await?;
+        }
+        Ok(out)
+    }
+
+    /// `WAIT n timeout` after a write (`rheo_wait_replicas`): it covers
+    /// every write this connection sent before it. Fewer replicas than
+    /// asked within the timeout: `Ambiguous` (the master has the write; a
+    /// failover before a replica has it would lose it).
+    async fn wait_for_replicas(
+        &self,
+        conn: &mut ConnectionManager,
+        stream: &str,
+        n: u32,
+        timeout: Duration,
+        operation: &'static str,
+    ) -> Result<()> {
+        crate::observe::round_trip(NAME);
+        let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let got: i64 =
+            redis::cmd("WAIT").arg(n).arg(millis).query_async(conn).await.map_err(|e| map_err(operation, true, &e))?;
+        if got < i64::from(n) {
+            return Err(Error::ambiguous(
+                operation,
+                format!(
+                    "{NAME}: stream {stream:?}: written on the master, but {got} of the {n} replicas \
+                     rheo_wait_replicas asks for confirmed it within {millis} ms (a failover before one does \
+                     may lose it; an append retried with its event ids is stored once)"
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -591,6 +652,8 @@ mod tests {
         let (o, driver) = parse_url("redis://h:1/0?rheo_namespace=billing&protocol=resp3").expect("parse");
         assert_eq!(o.namespace, "billing");
         assert_eq!(driver, "redis://h:1/0?protocol=resp3");
+        let (o, _) = parse_url("redis://h/?rheo_wait_replicas=2&rheo_wait_timeout_ms=250").expect("parse");
+        assert_eq!((o.wait_replicas, o.wait_timeout), (2, Duration::from_millis(250)));
         let (o, driver) = parse_url("redis://h/").expect("parse");
         assert_eq!((o, driver.as_str()), (UrlOptions::default(), "redis://h/"));
         for (url, says) in [
@@ -599,6 +662,9 @@ mod tests {
             ("redis://h/?rheo_connect_timeout_ms=0", "from 1 to"),
             ("redis://h/?rheo_retention_interval_ms=x", "from 0 to"),
             ("redis://h/?rheo_colour=red", "unknown redis option \"rheo_colour\""),
+            ("redis://h/?rheo_wait_replicas=65", "from 0 to 64"),
+            ("redis://h/?rheo_wait_replicas=-1", "from 0 to 64"),
+            ("redis://h/?rheo_wait_replicas=1&rheo_wait_timeout_ms=10000", "must be below rheo_response_timeout_ms"),
         ] {
             let e = parse_url(url).expect_err(url);
             assert!(matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains(says), "{url}: {e}");
