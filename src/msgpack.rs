@@ -192,21 +192,29 @@ fn float(f: f64) -> Scalar<'static> {
     if f.is_finite() { Scalar::Float(f) } else { Scalar::Null }
 }
 
-/// Writes the MessagePack value `b` as JSON text to `out`: what
-/// `serde_json::to_writer` writes for the value decoded into a `Value`
-/// (keys in their stored order, a 32-bit float widened to 64 bits, a
-/// non-finite float as `null`), without building the `Value`. `None` when
-/// `b` is not exactly one JSON-compatible value nested at most `max_depth`
-/// deep; `out` may then hold part of it. Iterative: hostile nesting can't
-/// exhaust the stack.
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
-pub(crate) fn write_json(b: &[u8], out: &mut Vec<u8>, max_depth: usize) -> Option<()> {
+/// Walks the MessagePack value `b` as JSON: `Some` when it is exactly one
+/// value that reads as JSON (string map keys, UTF-8 strings, no byte
+/// strings or extensions, at most `max_depth` levels of arrays and maps),
+/// writing its JSON text to `out` when given: what `serde_json::to_writer`
+/// writes for the value decoded into a `Value` (keys in their stored order,
+/// a 32-bit float widened to 64 bits, a non-finite float as `null`),
+/// without building the `Value`. On `None`, `out` may hold part of it.
+/// Iterative: hostile nesting can't exhaust the stack.
+pub(crate) fn walk_json(b: &[u8], max_depth: usize, mut out: Option<&mut Vec<u8>>) -> Option<()> {
     struct Frame {
-        /// Values (keys and values, in a map) still to write.
+        /// Values (keys and values, in a map) still to walk.
         left: usize,
-        /// Values written so far.
+        /// Values walked so far.
         done: usize,
         map: bool,
+    }
+    // Writes to `out`, when there is one.
+    macro_rules! put {
+        ($o:ident => $write:expr) => {
+            if let Some($o) = out.as_deref_mut() {
+                $write;
+            }
+        };
     }
     let mut r = Reader::new(b);
     // The root is a frame of one value, without brackets.
@@ -216,7 +224,7 @@ pub(crate) fn write_json(b: &[u8], out: &mut Vec<u8>, max_depth: usize) -> Optio
             let map = top.map;
             stack.pop();
             if !stack.is_empty() {
-                out.push(if map { b'}' } else { b']' });
+                put!(o => o.push(if map { b'}' } else { b']' }));
             }
             continue;
         }
@@ -225,15 +233,18 @@ pub(crate) fn write_json(b: &[u8], out: &mut Vec<u8>, max_depth: usize) -> Optio
         top.done += 1;
         let is_key = map && i % 2 == 0;
         if stack.len() > 1 && i > 0 {
-            out.push(if map && !is_key { b':' } else { b',' });
+            put!(o => o.push(if map && !is_key { b':' } else { b',' }));
         }
         match r.item()? {
-            Item::Scalar(Scalar::Str(s)) => serde_json::to_writer(&mut *out, std::str::from_utf8(s).ok()?).ok()?,
+            Item::Scalar(Scalar::Str(s)) => {
+                let s = std::str::from_utf8(s).ok()?;
+                put!(o => serde_json::to_writer(&mut *o, s).ok()?);
+            }
             Item::Scalar(_) if is_key => return None,
-            Item::Scalar(Scalar::Null) => out.extend_from_slice(b"null"),
-            Item::Scalar(Scalar::Bool(v)) => out.extend_from_slice(if v { b"true" } else { b"false" }),
-            Item::Scalar(Scalar::Int(v)) => std::io::Write::write_fmt(out, format_args!("{v}")).ok()?,
-            Item::Scalar(Scalar::Float(v)) => serde_json::to_writer(&mut *out, &v).ok()?,
+            Item::Scalar(Scalar::Null) => put!(o => o.extend_from_slice(b"null")),
+            Item::Scalar(Scalar::Bool(v)) => put!(o => o.extend_from_slice(if v { b"true" } else { b"false" })),
+            Item::Scalar(Scalar::Int(v)) => put!(o => std::io::Write::write_fmt(o, format_args!("{v}")).ok()?),
+            Item::Scalar(Scalar::Float(v)) => put!(o => serde_json::to_writer(&mut *o, &v).ok()?),
             Item::Scalar(Scalar::Other) | Item::Opaque => return None,
             Item::Array(_) | Item::Map(_) if is_key || stack.len() > max_depth => return None,
             Item::Array(n) => {
@@ -241,12 +252,12 @@ pub(crate) fn write_json(b: &[u8], out: &mut Vec<u8>, max_depth: usize) -> Optio
                 if n > b.len() - r.pos() {
                     return None;
                 }
-                out.push(b'[');
+                put!(o => o.push(b'['));
                 stack.push(Frame { left: n, done: 0, map: false });
             }
             Item::Map(n) => {
                 let n2 = n.checked_mul(2).filter(|&m| m <= b.len() - r.pos())?;
-                out.push(b'{');
+                put!(o => o.push(b'{'));
                 stack.push(Frame { left: n2, done: 0, map: true });
             }
         }

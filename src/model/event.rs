@@ -277,13 +277,16 @@ impl Payload {
     pub(crate) fn write_json(&self, out: &mut Vec<u8>) -> Result<()> {
         let start = out.len();
         let done = match (self.json.get(), self.format) {
-            (None, PayloadFormat::MessagePack) => crate::msgpack::write_json(&self.bytes, out, MAX_PAYLOAD_DEPTH)
-                .ok_or_else(|| Error::Payload {
-                    context: "writing a payload as JSON".to_owned(),
-                    reason: format!(
-                        "not one JSON-compatible MessagePack value nested at most {MAX_PAYLOAD_DEPTH} levels deep"
-                    ),
-                }),
+            (None, PayloadFormat::MessagePack) => {
+                crate::msgpack::walk_json(&self.bytes, MAX_PAYLOAD_DEPTH, Some(&mut *out)).ok_or_else(|| {
+                    Error::Payload {
+                        context: "writing a payload as JSON".to_owned(),
+                        reason: format!(
+                            "not one JSON-compatible MessagePack value nested at most {MAX_PAYLOAD_DEPTH} levels deep"
+                        ),
+                    }
+                })
+            }
             _ => serde_json::to_writer(&mut *out, self.json()?)
                 .map_err(|e| Error::Payload { context: "writing a payload as JSON".to_owned(), reason: e.to_string() }),
         };
@@ -390,42 +393,7 @@ pub const MAX_PAYLOAD_DEPTH: usize = 128;
 /// keys are strings, strings are UTF-8, no byte strings or extensions, at
 /// most [`MAX_PAYLOAD_DEPTH`] levels of nesting.
 pub(crate) fn json_compatible(b: &[u8]) -> bool {
-    let mut r = Reader::new(b);
-    // (values left in the current container, whether the next is a map key)
-    let mut stack: Vec<(usize, bool)> = vec![(1, false)];
-    while let Some(top) = stack.last_mut() {
-        if top.0 == 0 {
-            stack.pop();
-            continue;
-        }
-        top.0 -= 1;
-        // In a map the count is doubled: even positions from the end are keys.
-        let is_key = top.1 && top.0 % 2 == 1;
-        let Some(item) = r.item() else { return false };
-        match item {
-            Item::Scalar(Scalar::Str(s)) => {
-                if std::str::from_utf8(s).is_err() {
-                    return false;
-                }
-            }
-            Item::Scalar(_) if is_key => return false,
-            Item::Scalar(_) => {}
-            Item::Opaque => return false,
-            Item::Array(_) | Item::Map(_) if is_key => return false,
-            Item::Array(_) | Item::Map(_) if stack.len() > MAX_PAYLOAD_DEPTH => return false,
-            Item::Array(n) => {
-                if n > b.len() - r.pos() {
-                    return false;
-                }
-                stack.push((n, false));
-            }
-            Item::Map(n) => {
-                let Some(n2) = n.checked_mul(2).filter(|&m| m <= b.len() - r.pos()) else { return false };
-                stack.push((n2, true));
-            }
-        }
-    }
-    r.pos() == b.len()
+    crate::msgpack::walk_json(b, MAX_PAYLOAD_DEPTH, None).is_some()
 }
 
 impl PartialEq for Payload {

@@ -73,6 +73,8 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
     -- each due batch whose fence's time has come (a renewed lease in it
     -- has its own entry, later). Once in the list, in sequence order.
     local qs, seen, singles, batches = {}, {}, {}, {}
+    -- Fences read while expanding batches, for due_before.
+    local fences = {}
     local nowt = tonumber(now)
     for _, m in ipairs(cands) do
       if string.byte(m, 1) == 98 then
@@ -89,9 +91,9 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
         local raws = chunked_read('HMGET', st, list)
         local mine = {}
         for j, qs_ in ipairs(list) do
-          local x = raws[j] and tonumber(string.match(raws[j], '"x":"(%d+)"'))
-          if x and x <= nowt then
+          if raws[j] and fence_time(raws[j]) <= nowt then
             local q = tonumber(qs_)
+            fences[q] = raws[j]
             mine[#mine + 1] = q
             if not seen[q] then seen[q] = true; qs[#qs + 1] = q end
           end
@@ -114,15 +116,12 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
         if bound and q >= bound then return end
         di = di + 1
         -- (Reset below when the dead-letter budget stops the partition.)
+        -- A handled position's own due entry goes at the end.
         handled[q] = true
-        local raw = redis.call('HGET', st, s(q))
-        if not raw then
-          redis.call('ZREM', due, s(q))
-        elseif (tonumber(string.match(raw, '"x":"(%d+)"')) or 0) > nowt then
-          -- Renewed (or claimed again) since this entry was written: its
-          -- own entry is later.
-          redis.call('ZREM', due, s(q))
-        else
+        local raw = fences[q] or redis.call('HGET', st, s(q))
+        -- (No fence: settled. A later time: renewed, or claimed again,
+        -- since the entry was written. Nothing to claim either way.)
+        if raw and fence_time(raw) <= nowt then
           local d = cjson.decode(raw)
           if d.s == 'L' and tonumber(d.a) >= maxa then
             if spent == 0 then handled[q] = nil; stop = true; return end

@@ -33,6 +33,10 @@ local function field(fields, name)
   return nil
 end
 
+-- When a fence (JSON) is due: a lease's expiry, a waiting delivery's
+-- ready time (0 when it has none).
+local function fence_time(raw) return tonumber(string.match(raw, '"x":"(%d+)"')) or 0 end
+
 -- -1: the stream is missing; -2: the group is missing; 0: both exist.
 local function missing()
   if redis.call('EXISTS', meta()) == 0 then return -1 end
