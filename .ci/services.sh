@@ -12,6 +12,22 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
+# A free port at most 55535 whose bus port (10000 above) is free too: what a
+# Redis Cluster node needs.
+free_cluster_port() {
+  python3 -c '
+import random, socket
+for _ in range(1000):
+    p = random.randint(20000, 55535)
+    try:
+        for q in (p, p + 10000):
+            s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
+    except OSError:
+        continue
+    print(p); break
+'
+}
+
 # PostgreSQL 15 from the machine's packages (installed when missing).
 # Exports RHEO_POSTGRES_URL, PG_CTL_DATA (for restarts) and PGBIN.
 start_postgres() {
@@ -74,14 +90,19 @@ start_mongo() {
   echo "mongo: SecantusDB $SECANTUS_VERSION on 127.0.0.1:$port ($dir), installed and started in $(( $(date +%s) - t0 )) s"
 }
 
-# Redis 7 from the machine's packages (installed when missing), with any
-# extra redis-server arguments (`--appendonly yes --appendfsync always`).
-# Exports REDIS_PORT and RHEO_REDIS_URL of the server it started last.
-start_redis() {
+# Redis 7 and its tools from the machine's packages, when missing.
+start_redis_install() {
   if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
     echo "installing redis-server and redis-tools (apt-get)"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
   fi
+}
+
+# Redis 7 from the machine's packages (installed when missing), with any
+# extra redis-server arguments (`--appendonly yes --appendfsync always`).
+# Exports REDIS_PORT and RHEO_REDIS_URL of the server it started last.
+start_redis() {
+  start_redis_install
   local port dir
   port=$(free_port)
   dir=$(mktemp -d "${SERVICE_BASE:-/tmp}/rheo-redis.XXXXXX")
@@ -93,6 +114,48 @@ start_redis() {
   redis-cli -h 127.0.0.1 -p "$port" ping | grep -q PONG || { cat "$dir/redis.log"; return 1; }
   export REDIS_PORT="$port" RHEO_REDIS_URL="redis://127.0.0.1:$port/"
   echo "redis: $(redis-server --version | cut -d' ' -f3) on 127.0.0.1:$port ($dir) $*"
+}
+
+# A Redis Cluster of 3 masters and 3 replicas on free loopback ports, each
+# node with AOF and `appendfsync always`, made with `redis-cli --cluster
+# create`. Exports RHEO_REDIS_CLUSTER_URL (redis+cluster://host:port,...)
+# and REDIS_CLUSTER_PORTS (masters first). Extra arguments go to every node.
+start_redis_cluster() {
+  local ports=() port dir nodes=()
+  start_redis_install
+  for _ in 1 2 3 4 5 6; do
+    port=$(free_cluster_port)
+    dir=$(mktemp -d "${SERVICE_BASE:-/tmp}/rheo-redis-cluster.XXXXXX")
+    SERVICE_DIRS+=("redis:$dir:$port")
+    redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" --save '' --appendonly yes --appendfsync always \
+      --cluster-enabled yes --cluster-config-file "$dir/nodes.conf" --cluster-node-timeout 1000 \
+      --repl-diskless-sync-delay 0 --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" "$@" \
+      || { cat "$dir/redis.log"; return 1; }
+    ports+=("$port")
+    nodes+=("127.0.0.1:$port")
+  done
+  for port in "${ports[@]}"; do
+    for _ in $(seq 1 100); do redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done
+  done
+  redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >/dev/null \
+    || { echo "redis-cli --cluster create failed" >&2; return 1; }
+  # Every node agrees the cluster is up and every replica has synced.
+  local ok
+  for _ in $(seq 1 200); do
+    ok=1
+    for port in "${ports[@]}"; do
+      redis-cli -h 127.0.0.1 -p "$port" cluster info | grep -q 'cluster_state:ok' || ok=0
+      if redis-cli -h 127.0.0.1 -p "$port" info replication | grep -q 'role:slave'; then
+        redis-cli -h 127.0.0.1 -p "$port" info replication | grep -q 'master_link_status:up' || ok=0
+      fi
+    done
+    [ "$ok" = 1 ] && break
+    sleep 0.1
+  done
+  [ "$ok" = 1 ] || { echo "the redis cluster did not come up" >&2; return 1; }
+  local IFS=,
+  export RHEO_REDIS_CLUSTER_URL="redis+cluster://${nodes[*]}/" REDIS_CLUSTER_PORTS="${ports[*]}"
+  echo "redis cluster: 3 masters, 3 replicas on ${nodes[*]} $*"
 }
 
 stop_services() {

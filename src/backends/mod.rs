@@ -132,7 +132,7 @@ const PLANNED: [(&[&str], &str, &str); 4] = [
     (&["sqlite"], "sqlite", "SQLite"),
     (&["postgres", "postgresql"], "postgres", "PostgreSQL"),
     (&["mongodb", "mongodb+srv"], "mongo", "MongoDB"),
-    (&["redis", "rediss"], "redis", "Redis"),
+    (&["redis", "rediss", "redis+cluster", "rediss+cluster"], "redis", "Redis"),
 ];
 
 /// Opens the backend a URL names (`scheme:rest`). An unknown scheme is
@@ -158,7 +158,9 @@ pub(crate) async fn open(url: &str, cx: &OpenContext) -> Result<Arc<dyn Backend>
         #[cfg(feature = "mongo")]
         "mongodb" | "mongodb+srv" => Ok(Arc::new(mongo::MongoBackend::open(url, cx.clock.clone()).await?)),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(Arc::new(self::redis::RedisBackend::open(url, cx.clock.clone()).await?)),
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+            Ok(Arc::new(self::redis::RedisBackend::open(url, cx.clock.clone()).await?))
+        }
         _ => match PLANNED.iter().find(|(schemes, _, _)| schemes.contains(&scheme)) {
             Some((_, feature, name)) => Err(Error::invalid(
                 "url",

@@ -240,18 +240,39 @@ pub struct DropNamespace(pub String);
 #[cfg(feature = "redis")]
 impl Drop for DropNamespace {
     fn drop(&mut self) {
-        let pattern = format!("rheo:{}:*", self.0);
+        let ns = self.0.clone();
         // A runtime of its own on its own thread: the case's may be gone.
         let _ = std::thread::spawn(move || {
-            let Ok(url) = std::env::var("RHEO_REDIS_URL") else { return };
-            let Ok(client) = redis::Client::open(url) else { return };
-            let Ok(mut conn) = client.get_connection() else { return };
-            let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query(&mut conn).unwrap_or_default();
-            for chunk in keys.chunks(500) {
-                let _: redis::RedisResult<i64> = redis::cmd("UNLINK").arg(chunk).query(&mut conn);
+            if let Ok(url) = std::env::var("RHEO_REDIS_URL") {
+                unlink_namespace(&url, &ns);
             }
         })
         .join();
+    }
+}
+
+/// Deletes every key of namespace `ns` on the server or cluster `url`
+/// names (blocking; errors ignored).
+#[cfg(feature = "redis")]
+pub fn unlink_namespace(url: &str, ns: &str) {
+    let pattern = format!("rheo:{ns}:*");
+    let base = url.split('?').next().unwrap_or(url);
+    if let Some(hosts) = base.strip_prefix("redis+cluster://") {
+        // KEYS goes to every master, UNLINK to each key's own.
+        let seeds: Vec<String> = hosts.trim_end_matches('/').split(',').map(|h| format!("redis://{h}/")).collect();
+        let Ok(client) = redis::cluster::ClusterClient::new(seeds) else { return };
+        let Ok(mut conn) = client.get_connection() else { return };
+        let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query(&mut conn).unwrap_or_default();
+        for k in keys {
+            let _: redis::RedisResult<i64> = redis::cmd("UNLINK").arg(k).query(&mut conn);
+        }
+        return;
+    }
+    let Ok(client) = redis::Client::open(base) else { return };
+    let Ok(mut conn) = client.get_connection() else { return };
+    let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query(&mut conn).unwrap_or_default();
+    for chunk in keys.chunks(500) {
+        let _: redis::RedisResult<i64> = redis::cmd("UNLINK").arg(chunk).query(&mut conn);
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use redis::AsyncCommands;
 
 use super::streams::{decode_entry, entries};
-use super::{RedisBackend, bad_reply, key_name, map_err, missing_code, v_arr, v_int, v_text, v_u64};
+use super::{Keys, RedisBackend, bad_reply, key_name, map_err, missing_code, v_arr, v_int, v_text, v_u64};
 use crate::backends::common::{self, GroupRow, GroupSettings};
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
@@ -101,6 +101,14 @@ impl RedisBackend {
         Ok(self.groups_named(stream).await?.into_iter().map(|(_, g)| g).collect())
     }
 
+    /// The names of a stream's groups (`groups:{s}`), as the API spells them.
+    pub(super) async fn group_names(&self, stream: &str) -> Result<Vec<String>> {
+        let mut conn = self.conn();
+        conn.hkeys(format!("{}groups:{}", self.base, Self::tag(stream)))
+            .await
+            .map_err(|e| map_err("list_groups", false, &e))
+    }
+
     async fn groups_named(&self, stream: &str) -> Result<Vec<(String, GroupRow)>> {
         let m = self.meta(stream).await?;
         let mut conn = self.conn();
@@ -176,7 +184,7 @@ impl RedisBackend {
         for (p, f) in &frontiers {
             args.extend([p.to_string(), (*f).min(MAX_SEQ).to_string()]);
         }
-        let r = self.run(&self.scripts.create_group, stream, &args, "create_group", true).await?;
+        let r = self.run(&self.scripts.create_group, stream, Keys::Group(group), &args, "create_group", true).await?;
         match v_int(&r) {
             Some(0) => {}
             Some(-1) => return Err(Error::stream_not_found(stream)),
@@ -226,7 +234,7 @@ impl RedisBackend {
             parts,
         ];
         args.extend((0..opts.limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id()).to_string()));
-        let r = self.run(&self.scripts.claim, stream, &args, "fetch", true).await?;
+        let r = self.run(&self.scripts.claim, stream, Keys::Group(group), &args, "fetch", true).await?;
         missing_code(&r, stream, group)?;
         let claims = v_arr(&r).get(1).map(v_arr).unwrap_or_default();
         let name: Arc<str> = Arc::from(stream);
@@ -295,7 +303,7 @@ impl RedisBackend {
                 let l = &leases[i];
                 args.extend([l.partition.to_string(), l.sequence.to_string(), l.lease_id.to_string()]);
             }
-            let r = self.run(script, &stream, &args, operation, true).await?;
+            let r = self.run(script, &stream, Keys::Group(&group), &args, operation, true).await?;
             if let Err(e) = missing_code(&r, &stream, &group) {
                 for i in idx {
                     out[i] = Some(Err(e.clone()));
@@ -366,7 +374,9 @@ impl RedisBackend {
             now.as_millis().to_string(),
             ready.as_millis().to_string(),
         ];
-        let r = self.run(&self.scripts.settle_one, &lease.stream, &args, operation, true).await?;
+        let r = self
+            .run(&self.scripts.settle_one, &lease.stream, Keys::Group(&lease.group), &args, operation, true)
+            .await?;
         missing_code(&r, &lease.stream, &lease.group)?;
         if v_int(&r) == Some(1) { Ok(()) } else { Err(lease.stale()) }
     }
@@ -443,7 +453,7 @@ impl RedisBackend {
             self.now().as_millis().to_string(),
             eid,
         ];
-        let r = self.run(&self.scripts.skip, stream, &args, "skip", true).await?;
+        let r = self.run(&self.scripts.skip, stream, Keys::Group(group), &args, "skip", true).await?;
         missing_code(&r, stream, group)?;
         match v_int(&r) {
             Some(1) => Ok(true),
@@ -478,7 +488,7 @@ impl RedisBackend {
         for (p, from) in starts {
             args.extend([p.to_string(), from.min(MAX_SEQ).to_string(), g.hw(p).to_string()]);
         }
-        let r = self.run(&self.scripts.replay, stream, &args, "replay", true).await?;
+        let r = self.run(&self.scripts.replay, stream, Keys::Group(group), &args, "replay", true).await?;
         missing_code(&r, stream, group)?;
         v_u64(&r).ok_or_else(|| bad_reply("replay", "a count"))
     }
@@ -491,7 +501,7 @@ impl RedisBackend {
             for (p, q, id) in chunk {
                 args.extend([p.to_string(), q.to_string(), id.clone()]);
             }
-            let r = self.run(&self.scripts.replay_query, stream, &args, "replay", true).await?;
+            let r = self.run(&self.scripts.replay_query, stream, Keys::Group(group), &args, "replay", true).await?;
             missing_code(&r, stream, group)?;
             total += v_u64(&r).ok_or_else(|| bad_reply("replay", "a count"))?;
         }
@@ -510,7 +520,7 @@ impl RedisBackend {
         for (p, f) in starts {
             args.extend([p.to_string(), f.min(MAX_SEQ).to_string()]);
         }
-        let r = self.run(&self.scripts.reset, stream, &args, "reset_group", true).await?;
+        let r = self.run(&self.scripts.reset, stream, Keys::Group(group), &args, "reset_group", true).await?;
         missing_code(&r, stream, group)
     }
 
@@ -522,7 +532,7 @@ impl RedisBackend {
         let [gk, gn] = Self::gargs(group);
         let parts = scope.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         let args: Vec<String> = vec![gk, gn, self.now().as_millis().to_string(), parts];
-        let r = self.run(&self.scripts.info, stream, &args, "group_info", false).await?;
+        let r = self.run(&self.scripts.info, stream, Keys::Group(group), &args, "group_info", false).await?;
         missing_code(&r, stream, group)?;
         let n: Vec<u64> = v_arr(&r).iter().filter_map(v_u64).collect();
         let [inflight, waiting, dead] = n[..] else { return Err(bad_reply("group_info", "three counts")) };

@@ -47,6 +47,7 @@
 //! # Ok(()) }
 //! ```
 
+mod conn;
 mod groups;
 mod scripts;
 mod streams;
@@ -60,6 +61,7 @@ use async_trait::async_trait;
 use parking_lot::RwLock;
 use redis::Value;
 use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
 
 use super::redact_url;
 use crate::backend::{Backend, Subscription};
@@ -92,6 +94,8 @@ struct UrlOptions {
     /// Replicas every write waits for (`WAIT`); 0: none.
     wait_replicas: u32,
     wait_timeout: Duration,
+    /// `cluster=true`: the hosts are seeds of a Redis Cluster.
+    cluster: bool,
 }
 
 impl Default for UrlOptions {
@@ -103,6 +107,7 @@ impl Default for UrlOptions {
             retention_interval: Duration::from_secs(10),
             wait_replicas: 0,
             wait_timeout: Duration::from_secs(1),
+            cluster: false,
         }
     }
 }
@@ -140,6 +145,13 @@ fn parse_url(url: &str) -> Result<(UrlOptions, String)> {
                 })?;
             }
             "rheo_wait_timeout_ms" => o.wait_timeout = millis(1, 3_600_000)?,
+            "cluster" => {
+                o.cluster = match v {
+                    "true" | "1" | "yes" => true,
+                    "false" | "0" | "no" => false,
+                    _ => return Err(Error::invalid("url", format!("cluster={v:?}: expected true or false"))),
+                };
+            }
             k if k.starts_with("rheo_") => {
                 return Err(Error::invalid(
                     "url",
@@ -258,10 +270,76 @@ impl Durability {
     }
 }
 
+/// A connection to one server (reconnecting by itself) or to a Redis
+/// Cluster (routing each call by its key's slot).
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    /// A connection without reconnection (the watch tasks' blocking reads).
+    Plain(redis::aio::MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Plain(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Plain(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Plain(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The keys a script may touch besides `KEYS[1]` (the meta hash). On a
+/// cluster every one of them is declared, so that while the stream's slot
+/// migrates between nodes the server refuses the whole call up front
+/// (`ASK`, `TRYAGAIN`) instead of stopping the script at the first key it
+/// finds missing, half way through its writes (ADR 0023).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Keys<'a> {
+    /// The stream's own keys: its meta, ids and groups hashes and its
+    /// partition streams.
+    Stream,
+    /// Those of a stream of this many partitions about to be created.
+    NewStream(u32),
+    /// The stream's keys and one group's.
+    Group(&'a str),
+    /// The stream's keys and these groups'.
+    Groups(&'a [String]),
+}
+
 /// The Redis backend.
 pub struct RedisBackend {
-    conn: ConnectionManager,
-    client: redis::Client,
+    conn: Conn,
+    /// On a cluster, the connection scripts that write go through: it
+    /// never resends a call by itself (a resent script could run twice);
+    /// `run` resends only what the cluster refused unrun.
+    writes: Conn,
+    connector: conn::Connector,
+    /// On a cluster, how long one call may wait for a slot to settle
+    /// (the response timeout).
+    response_timeout: Duration,
     /// `rheo:<namespace>:`.
     base: String,
     clock: Arc<dyn Clock>,
@@ -285,29 +363,21 @@ impl std::fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    /// Opens `redis://…` (or `rediss://…`): parses the URL, connects, and
-    /// reads the server's persistence settings.
+    /// Opens `redis://…` (or `rediss://…`), or a cluster
+    /// (`redis+cluster://…`, `cluster=true`): parses the URL, connects, and
+    /// reads the servers' persistence settings.
     pub(crate) async fn open(url: &str, clock: Arc<dyn Clock>) -> Result<RedisBackend> {
         let (o, driver_url) = parse_url(url)?;
-        let client =
-            redis::Client::open(driver_url).map_err(|e| Error::invalid("url", format!("{}: {e}", redact_url(url))))?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(o.connect_timeout))
-            .set_response_timeout(Some(o.response_timeout))
-            .set_number_of_retries(2);
-        let conn = tokio::time::timeout(o.connect_timeout, client.get_connection_manager_with_config(config))
-            .await
-            .map_err(|_| {
-                Error::unavailable(
-                    NAME,
-                    "open",
-                    format!("cannot reach {} within {:?}", redact_url(url), o.connect_timeout),
-                )
-            })?
-            .map_err(|e| Error::unavailable(NAME, "open", format!("cannot reach {}: {e}", redact_url(url))))?;
+        let opened = if o.cluster || conn::cluster_scheme(&driver_url) {
+            conn::open_cluster(url, &driver_url, &o).await?
+        } else {
+            conn::open_single(url, driver_url, &o).await?
+        };
         let mut backend = RedisBackend {
-            conn,
-            client,
+            conn: opened.conn,
+            writes: opened.writes,
+            connector: opened.connector,
+            response_timeout: o.response_timeout,
             base: format!("rheo:{}:", o.namespace),
             clock,
             partition_counts: RwLock::new(HashMap::new()),
@@ -319,26 +389,19 @@ impl RedisBackend {
             scripts: scripts::Scripts::new(),
             wait: (o.wait_replicas > 0).then_some((o.wait_replicas, o.wait_timeout)),
         };
-        backend.durability = backend.read_durability().await?;
-        tracing::info!(url = %redact_url(url), durability = %backend.durability.describe(), "redis backend opened");
+        backend.durability = conn::durability(&mut backend.conn()).await?;
+        tracing::info!(
+            url = %redact_url(url),
+            cluster = backend.is_cluster(),
+            durability = %backend.durability.describe(),
+            "redis backend opened"
+        );
         Ok(backend)
     }
 
-    /// `CONFIG GET appendonly appendfsync`; a server that refuses it
-    /// (managed services rename CONFIG) is "unknown".
-    async fn read_durability(&self) -> Result<Durability> {
-        let mut conn = self.conn.clone();
-        let got: redis::RedisResult<HashMap<String, String>> =
-            redis::cmd("CONFIG").arg("GET").arg("append*").query_async(&mut conn).await;
-        match got {
-            Ok(m) => Ok(Durability {
-                aof: m.get("appendonly").is_some_and(|v| v == "yes"),
-                fsync: m.get("appendfsync").cloned().unwrap_or_default(),
-                known: m.contains_key("appendonly"),
-            }),
-            Err(e) if e.is_connection_refusal() || e.is_io_error() || e.is_timeout() => Err(map_err("open", false, &e)),
-            Err(_) => Ok(Durability { aof: false, fsync: String::new(), known: false }),
-        }
+    /// True on a Redis Cluster.
+    fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
     }
 
     /// What the server's persistence makes of acknowledged writes.
@@ -346,7 +409,7 @@ impl RedisBackend {
         self.durability.describe()
     }
 
-    fn conn(&self) -> ConnectionManager {
+    fn conn(&self) -> Conn {
         self.conn.clone()
     }
 
@@ -376,25 +439,79 @@ impl RedisBackend {
     }
 
     /// Runs a script on `stream`'s keys: `args` after the prefix and the
-    /// tag. `write`: a lost reply leaves the call `Ambiguous`.
+    /// tag. `write`: a lost reply leaves the call `Ambiguous`. `keys`: what
+    /// else it may touch, declared on a cluster (see [`Keys`]).
+    ///
+    /// On a cluster a write goes through a connection that never resends
+    /// by itself: what the cluster refused before running it (`MOVED`,
+    /// `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, a refused connection while a
+    /// replica takes over) is sent again here until the response timeout,
+    /// and nothing else is, so a script never runs twice.
     async fn run<A: redis::ToRedisArgs + Sync>(
         &self,
         script: &redis::Script,
         stream: &str,
+        keys: Keys<'_>,
         args: &[A],
         operation: &'static str,
         write: bool,
     ) -> Result<Value> {
         let mut inv = script.prepare_invoke();
-        inv.key(self.meta_key(stream)).arg(&self.base).arg(Self::tag(stream));
+        inv.key(self.meta_key(stream));
+        if self.is_cluster() {
+            for k in self.declared_keys(stream, keys).await? {
+                inv.key(k);
+            }
+        }
+        inv.arg(&self.base).arg(Self::tag(stream));
         for a in args {
             inv.arg(a);
         }
-        let mut conn = self.conn();
-        crate::observe::round_trip(NAME);
-        let out = inv.invoke_async::<Value>(&mut conn).await.map_err(|e| map_err(operation, write, &e))?;
+        let mut conn = if write { self.writes.clone() } else { self.conn() };
+        let deadline = tokio::time::Instant::now() + self.response_timeout;
+        let mut pause = Duration::from_millis(5);
+        let out = loop {
+            crate::observe::round_trip(NAME);
+            match inv.invoke_async::<Value>(&mut conn).await {
+                Ok(v) => break v,
+                Err(e) if self.is_cluster() && conn::unrun(&e) && tokio::time::Instant::now() + pause < deadline => {
+                    tracing::debug!(stream, operation, error = %e, "redis cluster: refused before running; again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                Err(e) => return Err(map_err(operation, write, &e)),
+            }
+        };
         if write && let Some((n, timeout)) = self.wait {
             self.wait_for_replicas(&mut conn, stream, n, timeout, operation).await?;
+        }
+        Ok(out)
+    }
+
+    /// Every key `keys` names but the meta hash.
+    async fn declared_keys(&self, stream: &str, keys: Keys<'_>) -> Result<Vec<String>> {
+        let count = match keys {
+            Keys::NewStream(n) => n,
+            _ => self.partition_count(stream).await?,
+        };
+        let t = Self::tag(stream);
+        let b = &self.base;
+        let mut out = vec![format!("{b}ids:{t}"), format!("{b}groups:{t}")];
+        out.extend((0..count).map(|p| self.part_key(stream, p)));
+        let one = |g: &str, out: &mut Vec<String>| {
+            let g = key_name(g);
+            out.push(format!("{b}g:{t}:{g}"));
+            for kind in ["st", "due", "done"] {
+                out.extend((0..count).map(|p| format!("{b}{kind}:{t}:{g}:{p}")));
+            }
+            for kind in ["dl", "dead", "dlid"] {
+                out.push(format!("{b}{kind}:{t}:{g}"));
+            }
+        };
+        match keys {
+            Keys::Stream | Keys::NewStream(_) => {}
+            Keys::Group(g) => one(g, &mut out),
+            Keys::Groups(gs) => gs.iter().for_each(|g| one(g, &mut out)),
         }
         Ok(out)
     }
@@ -405,7 +522,7 @@ impl RedisBackend {
     /// failover before a replica has it would lose it).
     async fn wait_for_replicas(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         stream: &str,
         n: u32,
         timeout: Duration,
@@ -413,8 +530,16 @@ impl RedisBackend {
     ) -> Result<()> {
         crate::observe::round_trip(NAME);
         let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        let got: i64 =
-            redis::cmd("WAIT").arg(n).arg(millis).query_async(conn).await.map_err(|e| map_err(operation, true, &e))?;
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(n).arg(millis);
+        let got = match conn {
+            // The master that ran the write: WAIT counts the replicas that
+            // have every write of this connection to it.
+            Conn::Cluster(c) => c.route_command(wait, conn::master_of(&self.meta_key(stream))).await,
+            _ => wait.query_async(conn).await,
+        }
+        .map_err(|e| map_err(operation, true, &e))?;
+        let got = v_int(&got).unwrap_or(0);
         if got < i64::from(n) {
             return Err(Error::ambiguous(
                 operation,
@@ -505,9 +630,7 @@ impl Backend for RedisBackend {
         // Keys need no schema; this checks the server runs the scripts
         // (Redis 7 or later: XREADGROUP inside Lua, shebang flags).
         self.ping().await?;
-        let mut conn = self.conn();
-        let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await.unwrap_or_default();
-        if let Some(v) = info.lines().find_map(|l| l.strip_prefix("redis_version:"))
+        if let Some(v) = conn::lowest_version(&mut self.conn()).await
             && v.split('.').next().and_then(|m| m.trim().parse::<u32>().ok()).is_some_and(|m| m < 7)
         {
             return Err(Error::invalid("url", format!("redis {v}: rheo needs Redis 7 or later")));
@@ -638,7 +761,7 @@ impl Backend for RedisBackend {
     async fn subscribe(&self, stream: &str) -> Result<Subscription> {
         let count = self.partition_count(stream).await?;
         let keys = (0..count).map(|p| self.part_key(stream, p)).collect();
-        self.watchers.ensure(stream, keys, &self.client, self.wakeups.clone(), self.seen.clone());
+        self.watchers.ensure(stream, keys, &self.connector, self.wakeups.clone(), self.seen.clone());
         Ok(self.wakeups.get(stream).subscribe())
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use redis::{AsyncCommands, Value};
 
-use super::{RedisBackend, bad_reply, map_err, v_arr, v_int, v_text, v_u64};
+use super::{Keys, RedisBackend, bad_reply, map_err, v_arr, v_int, v_text, v_u64};
 use crate::backends::dedupe::{Plan, resolve_plan};
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::retention::new_start;
@@ -26,6 +26,9 @@ const TRIM_BATCH: usize = 1000;
 /// Steps of one retention pass at most (a million entries per partition);
 /// the next pass goes on.
 const TRIM_STEPS: usize = 1000;
+/// How often a retention step is tried again when groups appear while it
+/// runs (on a cluster).
+const RETAIN_ATTEMPTS: usize = 8;
 
 /// The meta hash of a stream, as read.
 #[derive(Debug, Clone)]
@@ -158,6 +161,7 @@ impl RedisBackend {
             .run(
                 &self.scripts.create_stream,
                 stream,
+                Keys::NewStream(opts.partition_count),
                 &[opts.partition_count.to_string(), created.as_millis().to_string(), retention, indexes],
                 "create_stream",
                 true,
@@ -212,7 +216,7 @@ impl RedisBackend {
                 payload,
             ]);
         }
-        let r = self.run(&self.scripts.append, stream, &args, "append", true).await?;
+        let r = self.run(&self.scripts.append, stream, Keys::Stream, &args, "append", true).await?;
         if v_int(&r) == Some(-1) {
             return Err(Error::stream_not_found(stream));
         }
@@ -494,9 +498,29 @@ impl RedisBackend {
             for (p, s) in &plan {
                 args.extend([p.to_string(), s.to_string()]);
             }
-            let r = self.run(&self.scripts.retain, stream, &args, "enforce_retention", true).await?;
-            if v_int(&r) == Some(-1) {
-                return Err(Error::stream_not_found(stream));
+            // On a cluster the script declares the keys of every group it
+            // will find, so it gets their names first; it answers -4 when
+            // a group was created meanwhile (nothing done), and the step
+            // runs again with it.
+            let mut r = Value::Nil;
+            for _ in 0..RETAIN_ATTEMPTS {
+                let groups = if self.is_cluster() { self.group_names(stream).await? } else { Vec::new() };
+                r = self
+                    .run(&self.scripts.retain, stream, Keys::Groups(&groups), &args, "enforce_retention", true)
+                    .await?;
+                if v_int(&r) != Some(-4) {
+                    break;
+                }
+            }
+            match v_int(&r) {
+                Some(-1) => return Err(Error::stream_not_found(stream)),
+                Some(-4) => {
+                    return Err(Error::failed(
+                        "enforce_retention",
+                        format!("redis: stream {stream:?}: groups kept being created while retention ran; try again"),
+                    ));
+                }
+                _ => {}
             }
             let parts = v_arr(&r);
             for s in parts.first().map(v_arr).unwrap_or_default() {

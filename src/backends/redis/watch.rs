@@ -19,6 +19,8 @@ use crate::backends::WakeupMap;
 const BLOCK: Duration = Duration::from_secs(5);
 /// The pause after a failed read.
 const PAUSE: Duration = Duration::from_secs(1);
+/// How long a blocking read's reply may take.
+pub(super) const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The highest sequence of each (stream, partition) this handle has woken
 /// subscribers for.
@@ -54,7 +56,7 @@ impl Watchers {
         &self,
         stream: &str,
         keys: Vec<String>,
-        client: &redis::Client,
+        connector: &super::conn::Connector,
         wakeups: Arc<WakeupMap>,
         seen: Arc<Seen>,
     ) {
@@ -62,9 +64,9 @@ impl Watchers {
         if tasks.get(stream).is_some_and(|t| !t.is_finished()) {
             return;
         }
-        let client = client.clone();
+        let connector = connector.clone();
         let name = stream.to_owned();
-        let task = tokio::spawn(async move { watch(client, name, keys, wakeups, seen).await });
+        let task = tokio::spawn(async move { watch(connector, name, keys, wakeups, seen).await });
         tasks.insert(stream.to_owned(), task);
     }
 }
@@ -77,13 +79,18 @@ impl Drop for Watchers {
     }
 }
 
-async fn watch(client: redis::Client, stream: String, keys: Vec<String>, wakeups: Arc<WakeupMap>, seen: Arc<Seen>) {
+async fn watch(
+    connector: super::conn::Connector,
+    stream: String,
+    keys: Vec<String>,
+    wakeups: Arc<WakeupMap>,
+    seen: Arc<Seen>,
+) {
     // From the last entry of each partition when the task starts, then
     // from the last one seen.
     let mut ids: Vec<Option<String>> = vec![None; keys.len()];
-    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(BLOCK + Duration::from_secs(5)));
     loop {
-        let mut conn = match client.get_multiplexed_async_connection_with_config(&config).await {
+        let mut conn = match connector.blocking(READ_TIMEOUT).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!(stream, error = %e, "redis wakeups: cannot connect; retrying");

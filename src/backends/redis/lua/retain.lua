@@ -12,6 +12,17 @@ local skips, dropped = {}, {}
 local plan = {}
 for i = 4, #ARGV, 2 do plan[#plan + 1] = {ARGV[i], tonumber(ARGV[i + 1])} end
 local groups = redis.call('HGETALL', groupskey())
+-- On a cluster the caller declares every key it expects the script to
+-- touch (KEYS[2] onwards): a group it did not know of means nothing is
+-- done and it calls again (-4), so no key goes undeclared.
+if #KEYS > 1 then
+  local declared = {}
+  for _, k in ipairs(KEYS) do declared[k] = true end
+  for gi = 2, #groups, 2 do
+    G = groups[gi]
+    if not declared[gkey()] then return -4 end
+  end
+end
 for gi = 1, #groups, 2 do
   GN, G = groups[gi], groups[gi + 1]
   if redis.call('EXISTS', gkey()) == 1 then
