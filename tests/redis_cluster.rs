@@ -12,7 +12,6 @@
 
 #![cfg(feature = "redis")]
 
-#[allow(dead_code)]
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
