@@ -32,6 +32,8 @@ const MAX_TASKS: usize = 4096;
 const MAX_PROCESSES: usize = 64;
 /// The most payload bytes.
 const MAX_PAYLOAD: usize = 1 << 20;
+/// `--streams` at most.
+const MAX_STREAMS: u32 = 1000;
 
 /// Arguments of `rheo bench`.
 #[derive(Debug, Args)]
@@ -61,6 +63,12 @@ pub struct BenchArgs {
     /// Partitions of each case's stream.
     #[arg(long, default_value_t = 4)]
     partitions: u32,
+    /// Streams each case spreads over (`NAME-0`, `NAME-1`, ...): producer
+    /// and consumer i start on stream i mod N, and a consumer whose stream
+    /// is drained moves on to the next. On a Redis Cluster each stream is
+    /// a slot of its own, so this is how a case spreads over the masters.
+    #[arg(long, default_value_t = 1)]
+    streams: u32,
     /// Gives every appended event an id of its own (`AppendOptions::id`),
     /// as a producer that retries safely does: measures the dedupe check
     /// (compare `native:DIR` with `native:DIR?dedupe_window_ms=0`).
@@ -124,6 +132,9 @@ pub struct Case {
     pub payload_bytes: usize,
     /// Partitions (streams, for a peer).
     pub partitions: u32,
+    /// Streams the case spread over (`--streams`).
+    #[serde(default = "one")]
+    pub streams: u32,
     /// Events appended, settled or returned in the timed part.
     pub events: u64,
     /// Calls or cycles.
@@ -226,9 +237,9 @@ impl Opened {
         })
     }
 
-    fn target(&self, stream: &str) -> Target {
+    fn target(&self, stream: &str, streams: u32) -> Target {
         match &self.kind {
-            Kind::Rheo(r) => Target::Rheo(RheoTarget { rheo: r.clone(), stream: stream.into(), group: "bench".into() }),
+            Kind::Rheo(r) => Target::Rheo(RheoTarget::new(r.clone(), stream, streams)),
             #[cfg(feature = "peers")]
             Kind::Redis(p) => Target::Redis(p.target(stream)),
         }
@@ -281,6 +292,9 @@ fn check(a: &BenchArgs) -> Result<(), CliError> {
     }
     if a.partitions == 0 || a.partitions > MAX_PARTITIONS {
         return bad(format!("--partitions must be 1 to {MAX_PARTITIONS}"));
+    }
+    if a.streams == 0 || a.streams > MAX_STREAMS {
+        return bad(format!("--streams must be 1 to {MAX_STREAMS}"));
     }
     if a.payload_bytes > MAX_PAYLOAD {
         return bad(format!("--payload-bytes must be at most {MAX_PAYLOAD}"));
@@ -401,7 +415,7 @@ pub async fn run(ctx: &Globals, a: BenchArgs) -> CliResult {
             };
             for &(w, processes, producers, consumers) in &new_cases {
                 let stream = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-                let target = opened.target(&stream);
+                let target = opened.target(&stream, a.streams);
                 let skip = if !target.supports(w) {
                     Some(format!("{} on {}: not supported", w.name(), opened.label))
                 } else if processes > 1 && !opened.shared {
@@ -539,7 +553,7 @@ pub fn table(cases: &[Case]) -> comfy_table::Table {
     rows.sort_by_key(|c| (c.workload, c.processes, c.producers, c.consumers));
     for c in rows {
         t.add_row([
-            c.backend.clone(),
+            if c.streams > 1 { format!("{} ({} streams)", c.backend, c.streams) } else { c.backend.clone() },
             c.workload.name().to_owned(),
             c.processes.to_string(),
             c.producers.to_string(),
@@ -603,7 +617,7 @@ async fn run_case(
         let out = workload::run(target, &phase, &bar).await?;
         (out, started.elapsed().as_secs_f64(), trips::since(t0))
     } else {
-        spawn_workers(&opened.raw, stream, (0..processes).map(per_process).collect(), &bar).await?
+        spawn_workers(&opened.raw, (stream, a.streams), (0..processes).map(per_process).collect(), &bar).await?
     };
     bar.finish_and_clear();
     let secs = secs.max(1e-9);
@@ -621,6 +635,7 @@ async fn run_case(
         payload_bytes: a.payload_bytes,
         // A peer's stream is one log.
         partitions: if matches!(opened.kind, Kind::Rheo(_)) { a.partitions } else { 1 },
+        streams: if matches!(opened.kind, Kind::Rheo(_)) { a.streams } else { 1 },
         events: out.events,
         ops: out.ops,
         secs,
@@ -639,7 +654,13 @@ async fn run_case(
 #[derive(Debug, Serialize, Deserialize)]
 struct WorkerSpec {
     stream: String,
+    #[serde(default = "one")]
+    streams: u32,
     phase: Phase,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// What a worker process reports.
@@ -662,14 +683,14 @@ const WORKER_BACKEND: &str = "RHEO_BENCH_WORKER_BACKEND";
 /// processes exit). A worker that fails fails the case at once.
 async fn spawn_workers(
     url: &str,
-    stream: &str,
+    (stream, streams): (&str, u32),
     phases: Vec<Phase>,
     bar: &ProgressBar,
 ) -> Result<(PhaseOut, f64, u64), CliError> {
     let exe = std::env::current_exe().map_err(|e| CliError::new(format!("cannot find the rheo executable: {e}")))?;
     let mut children = Vec::new();
     for (i, phase) in phases.into_iter().enumerate() {
-        let spec = serde_json::to_string(&WorkerSpec { stream: stream.to_owned(), phase })
+        let spec = serde_json::to_string(&WorkerSpec { stream: stream.to_owned(), streams, phase })
             .map_err(|e| CliError::new(format!("encoding worker {i}'s spec: {e}")))?;
         let mut child = tokio::process::Command::new(&exe)
             .env(WORKER_BACKEND, url)
@@ -745,7 +766,7 @@ async fn worker(spec: &str) -> CliResult {
     let url = std::env::var(WORKER_BACKEND)
         .map_err(|_| CliError::usage(format!("a worker takes its backend from {WORKER_BACKEND}")))?;
     let opened = Opened::open(&url).await?;
-    let target = opened.target(&spec.stream);
+    let target = opened.target(&spec.stream, spec.streams);
     println!("ready");
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
     match stdin.next_line().await {

@@ -13,10 +13,20 @@ use super::{Case, Run, ms};
 use crate::cli::CliError;
 
 /// What makes two cases the same case (rounds aside).
-type Key = (String, Workload, usize, usize, usize, usize, usize, u32);
+type Key = (String, Workload, usize, usize, usize, usize, usize, u32, u32);
 
 fn key(c: &Case) -> Key {
-    (c.backend.clone(), c.workload, c.processes, c.producers, c.consumers, c.batch, c.payload_bytes, c.partitions)
+    (
+        c.backend.clone(),
+        c.workload,
+        c.processes,
+        c.producers,
+        c.consumers,
+        c.batch,
+        c.payload_bytes,
+        c.partitions,
+        c.streams,
+    )
 }
 
 /// One case per configuration: of its rounds, the one with the median
@@ -402,8 +412,8 @@ fn markdown(run: &Run, cases: &[Case], charts: &[(&str, &str)], scales: &[(Workl
         for c in &of {
             let native = of.iter().find(|n| {
                 n.backend == "native"
-                    && (n.processes, n.producers, n.consumers, n.batch, n.partitions, n.payload_bytes)
-                        == (c.processes, c.producers, c.consumers, c.batch, c.partitions, c.payload_bytes)
+                    && (n.processes, n.producers, n.consumers, n.batch, n.partitions, n.streams, n.payload_bytes)
+                        == (c.processes, c.producers, c.consumers, c.batch, c.partitions, c.streams, c.payload_bytes)
             });
             let ratio = native
                 .map_or_else(|| "".to_owned(), |n| format!("{:.2}×", c.events_per_sec / n.events_per_sec.max(1e-9)));
@@ -459,6 +469,7 @@ mod tests {
             batch: 100,
             payload_bytes: 200,
             partitions: 4,
+            streams: 1,
             events: 1000,
             ops: 10,
             secs: 1000.0 / rate,

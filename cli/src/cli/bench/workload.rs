@@ -208,10 +208,24 @@ pub struct Backlog {
 pub struct RheoTarget {
     /// The handle.
     pub rheo: Rheo,
-    /// The stream.
+    /// The stream a task works on now.
     pub stream: Arc<str>,
     /// The group.
     pub group: Arc<str>,
+    /// Every stream of the case (`--streams`): the one name, or `NAME-i`.
+    pub streams: Arc<[Arc<str>]>,
+}
+
+impl RheoTarget {
+    /// The case's `count` streams named after `stream`, its group `bench`.
+    pub fn new(rheo: Rheo, stream: &str, count: u32) -> RheoTarget {
+        let streams: Arc<[Arc<str>]> = if count <= 1 {
+            Arc::from([Arc::from(stream)])
+        } else {
+            (0..count).map(|i| Arc::from(format!("{stream}-{i}"))).collect()
+        };
+        RheoTarget { rheo, stream: streams[0].clone(), group: "bench".into(), streams }
+    }
 }
 
 /// What a case runs on.
@@ -225,13 +239,37 @@ pub enum Target {
 }
 
 impl Target {
-    /// Creates the case's stream (and group) on the target.
+    /// How many streams the case spreads over.
+    pub fn stream_count(&self) -> usize {
+        match self {
+            Target::Rheo(t) => t.streams.len(),
+            #[cfg(feature = "peers")]
+            Target::Redis(_) => 1,
+        }
+    }
+
+    /// The same target on the case's `i`-th stream (modulo their count).
+    pub fn on_stream(&self, i: usize) -> Target {
+        match self {
+            Target::Rheo(t) => {
+                let mut t = t.clone();
+                t.stream = t.streams[i % t.streams.len()].clone();
+                Target::Rheo(t)
+            }
+            #[cfg(feature = "peers")]
+            Target::Redis(_) => self.clone(),
+        }
+    }
+
+    /// Creates the case's streams (and groups) on the target.
     pub async fn setup(&self, partitions: u32, retention: rheo::Retention) -> Result<(), CliError> {
         match self {
             Target::Rheo(t) => {
-                let opts = StreamOptions::new().partitions(partitions).retention(retention);
-                t.rheo.create_stream(&t.stream, opts).await?;
-                t.rheo.create_group(&t.stream, &t.group, GroupOptions::new()).await?;
+                for s in t.streams.iter() {
+                    let opts = StreamOptions::new().partitions(partitions).retention(retention.clone());
+                    t.rheo.create_stream(s, opts).await?;
+                    t.rheo.create_group(s, &t.group, GroupOptions::new()).await?;
+                }
                 Ok(())
             }
             #[cfg(feature = "peers")]
@@ -317,8 +355,13 @@ impl Target {
     pub async fn backlog(&self) -> Result<Backlog, CliError> {
         match self {
             Target::Rheo(t) => {
-                let lag = t.rheo.lag(&t.stream, &t.group).await?;
-                Ok(Backlog { appended: lag.partitions.iter().map(|p| p.high_watermark).sum(), unsettled: lag.total })
+                let mut b = Backlog { appended: 0, unsettled: 0 };
+                for s in t.streams.iter() {
+                    let lag = t.rheo.lag(s, &t.group).await?;
+                    b.appended += lag.partitions.iter().map(|p| p.high_watermark).sum::<u64>();
+                    b.unsettled += lag.total;
+                }
+                Ok(b)
             }
             #[cfg(feature = "peers")]
             Target::Redis(t) => t.backlog().await,
@@ -330,12 +373,17 @@ impl Target {
 /// 1,000 (numbered from 1, payloads as the case's).
 pub async fn prefill(target: &Target, events: u64, payload_bytes: usize, bar: &ProgressBar) -> Result<(), CliError> {
     let chunk = 1000.min(MAX_BATCH_EVENTS) as u64;
+    let streams = target.stream_count();
     let mut n = 1;
-    while n <= events {
-        let end = (n + chunk).min(events + 1);
-        target.append_batch((n..end).map(|i| item(i, payload_bytes, 0)).collect()).await?;
-        bar.inc(end - n);
-        n = end;
+    for i in 0..streams {
+        let on = target.on_stream(i);
+        let end_of_stream = n + share(events, streams, i);
+        while n < end_of_stream {
+            let end = (n + chunk).min(end_of_stream);
+            on.append_batch((n..end).map(|i| item(i, payload_bytes, 0)).collect()).await?;
+            bar.inc(end - n);
+            n = end;
+        }
     }
     Ok(())
 }
@@ -358,17 +406,17 @@ pub async fn run(target: &Target, phase: &Phase, bar: &ProgressBar) -> Result<Ph
         let mut first = phase.first;
         for p in 0..phase.producers {
             let count = share(phase.events, phase.producers, p);
-            let (target, phase, bar, samples) = (target.clone(), phase.clone(), bar.clone(), samples.clone());
+            let (target, phase, bar, samples) = (target.on_stream(p), phase.clone(), bar.clone(), samples.clone());
             tasks.spawn(async move { produce(&target, &phase, first, count, &bar, &samples).await });
             first += count;
         }
     }
     match phase.workload {
         Workload::Consume | Workload::EndToEnd => {
-            for _ in 0..phase.consumers {
+            for c in 0..phase.consumers {
                 let (target, phase, bar, settled, samples) =
                     (target.clone(), phase.clone(), bar.clone(), settled.clone(), samples.clone());
-                tasks.spawn(async move { consume(&target, &phase, &settled, &bar, &samples).await });
+                tasks.spawn(async move { consume(&target, c, &phase, &settled, &bar, &samples).await });
             }
         }
         Workload::Query => {
@@ -449,9 +497,11 @@ async fn produce(
     Ok(TaskOut { producer: true, events: count, ops })
 }
 
-/// One consumer: fetch and ack until the case's events are all settled.
+/// One consumer: fetch and ack until the case's events are all settled,
+/// on stream `index` first and on the next one whenever its own is empty.
 async fn consume(
-    target: &Target,
+    all: &Target,
+    index: usize,
     phase: &Phase,
     settled: &AtomicU64,
     bar: &ProgressBar,
@@ -459,6 +509,7 @@ async fn consume(
 ) -> Result<TaskOut, CliError> {
     let stamps = phase.workload == Workload::EndToEnd;
     let (mut mine, mut ops) = (0u64, 0u64);
+    let (mut on, mut target) = (index, all.on_stream(index));
     // Idle since when, and the backlog then: any change in the group's
     // backlog (another consumer's progress) restarts the clock.
     let mut idle: Option<(Instant, u64, u64)> = None;
@@ -468,6 +519,13 @@ async fn consume(
         }
         let started = Instant::now();
         let got = target.consume(phase.batch, stamps).await?;
+        if got.count == 0 && all.stream_count() > 1 {
+            on += 1;
+            target = all.on_stream(on);
+            if on % all.stream_count() != index % all.stream_count() {
+                continue;
+            }
+        }
         if got.count == 0 {
             // Done when every event of the case is in and settled (other
             // processes' consumers included); else wait a moment.
@@ -549,13 +607,14 @@ mod tests {
         let rheo = Rheo::open(url).await.unwrap();
         let events = 300u64;
         for w in Workload::CASES {
-            for (producers, consumers) in [(1, 1), (3, 2)] {
-                let stream = format!("counts-{}-{producers}-{consumers}", w.name());
-                let target = Target::Rheo(RheoTarget {
-                    rheo: rheo.clone(),
-                    stream: stream.as_str().into(),
-                    group: "bench".into(),
-                });
+            // Over 3 streams too (`--streams`), where a consumer moves on
+            // from a drained stream (fewer consumers than streams).
+            for (producers, consumers, streams) in [(1, 1, 1), (3, 2, 1), (3, 2, 3)] {
+                if w == Workload::Query && streams > 1 {
+                    continue;
+                }
+                let stream = format!("counts-{}-{producers}-{consumers}-{streams}", w.name());
+                let target = Target::Rheo(RheoTarget::new(rheo.clone(), &stream, streams));
                 target.setup(4, rheo::Retention::new()).await.unwrap();
                 if w.prefilled() {
                     prefill(&target, events, 120, &ProgressBar::hidden()).await.unwrap();
@@ -574,8 +633,15 @@ mod tests {
                 };
                 let bar = ProgressBar::hidden();
                 let out = run(&target, &phase, &bar).await.unwrap();
-                let lag = rheo.lag(&stream, "bench").await.unwrap();
-                let stored: u64 = lag.partitions.iter().map(|p| p.high_watermark).sum();
+                let backlog = target.backlog().await.unwrap();
+                let (stored, unsettled) = (backlog.appended, backlog.unsettled);
+                if streams > 1 {
+                    for i in 0..streams {
+                        let lag = rheo.lag(&format!("{stream}-{i}"), "bench").await.unwrap();
+                        let held: u64 = lag.partitions.iter().map(|p| p.high_watermark).sum();
+                        assert_eq!(held, events / 3, "{w:?}: stream {i} holds its share");
+                    }
+                }
                 assert_eq!(stored, events, "{w:?} {producers}/{consumers}: events in the stream");
                 match w {
                     Workload::Append | Workload::AppendBatch => {
@@ -583,11 +649,11 @@ mod tests {
                         let per_call = if w == Workload::Append { 1 } else { 7 };
                         let calls: u64 = (0..producers).map(|p| share(events, producers, p).div_ceil(per_call)).sum();
                         assert_eq!(out.ops, calls, "{w:?}: calls");
-                        assert_eq!(lag.total, events, "{w:?}: nothing consumed");
+                        assert_eq!(unsettled, events, "{w:?}: nothing consumed");
                     }
                     Workload::Consume | Workload::EndToEnd => {
                         assert_eq!(out.events, events, "{w:?}: events settled");
-                        assert_eq!(lag.total, 0, "{w:?}: the group settled every event");
+                        assert_eq!(unsettled, 0, "{w:?}: the group settled every event");
                         assert_eq!(out.latencies.len(), if w == Workload::EndToEnd { events } else { out.ops });
                     }
                     Workload::Query => {
