@@ -8,7 +8,7 @@
 //! | `sqlite:PATH[?options]` | `sql::SqlBackend` on SQLite | `sqlite` |
 //! | `postgres://…`, `postgresql://…` | `sql::SqlBackend` on PostgreSQL | `postgres` |
 //! | `mongodb://…`, `mongodb+srv://…` | `mongo::MongoBackend` on MongoDB | `mongo` |
-//! | `redis://…`, `rediss://…` | `redis::RedisBackend` on Redis Streams | `redis` |
+//! | `redis://…`, `rediss://…`, `redis+cluster://…` | `redis::RedisBackend` on Redis Streams (one server or a Redis Cluster) | `redis` |
 //!
 //! A backend plugs in as a folder here with one arm in `open` (crate-private) behind its
 //! cargo feature; the facade ([`crate::Rheo`]) never names a concrete

@@ -1,5 +1,7 @@
 //! The Redis backend: `redis://…` (feature `redis`), Redis Streams with
-//! consumer groups, every rule of `docs/semantics.md` (ADR 0019).
+//! consumer groups, every rule of `docs/semantics.md` (ADR 0019); a Redis
+//! Cluster with `redis+cluster://host:port,host:port/` or `cluster=true`
+//! (ADR 0023).
 //!
 //! Each partition is a Redis stream whose entry ids are the sequences
 //! (`<sequence>-0`), so a read by sequence is an `XRANGE` and retention an
@@ -40,10 +42,12 @@
 //! | `rheo_retention_interval_ms=N` | how often retention runs in the background (0: never) | 10000 |
 //! | `rheo_wait_replicas=N` | every write waits (`WAIT`) until N replicas have it; fewer within the wait timeout: `Ambiguous` (0 to 64) | 0 |
 //! | `rheo_wait_timeout_ms=N` | how long a write waits for its replicas (below the response timeout) | 1000 |
+//! | `cluster=true` | the hosts are seeds of a Redis Cluster (as the `redis+cluster://` scheme says) | false |
 //!
 //! ```no_run
 //! # async fn demo() -> rheo::Result<()> {
 //! let rheo = rheo::Rheo::open("redis://cache.internal:6379/0?rheo_namespace=billing").await?;
+//! let cluster = rheo::Rheo::open("redis+cluster://10.0.0.1:6379,10.0.0.2:6379/?rheo_namespace=billing").await?;
 //! # Ok(()) }
 //! ```
 

@@ -266,7 +266,7 @@ impl Target {
         match self {
             Target::Rheo(t) => {
                 for s in t.streams.iter() {
-                    let opts = StreamOptions::new().partitions(partitions).retention(retention.clone());
+                    let opts = StreamOptions::new().partitions(partitions).retention(retention);
                     t.rheo.create_stream(s, opts).await?;
                     t.rheo.create_group(s, &t.group, GroupOptions::new()).await?;
                 }
