@@ -17,6 +17,10 @@ use super::{Conn, Durability, NAME, UrlOptions, map_err, v_text};
 use crate::backends::redact_url;
 use crate::error::{Error, Result};
 
+/// How long a watch task's blocking read may wait for its reply (it
+/// blocks up to 5 s itself).
+pub(super) const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How the watch tasks (blocking reads, one connection each) connect.
 #[derive(Clone)]
 pub(super) enum Connector {
@@ -133,7 +137,7 @@ pub(super) async fn open_cluster(url: &str, driver: &str, o: &UrlOptions) -> Res
     let reads = builder(16, o.response_timeout)?;
     // Scripts that write: never resent by the driver (see `run`).
     let writes = builder(0, o.response_timeout)?;
-    let watch = builder(0, super::watch::READ_TIMEOUT)?;
+    let watch = builder(0, READ_TIMEOUT)?;
     let connect = |c: ClusterClient| async move {
         tokio::time::timeout(o.connect_timeout, async move { c.get_async_connection().await })
             .await

@@ -13,14 +13,13 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 
+use super::conn::READ_TIMEOUT;
 use crate::backends::WakeupMap;
 
 /// How long one blocking read waits before it starts again.
 const BLOCK: Duration = Duration::from_secs(5);
 /// The pause after a failed read.
 const PAUSE: Duration = Duration::from_secs(1);
-/// How long a blocking read's reply may take.
-pub(super) const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The highest sequence of each (stream, partition) this handle has woken
 /// subscribers for.
