@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::AsyncCommands;
+use redis::{AsyncCommands, Value};
 
 use super::streams::{decode_entry, entries};
 use super::{Keys, RedisBackend, bad_reply, key_name, map_err, missing_code, v_arr, v_int, v_text, v_u64};
@@ -233,29 +233,33 @@ impl RedisBackend {
             (opts.limit + SPENT_PER_FETCH).to_string(),
             parts,
         ];
-        args.extend((0..opts.limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id()).to_string()));
+        let lease_ids: Vec<String> =
+            (0..opts.limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id()).to_string()).collect();
+        args.extend(lease_ids.iter().cloned());
         let r = self.run(&self.scripts.claim, stream, Keys::Group(group), &args, "fetch", true).await?;
         missing_code(&r, stream, group)?;
-        let claims = v_arr(&r).get(1).map(v_arr).unwrap_or_default();
+        let claimed = parse_claims(v_arr(&r).get(1).map(v_arr).unwrap_or_default(), &lease_ids)?;
+        let mut claimed = claimed;
+        claimed.sort_unstable_by_key(|c| (c.0, c.1));
+        // The claimed entries, read outside the script (ADR 0024): one
+        // XRANGE per run of consecutive sequences, in one round trip.
+        let mut entries = self.claimed_entries(stream, &claimed).await?;
         let name: Arc<str> = Arc::from(stream);
         let group_name: Arc<str> = Arc::from(group);
         let consumer: Arc<str> = Arc::from(consumer.as_str());
-        let mut leases = Vec::with_capacity(claims.len());
+        let mut leases = Vec::with_capacity(claimed.len());
         let mut damaged = Vec::new();
-        for c in claims {
-            let c = v_arr(c);
-            let (Some(p), Some(q), Some(attempt), Some(lease_id)) = (
-                c.first().and_then(v_u64).and_then(|p| u32::try_from(p).ok()),
-                c.get(1).and_then(v_u64),
-                c.get(2).and_then(v_u64).and_then(|a| u32::try_from(a).ok()),
-                c.get(3).and_then(v_text),
-            ) else {
-                return Err(bad_reply("fetch", "a claim"));
+        let mut gone = Vec::new();
+        for (p, q, attempt, lease_id) in claimed {
+            // An entry deleted by hand: the lease is acked below (settled,
+            // nothing to deliver), as before it was claimed.
+            let Some(fields) = entries.remove(&(p, q)) else {
+                gone.push((p, q, lease_id));
+                continue;
             };
-            let fields = c.get(4).map(v_arr).unwrap_or_default();
             // An entry that does not decode (written by another program)
             // is reported, not delivered; the other claims stand.
-            let event = match decode_entry(&name, p, &format!("{q}-0"), fields) {
+            let event = match decode_entry(&name, p, &format!("{q}-0"), &fields) {
                 Ok(e) => e,
                 Err(e) => {
                     damaged.push(Damage {
@@ -279,8 +283,65 @@ impl RedisBackend {
                 event,
             });
         }
+        if !gone.is_empty() {
+            let [gk, gn] = Self::gargs(group);
+            let mut args: Vec<String> = vec![gk, gn];
+            for (p, q, lid) in gone {
+                args.extend([p.to_string(), q.to_string(), lid]);
+            }
+            self.run(&self.scripts.ack, stream, Keys::Group(group), &args, "fetch", true).await?;
+        }
         leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
         Ok(FetchReport { leases, damaged })
+    }
+
+    /// The entries of `claimed` (sorted by partition and sequence), by
+    /// (partition, sequence): one `XRANGE` per run of consecutive
+    /// sequences, pipelined. A missing entry was deleted by hand.
+    async fn claimed_entries(
+        &self,
+        stream: &str,
+        claimed: &[(u32, u64, u32, String)],
+    ) -> Result<HashMap<(u32, u64), Vec<Value>>> {
+        let mut runs: Vec<(u32, u64, u64)> = Vec::new();
+        for &(p, q, _, _) in claimed {
+            match runs.last_mut() {
+                Some((rp, _, hi)) if *rp == p && *hi + 1 == q => *hi = q,
+                _ => runs.push((p, q, q)),
+            }
+        }
+        let mut out = HashMap::with_capacity(claimed.len());
+        if runs.is_empty() {
+            return Ok(out);
+        }
+        let mut pipe = redis::pipe();
+        for &(p, lo, hi) in &runs {
+            pipe.cmd("XRANGE").arg(self.part_key(stream, p)).arg(format!("{lo}-0")).arg(format!("{hi}-0"));
+        }
+        crate::observe::round_trip(super::NAME);
+        let mut conn = self.conn();
+        // (A lost reply leaves the claim made: `Ambiguous`, and the leases
+        // come back when they expire.)
+        let replies: Vec<Value> = pipe.query_async(&mut conn).await.map_err(|e| map_err("fetch", true, &e))?;
+        for (&(p, _, _), reply) in runs.iter().zip(replies) {
+            let Value::Array(items) = reply else { continue };
+            for item in items {
+                let Value::Array(mut pair) = item else { continue };
+                if pair.len() != 2 {
+                    continue;
+                }
+                let fields = match pair.pop() {
+                    Some(Value::Array(f)) => f,
+                    _ => continue,
+                };
+                let q =
+                    pair.first().and_then(v_text).and_then(|id| id.split_once('-').and_then(|(s, _)| s.parse().ok()));
+                if let Some(q) = q {
+                    out.insert((p, q), fields);
+                }
+            }
+        }
+        Ok(out)
     }
 
     // ---- settles ----
@@ -625,4 +686,38 @@ impl RedisBackend {
         }
         Ok(out)
     }
+}
+
+/// The claims of a claim script's reply: per partition (partition, ranges,
+/// attempts above the first); the n-th claim holds the n-th lease id.
+fn parse_claims(parts: &[Value], lease_ids: &[String]) -> Result<Vec<(u32, u64, u32, String)>> {
+    let bad = || bad_reply("fetch", "a partition's claims");
+    let mut out = Vec::new();
+    let mut ids = lease_ids.iter();
+    for part in parts.chunks(3) {
+        let [p, ranges, again] = part else { return Err(bad()) };
+        let p = v_u64(p).and_then(|p| u32::try_from(p).ok()).ok_or_else(bad)?;
+        let again: HashMap<u64, u32> = v_text(again)
+            .unwrap_or_default()
+            .split(',')
+            .filter(|a| !a.is_empty())
+            .map(|a| {
+                let (q, n) = a.split_once(':')?;
+                Some((q.parse().ok()?, n.parse().ok()?))
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(bad)?;
+        for range in v_text(ranges).ok_or_else(bad)?.split(',') {
+            let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+            let (lo, hi): (u64, u64) = (lo.parse().map_err(|_| bad())?, hi.parse().map_err(|_| bad())?);
+            if hi < lo || hi - lo >= lease_ids.len() as u64 {
+                return Err(bad());
+            }
+            for q in lo..=hi {
+                let id = ids.next().ok_or_else(bad)?;
+                out.push((p, q, again.get(&q).copied().unwrap_or(1), id.clone()));
+            }
+        }
+    }
+    Ok(out)
 }

@@ -5,13 +5,14 @@
 //!
 //! Each partition is a Redis stream whose entry ids are the sequences
 //! (`<sequence>-0`), so a read by sequence is an `XRANGE` and retention an
-//! exact `XTRIM MINID`. Each group is a Redis consumer group on every
-//! partition stream it consumes: new deliveries come from `XREADGROUP`,
-//! acknowledgements `XACK` them. What Redis Streams lacks (fences, retry
-//! backoff, attempts and dead letters, a contiguous frontier, replay) is
-//! kept beside them in hashes and sorted sets, and every step that reads
-//! and changes that state is one Lua script, so no check and act are ever
-//! split across round trips. `docs/guides/redis.md` is the user's guide.
+//! exact `XTRIM MINID`. Each group keeps its cursor, fences, due and done
+//! sets and dead letters beside the streams in hashes and sorted sets, and
+//! every step that reads and changes that state is one Lua script, so no
+//! check and act are ever split across round trips. A claim decides which
+//! positions to hand out in its script and the entries are then read with
+//! `XRANGE` outside it (ADR 0024); each partition stream also carries a
+//! Redis consumer group of the group's name that follows the cursor
+//! (`XINFO GROUPS`), whose pending list is not used. `docs/guides/redis.md` is the user's guide.
 //!
 //! Keys, all under `rheo:<namespace>:` and with the stream's name as the
 //! hash tag (so a Redis Cluster keeps a stream and its groups on one node):
@@ -632,7 +633,7 @@ impl Backend for RedisBackend {
 
     async fn ensure_schema(&self) -> Result<()> {
         // Keys need no schema; this checks the server runs the scripts
-        // (Redis 7 or later: XREADGROUP inside Lua, shebang flags).
+        // (Redis 7 or later: shebang flags, XGROUP SETID inside Lua).
         self.ping().await?;
         if let Some(v) = conn::lowest_version(&mut self.conn()).await
             && v.split('.').next().and_then(|m| m.trim().parse::<u32>().ok()).is_some_and(|m| m < 7)

@@ -21,7 +21,7 @@ for _, p in ipairs(order) do
   for j, i in ipairs(idx) do seqs[j] = ARGV[i + 1] end
   local st = stkey(p)
   local raws = chunked_read('HMGET', st, seqs)
-  local acked, ids, qs = {}, {}, {}
+  local acked, qs = {}, {}
   local seen = {}
   for j, i in ipairs(idx) do
     local raw = raws[j]
@@ -29,7 +29,6 @@ for _, p in ipairs(order) do
     if raw and not seen[seqs[j]] and held(raw, ARGV[i + 2]) then
       seen[seqs[j]] = true
       acked[#acked + 1] = seqs[j]
-      ids[#ids + 1] = seqs[j] .. '-0'
       qs[#qs + 1] = tonumber(seqs[j])
       out[(i - 2) / 3] = 1
     end
@@ -37,7 +36,6 @@ for _, p in ipairs(order) do
   if #acked > 0 then
     chunked('HDEL', {st}, acked)
     chunked('ZREM', {duekey(p)}, acked)
-    chunked('XACK', {skey(p), GN}, ids)
     -- In-order acks right above the frontier with nothing settled above
     -- it move the frontier directly; anything else goes through the done set.
     table.sort(qs)

@@ -1,7 +1,10 @@
 -- Claims up to `limit` deliveries in (partition, sequence) order: per
 -- partition, the pending ones whose lease expired or whose retry wait
--- ended (from the due set, on Rheo's clock) merged with new entries from
--- XREADGROUP. Each claim gets its fence (state, lease id, expiry) here,
+-- ended (from the due set, on Rheo's clock) merged with new positions from
+-- the group's cursor up to the high watermark. It decides and records the
+-- claims only: the caller reads the claimed entries with XRANGE, outside
+-- Lua (ADR 0024), since turning entries into Lua tables and back was most
+-- of a claim's time. Each claim gets its fence (state, lease id, expiry) here,
 -- and each claimed batch one due entry: `b<first lease id>:<ranges>`
 -- (e.g. `b…:5-104,107`) scored by the batch's expiry, instead of one per
 -- lease. A due entry is a hint: a position is claimable when its fence's
@@ -13,8 +16,12 @@
 -- [8]: limit, [9]: spent budget, [10]: partitions to look at
 -- (comma-separated; those the group does not consume are passed),
 -- [11...]: one lease id per possible claim.
--- Returns -1/-2 (stream/group missing) or {count, claims...}, each claim
--- {partition, sequence, attempt, lease id, fields}.
+-- Returns -1/-2 (stream/group missing) or {count, {partition, ranges,
+-- attempts, ...}}: per partition with claims, its claimed sequences as
+-- ranges (`5-104,107`, in claim order) and the attempts that are not the
+-- first (`105:2,107:3`). The n-th claim holds the n-th lease id given, so
+-- the reply carries no lease ids and no table per claim (building those
+-- was a third of a claim's time).
 G, GN = ARGV[3], ARGV[4]
 local miss = missing()
 if miss ~= 0 then return miss end
@@ -33,14 +40,14 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
     local stop, dead = false, false
     -- Fences written at the end, in one HSET; the batch's due entry is
     -- built from the claimed sequences as ranges (they come in order).
-    local hset, ranges, lo, hi, first_lid = {}, {}, nil, nil, nil
+    local hset, ranges, lo, hi, first_lid, again = {}, {}, nil, nil, nil, {}
     local function add_range()
       if lo then ranges[#ranges + 1] = lo == hi and s(lo) or (s(lo) .. '-' .. s(hi)) end
     end
     -- A fence: `d` (a reclaimed delivery's, kept with its attempt, event
     -- id and reason) or, for a first delivery, built as text (no table to
     -- encode: most claims are first deliveries).
-    local function lease(q, d, fields)
+    local function lease(q, d)
       n = n + 1
       local qs_ = s(q)
       local lid = ARGV[10 + n]
@@ -66,7 +73,7 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
         add_range()
         lo, hi = q, q
       end
-      out[#out + 1] = {tonumber(p), qs_, a, lid, fields}
+      if a ~= '1' then again[#again + 1] = qs_ .. ':' .. a end
     end
     local cands = redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, limit - n + spent)
     -- The candidates: each position's own entry, and the positions of
@@ -129,75 +136,47 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
             dead_letter(p, q, d.a, 'max_attempts: lease expired', d.i, now)
             dead = true
           else
-            local e = redis.call('XRANGE', sk, s(q) .. '-0', s(q) .. '-0')
-            if #e == 0 then
-              -- Gone (deleted by hand): settled, nothing to deliver.
-              redis.call('HDEL', st, s(q))
-              redis.call('ZREM', due, s(q))
-              redis.call('ZADD', done, s(q), s(q))
-              dead = true
-            else
-              redis.call('XCLAIM', sk, GN, consumer, 0, s(q) .. '-0', 'JUSTID')
-              lease(q, d, e[1][2])
-            end
+            -- (An entry deleted by hand is found missing by the caller,
+            -- which acks the lease: settled, nothing to deliver.)
+            lease(q, d)
           end
         end
       end
     end
-    -- New entries, merged with the due candidates in sequence order (after
-    -- a replay moved the cursor back, some pending ones lie above it).
-    -- Settled positions the cursor passes again (acked since a replay, or
-    -- dead-lettered ahead of it) are passed. In chunks of at least 64: after
-    -- a replay, entries still in flight are read and passed; at most 16
-    -- chunks per partition and fetch, the next fetch goes on from there.
-    local rounds, exhausted = 0, false
+    -- New positions, merged with the due candidates in sequence order
+    -- (after a replay moved the cursor back, some pending ones lie above
+    -- it): every sequence from the cursor to the high watermark is an
+    -- entry (entry ids are the sequences). Settled positions the cursor
+    -- passes again (acked since a replay, or dead-lettered ahead of it)
+    -- are passed, and fenced ones left to their fence. In chunks of at
+    -- least 64, at most 16 per partition and fetch; the next goes on.
+    local hw = tonumber(redis.call('HGET', meta(), 'hw:' .. p) or '0')
+    local c0 = tonumber(g[2] or s(f0 + 1))
+    local nextq = math.max(c0, f0 + 1)
+    local rounds = 0
     local pending_states = redis.call('HLEN', st) > 0
     local settled_above = redis.call('ZCARD', done) > 0
-    while not stop and not exhausted and n < limit and rounds < 16 do
+    while not stop and n < limit and rounds < 16 and nextq <= hw do
       rounds = rounds + 1
-      local want = math.max(limit - n, 64)
-      local r = redis.call('XREADGROUP', 'GROUP', GN, consumer, 'COUNT', want, 'STREAMS', sk, '>')
-      if not r then break end
-      local entries = r[1][2]
+      local top = math.min(hw, nextq + math.max(limit - n, 64) - 1)
       local seqs = {}
-      for j, e in ipairs(entries) do seqs[j] = s(seq_of(e[1])) end
+      for q = nextq, top do seqs[#seqs + 1] = s(q) end
       local has, sets = {}, {}
       if pending_states then has = chunked_read('HMGET', st, seqs) end
       if settled_above then sets = chunked_read('ZMSCORE', done, seqs) end
-      local passed = {}
-      local last, k = nil, 1
-      while k <= #entries do
-        local e = entries[k]
-        local q = tonumber(seqs[k])
+      for k = 1, #seqs do
+        local q = nextq
         if #qs >= di then due_before(q) end
         if stop or n >= limit then break end
-        if has[k] then
-          -- Pending already: its state claims it.
-        elseif q <= f0 or sets[k] then
-          passed[#passed + 1] = e[1]
-        else
-          lease(q, nil, e[2])
-        end
-        last = q
-        k = k + 1
+        -- Fenced: its fence claims it. Settled: passed.
+        if not (has[k] or q <= f0 or sets[k]) then lease(q, nil) end
+        nextq = q + 1
       end
-      chunked('XACK', {sk, GN}, passed)
-      if k <= #entries then
-        -- Read but not reached: back to the group (its last-delivered id
-        -- before them; out of the pending list unless in flight).
-        local back_ids = {}
-        for j = k, #entries do
-          if not has[j] then back_ids[#back_ids + 1] = entries[j][1] end
-        end
-        chunked('XACK', {sk, GN}, back_ids)
-        local back = last or (tonumber(seqs[k]) - 1)
-        redis.call('XGROUP', 'SETID', sk, GN, s(back) .. '-0')
-        redis.call('HSET', gkey(), 'c:' .. p, s(back + 1))
-        exhausted = true
-      elseif last then
-        redis.call('HSET', gkey(), 'c:' .. p, s(last + 1))
-      end
-      if #entries < want then exhausted = true end
+    end
+    if nextq ~= c0 then
+      redis.call('HSET', gkey(), 'c:' .. p, s(nextq))
+      -- Redis's own group follows (XINFO GROUPS shows how far it is).
+      redis.pcall('XGROUP', 'SETID', sk, GN, s(nextq - 1) .. '-0')
     end
     due_before(nil)
     chunked('HSET', {st}, hset)
@@ -218,7 +197,11 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
     chunked('ZREM', {due}, zrem)
     add_range()
     if first_lid then
-      redis.call('ZADD', due, exp, 'b' .. first_lid .. ':' .. table.concat(ranges, ','))
+      local rs = table.concat(ranges, ',')
+      redis.call('ZADD', due, exp, 'b' .. first_lid .. ':' .. rs)
+      out[#out + 1] = tonumber(p)
+      out[#out + 1] = rs
+      out[#out + 1] = table.concat(again, ',')
     end
     if dead then collapse(p) end
   end
