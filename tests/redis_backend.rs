@@ -468,8 +468,28 @@ async fn failover_round(wait: bool, run_for: Duration) -> Lost {
     let opts = "rheo_namespace=fo&rheo_connect_timeout_ms=1000&rheo_response_timeout_ms=3000";
     let wait_opts = if wait { "&rheo_wait_replicas=1&rheo_wait_timeout_ms=1000" } else { "" };
     let rheo = Rheo::open(&format!("redis://127.0.0.1:{}/?{opts}{wait_opts}", master.port)).await.expect("open");
-    rheo.create_stream("s", StreamOptions::new()).await.expect("create");
-    rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+    // The stream and group first, on both servers: the losses this
+    // measures are those of the run. (A create whose replica wait timed
+    // out under the other cases' load is asked again.)
+    for _ in 0..5 {
+        match rheo.create_stream("s", StreamOptions::new()).await {
+            Ok(_) | Err(Error::AlreadyExists { .. }) => break,
+            Err(e) => eprintln!("create_stream: {e}; again"),
+        }
+    }
+    for _ in 0..5 {
+        match rheo.create_group("s", "g", GroupOptions::new()).await {
+            Ok(_) | Err(Error::AlreadyExists { .. }) => break,
+            Err(e) => eprintln!("create_group: {e}; again"),
+        }
+    }
+    let t = Instant::now();
+    while replica.conn().and_then(|mut c| redis::cmd("EXISTS").arg("rheo:fo:g:{s}:g").query::<i64>(&mut c)).ok()
+        != Some(1)
+    {
+        assert!(t.elapsed() < Duration::from_secs(10), "the replica did not get the stream and group");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let appended = std::sync::Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
     let acked = std::sync::Arc::new(parking_lot::Mutex::new(Vec::<u64>::new()));
     let mut tasks = Vec::new();

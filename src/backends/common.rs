@@ -207,10 +207,28 @@ pub(crate) fn by_group(leases: &[LeaseRef]) -> BTreeMap<(Arc<str>, Arc<str>), Ve
     out
 }
 
+/// What answers a query a page at a time: every backend, and the Redis
+/// backend's core (which its combiner shares).
+pub(crate) trait QueryPages: Sync {
+    fn query_page<'a>(
+        &'a self,
+        q: &'a crate::model::query::Query,
+    ) -> futures::future::BoxFuture<'a, Result<crate::model::query::Page>>;
+}
+
+impl<T: crate::backend::Backend + ?Sized> QueryPages for T {
+    fn query_page<'a>(
+        &'a self,
+        q: &'a crate::model::query::Query,
+    ) -> futures::future::BoxFuture<'a, Result<crate::model::query::Page>> {
+        self.query(q)
+    }
+}
+
 /// Every (partition, sequence, event id) matching `q` in `scope`, read
 /// page by page through the backend's own query (a replay by query).
 pub(crate) async fn all_matches(
-    backend: &impl crate::backend::Backend,
+    backend: &(impl QueryPages + ?Sized),
     q: &crate::model::query::Query,
     scope: &[u32],
 ) -> Result<Vec<(u32, u64, String)>> {
@@ -219,7 +237,7 @@ pub(crate) async fn all_matches(
     q.cursor = None;
     let mut out = Vec::new();
     loop {
-        let page = backend.query(&q).await?;
+        let page = backend.query_page(&q).await?;
         out.extend(
             page.events
                 .iter()

@@ -11,7 +11,7 @@ use std::time::Duration;
 use redis::{AsyncCommands, Value};
 
 use super::streams::{decode_entry, entries};
-use super::{Keys, RedisBackend, bad_reply, key_name, map_err, missing_code, v_arr, v_int, v_text, v_u64};
+use super::{Core, Keys, bad_reply, key_name, map_err, missing_code, v_arr, v_int, v_text, v_u64};
 use crate::backends::common::{self, GroupRow, GroupSettings};
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
@@ -42,7 +42,7 @@ struct DeadRecord {
     t: String,
 }
 
-impl RedisBackend {
+impl Core {
     /// The arguments every group script starts with (after prefix and tag).
     fn gargs(group: &str) -> [String; 2] {
         [key_name(group), group.to_owned()]

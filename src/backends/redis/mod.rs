@@ -71,6 +71,7 @@ use redis::cluster_async::ClusterConnection;
 use super::redact_url;
 use crate::backend::{Backend, Subscription};
 use crate::backends::WakeupMap;
+use crate::backends::combine::Combiner;
 use crate::error::{Error, Result};
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, NewEvent, Position};
@@ -334,8 +335,49 @@ pub(super) enum Keys<'a> {
     Groups(&'a [String]),
 }
 
-/// The Redis backend.
+/// The Redis backend: its state, shared with the append combiner's
+/// flushes, and the combiner.
 pub struct RedisBackend {
+    core: Arc<Core>,
+    /// Concurrent appends to one stream go to the server together, one
+    /// script per flush (see `Core::flush_appends`).
+    appends: Combiner<Arc<str>, streams::Encoded, Position>,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend").field("prefix", &self.core.base).finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    /// Opens `redis://…` (or `rediss://…`), or a cluster
+    /// (`redis+cluster://…`, `cluster=true`): parses the URL, connects, and
+    /// reads the servers' persistence settings.
+    pub(crate) async fn open(url: &str, clock: Arc<dyn Clock>) -> Result<RedisBackend> {
+        let core = Arc::new(Core::open(url, clock).await?);
+        let shared = core.clone();
+        let appends = Combiner::new(
+            "append",
+            streams::FLUSH_MAX_EVENTS,
+            streams::FLUSH_MAX_BYTES,
+            streams::FLUSH_DEPTH,
+            move |stream: Arc<str>, calls| {
+                let core = shared.clone();
+                async move { core.flush_appends(&stream, calls).await }
+            },
+        );
+        Ok(RedisBackend { core, appends })
+    }
+
+    /// What the server's persistence makes of acknowledged writes.
+    pub fn durability(&self) -> String {
+        self.core.durability()
+    }
+}
+
+/// The Redis backend's state and operations.
+pub(crate) struct Core {
     conn: Conn,
     /// On a cluster, the connection scripts that write go through: it
     /// never resends a call by itself (a resent script could run twice);
@@ -361,24 +403,16 @@ pub struct RedisBackend {
     wait: Option<(u32, Duration)>,
 }
 
-impl std::fmt::Debug for RedisBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisBackend").field("prefix", &self.base).finish_non_exhaustive()
-    }
-}
-
-impl RedisBackend {
-    /// Opens `redis://…` (or `rediss://…`), or a cluster
-    /// (`redis+cluster://…`, `cluster=true`): parses the URL, connects, and
-    /// reads the servers' persistence settings.
-    pub(crate) async fn open(url: &str, clock: Arc<dyn Clock>) -> Result<RedisBackend> {
+impl Core {
+    /// Connects (see [`RedisBackend::open`]).
+    async fn open(url: &str, clock: Arc<dyn Clock>) -> Result<Core> {
         let (o, driver_url) = parse_url(url)?;
         let opened = if o.cluster || conn::cluster_scheme(&driver_url) {
             conn::open_cluster(url, &driver_url, &o).await?
         } else {
             conn::open_single(url, driver_url, &o).await?
         };
-        let mut backend = RedisBackend {
+        let mut backend = Core {
             conn: opened.conn,
             writes: opened.writes,
             connector: opened.connector,
@@ -405,7 +439,7 @@ impl RedisBackend {
     }
 
     /// True on a Redis Cluster.
-    fn is_cluster(&self) -> bool {
+    pub(super) fn is_cluster(&self) -> bool {
         matches!(self.conn, Conn::Cluster(_))
     }
 
@@ -617,7 +651,7 @@ impl Backend for RedisBackend {
 
     fn capabilities(&self) -> Capabilities {
         let mut c = Capabilities::new(NAME);
-        c.durable = self.durability.durable();
+        c.durable = self.core.durability.durable();
         c.distributed = true;
         c.wakeups = true;
         c.ops_inspect = true;
@@ -626,7 +660,7 @@ impl Backend for RedisBackend {
     }
 
     async fn ping(&self) -> Result<()> {
-        let mut conn = self.conn();
+        let mut conn = self.core.conn();
         redis::cmd("PING").query_async::<String>(&mut conn).await.map_err(|e| map_err("ping", false, &e))?;
         Ok(())
     }
@@ -634,8 +668,8 @@ impl Backend for RedisBackend {
     async fn ensure_schema(&self) -> Result<()> {
         // Keys need no schema; this checks the server runs the scripts
         // (Redis 7 or later: shebang flags, XGROUP SETID inside Lua).
-        self.ping().await?;
-        if let Some(v) = conn::lowest_version(&mut self.conn()).await
+        Backend::ping(self).await?;
+        if let Some(v) = conn::lowest_version(&mut self.core.conn()).await
             && v.split('.').next().and_then(|m| m.trim().parse::<u32>().ok()).is_some_and(|m| m < 7)
         {
             return Err(Error::invalid("url", format!("redis {v}: rheo needs Redis 7 or later")));
@@ -644,130 +678,136 @@ impl Backend for RedisBackend {
     }
 
     async fn create_stream(&self, stream: &str, opts: &StreamOptions) -> Result<StreamInfo> {
-        self.create_stream_impl(stream, opts).await
+        self.core.create_stream_impl(stream, opts).await
     }
 
     async fn create_group(&self, stream: &str, group: &str, opts: &GroupOptions) -> Result<GroupSummary> {
-        self.create_group_impl(stream, group, opts).await
+        self.core.create_group_impl(stream, group, opts).await
     }
 
     async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
-        let out = self.append_impl(stream, events).await?;
+        let out = self.core.append_combined(&self.appends, stream, events).await?;
         let mut news = false;
         for at in out.iter().filter(|at| !at.duplicate) {
-            news |= self.seen.raise(stream, at.partition, at.sequence);
+            news |= self.core.seen.raise(stream, at.partition, at.sequence);
         }
         if news {
-            self.wakeups.wake(stream);
+            self.core.wakeups.wake(stream);
         }
         Ok(out)
     }
 
     async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
-        self.read_impl(stream, partition, after, limit).await
+        self.core.read_impl(stream, partition, after, limit).await
     }
 
     async fn query(&self, query: &Query) -> Result<Page> {
-        self.query_impl(query).await
+        self.core.query_impl(query).await
     }
 
     async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
-        self.fetch_impl(stream, group, opts).await
+        self.core.fetch_impl(stream, group, opts).await
     }
 
     async fn renew(&self, lease: &LeaseRef, lease_duration: Duration) -> Result<Timestamp> {
-        let mut all = self.renew_many_impl(std::slice::from_ref(lease), lease_duration).await?;
+        let mut all = self.core.renew_many_impl(std::slice::from_ref(lease), lease_duration).await?;
         all.pop().unwrap_or_else(|| Err(Error::failed("renew", "no result")))
     }
 
     async fn renew_many(&self, leases: &[LeaseRef], lease_duration: Duration) -> Result<Vec<Result<Timestamp>>> {
-        self.renew_many_impl(leases, lease_duration).await
+        self.core.renew_many_impl(leases, lease_duration).await
     }
 
     async fn ack(&self, lease: &LeaseRef) -> Result<()> {
-        let mut all = self.ack_many_impl(std::slice::from_ref(lease)).await?;
+        let mut all = self.core.ack_many_impl(std::slice::from_ref(lease)).await?;
         all.pop().unwrap_or_else(|| Err(Error::failed("ack", "no result")))
     }
 
     async fn ack_many(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
-        self.ack_many_impl(leases).await
+        self.core.ack_many_impl(leases).await
     }
 
     async fn retry(&self, lease: &LeaseRef, reason: &str, delay: Option<Duration>) -> Result<RetryOutcome> {
-        self.retry_impl(lease, reason, delay).await
+        self.core.retry_impl(lease, reason, delay).await
     }
 
     async fn reject(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
-        self.reject_impl(lease, reason).await
+        self.core.reject_impl(lease, reason).await
     }
 
     async fn skip(&self, stream: &str, group: &str, partition: u32, sequence: u64, reason: &str) -> Result<bool> {
-        self.skip_impl(stream, group, partition, sequence, reason).await
+        self.core.skip_impl(stream, group, partition, sequence, reason).await
     }
 
     async fn replay(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64> {
-        self.replay_impl(stream, group, replay).await
+        self.core.replay_impl(stream, group, replay).await
     }
 
     async fn reset_group(&self, stream: &str, group: &str, reset: &Reset) -> Result<()> {
-        self.reset_impl(stream, group, reset).await
+        self.core.reset_impl(stream, group, reset).await
     }
 
     async fn lag(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
-        let g = self.load_group(stream, group).await?;
+        let g = self.core.load_group(stream, group).await?;
         let scope = g.scope(stream, partitions)?;
         Ok(g.lag(stream, group, &scope))
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
-        self.list_streams_impl().await
+        self.core.list_streams_impl().await
     }
 
     async fn stream_info(&self, stream: &str) -> Result<StreamInfo> {
-        self.stream_info_impl(stream).await
+        self.core.stream_info_impl(stream).await
     }
 
     async fn set_retention(&self, stream: &str, retention: &Retention) -> Result<StreamInfo> {
-        self.set_retention_impl(stream, retention).await
+        self.core.set_retention_impl(stream, retention).await
     }
 
     async fn enforce_retention(&self, stream: &str) -> Result<RetentionReport> {
-        self.enforce_retention_impl(stream).await
+        self.core.enforce_retention_impl(stream).await
     }
 
     fn retention_interval(&self) -> Option<Duration> {
-        (!self.retention_interval.is_zero()).then_some(self.retention_interval)
+        (!self.core.retention_interval.is_zero()).then_some(self.core.retention_interval)
     }
 
     async fn retention_round(&self) -> Result<Vec<RetentionReport>> {
-        self.retention_round_impl().await
+        self.core.retention_round_impl().await
     }
 
     async fn list_groups(&self, stream: &str) -> Result<Vec<GroupSummary>> {
-        self.list_groups_impl(stream).await
+        self.core.list_groups_impl(stream).await
     }
 
     async fn dead_letters(&self, stream: &str, group: &str, opts: &DeadLetterOptions) -> Result<Vec<DeadLetter>> {
-        self.dead_letters_impl(stream, group, opts).await
+        self.core.dead_letters_impl(stream, group, opts).await
     }
 
     async fn group_info(&self, stream: &str, group: &str) -> Result<GroupInfo> {
-        self.group_info_impl(stream, group).await
+        self.core.group_info_impl(stream, group).await
     }
 
     async fn create_index(&self, stream: &str, field: &str) -> Result<()> {
-        self.create_index_impl(stream, field).await
+        self.core.create_index_impl(stream, field).await
     }
 
     async fn index_status(&self, stream: &str) -> Result<Vec<IndexStatus>> {
-        self.index_status_impl(stream).await
+        self.core.index_status_impl(stream).await
     }
 
     async fn subscribe(&self, stream: &str) -> Result<Subscription> {
-        let count = self.partition_count(stream).await?;
-        let keys = (0..count).map(|p| self.part_key(stream, p)).collect();
-        self.watchers.ensure(stream, keys, &self.connector, self.wakeups.clone(), self.seen.clone());
-        Ok(self.wakeups.get(stream).subscribe())
+        let count = self.core.partition_count(stream).await?;
+        let keys = (0..count).map(|p| self.core.part_key(stream, p)).collect();
+        self.core.watchers.ensure(
+            stream,
+            keys,
+            &self.core.connector,
+            self.core.wakeups.clone(),
+            self.core.seen.clone(),
+        );
+        Ok(self.core.wakeups.get(stream).subscribe())
     }
 }
 
@@ -807,7 +847,7 @@ mod tests {
         let one = format!("{}:{}", key_name("a"), key_name("x}:b"));
         let two = format!("{}:{}", key_name("a}:x"), key_name("b"));
         assert_ne!(one, two);
-        assert_eq!(RedisBackend::tag("a}b"), "{a%7Db}");
+        assert_eq!(Core::tag("a}b"), "{a%7Db}");
     }
 
     #[test]

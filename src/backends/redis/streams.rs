@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use redis::{AsyncCommands, Value};
 
-use super::{Keys, RedisBackend, bad_reply, map_err, v_arr, v_int, v_text, v_u64};
+use super::{Core, Keys, bad_reply, map_err, v_arr, v_int, v_text, v_u64};
+use crate::backends::combine::{Answers, Call, Combiner};
 use crate::backends::dedupe::{Plan, resolve_plan};
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::retention::new_start;
@@ -26,6 +27,22 @@ const TRIM_BATCH: usize = 1000;
 /// Steps of one retention pass at most (a million entries per partition);
 /// the next pass goes on.
 const TRIM_STEPS: usize = 1000;
+/// The most events in one append flush (concurrent calls combined).
+pub(super) const FLUSH_MAX_EVENTS: usize = 1000;
+/// The most bytes (of arguments) in one append flush.
+pub(super) const FLUSH_MAX_BYTES: usize = 4 << 20;
+/// Append flushes of one stream in flight at once: while one waits for
+/// the server's fsync, the next is already queued behind it (the server
+/// runs them one after the other, each atomic).
+pub(super) const FLUSH_DEPTH: usize = 4;
+
+/// One event encoded for the append script (its 10 arguments) and the
+/// timestamp it carries.
+pub(crate) struct Encoded {
+    args: [Vec<u8>; 10],
+    stamp: Timestamp,
+}
+
 /// How often a retention step is tried again when groups appear while it
 /// runs (on a cluster).
 const RETAIN_ATTEMPTS: usize = 8;
@@ -105,7 +122,7 @@ pub(super) fn entries(v: &Value) -> Vec<(String, &[Value])> {
         .collect()
 }
 
-impl RedisBackend {
+impl Core {
     /// A stream's meta hash: `StreamNotFound` when there is none.
     pub(super) async fn meta(&self, stream: &str) -> Result<Meta> {
         let mut conn = self.conn();
@@ -177,21 +194,27 @@ impl RedisBackend {
             .with_options(opts.retention, None))
     }
 
-    /// Appends a batch in one script: all or nothing.
-    pub(super) async fn append_impl(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
+    /// Appends a call's events through the combiner: concurrent calls on
+    /// one stream go to the server in one script (one round trip and one
+    /// AOF write for all of them), each call answered on its own. Every
+    /// event is routed and encoded here first, so a call with bad input
+    /// fails alone and writes nothing.
+    pub(super) async fn append_combined(
+        &self,
+        appends: &Combiner<Arc<str>, Encoded, Position>,
+        stream: &str,
+        events: &[NewEvent],
+    ) -> Result<Vec<Position>> {
         let count = self.partition_count(stream).await?;
         if events.is_empty() {
             return Ok(Vec::new());
         }
         let at = self.now();
-        // Route and encode everything first: bad input writes nothing.
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(1 + events.len() * 10);
-        args.push(events.len().to_string().into_bytes());
-        let mut stamps = Vec::with_capacity(events.len());
+        let mut encoded = Vec::with_capacity(events.len());
+        let mut bytes = 0;
         for e in events {
             let p = route(stream, e, count)?;
             let ts = e.timestamp.unwrap_or(at);
-            stamps.push(ts);
             let has =
                 format!("{}{}", if e.key.is_some() { "k" } else { "" }, if e.event_type.is_some() { "t" } else { "" });
             let metadata = if e.metadata.is_empty() {
@@ -203,7 +226,7 @@ impl RedisBackend {
                 PayloadFormat::Json => ("json", e.payload.as_bytes().to_vec()),
                 _ => ("mp", e.payload.as_bytes().to_vec()),
             };
-            args.extend([
+            let args = [
                 p.to_string().into_bytes(),
                 e.id.clone().into_bytes(),
                 if e.id_given { b"1".to_vec() } else { b"0".to_vec() },
@@ -214,7 +237,36 @@ impl RedisBackend {
                 metadata,
                 field.as_bytes().to_vec(),
                 payload,
-            ]);
+            ];
+            bytes += args.iter().map(|a| a.len() + 16).sum::<usize>();
+            encoded.push(Encoded { args, stamp: ts });
+        }
+        appends.submit(Arc::from(stream), encoded, bytes).await
+    }
+
+    /// One flush of the append combiner: every call's events in one
+    /// script, all or nothing; each call gets its own positions, or the
+    /// flush's error (nothing written, or unknown, for all alike: no error
+    /// of the script is one call's, their input was checked before).
+    pub(super) async fn flush_appends(&self, stream: &str, calls: Vec<Call<Encoded>>) -> Answers<Position> {
+        let all: Vec<&Encoded> = calls.iter().flat_map(|c| c.items.iter()).collect();
+        match self.write_appends(stream, &all).await {
+            Ok(positions) => {
+                let mut rest = positions.into_iter();
+                calls.iter().map(|c| Ok(rest.by_ref().take(c.items.len()).collect())).collect()
+            }
+            Err(e) => calls.iter().map(|_| Err(e.clone())).collect(),
+        }
+    }
+
+    /// Appends encoded events in one script: all or nothing; one position
+    /// per event, in order (a duplicate id's is the stored event's).
+    async fn write_appends(&self, stream: &str, events: &[&Encoded]) -> Result<Vec<Position>> {
+        let mut args: Vec<&[u8]> = Vec::with_capacity(1 + events.len() * 10);
+        let n = events.len().to_string();
+        args.push(n.as_bytes());
+        for e in events {
+            args.extend(e.args.iter().map(Vec::as_slice));
         }
         let r = self.run(&self.scripts.append, stream, Keys::Stream, &args, "append", true).await?;
         if v_int(&r) == Some(-1) {
@@ -236,7 +288,7 @@ impl RedisBackend {
                 "s" => {
                     let p = u32::try_from(num(0)?).map_err(|_| bad_reply("append", &text))?;
                     let q = u64::try_from(num(1)?).map_err(|_| bad_reply("append", &text))?;
-                    stored.push(Position::new(p, q, stamps[i]));
+                    stored.push(Position::new(p, q, events[i].stamp));
                     plan.push(Plan::Store);
                 }
                 "d" => {
@@ -578,4 +630,10 @@ fn entry_size(fields: &[Value]) -> u64 {
             other => v_text(other).map_or(0, |t| t.len() as u64),
         })
         .sum::<u64>()
+}
+
+impl crate::backends::common::QueryPages for Core {
+    fn query_page<'a>(&'a self, q: &'a Query) -> futures::future::BoxFuture<'a, Result<Page>> {
+        Box::pin(self.query_impl(q))
+    }
 }

@@ -24,7 +24,7 @@ for i = 1, n do
     count[p] = (count[p] or 0) + 1
   end
 end
-local nxt = {}
+local nxt, bytes = {}, {}
 for p, c in pairs(count) do
   nxt[p] = redis.call('HINCRBY', meta(), 'hw:' .. p, c) - c + 1
 end
@@ -43,9 +43,11 @@ for i = 1, n do
     redis.call('XADD', skey(p), s(q) .. '-0', unpack(f))
     local size = 32
     for _, v in ipairs(f) do size = size + #v end
-    redis.call('HINCRBY', meta(), 'bytes:' .. p, size)
+    bytes[p] = (bytes[p] or 0) + size
     if given == '1' then redis.call('HSET', idskey(), id, p .. ':' .. s(q) .. ':' .. ts) end
     plan[i] = 's:' .. p .. ':' .. s(q)
   end
 end
+-- Stored bytes, once per partition (one write, not one per event).
+for p, b in pairs(bytes) do redis.call('HINCRBY', meta(), 'bytes:' .. p, b) end
 return plan
