@@ -243,7 +243,15 @@ impl Core {
         claimed.sort_unstable_by_key(|c| (c.0, c.1));
         // The claimed entries, read outside the script (ADR 0024): one
         // XRANGE per run of consecutive sequences, in one round trip.
-        let mut entries = self.claimed_entries(stream, &claimed).await?;
+        let replies = self.claimed_entries(stream, &claimed).await?;
+        let mut found: HashMap<(u32, u64), &[Value]> = HashMap::with_capacity(claimed.len());
+        for (p, reply) in &replies {
+            for (id, fields) in entries(reply) {
+                if let Some(q) = id.split_once('-').and_then(|(q, _)| q.parse().ok()) {
+                    found.insert((*p, q), fields);
+                }
+            }
+        }
         let name: Arc<str> = Arc::from(stream);
         let group_name: Arc<str> = Arc::from(group);
         let consumer: Arc<str> = Arc::from(consumer.as_str());
@@ -253,13 +261,13 @@ impl Core {
         for (p, q, attempt, lease_id) in claimed {
             // An entry deleted by hand: the lease is acked below (settled,
             // nothing to deliver), as before it was claimed.
-            let Some(fields) = entries.remove(&(p, q)) else {
+            let Some(fields) = found.remove(&(p, q)) else {
                 gone.push((p, q, lease_id));
                 continue;
             };
             // An entry that does not decode (written by another program)
             // is reported, not delivered; the other claims stand.
-            let event = match decode_entry(&name, p, &format!("{q}-0"), &fields) {
+            let event = match decode_entry(&name, p, &format!("{q}-0"), fields) {
                 Ok(e) => e,
                 Err(e) => {
                     damaged.push(Damage {
@@ -295,14 +303,11 @@ impl Core {
         Ok(FetchReport { leases, damaged })
     }
 
-    /// The entries of `claimed` (sorted by partition and sequence), by
-    /// (partition, sequence): one `XRANGE` per run of consecutive
-    /// sequences, pipelined. A missing entry was deleted by hand.
-    async fn claimed_entries(
-        &self,
-        stream: &str,
-        claimed: &[(u32, u64, u32, String)],
-    ) -> Result<HashMap<(u32, u64), Vec<Value>>> {
+    /// The `XRANGE` replies for `claimed` (sorted by partition and
+    /// sequence), one per run of consecutive sequences, with the run's
+    /// partition, pipelined in one round trip. An entry missing from them
+    /// was deleted by hand.
+    async fn claimed_entries(&self, stream: &str, claimed: &[(u32, u64, u32, String)]) -> Result<Vec<(u32, Value)>> {
         let mut runs: Vec<(u32, u64, u64)> = Vec::new();
         for &(p, q, _, _) in claimed {
             match runs.last_mut() {
@@ -310,9 +315,8 @@ impl Core {
                 _ => runs.push((p, q, q)),
             }
         }
-        let mut out = HashMap::with_capacity(claimed.len());
         if runs.is_empty() {
-            return Ok(out);
+            return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
         for &(p, lo, hi) in &runs {
@@ -323,25 +327,7 @@ impl Core {
         // (A lost reply leaves the claim made: `Ambiguous`, and the leases
         // come back when they expire.)
         let replies: Vec<Value> = pipe.query_async(&mut conn).await.map_err(|e| map_err("fetch", true, &e))?;
-        for (&(p, _, _), reply) in runs.iter().zip(replies) {
-            let Value::Array(items) = reply else { continue };
-            for item in items {
-                let Value::Array(mut pair) = item else { continue };
-                if pair.len() != 2 {
-                    continue;
-                }
-                let fields = match pair.pop() {
-                    Some(Value::Array(f)) => f,
-                    _ => continue,
-                };
-                let q =
-                    pair.first().and_then(v_text).and_then(|id| id.split_once('-').and_then(|(s, _)| s.parse().ok()));
-                if let Some(q) = q {
-                    out.insert((p, q), fields);
-                }
-            }
-        }
-        Ok(out)
+        Ok(runs.iter().map(|r| r.0).zip(replies).collect())
     }
 
     // ---- settles ----
