@@ -17,7 +17,7 @@ mod scale;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use rheo::{AppendOptions, Error, FetchOptions, GroupOptions, Rheo, StreamOptions};
+use rheo::{AppendOptions, Error, FetchOptions, GroupOptions, RetryOutcome, Rheo, StreamOptions};
 use serde_json::json;
 
 fn base_url() -> String {
@@ -93,8 +93,13 @@ async fn redis_keys_and_entries_have_the_documented_shape() {
         events[..3].iter().map(|e| e.id()).collect::<Vec<_>>()
     );
     let st = format!("rheo:{ns}:st:{{orders}}:billing:1");
-    let fences: Vec<String> = redis::cmd("HKEYS").arg(&st).query(&mut c).expect("hkeys");
+    let fences: HashMap<String, String> = redis::cmd("HGETALL").arg(&st).query(&mut c).expect("hgetall");
     assert_eq!(fences.len(), 3, "a fence per delivery in flight: {fences:?}");
+    for l in &leases {
+        // ADR 0026: a lease's fence is `L<attempt>:<lease id>:<expiry>`.
+        let want = format!("L1:{}:{}", l.lease_id, l.expires_at.as_millis());
+        assert_eq!(fences.get(&l.event.sequence().to_string()), Some(&want), "the compact fence of {l:?}");
+    }
     let pending: Pending = redis::cmd("XPENDING").arg(&key).arg("billing").query(&mut c).expect("xpending");
     assert_eq!(pending.0, 0, "Redis's pending list is not used");
     let groups: Vec<HashMap<String, redis::Value>> =
@@ -109,6 +114,56 @@ async fn redis_keys_and_entries_have_the_documented_shape() {
     assert!(fences.is_empty(), "acks remove the fences: {fences:?}");
     let lag = rheo.lag("orders", "billing").await.expect("lag");
     assert_eq!(lag.total, 2);
+}
+
+/// Fences in the JSON an earlier version wrote (naming the consumer) are
+/// still honoured: acked, renewed, retried and reclaimed under their lease
+/// ids, and a stale lease is refused against them (ADR 0026).
+#[tokio::test]
+#[ignore = "needs a Redis server: .ci/run starts one and runs these with RHEO_REDIS_URL set"]
+async fn redis_fences_of_an_earlier_version_are_honoured() {
+    let (rheo, ns, _drop) = open().await;
+    rheo.create_stream("s", StreamOptions::new()).await.expect("create");
+    rheo.create_group("s", "g", GroupOptions::new().max_attempts(5)).await.expect("group");
+    let batch: Vec<_> = (0..4).map(|i| (json!({"i": i}), AppendOptions::new())).collect();
+    rheo.append_batch_with("s", batch).await.expect("append");
+    let leases = rheo.fetch("s", "g", FetchOptions::new().limit(4)).await.expect("fetch");
+    assert_eq!(leases.len(), 4);
+    let mut c = conn();
+    let st = format!("rheo:{ns}:st:{{s}}:g:0");
+    let json_fence = |l: &rheo::Lease, x: i64| {
+        json!({"s": "L", "a": "1", "l": l.lease_id.to_string(), "x": x.to_string(), "c": "old-consumer"}).to_string()
+    };
+    for l in &leases {
+        let () = redis::cmd("HSET")
+            .arg(&st)
+            .arg(l.event.sequence())
+            .arg(json_fence(l, l.expires_at.as_millis()))
+            .query(&mut c)
+            .expect("hset");
+    }
+    // A stale lease id is refused against a JSON fence.
+    let mut stale = leases[0].to_ref();
+    stale.lease_id = leases[1].lease_id;
+    assert!(matches!(rheo.ack(&stale).await, Err(Error::StaleLease { .. })), "a stale lease is refused");
+    rheo.ack(&leases[0]).await.expect("ack under an old fence");
+    rheo.renew(&leases[1], Duration::from_secs(60)).await.expect("renew under an old fence");
+    let renewed: String = redis::cmd("HGET").arg(&st).arg(2).query(&mut c).expect("hget");
+    assert!(renewed.starts_with(&format!("L1:{}:", leases[1].lease_id)), "a renewed fence is compact: {renewed}");
+    rheo.ack(&leases[1]).await.expect("ack after renew");
+    let outcome = rheo.retry(&leases[2], "again").await.expect("retry under an old fence");
+    assert!(matches!(outcome, RetryOutcome::Scheduled { .. }), "{outcome:?}");
+    // The last one's old fence expired: the next fetch claims it again.
+    // (Its fence and its own due entry, as a renewal by the earlier version left them.)
+    let () = redis::cmd("HSET").arg(&st).arg(4).arg(json_fence(&leases[3], 1)).query(&mut c).expect("hset");
+    let () = redis::cmd("ZADD").arg(format!("rheo:{ns}:due:{{s}}:g:0")).arg(1).arg(4).query(&mut c).expect("zadd");
+    let again = rheo.fetch("s", "g", FetchOptions::new().limit(4)).await.expect("fetch");
+    let four = again.iter().find(|l| l.event.sequence() == 4).expect("the expired lease is claimed again");
+    assert_eq!(four.attempt, 2);
+    let fence: String = redis::cmd("HGET").arg(&st).arg(4).query(&mut c).expect("hget");
+    assert!(!fence.contains("old-consumer"), "a reclaimed fence drops the consumer: {fence}");
+    assert!(matches!(rheo.ack(&leases[3]).await, Err(Error::StaleLease { .. })), "the old lease is stale");
+    rheo.ack(four).await.expect("ack the new lease");
 }
 
 /// An entry deleted by hand (`XDEL`) is not delivered: its claim is

@@ -219,7 +219,8 @@ impl Core {
         };
         let now = self.now();
         let expires = now.saturating_add(opts.lease);
-        // Redis names every consumer of a group; an unnamed one is "rheo".
+        // The leases name their consumer; an unnamed one is "rheo" (Redis no
+        // longer sees it: fences do not keep it, ADR 0026).
         let consumer = opts.consumer_id.clone().filter(|c| !c.is_empty()).unwrap_or_else(|| "rheo".to_owned());
         let parts = scope.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         let [gk, gn] = Self::gargs(group);
@@ -228,7 +229,6 @@ impl Core {
             gn,
             now.as_millis().to_string(),
             expires.as_millis().to_string(),
-            consumer.clone(),
             opts.limit.to_string(),
             (opts.limit + SPENT_PER_FETCH).to_string(),
             parts,
@@ -452,9 +452,7 @@ impl Core {
             .map_err(|e| map_err("retry", false, &e))?;
         let attempt = raw
             .as_deref()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
-            .filter(|d| d["s"] == "L" && d["l"] == lease.lease_id.to_string().as_str())
-            .and_then(|d| d["a"].as_str().and_then(|a| a.parse::<u32>().ok()))
+            .and_then(|t| held_attempt(t, &lease.lease_id.to_string()))
             .ok_or_else(|| lease.stale())?;
         let now = self.now();
         let decision = rules::retry(attempt, g.max_attempts, reason, delay, &g.settings.retry_backoff, now);
@@ -676,6 +674,21 @@ impl Core {
 
 /// The claims of a claim script's reply: per partition (partition, ranges,
 /// attempts above the first); the n-th claim holds the n-th lease id.
+/// The attempt of a fence (ADR 0026) that is a lease held under `lease`:
+/// compact `L<attempt>:<lease id>:<expiry>`, or JSON.
+fn held_attempt(fence: &str, lease: &str) -> Option<u32> {
+    if let Some(rest) = fence.strip_prefix('L') {
+        let mut parts = rest.splitn(3, ':');
+        let attempt = parts.next()?.parse().ok()?;
+        return (parts.next()? == lease).then_some(attempt);
+    }
+    let d = serde_json::from_str::<serde_json::Value>(fence).ok()?;
+    if d["s"] != "L" || d["l"] != lease {
+        return None;
+    }
+    d["a"].as_str()?.parse().ok()
+}
+
 fn parse_claims(parts: &[Value], lease_ids: &[String]) -> Result<Vec<(u32, u64, u32, String)>> {
     let bad = || bad_reply("fetch", "a partition's claims");
     let mut out = Vec::new();

@@ -25,7 +25,7 @@
 //! | `ids:{s}` | hash | producer-given event id → `<p>:<sequence>:<timestamp>` (idempotent appends) |
 //! | `groups:{s}` | hash | group name → its name as keys spell it |
 //! | `g:{s}:<g>` | hash | max attempts, settings, per partition frontier (`f:<p>`) and cursor (`c:<p>`), skipped count, dead-letter counter |
-//! | `st:{s}:<g>:<p>` | hash | sequence → the fence of a delivery in flight or waiting to be retried (JSON) |
+//! | `st:{s}:<g>:<p>` | hash | sequence → the fence of a delivery in flight or waiting to be retried (ADR 0026: compact `L<attempt>:<lease id>:<expiry>` for a lease, JSON otherwise) |
 //! | `due:{s}:<g>:<p>` | sorted set | when they become claimable (lease expiry, end of the retry wait): one `b<lease id>:<ranges>` per claimed batch, a sequence of its own after a renewal or for a retry wait (ADR 0022) |
 //! | `done:{s}:<g>:<p>` | sorted set | settled sequences above the frontier |
 //! | `dl:{s}:<g>`, `dead:{s}:<g>`, `dlid:{s}:<g>` | sorted set, hashes | dead letters in order, their records, by event id |

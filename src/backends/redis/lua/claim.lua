@@ -4,7 +4,7 @@
 -- the group's cursor up to the high watermark. It decides and records the
 -- claims only: the caller reads the claimed entries with XRANGE, outside
 -- Lua (ADR 0024), since turning entries into Lua tables and back was most
--- of a claim's time. Each claim gets its fence (state, lease id, expiry) here,
+-- of a claim's time. Each claim gets its fence (attempt, lease id, expiry) here,
 -- and each claimed batch one due entry: `b<first lease id>:<ranges>`
 -- (e.g. `b…:5-104,107`) scored by the batch's expiry, instead of one per
 -- lease. A due entry is a hint: a position is claimable when its fence's
@@ -12,10 +12,10 @@
 -- wait adds the position's own entry (its sequence).
 -- A delivery whose lease expired on its last attempt is dead-lettered on
 -- the way (at most `spent` of them; past that a partition stops).
--- ARGV[3]: encoded group, [4]: group, [5]: now, [6]: expiry, [7]: consumer,
--- [8]: limit, [9]: spent budget, [10]: partitions to look at
--- (comma-separated; those the group does not consume are passed),
--- [11...]: one lease id per possible claim.
+-- ARGV[3]: encoded group, [4]: group, [5]: now, [6]: expiry, [7]: limit,
+-- [8]: spent budget, [9]: partitions to look at (comma-separated; those
+-- the group does not consume are passed), [10...]: one lease id per
+-- possible claim.
 -- Returns -1/-2 (stream/group missing) or {count, {partition, ranges,
 -- attempts, ...}}: per partition with claims, its claimed sequences as
 -- ranges (`5-104,107`, in claim order) and the attempts that are not the
@@ -25,13 +25,12 @@
 G, GN = ARGV[3], ARGV[4]
 local miss = missing()
 if miss ~= 0 then return miss end
-local now, exp, consumer = ARGV[5], ARGV[6], ARGV[7]
-local limit, spent = tonumber(ARGV[8]), tonumber(ARGV[9])
+local now, exp = ARGV[5], ARGV[6]
+local limit, spent = tonumber(ARGV[7]), tonumber(ARGV[8])
 local maxa = tonumber(redis.call('HGET', gkey(), 'max'))
-local consumer_json = cjson.encode(consumer)
 local out, n = {}, 0
 
-for p in string.gmatch(ARGV[10], '[^,]+') do
+for p in string.gmatch(ARGV[9], '[^,]+') do
   if n >= limit then break end
   local g = redis.call('HMGET', gkey(), 'f:' .. p, 'c:' .. p)
   if g[1] then
@@ -45,24 +44,24 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
       if lo then ranges[#ranges + 1] = lo == hi and s(lo) or (s(lo) .. '-' .. s(hi)) end
     end
     -- A fence: `d` (a reclaimed delivery's, kept with its attempt, event
-    -- id and reason) or, for a first delivery, built as text (no table to
-    -- encode: most claims are first deliveries).
+    -- id and reason) or, for a first delivery, compact text built here.
     local function lease(q, d)
       n = n + 1
       local qs_ = s(q)
-      local lid = ARGV[10 + n]
+      local lid = ARGV[9 + n]
       local a, text
       if d then
         d.s = 'L'
         d.a = tostring((tonumber(d.a) or 0) + 1)
         d.l = lid
         d.x = exp
-        d.c = consumer
+        -- (Fences of earlier versions named the consumer; nothing read it.)
+        d.c = nil
         a = d.a
-        text = cjson.encode(d)
+        text = fence_text(d)
       else
         a = '1'
-        text = '{"s":"L","a":"1","l":"' .. lid .. '","x":"' .. exp .. '","c":' .. consumer_json .. '}'
+        text = 'L1:' .. lid .. ':' .. exp
       end
       hset[#hset + 1] = qs_
       hset[#hset + 1] = text
@@ -129,7 +128,7 @@ for p in string.gmatch(ARGV[10], '[^,]+') do
         -- (No fence: settled. A later time: renewed, or claimed again,
         -- since the entry was written. Nothing to claim either way.)
         if raw and fence_time(raw) <= nowt then
-          local d = cjson.decode(raw)
+          local d = fence(raw)
           if d.s == 'L' and tonumber(d.a) >= maxa then
             if spent == 0 then handled[q] = nil; stop = true; return end
             spent = spent - 1

@@ -33,9 +33,34 @@ local function field(fields, name)
   return nil
 end
 
--- When a fence (JSON) is due: a lease's expiry, a waiting delivery's
--- ready time (0 when it has none).
-local function fence_time(raw) return tonumber(string.match(raw, '"x":"(%d+)"')) or 0 end
+-- A fence (a position's delivery state, in the `st:` hash) is either
+-- compact text for a lease, `L<attempt>:<lease id>:<expiry>` (most fences:
+-- every claim writes one per lease, every ack reads one; ADR 0026), or JSON
+-- for anything else (a waiting delivery, or a lease that keeps an event id
+-- or reason from its earlier attempts): s (state, L or W), a (attempt),
+-- l (lease id), x (expiry or ready time), i (event id), r (reason).
+local function fence(raw)
+  if string.byte(raw, 1) == 76 then
+    local a, l, x = string.match(raw, '^L(%d+):([^:]+):(%d+)$')
+    return {s = 'L', a = a, l = l, x = x}
+  end
+  return cjson.decode(raw)
+end
+
+-- A fence's text: compact for a lease that carries nothing else.
+local function fence_text(d)
+  if d.s == 'L' and d.i == nil and d.r == nil then
+    return 'L' .. d.a .. ':' .. d.l .. ':' .. d.x
+  end
+  return cjson.encode(d)
+end
+
+-- When a fence is due: a lease's expiry, a waiting delivery's ready time
+-- (0 when it has none).
+local function fence_time(raw)
+  if string.byte(raw, 1) == 76 then return tonumber(string.match(raw, ':(%d+)$')) or 0 end
+  return tonumber(string.match(raw, '"x":"(%d+)"')) or 0
+end
 
 -- -1: the stream is missing; -2: the group is missing; 0: both exist.
 local function missing()
@@ -135,10 +160,16 @@ local function dead_letter(p, q, attempts, reason, eid, now)
   redis.call('ZADD', donekey(p), s(q), s(q))
 end
 
--- True when a fence (JSON) is a lease held under `lease`: a plain search
--- (a JSON string never holds a bare quote, so neither pattern can match
--- inside a value).
+-- True when a fence is a lease held under `lease` (a lease id as the
+-- client formats it: no colon). Compact: the text between the first two
+-- colons is the lease id, read in place. JSON: a plain search (a JSON
+-- string never holds a bare quote, so neither pattern can match inside a
+-- value).
 local function held(raw, lease)
+  if string.byte(raw, 1) == 76 then
+    local c = string.find(raw, ':', 2, true)
+    return c ~= nil and string.find(raw, lease, c + 1, true) == c + 1 and string.byte(raw, c + 1 + #lease) == 58
+  end
   return string.find(raw, '"s":"L"', 1, true) ~= nil and string.find(raw, '"l":"' .. lease .. '"', 1, true) ~= nil
 end
 

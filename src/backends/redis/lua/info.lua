@@ -8,7 +8,7 @@ local now = tonumber(ARGV[5])
 local inflight, waiting = 0, 0
 for p in string.gmatch(ARGV[6], '[^,]+') do
   for _, raw in ipairs(redis.call('HVALS', stkey(p))) do
-    local d = cjson.decode(raw)
+    local d = fence(raw)
     if d.s == 'L' then inflight = inflight + 1
     elseif tonumber(d.x) > now then waiting = waiting + 1 end
   end

@@ -10,10 +10,10 @@ for i = 6, #ARGV, 3 do
   local raw = redis.call('HGET', stkey(p), q)
   local ok = 0
   if raw then
-    local d = cjson.decode(raw)
+    local d = fence(raw)
     if d.s == 'L' and d.l == l then
       d.x = ARGV[5]
-      redis.call('HSET', stkey(p), q, cjson.encode(d))
+      redis.call('HSET', stkey(p), q, fence_text(d))
       redis.call('ZADD', duekey(p), ARGV[5], q)
       ok = 1
     end

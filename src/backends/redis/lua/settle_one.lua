@@ -9,7 +9,7 @@ if miss ~= 0 then return miss end
 local p, q, l = ARGV[5], ARGV[6], ARGV[7]
 local raw = redis.call('HGET', stkey(p), q)
 if not raw then return 0 end
-local d = cjson.decode(raw)
+local d = fence(raw)
 if d.s ~= 'L' or d.l ~= l or (ARGV[8] ~= '' and d.a ~= ARGV[8]) then return 0 end
 if ARGV[9] == 'dead' then
   dead_letter(p, tonumber(q), d.a, ARGV[10], d.i, ARGV[11])

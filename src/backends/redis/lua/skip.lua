@@ -13,7 +13,7 @@ local raw = redis.call('HGET', stkey(p), s(q))
 if q <= f or redis.call('ZSCORE', donekey(p), s(q)) or (not raw and q < c) then return -4 end
 local attempts, eid = '0', ARGV[9]
 if raw then
-  local d = cjson.decode(raw)
+  local d = fence(raw)
   attempts = d.a
   if d.i then eid = d.i end
 end
