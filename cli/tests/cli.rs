@@ -921,6 +921,17 @@ fn every_bad_value_exits_2_and_a_failed_operation_exits_1() {
     let out = rheo_at("native:", &["stream", "list"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs a directory"));
+    // A database backend the command was built without names the feature
+    // and how to build with it (`cargo test` builds it without MongoDB).
+    let out = rheo_at("mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=200", &["stream", "list"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if cfg!(feature = "mongo") {
+        assert!(!err.contains("needs the cargo feature"), "{err}");
+    } else {
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("needs the cargo feature \"mongo\""), "{err}");
+        assert!(err.contains("cargo install rheo-cli --features mongo"), "{err}");
+    }
     // Failed operations: exit 1.
     for (args, says) in [
         (&["group", "info", "s", "nope"][..], r#"group "nope" does not exist"#),

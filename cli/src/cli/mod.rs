@@ -217,11 +217,26 @@ impl std::fmt::Display for CliError {
 impl From<rheo::Error> for CliError {
     fn from(e: rheo::Error) -> Self {
         let message = match &e {
-            rheo::Error::InvalidArgument { argument: "url", reason } => format!("invalid --backend URL: {reason}"),
+            rheo::Error::InvalidArgument { argument: "url", reason } => match needed_feature(reason) {
+                // The command's database backends are its features.
+                Some(f) => format!(
+                    "invalid --backend URL: {reason}. Build the command with it: `cargo install rheo-cli \
+                     --features {f}`, or from a checkout `cargo run --release --features {f} -- ...` \
+                     (`--features databases` builds all four)"
+                ),
+                None => format!("invalid --backend URL: {reason}"),
+            },
             _ => e.to_string(),
         };
         CliError::of(ErrorKind::of(&e), message)
     }
+}
+
+/// The cargo feature a refused URL names (`... needs the cargo feature
+/// "postgres" ...`), if that is why it was refused.
+fn needed_feature(reason: &str) -> Option<&str> {
+    let rest = reason.split_once("needs the cargo feature \"")?.1;
+    rest.split_once('"').map(|(f, _)| f)
 }
 
 impl From<std::io::Error> for CliError {

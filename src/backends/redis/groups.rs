@@ -450,10 +450,8 @@ impl Core {
             )
             .await
             .map_err(|e| map_err("retry", false, &e))?;
-        let attempt = raw
-            .as_deref()
-            .and_then(|t| held_attempt(t, &lease.lease_id.to_string()))
-            .ok_or_else(|| lease.stale())?;
+        let attempt =
+            raw.as_deref().and_then(|t| held_attempt(t, &lease.lease_id.to_string())).ok_or_else(|| lease.stale())?;
         let now = self.now();
         let decision = rules::retry(attempt, g.max_attempts, reason, delay, &g.settings.retry_backoff, now);
         let outcome = decision.outcome();
