@@ -324,22 +324,26 @@ crate::service_backends!(service_conformance);
 
 /// The whole suite on MongoDB (with the `mongo` feature; ignored unless
 /// run with `--ignored`, as .ci/run does with a server started).
+#[cfg(feature = "mongo")]
 macro_rules! mongo_conformance {
     ($backend:ident, $factory:path) => {
         suite!(service "needs a MongoDB-wire server: .ci/run starts one and runs these with RHEO_MONGO_URL set", $backend, $factory);
     };
 }
 
+#[cfg(feature = "mongo")]
 crate::mongo_backends!(mongo_conformance);
 
 /// The whole suite on Redis (with the `redis` feature; ignored unless run
 /// with `--ignored`, as .ci/run does with a server started).
+#[cfg(feature = "redis")]
 macro_rules! redis_conformance {
     ($backend:ident, $factory:path) => {
         suite!(service "needs a Redis server: .ci/run starts one and runs these with RHEO_REDIS_URL set", $backend, $factory);
     };
 }
 
+#[cfg(feature = "redis")]
 crate::redis_backends!(redis_conformance);
 
 /// What a plain `cargo test` (no `mongo` feature) says about the MongoDB
