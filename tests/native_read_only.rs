@@ -302,3 +302,50 @@ async fn a_torn_tail_is_cut_in_the_view_only() {
     drop(ro);
     assert_eq!(files(tmp.path()), before, "the read-only open changed the directory");
 }
+
+/// `recovery=strict` is honoured by a read-only open: a flipped byte in a
+/// sealed segment fails it, naming the file, while the default mode opens;
+/// the torn tail of the active segment (a live writer's append in flight)
+/// is tolerated either way and cut in the view only.
+#[tokio::test]
+async fn strict_recovery_checks_sealed_segments_in_a_read_only_open() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let url = format!("native:{}?segment_bytes=4096", tmp.path().display());
+    {
+        let rheo = Rheo::open(&url).await.expect("open");
+        rheo.create_stream("t", StreamOptions::new().partitions(1)).await.expect("stream");
+        for n in 0..100 {
+            rheo.append("t", &json!({"n": n, "pad": "x".repeat(60)}), AppendOptions::new()).await.expect("append");
+        }
+    }
+    let mut segments: Vec<PathBuf> =
+        files(tmp.path()).into_keys().filter(|p| p.extension().is_some_and(|e| e == "log")).collect();
+    segments.sort();
+    assert!(segments.len() >= 3, "sealed segments: {segments:?}");
+    // A torn append at the end of the active segment: strict views open.
+    let active = segments.last().expect("active");
+    let bytes = std::fs::read(active).expect("read");
+    let end = bytes.iter().rposition(|&b| b != 0).expect("records") + 1;
+    let mut torn = bytes.clone();
+    torn.resize(torn.len().max(end + 7), 0);
+    torn[end..end + 7].copy_from_slice(&[0x5a; 7]);
+    std::fs::write(active, &torn).expect("tear");
+    let before = files(tmp.path());
+    let strict = format!("{url}&read_only=true&recovery=strict");
+    let ro = Rheo::open(&strict).await.expect("a strict view tolerates the active tail");
+    assert_eq!(ro.read("t", 0, 0, 1000).await.expect("read").len(), 100);
+    drop(ro);
+    // A flipped byte inside the first (sealed) segment's records.
+    let sealed = &segments[0];
+    let mut bytes = std::fs::read(sealed).expect("read");
+    bytes[200] ^= 0x10;
+    std::fs::write(sealed, &bytes).expect("flip");
+    match Rheo::open(&strict).await {
+        Err(Error::Corrupt { file, .. }) => assert_eq!(file.file_name(), sealed.file_name(), "{file:?}"),
+        other => panic!("a strict view of a damaged sealed segment: {:?}", other.map(|_| ())),
+    }
+    Rheo::open(&format!("{url}&read_only=true")).await.expect("the default mode opens (and checks on read)");
+    let mut after = files(tmp.path());
+    after.insert(sealed.clone(), before[sealed].clone());
+    assert_eq!(after, before, "the read-only opens changed the directory");
+}

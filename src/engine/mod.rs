@@ -82,8 +82,9 @@ impl Engine {
     /// writing. Nothing in the directory is created, written, truncated or
     /// removed, whatever recovery finds (a torn tail is cut in the view
     /// only). The view does not follow later writes: open another one.
-    /// `Strict` recovery acts as `TolerateTornTail` (a live writer's tail
-    /// is always in flight); no background index builder runs.
+    /// `Strict` recovery checks every sealed segment and WAL but tolerates
+    /// the tail of the active segment and of the last WAL (a live writer's
+    /// append may be in flight there); no background index builder runs.
     pub fn open_read_only(path: impl AsRef<std::path::Path>, opts: EngineOptions) -> Result<Engine> {
         let path = path.as_ref();
         let missing = |why: &str| Error::failed("open", format!("no Rheo data directory at {}: {why}", path.display()));
@@ -99,9 +100,7 @@ impl Engine {
     pub fn open_view(vfs: Arc<overlay::OverlayVfs>, mut opts: EngineOptions) -> Result<Engine> {
         opts.background_indexing = false;
         opts.inline_io = true;
-        if opts.recovery == options::RecoveryMode::Strict {
-            opts.recovery = options::RecoveryMode::TolerateTornTail;
-        }
+        opts.live_tail = true;
         Engine::open_inner(vfs, opts, true)
     }
 

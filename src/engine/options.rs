@@ -116,6 +116,11 @@ pub struct EngineOptions {
     /// slowly (Kafka's `segment.ms`). The age restarts when the directory
     /// is reopened.
     pub segment_max_age: Duration,
+    /// A read-only view of a directory a writer may hold: `Strict` recovery
+    /// checks every sealed segment and WAL as usual, but tolerates the torn
+    /// tail of the active segment and of the last WAL (a live writer's
+    /// append in flight), cutting it in the view only.
+    pub(crate) live_tail: bool,
 }
 
 impl Default for EngineOptions {
@@ -133,6 +138,7 @@ impl Default for EngineOptions {
             dedupe_window: Duration::from_secs(120),
             retention_interval: Duration::from_secs(10),
             segment_max_age: Duration::from_secs(86_400),
+            live_tail: false,
         }
     }
 }

@@ -114,27 +114,29 @@ pub fn parse_url(rest: &str, mut opts: EngineOptions) -> Result<(String, EngineO
     if path.is_empty() {
         return Err(Error::invalid("url", "native: needs a directory, e.g. native:./rheo-data"));
     }
-    let mut max_delay = Duration::from_millis(5);
+    let mut max_delay = None;
     let mut durability = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let number =
-            |v: &str| v.parse::<u64>().map_err(|_| Error::invalid("url", format!("{k}={v:?} is not a number")));
+        // A value is honoured or refused, never clamped (issue 33).
+        let ranged = |lo: u64, hi: u64| match v.parse::<u64>() {
+            Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+            _ => Err(Error::invalid("url", format!("{k}={v:?}: expected a whole number from {lo} to {hi}"))),
+        };
+        let ms = |hi: u64| ranged(0, hi).map(Duration::from_millis);
         match k {
             "durability" => durability = Some(v.to_owned()),
-            "max_delay_ms" => max_delay = Duration::from_millis(number(v)?.min(3_600_000)),
-            "segment_bytes" => {
-                opts.segment_bytes = number(v)?.clamp(4096, crate::engine::options::MAX_SEGMENT_BYTES);
-            }
-            "preallocate_bytes" => opts.preallocate_bytes = number(v)?,
-            "checkpoint_bytes" => opts.checkpoint_bytes = number(v)?.max(4096),
-            "checkpoint_interval_ms" => opts.checkpoint_interval = Duration::from_millis(number(v)?),
+            "max_delay_ms" => max_delay = Some(ms(3_600_000)?),
+            "segment_bytes" => opts.segment_bytes = ranged(4096, crate::engine::options::MAX_SEGMENT_BYTES)?,
+            "preallocate_bytes" => opts.preallocate_bytes = ranged(0, crate::engine::options::MAX_SEGMENT_BYTES)?,
+            "checkpoint_bytes" => opts.checkpoint_bytes = ranged(4096, u64::MAX)?,
+            "checkpoint_interval_ms" => opts.checkpoint_interval = ms(u64::MAX)?,
             "background_indexing" => opts.background_indexing = boolean(k, v)?,
             "inline_io" => opts.inline_io = boolean(k, v)?,
             "read_only" => opts.read_only = boolean(k, v)?,
-            "dedupe_window_ms" => opts.dedupe_window = Duration::from_millis(number(v)?.min(86_400_000)),
-            "retention_interval_ms" => opts.retention_interval = Duration::from_millis(number(v)?.min(86_400_000)),
-            "segment_max_age_ms" => opts.segment_max_age = Duration::from_millis(number(v)?),
+            "dedupe_window_ms" => opts.dedupe_window = ms(86_400_000)?,
+            "retention_interval_ms" => opts.retention_interval = ms(86_400_000)?,
+            "segment_max_age_ms" => opts.segment_max_age = ms(u64::MAX)?,
             "recovery" => {
                 opts.recovery = match v {
                     "strict" => RecoveryMode::Strict,
@@ -152,9 +154,17 @@ pub fn parse_url(rest: &str, mut opts: EngineOptions) -> Result<(String, EngineO
         }
     }
     match durability.as_deref() {
+        None if max_delay.is_some() => {
+            return Err(Error::invalid("url", "max_delay_ms applies to durability=batched; give both"));
+        }
         None => {}
+        Some("batched") => {
+            opts.durability = Durability::Batched { max_delay: max_delay.unwrap_or(Duration::from_millis(5)) };
+        }
+        Some(v) if max_delay.is_some() => {
+            return Err(Error::invalid("url", format!("max_delay_ms applies to durability=batched, not {v:?}")));
+        }
         Some("sync") => opts.durability = Durability::Sync,
-        Some("batched") => opts.durability = Durability::Batched { max_delay },
         Some("none") => opts.durability = Durability::None,
         Some(v) => return Err(Error::invalid("url", format!("durability={v:?}: expected sync, batched or none"))),
     }
@@ -806,6 +816,40 @@ impl Backend for NativeBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every option is honoured or refused with its name, never clamped or
+    /// ignored.
+    #[test]
+    fn url_options_are_honoured_or_refused() {
+        let (path, o) = parse_url(
+            "./d?durability=batched&max_delay_ms=7&segment_bytes=4096&checkpoint_bytes=4096&dedupe_window_ms=0&recovery=strict",
+            EngineOptions::default(),
+        )
+        .expect("parse");
+        assert_eq!(path, "./d");
+        assert_eq!(o.durability, Durability::Batched { max_delay: Duration::from_millis(7) });
+        assert_eq!((o.segment_bytes, o.checkpoint_bytes, o.dedupe_window), (4096, 4096, Duration::ZERO));
+        assert_eq!(o.recovery, RecoveryMode::Strict);
+        for (query, says) in [
+            ("segment_bytes=100", "segment_bytes=\"100\": expected a whole number from 4096 to 1073741824"),
+            ("segment_bytes=2000000000", "segment_bytes"),
+            ("checkpoint_bytes=10", "checkpoint_bytes"),
+            ("dedupe_window_ms=999999999999", "dedupe_window_ms"),
+            ("retention_interval_ms=-1", "retention_interval_ms"),
+            ("max_delay_ms=5", "max_delay_ms applies to durability=batched"),
+            ("durability=sync&max_delay_ms=5", "not \"sync\""),
+            ("durability=batched&max_delay_ms=4000000", "max_delay_ms"),
+            ("recovery=lenient", "recovery=\"lenient\""),
+            ("segment_byte=4096", "unknown native option \"segment_byte\""),
+        ] {
+            match parse_url(&format!("./d?{query}"), EngineOptions::default()) {
+                Err(Error::InvalidArgument { argument: "url", reason }) => {
+                    assert!(reason.contains(says), "{query}: {reason}")
+                }
+                other => panic!("{query}: {:?}", other.map(|(_, o)| o)),
+            }
+        }
+    }
 
     /// Two ids whose hashes collide: the window's hint is checked against
     /// the stored record, and the second event is stored, not answered

@@ -143,7 +143,7 @@ fn generations_to_replay(
             Err(reason)
                 if bytes.len() <= WAL_HEADER_LEN + WAL_FRAME_LEN && !matches!(reason, DecodeError::Version { .. }) =>
             {
-                if opts.recovery == RecoveryMode::Strict {
+                if opts.recovery == RecoveryMode::Strict && !opts.live_tail {
                     return Err(corrupt(v, &path, 0, reason));
                 }
                 tracing::warn!(file = %v.describe(&path).display(), %reason, "removing a WAL file cut short while being created");
@@ -228,6 +228,8 @@ fn replay_wals(
             let at = valid as u64;
             let followed = !whole && wal::valid_record_after(&bytes, valid, state.last_lsn);
             let tolerated = match opts.recovery {
+                // (A view: the last WAL's tail may be a live writer's.)
+                RecoveryMode::Strict if opts.live_tail => last && !followed && !whole,
                 RecoveryMode::Strict => false,
                 // A record written whole that this build can't read is
                 // not a torn write: keep it unless told to drop it.

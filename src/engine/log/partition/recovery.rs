@@ -413,7 +413,8 @@ pub(super) fn recover_active(
     let mut truncation = None;
     if data_end > cut || stop.is_some() {
         let reason = stop.map_or("incomplete or uncommitted batch", |(_, r)| r);
-        if opts.recovery == RecoveryMode::Strict {
+        // (A view's active segment may hold a live writer's append in flight.)
+        if opts.recovery == RecoveryMode::Strict && !opts.live_tail {
             return Err(corrupt(vfs, &seg.log_path, cut, format!("{reason} (strict recovery refuses to truncate)")));
         }
         tracing::warn!(file = %vfs.describe(&seg.log_path).display(), offset = cut, dropped_bytes = data_end.saturating_sub(cut), reason, "truncating torn tail");
