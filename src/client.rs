@@ -335,7 +335,10 @@ impl Rheo {
         RheoBuilder::default()
     }
 
-    /// The backend behind this handle.
+    /// The backend behind this handle, for this crate's own tests (a call
+    /// made on it would skip the facade's checks: not part of the API).
+    #[cfg(any(test, feature = "internals"))]
+    #[doc(hidden)]
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.inner.backend
     }

@@ -36,6 +36,85 @@ impl fmt::Display for ObjectKind {
     }
 }
 
+/// What kind of failure an [`Error`] is: one kind per way a caller reacts,
+/// so that code (and the `rheo` command's exit codes) need not list the
+/// variants. `#[non_exhaustive]`: keep a wildcard arm.
+///
+/// ```
+/// use rheo::{Error, ErrorKind};
+/// fn should_retry(e: &Error) -> bool {
+///     matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Ambiguous)
+/// }
+/// let e = Error::StreamNotFound { stream: "orders".into() };
+/// assert_eq!(e.kind(), ErrorKind::NotFound);
+/// assert_eq!(e.kind().to_string(), "not_found");
+/// assert!(!should_retry(&e));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A bad argument, name, partition, option or payload type, a missing
+    /// confirmation, an event over the size limit: nothing was changed;
+    /// fix the call.
+    InvalidInput,
+    /// The stream, group or cursor does not exist (or a time-based replay
+    /// found no event).
+    NotFound,
+    /// A stream or group of that name exists already.
+    AlreadyExists,
+    /// The lease no longer holds its delivery (expired, or settled by
+    /// another consumer): drop the work's result.
+    StaleLease,
+    /// The data directory is held by another process.
+    Locked,
+    /// A write on a read-only open.
+    ReadOnly,
+    /// Stored data failed a check, or has a format this build cannot read.
+    Corrupt,
+    /// The backend could not be reached; nothing was changed: retry later.
+    Unavailable,
+    /// The outcome of a write is unknown (a reply was lost): retry with the
+    /// same event ids, or read to find out.
+    Ambiguous,
+    /// The disk is full; nothing was changed.
+    NoSpace,
+    /// A write or sync failed earlier; the writer refuses writes until the
+    /// directory is reopened.
+    Poisoned,
+    /// The backend does not implement the operation.
+    Unsupported,
+    /// Any other failed operation.
+    Failed,
+}
+
+impl ErrorKind {
+    /// A stable snake-case name (`not_found`), as the `rheo` command's
+    /// `--json` errors use.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::AlreadyExists => "already_exists",
+            ErrorKind::StaleLease => "stale_lease",
+            ErrorKind::Locked => "locked",
+            ErrorKind::ReadOnly => "read_only",
+            ErrorKind::Corrupt => "corrupt",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Ambiguous => "ambiguous",
+            ErrorKind::NoSpace => "no_space",
+            ErrorKind::Poisoned => "poisoned",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Every error a Rheo operation can return, whatever the backend.
 ///
 /// The enum is `#[non_exhaustive]`: match the variants you handle and keep a
@@ -306,6 +385,35 @@ pub enum Error {
 }
 
 impl Error {
+    /// Its [`ErrorKind`]: how a caller reacts to it.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidArgument { .. }
+            | Error::InvalidName { .. }
+            | Error::InvalidPartition { .. }
+            | Error::InvalidPartitionCount { .. }
+            | Error::InvalidReplayOpts { .. }
+            | Error::ConfirmRequired { .. }
+            | Error::EventTooLarge { .. }
+            | Error::Payload { .. } => ErrorKind::InvalidInput,
+            Error::StreamNotFound { .. }
+            | Error::GroupNotFound { .. }
+            | Error::CursorNotFound { .. }
+            | Error::NoEventsInRange { .. } => ErrorKind::NotFound,
+            Error::AlreadyExists { .. } => ErrorKind::AlreadyExists,
+            Error::StaleLease { .. } | Error::ReceiptMismatch { .. } => ErrorKind::StaleLease,
+            Error::Locked { .. } => ErrorKind::Locked,
+            Error::ReadOnly { .. } => ErrorKind::ReadOnly,
+            Error::Corrupt { .. } | Error::UnsupportedVersion { .. } => ErrorKind::Corrupt,
+            Error::BackendUnavailable { .. } => ErrorKind::Unavailable,
+            Error::Ambiguous { .. } => ErrorKind::Ambiguous,
+            Error::NoSpace { .. } => ErrorKind::NoSpace,
+            Error::Poisoned { .. } => ErrorKind::Poisoned,
+            Error::Unsupported { .. } => ErrorKind::Unsupported,
+            Error::Failed { .. } => ErrorKind::Failed,
+        }
+    }
+
     /// A `Payload` error with its context replaced (the caller knows what
     /// the payload belonged to); any other error as it is.
     pub(crate) fn payload_context(self, context: impl FnOnce() -> String) -> Error {

@@ -66,7 +66,7 @@ pub use backends::redact_url;
 pub use client::{IndexBuild, Rheo, RheoBuilder};
 pub use decode::DecodeError;
 pub use engine::error::StorageError;
-pub use error::{Cause, Error, ObjectKind, Result};
+pub use error::{Cause, Error, ErrorKind, ObjectKind, Result};
 pub use model::capabilities::Capabilities;
 pub use model::damage::Damage;
 pub use model::event::{

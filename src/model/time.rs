@@ -64,9 +64,100 @@ impl fmt::Display for Timestamp {
     }
 }
 
+impl std::str::FromStr for Timestamp {
+    type Err = crate::Error;
+
+    /// Parses RFC 3339 (`2026-11-29T18:14:25Z`, `2026-11-29T18:14:25.5+01:00`;
+    /// `t` or a space may separate date and time), or a date alone
+    /// (`2026-11-29`, midnight UTC). Digits past milliseconds are dropped;
+    /// a date that does not exist (`2026-02-30`) is refused. The inverse of
+    /// `Display` (which always writes UTC with milliseconds).
+    ///
+    /// ```
+    /// use rheo::Timestamp;
+    /// let t: Timestamp = "2026-11-29T19:14:25.5+01:00".parse()?;
+    /// assert_eq!(t.to_string(), "2026-11-29T18:14:25.500Z");
+    /// assert_eq!(t.to_string().parse::<Timestamp>()?, t);
+    /// assert!("2026-02-30".parse::<Timestamp>().is_err());
+    /// # Ok::<(), rheo::Error>(())
+    /// ```
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        rfc3339(s).ok_or_else(|| {
+            crate::Error::invalid(
+                "timestamp",
+                format!(
+                    "{s:?} is not an RFC 3339 time (like 2026-11-29T18:14:25Z or 2026-11-29T18:14:25.5+01:00) or date"
+                ),
+            )
+        })
+    }
+}
+
+fn rfc3339(s: &str) -> Option<Timestamp> {
+    let num = |a: usize, b: usize| -> Option<i64> {
+        let part = s.get(a..b)?;
+        part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse().ok())?
+    };
+    let (year, month, day) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
+    if s.get(4..5)? != "-" || s.get(7..8)? != "-" || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+        return None;
+    }
+    let days = days_from_civil(year, month, day);
+    if civil_from_days(days) != (year, month, day) {
+        return None;
+    }
+    if s.len() == 10 {
+        return Some(Timestamp(days * 86_400_000));
+    }
+    if !matches!(s.get(10..11)?, "T" | "t" | " ") || s.get(13..14)? != ":" || s.get(16..17)? != ":" {
+        return None;
+    }
+    let (h, mi, sec) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
+    if h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut rest = s.get(19..)?;
+    let mut ms = 0i64;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let first3 = &frac[..digits.min(3)];
+        let scale = match first3.len() {
+            1 => 100,
+            2 => 10,
+            _ => 1,
+        };
+        ms = first3.parse::<i64>().ok()? * scale;
+        rest = &frac[digits..];
+    }
+    let offset_min = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let sign = match rest.get(..1)? {
+                "+" => 1,
+                "-" => -1,
+                _ => return None,
+            };
+            let (oh, om) = (rest.get(1..3)?, rest.get(4..6)?);
+            if rest.len() != 6 || rest.get(3..4)? != ":" || !(oh.bytes().chain(om.bytes()).all(|c| c.is_ascii_digit()))
+            {
+                return None;
+            }
+            let (oh, om): (i64, i64) = (oh.parse().ok()?, om.parse().ok()?);
+            if oh > 23 || om > 59 {
+                return None;
+            }
+            sign * (oh * 60 + om)
+        }
+    };
+    let secs = days * 86_400 + h * 3600 + mi * 60 + sec - offset_min * 60;
+    Some(Timestamp(secs * 1000 + ms))
+}
+
 /// Howard Hinnant's civil-to-days algorithm, the inverse of
 /// `civil_from_days`: days since 1970-01-01 of a proleptic Gregorian date.
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
@@ -157,6 +248,42 @@ mod tests {
         assert_eq!(Timestamp::from_millis(1_795_911_265_123).to_string(), "2026-11-29T00:14:25.123Z");
         assert_eq!(Timestamp::from_millis(951_782_400_000).to_string(), "2000-02-29T00:00:00.000Z");
         assert_eq!(Timestamp::from_millis(-1).to_string(), "1969-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn parses_rfc3339_and_dates_and_refuses_the_rest() {
+        let ok = |s: &str| s.parse::<Timestamp>().unwrap_or_else(|e| panic!("{s}: {e}")).as_millis();
+        assert_eq!(ok("1970-01-01T00:00:01Z"), 1000);
+        assert_eq!(ok("1970-01-01t01:00:01.5+01:00"), 1500);
+        assert_eq!(ok("1970-01-01 00:00:00.123456z"), 123);
+        assert_eq!(ok("1969-12-31T19:00:00-05:00"), 0);
+        assert_eq!(ok("2000-02-29"), 951_782_400_000);
+        for t in [Timestamp::EPOCH, Timestamp::from_millis(1_795_911_265_123), Timestamp::from_millis(-1)] {
+            assert_eq!(t.to_string().parse::<Timestamp>().expect("round trip"), t);
+        }
+        for bad in [
+            "",
+            "2026",
+            "2026-13-01",
+            "2026-02-30",
+            "2026-00-10",
+            "2026-11-29T24:00:00Z",
+            "2026-11-29T18:14:25",
+            "2026-11-29T18:14:25.Z",
+            "2026-11-29T18:14:25+1:00",
+            "2026-11-29T18:14:25+01:60",
+            "2026-11-29T18:14:25+0a:00",
+            "2026-11-29X18:14:25Z",
+            "+2026-11-29",
+            "yesterday",
+        ] {
+            match bad.parse::<Timestamp>() {
+                Err(crate::Error::InvalidArgument { argument: "timestamp", reason }) => {
+                    assert!(reason.contains(&format!("{bad:?}")), "{reason}");
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]

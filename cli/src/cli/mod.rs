@@ -141,24 +141,19 @@ impl ErrorKind {
     /// The kind of a library error: the ones that mean bad input are usage
     /// errors.
     pub fn of(e: &rheo::Error) -> Self {
-        use rheo::Error as E;
-        match e {
-            E::InvalidArgument { .. }
-            | E::InvalidName { .. }
-            | E::InvalidPartition { .. }
-            | E::InvalidPartitionCount { .. }
-            | E::InvalidReplayOpts { .. }
-            | E::ConfirmRequired { .. }
-            | E::EventTooLarge { .. } => ErrorKind::Usage,
-            E::StreamNotFound { .. } | E::GroupNotFound { .. } | E::CursorNotFound { .. } => ErrorKind::NotFound,
-            E::AlreadyExists { .. } => ErrorKind::AlreadyExists,
-            E::Locked { .. } => ErrorKind::Locked,
-            E::ReadOnly { .. } => ErrorKind::ReadOnly,
-            E::StaleLease { .. } | E::ReceiptMismatch { .. } => ErrorKind::StaleLease,
-            E::Corrupt { .. } | E::UnsupportedVersion { .. } => ErrorKind::Corrupt,
-            E::BackendUnavailable { .. } | E::Ambiguous { .. } => ErrorKind::Unavailable,
-            E::NoSpace { .. } => ErrorKind::NoSpace,
-            E::Unsupported { .. } => ErrorKind::Unsupported,
+        use rheo::ErrorKind as K;
+        match e.kind() {
+            K::InvalidInput => ErrorKind::Usage,
+            K::NotFound => ErrorKind::NotFound,
+            K::AlreadyExists => ErrorKind::AlreadyExists,
+            K::Locked => ErrorKind::Locked,
+            K::ReadOnly => ErrorKind::ReadOnly,
+            K::StaleLease => ErrorKind::StaleLease,
+            K::Corrupt => ErrorKind::Corrupt,
+            K::Unavailable | K::Ambiguous => ErrorKind::Unavailable,
+            K::NoSpace => ErrorKind::NoSpace,
+            K::Unsupported => ErrorKind::Unsupported,
+            // (Poisoned, Failed, and kinds a later library adds.)
             _ => ErrorKind::Failed,
         }
     }

@@ -73,7 +73,7 @@ pub fn time(text: &str) -> Result<Timestamp, CliError> {
     if let Ok(ms) = text.parse::<i64>() {
         return Ok(Timestamp::from_millis(ms));
     }
-    rfc3339(text).ok_or_else(|| {
+    text.parse::<Timestamp>().map_err(|_| {
         CliError::usage(format!("{text:?} is not a time (RFC 3339 like 2026-11-29T18:14:25Z, or milliseconds)"))
     })
 }
@@ -103,69 +103,6 @@ pub fn limit(v: usize) -> Result<usize, CliError> {
 /// [`rheo::MAX_LEASE`].
 pub fn seconds(flag: &str, v: u64, min: u64) -> Result<std::time::Duration, CliError> {
     in_range(flag, v, min, rheo::MAX_LEASE.as_secs(), "seconds").map(std::time::Duration::from_secs)
-}
-
-fn rfc3339(s: &str) -> Option<Timestamp> {
-    let num = |a: usize, b: usize| -> Option<i64> {
-        let part = s.get(a..b)?;
-        part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse().ok())?
-    };
-    let (year, month, day) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
-    if s.get(4..5)? != "-" || s.get(7..8)? != "-" || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
-        return None;
-    }
-    let days = days_from_civil(year, month, day);
-    if s.len() == 10 {
-        return Some(Timestamp::from_millis(days * 86_400_000));
-    }
-    if !matches!(s.get(10..11)?, "T" | "t" | " ") || s.get(13..14)? != ":" || s.get(16..17)? != ":" {
-        return None;
-    }
-    let (h, mi, sec) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
-    if h > 23 || mi > 59 || sec > 60 {
-        return None;
-    }
-    let mut rest = s.get(19..)?;
-    let mut ms = 0i64;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        let padded = format!("{:0<3}", &frac[..digits.min(3)]);
-        ms = padded.parse().ok()?;
-        rest = &frac[digits..];
-    }
-    let offset_min = match rest {
-        "Z" | "z" => 0,
-        _ => {
-            let sign = match rest.get(..1)? {
-                "+" => 1,
-                "-" => -1,
-                _ => return None,
-            };
-            if rest.len() != 6 || rest.get(3..4)? != ":" {
-                return None;
-            }
-            let oh: i64 = rest.get(1..3)?.parse().ok()?;
-            let om: i64 = rest.get(4..6)?.parse().ok()?;
-            sign * (oh * 60 + om)
-        }
-    };
-    let secs = days * 86_400 + h * 3600 + mi * 60 + sec - offset_min * 60;
-    Some(Timestamp::from_millis(secs * 1000 + ms))
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
-/// `days_from_civil`).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 /// Parses a byte count: a whole number with an optional binary unit (`K`,
