@@ -25,6 +25,8 @@ pub(crate) mod combine;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mongo", feature = "redis"))]
 pub(crate) mod common;
 pub(crate) mod dedupe;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mongo", feature = "redis"))]
+pub(crate) mod group_store;
 pub mod memory;
 #[cfg(feature = "mongo")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mongo")))]

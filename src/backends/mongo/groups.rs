@@ -31,14 +31,12 @@ use mongodb::options::ReturnDocument;
 use super::streams::{decode_event, get_map, get_u64};
 use super::{DELIVERIES, EVENTS, GROUPS, MongoBackend, Phase, SETTINGS, STREAMS, TxFailure, in_tx, map_err, txe};
 use crate::backends::common::{self, GroupRow, GroupSettings, frontier_cursor as fc};
+use crate::backends::group_store::{DeliveryCounts, GroupStore};
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
 use crate::model::event::Event;
-use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, Replay, ReplayFrom, Reset,
-    StartPosition, check_partitions,
-};
-use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef, RetryOutcome};
+use crate::model::group::{DeadLetter, DeadLetterOptions, FetchOptions, GroupSummary};
+use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef};
 use crate::model::time::Timestamp;
 
 /// Deliveries a materialization adds per partition at least (else 8
@@ -164,34 +162,6 @@ impl MongoBackend {
             }
             None => find.await?.try_collect().await,
         }
-    }
-
-    /// Loads a group: `StreamNotFound`, then `GroupNotFound`.
-    pub(super) async fn load_group(&self, stream: &str, group: &str) -> Result<GroupRow> {
-        let s = self
-            .collection(STREAMS)
-            .find_one(doc! { "name": stream })
-            .await
-            .map_err(err("load group"))?
-            .ok_or_else(|| Error::stream_not_found(stream))?;
-        let g = self
-            .collection(GROUPS)
-            .find_one(doc! { "stream": stream, "name": group })
-            .await
-            .map_err(err("load group"))?
-            .ok_or_else(|| Error::group_not_found(stream, group))?;
-        let settings = self.settings(stream, group).await?;
-        let count = get_u64(&s, "partition_count").and_then(|n| u32::try_from(n).ok()).unwrap_or(1);
-        let hws = get_map(&s, "next_sequences");
-        Ok(GroupRow {
-            count,
-            max_attempts: u32_of(&g, "max_attempts"),
-            settings,
-            cursors: get_map(&g, "cursors"),
-            frontiers: get_map(&g, "frontiers"),
-            created_at: ts(&g, "created_at").unwrap_or_default(),
-            hws: (0..count).map(|p| hws.get(&p).copied().unwrap_or(0)).collect(),
-        })
     }
 
     async fn settings(&self, stream: &str, group: &str) -> Result<GroupSettings> {
@@ -350,111 +320,6 @@ impl MongoBackend {
                 .map_err(txe(op))?;
         }
         Ok(())
-    }
-
-    /// The frontier a group starts at in each partition of `parts`.
-    async fn start_frontiers(
-        &self,
-        stream: &str,
-        start: &StartPosition,
-        parts: &[u32],
-        hws: &[u64],
-    ) -> Result<BTreeMap<u32, u64>> {
-        let firsts = match start {
-            StartPosition::At(t) => self.first_at_or_after(stream, *t).await?,
-            _ => BTreeMap::new(),
-        };
-        let log_starts = self.log_starts(stream, hws).await?;
-        Ok(common::start_frontiers(start, parts, hws, &firsts, &log_starts))
-    }
-
-    /// Per partition, the first sequence with a timestamp at or after `t`.
-    async fn first_at_or_after(&self, stream: &str, t: Timestamp) -> Result<BTreeMap<u32, u64>> {
-        let pipeline = vec![
-            doc! { "$match": { "stream": stream, "timestamp": { "$gte": dt(t) } } },
-            doc! { "$group": { "_id": "$partition", "first": { "$min": "$sequence" } } },
-        ];
-        let rows: Vec<Document> = self
-            .collection(EVENTS)
-            .aggregate(pipeline)
-            .await
-            .map_err(err("start_at"))?
-            .try_collect()
-            .await
-            .map_err(err("start_at"))?;
-        Ok(rows.iter().filter_map(|r| Some((u32::try_from(get_u64(r, "_id")?).ok()?, get_u64(r, "first")?))).collect())
-    }
-
-    /// The high watermarks of a stream (`StreamNotFound`).
-    pub(super) async fn hws(&self, stream: &str) -> Result<Vec<u64>> {
-        let count = self.partition_count(stream).await?;
-        let s = self
-            .collection(STREAMS)
-            .find_one(doc! { "name": stream })
-            .await
-            .map_err(err("read"))?
-            .ok_or_else(|| Error::stream_not_found(stream))?;
-        let m = get_map(&s, "next_sequences");
-        Ok((0..count).map(|p| m.get(&p).copied().unwrap_or(0)).collect())
-    }
-
-    pub(super) async fn create_group_impl(
-        &self,
-        stream: &str,
-        group: &str,
-        opts: &GroupOptions,
-    ) -> Result<GroupSummary> {
-        let count = self.partition_count(stream).await?;
-        opts.validate(stream, count)?;
-        let subset = opts.partitions.as_ref().map(|ps| {
-            let mut ps = ps.clone();
-            ps.sort_unstable();
-            ps.dedup();
-            ps
-        });
-        let parts: Vec<u32> = subset.clone().unwrap_or_else(|| (0..count).collect());
-        let hws = self.hws(stream).await?;
-        let frontiers = self.start_frontiers(stream, &opts.start, &parts, &hws).await?;
-        let cursors: BTreeMap<u32, u64> = frontiers.iter().map(|(&p, &f)| (p, f.saturating_add(1))).collect();
-        let settings =
-            GroupSettings { partitions: subset.clone(), retry_backoff: opts.retry_backoff, ..GroupSettings::default() };
-        let text = serde_json::to_string(&settings).map_err(|e| Error::failed("create_group", e.to_string()))?;
-        let now = self.now();
-        let group_doc = doc! {
-            "stream": stream,
-            "name": group,
-            "cursors": map_doc(&cursors),
-            "frontiers": map_doc(&frontiers),
-            "max_attempts": i64::from(opts.max_attempts),
-            "created_at": dt(now),
-        };
-        in_tx!(self, "create_group", |s| {
-            match self.collection(GROUPS).insert_one(group_doc.clone()).session(&mut *s).await {
-                Ok(_) => {}
-                Err(e) if super::is_duplicate(&e) => {
-                    return Err::<(), _>(
-                        Error::AlreadyExists { kind: ObjectKind::Group, name: format!("{stream}/{group}") }.into(),
-                    );
-                }
-                Err(e) => return Err(txe("create_group")(e)),
-            }
-            self.collection(SETTINGS)
-                .update_one(doc! { "stream": stream, "name": group }, doc! { "$set": { "settings": &text } })
-                .upsert(true)
-                .session(&mut *s)
-                .await
-                .map_err(txe("create_group"))?;
-            // Deliveries of an earlier group of that name (deleted by hand)
-            // would be taken for this one's.
-            self.deliveries().delete_many(sg(stream, group)).session(&mut *s).await.map_err(txe("create_group"))?;
-            Ok(())
-        })?;
-        Ok(GroupSummary {
-            name: group.to_owned(),
-            max_attempts: opts.max_attempts,
-            partitions: subset,
-            created_at: now,
-        })
     }
 
     pub(super) async fn list_groups_impl(&self, stream: &str) -> Result<Vec<GroupSummary>> {
@@ -978,7 +843,7 @@ impl MongoBackend {
 
     /// Dead-letters the delivery a lease holds, with `reason`; false when
     /// the lease is stale.
-    async fn dead_letter(&self, lease: &LeaseRef, reason: &str, now: Timestamp, op: &'static str) -> Result<bool> {
+    async fn dead_letter_held(&self, lease: &LeaseRef, reason: &str, now: Timestamp, op: &'static str) -> Result<bool> {
         let (stream, group) = (&*lease.stream, &*lease.group);
         in_tx!(self, op, |s| {
             let (mut frontiers, cursors) = self.lock_group(s, stream, group, op).await?;
@@ -1000,7 +865,7 @@ impl MongoBackend {
 
     pub(super) async fn reject_impl(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
         let reason = rules::rejected(reason);
-        match self.dead_letter(lease, &reason, self.now(), "reject").await {
+        match self.dead_letter_held(lease, &reason, self.now(), "reject").await {
             Ok(true) => Ok(()),
             Ok(false) | Err(Error::GroupNotFound { .. }) => {
                 Err(self.missing(&lease.stream, &lease.group).await?.unwrap_or_else(|| lease.stale()))
@@ -1009,160 +874,7 @@ impl MongoBackend {
         }
     }
 
-    pub(super) async fn retry_impl(
-        &self,
-        lease: &LeaseRef,
-        reason: &str,
-        delay: Option<Duration>,
-    ) -> Result<RetryOutcome> {
-        let g = self.load_group(&lease.stream, &lease.group).await?;
-        let fence = sg_and(
-            &lease.stream,
-            &lease.group,
-            doc! {
-                "partition": i64::from(lease.partition),
-                "sequence": int(lease.sequence),
-                "lease_id": lease.lease_id.to_string(),
-                "status": LEASED,
-            },
-        );
-        let d = self.deliveries().find_one(fence.clone()).await.map_err(err("retry"))?;
-        let Some(d) = d else { return Err(lease.stale()) };
-        let attempt = u32_of(&d, "attempt");
-        let now = self.now();
-        let decision = rules::retry(attempt, g.max_attempts, reason, delay, &g.settings.retry_backoff, now);
-        let outcome = decision.outcome();
-        match decision {
-            rules::RetryDecision::DeadLetter { reason } => {
-                if !self.dead_letter(lease, &reason, now, "retry").await? {
-                    return Err(lease.stale());
-                }
-            }
-            rules::RetryDecision::Reschedule { available_at } => {
-                // Claimable at once: the reference's 'available'. Later: a
-                // lease with no holder that expires when the backoff ends,
-                // which both implementations' claims take once it passes.
-                let (status, exp) =
-                    if available_at > now { (LEASED, dt(available_at)) } else { (AVAILABLE, Bson::Null) };
-                let mut filter = fence;
-                filter.insert("attempt", d.get("attempt").cloned().unwrap_or(Bson::Null));
-                let r = self
-                    .deliveries()
-                    .update_one(
-                        filter,
-                        doc! { "$set": {
-                            "status": status, "lease_id": Bson::Null, "consumer_id": Bson::Null, "expires_at": exp,
-                            "reason": reason, "retried_at": dt(now),
-                        } },
-                    )
-                    .await
-                    .map_err(werr("retry"))?;
-                if r.matched_count == 0 {
-                    return Err(lease.stale());
-                }
-            }
-        }
-        Ok(outcome)
-    }
-
-    pub(super) async fn skip_impl(
-        &self,
-        stream: &str,
-        group: &str,
-        partition: u32,
-        sequence: u64,
-        reason: &str,
-    ) -> Result<bool> {
-        const OP: &str = "skip";
-        let g = self.load_group(stream, group).await?;
-        common::check_skip(&g, stream, group, partition, sequence)?;
-        let log_start = self.log_starts(stream, &g.hws).await?.get(partition as usize).copied().unwrap_or(1);
-        if sequence < log_start {
-            return Err(common::dropped_by_retention(stream, partition, sequence, log_start));
-        }
-        let now = self.now();
-        let reason = rules::skipped(reason);
-        in_tx!(self, OP, |s| {
-            let (mut frontiers, cursors) = self.lock_group(s, stream, group, OP).await?;
-            let (f, c) = fc(&frontiers, &cursors, partition);
-            let e = self
-                .collection(EVENTS)
-                .find_one(doc! { "stream": stream, "partition": i64::from(partition), "sequence": int(sequence) })
-                .projection(doc! { "_id": 1 })
-                .session(&mut *s)
-                .await
-                .map_err(txe(OP))?;
-            // A sequence counted but never stored (the reference's appends
-            // can leave one) is skipped under a placeholder event id.
-            let event_id = match e {
-                Some(e) => e.get("_id").cloned().unwrap_or(Bson::Null),
-                None => Bson::String(format!("rheo-rs-gap:{partition}:{sequence}")),
-            };
-            let d = self
-                .deliveries()
-                .find_one(sg_and(stream, group, doc! { "event_id": event_id.clone() }))
-                .session(&mut *s)
-                .await
-                .map_err(txe(OP))?;
-            let status = d.as_ref().and_then(|d| d.get_str("status").ok().map(str::to_owned));
-            if status.as_deref() == Some(REJECTED) {
-                return Ok(false);
-            }
-            if sequence <= f || status.as_deref() == Some(ACKED) || (status.is_none() && sequence < c) {
-                return Err(common::already_settled(group, partition, sequence).into());
-            }
-            let set = doc! {
-                "status": REJECTED, "lease_id": Bson::Null, "expires_at": Bson::Null, "reason": &reason,
-                "dead_lettered_at": dt(now),
-            };
-            match d {
-                Some(d) => {
-                    self.deliveries()
-                        .update_one(doc! { "_id": d.get("_id").cloned().unwrap_or(Bson::Null) }, doc! { "$set": set })
-                        .session(&mut *s)
-                        .await
-                        .map_err(txe(OP))?;
-                }
-                None => {
-                    let mut new = doc! {
-                        "stream": stream, "group": group, "event_id": event_id, "partition": i64::from(partition),
-                        "sequence": int(sequence), "attempt": 0_i64, "consumer_id": Bson::Null, "created_at": dt(now),
-                    };
-                    new.extend(set);
-                    self.deliveries().insert_one(new).session(&mut *s).await.map_err(txe(OP))?;
-                }
-            }
-            self.mark_dead(s, stream, group, &[(partition, sequence)], OP).await?;
-            self.advance(s, stream, group, &mut frontiers, &cursors, &BTreeSet::from([partition]), OP).await?;
-            Ok(true)
-        })
-    }
-
     // ---- replay and reset ----
-
-    pub(super) async fn replay_impl(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64> {
-        let g = self.load_group(stream, group).await?;
-        let scope = g.scope(stream, replay.partitions.as_deref())?;
-        let now = self.now();
-        match &replay.from {
-            ReplayFrom::Sequence(from) => {
-                // From before the log start: from it.
-                let log_starts = self.log_starts(stream, &g.hws).await?;
-                let first = |p: u32| log_starts.get(p as usize).copied().unwrap_or(1).saturating_sub(1);
-                let starts: Vec<(u32, u64)> = scope.iter().map(|&p| (p, (*from).max(first(p)))).collect();
-                self.replay_after(stream, group, &starts, &g.hws, now).await
-            }
-            ReplayFrom::Time(t) => {
-                let firsts = self.first_at_or_after(stream, *t).await?;
-                let starts = common::replay_time_starts(stream, group, &scope, &firsts, *t)?;
-                self.replay_after(stream, group, &starts, &g.hws, now).await
-            }
-            ReplayFrom::Query(q) => {
-                let matched = common::all_matches(self, q, &scope).await?;
-                self.replay_matches(stream, group, &matched, now).await
-            }
-        }
-    }
 
     /// What a replay sets on a delivery it reopens.
     fn reopened(now: Timestamp) -> Document {
@@ -1175,200 +887,7 @@ impl MongoBackend {
         }
     }
 
-    async fn replay_after(
-        &self,
-        stream: &str,
-        group: &str,
-        starts: &[(u32, u64)],
-        hws: &[u64],
-        now: Timestamp,
-    ) -> Result<u64> {
-        const OP: &str = "replay";
-        // The high watermarks were read before: events appended since are
-        // above them, never settled, so nothing they change is counted.
-        in_tx!(self, OP, |s| {
-            let (mut frontiers, mut cursors) = self.lock_group(s, stream, group, OP).await?;
-            let mut reopened = 0u64;
-            for &(p, from) in starts {
-                let (f, c) = fc(&frontiers, &cursors, p);
-                let hw = hws.get(p as usize).copied().unwrap_or(0);
-                let upper = hw.min(c.saturating_sub(1));
-                let part = i64::from(p);
-                let open_below = self
-                    .deliveries()
-                    .count_documents(sg_and(
-                        stream,
-                        group,
-                        doc! { "partition": part, "sequence": { "$gt": int(from), "$lt": int(c), "$lte": int(hw) },
-                        "status": { "$nin": terminal() } },
-                    ))
-                    .session(&mut *s)
-                    .await
-                    .map_err(txe(OP))?;
-                let settled_above = self
-                    .deliveries()
-                    .count_documents(sg_and(
-                        stream,
-                        group,
-                        doc! { "partition": part, "sequence": { "$gt": int(from), "$gte": int(c), "$lte": int(hw) },
-                        "status": { "$in": terminal() } },
-                    ))
-                    .session(&mut *s)
-                    .await
-                    .map_err(txe(OP))?;
-                reopened += upper.saturating_sub(from).saturating_sub(open_below) + settled_above;
-                self.deliveries()
-                    .update_many(
-                        sg_and(
-                            stream,
-                            group,
-                            doc! { "partition": part, "sequence": { "$gt": int(from) }, "status": { "$in": terminal() } },
-                        ),
-                        Self::reopened(now),
-                    )
-                    .session(&mut *s)
-                    .await
-                    .map_err(txe(OP))?;
-                frontiers.insert(p, f.min(from));
-                cursors.insert(p, c.min(from.saturating_add(1)));
-            }
-            self.write_maps(s, stream, group, Some(&frontiers), Some(&cursors), OP).await?;
-            Ok(reopened)
-        })
-    }
-
-    async fn replay_matches(
-        &self,
-        stream: &str,
-        group: &str,
-        matched: &[(u32, u64, String)],
-        now: Timestamp,
-    ) -> Result<u64> {
-        const OP: &str = "replay";
-        in_tx!(self, OP, |s| {
-            let (mut frontiers, cursors) = self.lock_group(s, stream, group, OP).await?;
-            let mut reopened = 0u64;
-            for chunk in matched.chunks(1000) {
-                let ids: Vec<&str> = chunk.iter().map(|m| m.2.as_str()).collect();
-                let found = self
-                    .find_all(
-                        DELIVERIES,
-                        sg_and(stream, group, doc! { "event_id": { "$in": ids } }),
-                        None,
-                        None,
-                        Some(s),
-                    )
-                    .await
-                    .map_err(txe(OP))?;
-                let by_event: HashMap<String, &Document> =
-                    found.iter().filter_map(|d| Some((d.get_str("event_id").ok()?.to_owned(), d))).collect();
-                let (mut update, mut insert) = (Vec::new(), Vec::new());
-                for (p, q, id) in chunk {
-                    let d = by_event.get(id);
-                    let status = d.and_then(|d| d.get_str("status").ok());
-                    let (f, c) = fc(&frontiers, &cursors, *p);
-                    let settled = *q <= f || matches!(status, Some(ACKED | REJECTED)) || (status.is_none() && *q < c);
-                    if !settled {
-                        continue;
-                    }
-                    frontiers.insert(*p, f.min(q.saturating_sub(1)));
-                    reopened += 1;
-                    match d {
-                        Some(d) => update.push(d.get("_id").cloned().unwrap_or(Bson::Null)),
-                        None => insert.push(doc! {
-                            "stream": stream, "group": group, "event_id": id, "partition": i64::from(*p),
-                            "sequence": int(*q), "status": AVAILABLE, "attempt": 0_i64, "lease_id": Bson::Null,
-                            "consumer_id": Bson::Null, "expires_at": Bson::Null, "reason": "replay",
-                            "retried_at": dt(now), "created_at": dt(now),
-                        }),
-                    }
-                }
-                if !update.is_empty() {
-                    self.deliveries()
-                        .update_many(doc! { "_id": { "$in": update } }, Self::reopened(now))
-                        .session(&mut *s)
-                        .await
-                        .map_err(txe(OP))?;
-                }
-                if !insert.is_empty() {
-                    self.deliveries().insert_many(insert).session(&mut *s).await.map_err(txe(OP))?;
-                }
-            }
-            self.write_maps(s, stream, group, Some(&frontiers), None, OP).await?;
-            Ok(reopened)
-        })
-    }
-
-    pub(super) async fn reset_impl(&self, stream: &str, group: &str, reset: &Reset) -> Result<()> {
-        const OP: &str = "reset_group";
-        let g = self.load_group(stream, group).await?;
-        if let StartPosition::AfterPerPartition(m) = &reset.start {
-            check_partitions(stream, &m.keys().copied().collect::<Vec<_>>(), g.count)?;
-        }
-        let scope = g.scope(stream, reset.partitions.as_deref())?;
-        let starts = self.start_frontiers(stream, &reset.start, &scope, &g.hws).await?;
-        let parts: Vec<i64> = starts.keys().map(|&p| i64::from(p)).collect();
-        in_tx!(self, OP, |s| {
-            let (mut frontiers, mut cursors) = self.lock_group(s, stream, group, OP).await?;
-            self.deliveries()
-                .delete_many(sg_and(stream, group, doc! { "partition": { "$in": parts.clone() } }))
-                .session(&mut *s)
-                .await
-                .map_err(txe(OP))?;
-            for (&p, &f) in &starts {
-                frontiers.insert(p, f);
-                cursors.insert(p, f.saturating_add(1));
-            }
-            self.write_maps(s, stream, group, Some(&frontiers), Some(&cursors), OP).await
-        })
-    }
-
     // ---- inspecting ----
-
-    pub(super) async fn lag_impl(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
-        let g = self.load_group(stream, group).await?;
-        let scope = g.scope(stream, partitions)?;
-        Ok(g.lag(stream, group, &scope))
-    }
-
-    pub(super) async fn group_info_impl(&self, stream: &str, group: &str) -> Result<GroupInfo> {
-        let g = self.load_group(stream, group).await?;
-        let scope = g.partitions();
-        let now = dt(self.now());
-        let sum = |cond: Document| doc! { "$sum": { "$cond": [cond, 1, 0] } };
-        let holder = doc! { "$ne": [{ "$ifNull": ["$lease_id", Bson::Null] }, Bson::Null] };
-        let pipeline = vec![
-            doc! { "$match": sg_and(stream, group, doc! { "status": { "$in": [LEASED, REJECTED] } }) },
-            doc! { "$group": {
-                "_id": Bson::Null,
-                "inflight": sum(doc! { "$and": [{ "$eq": ["$status", LEASED] }, holder.clone()] }),
-                "waiting": sum(doc! { "$and": [
-                    { "$eq": ["$status", LEASED] },
-                    { "$eq": [{ "$ifNull": ["$lease_id", Bson::Null] }, Bson::Null] },
-                    { "$gt": ["$expires_at", now] },
-                ] }),
-                "dead": sum(doc! { "$eq": ["$status", REJECTED] }),
-            } },
-        ];
-        let rows: Vec<Document> = self
-            .deliveries()
-            .aggregate(pipeline)
-            .await
-            .map_err(err("group_info"))?
-            .try_collect()
-            .await
-            .map_err(err("group_info"))?;
-        let r = rows.first();
-        let n = |f: &str| r.and_then(|r| get_u64(r, f)).unwrap_or(0);
-        Ok(GroupInfo {
-            summary: g.summary(group),
-            lag: g.lag(stream, group, &scope),
-            inflight: n("inflight"),
-            retry_waiting: n("waiting"),
-            dead_letters: n("dead"),
-            retention_skipped: g.settings.retention_skipped,
-        })
-    }
 
     pub(super) async fn dead_letters_impl(
         &self,
@@ -1451,4 +970,386 @@ fn after_key(a: &Document) -> Vec<Document> {
         out.push(gt);
     }
     out
+}
+
+impl GroupStore for MongoBackend {
+    async fn stream_marks(&self, stream: &str) -> Result<(u32, Vec<u64>)> {
+        let count = self.partition_count(stream).await?;
+        let s = self
+            .collection(STREAMS)
+            .find_one(doc! { "name": stream })
+            .await
+            .map_err(err("read"))?
+            .ok_or_else(|| Error::stream_not_found(stream))?;
+        let m = get_map(&s, "next_sequences");
+        Ok((count, (0..count).map(|p| m.get(&p).copied().unwrap_or(0)).collect()))
+    }
+
+    async fn load_group(&self, stream: &str, group: &str) -> Result<GroupRow> {
+        let s = self
+            .collection(STREAMS)
+            .find_one(doc! { "name": stream })
+            .await
+            .map_err(err("load group"))?
+            .ok_or_else(|| Error::stream_not_found(stream))?;
+        let g = self
+            .collection(GROUPS)
+            .find_one(doc! { "stream": stream, "name": group })
+            .await
+            .map_err(err("load group"))?
+            .ok_or_else(|| Error::group_not_found(stream, group))?;
+        let settings = self.settings(stream, group).await?;
+        let count = get_u64(&s, "partition_count").and_then(|n| u32::try_from(n).ok()).unwrap_or(1);
+        let hws = get_map(&s, "next_sequences");
+        Ok(GroupRow {
+            count,
+            max_attempts: u32_of(&g, "max_attempts"),
+            settings,
+            cursors: get_map(&g, "cursors"),
+            frontiers: get_map(&g, "frontiers"),
+            created_at: ts(&g, "created_at").unwrap_or_default(),
+            hws: (0..count).map(|p| hws.get(&p).copied().unwrap_or(0)).collect(),
+        })
+    }
+
+    async fn log_starts(&self, stream: &str, hws: &[u64]) -> Result<Vec<u64>> {
+        MongoBackend::log_starts(self, stream, hws).await
+    }
+
+    async fn first_at_or_after(&self, stream: &str, _count: u32, t: Timestamp) -> Result<BTreeMap<u32, u64>> {
+        let pipeline = vec![
+            doc! { "$match": { "stream": stream, "timestamp": { "$gte": dt(t) } } },
+            doc! { "$group": { "_id": "$partition", "first": { "$min": "$sequence" } } },
+        ];
+        let rows: Vec<Document> = self
+            .collection(EVENTS)
+            .aggregate(pipeline)
+            .await
+            .map_err(err("start_at"))?
+            .try_collect()
+            .await
+            .map_err(err("start_at"))?;
+        Ok(rows.iter().filter_map(|r| Some((u32::try_from(get_u64(r, "_id")?).ok()?, get_u64(r, "first")?))).collect())
+    }
+
+    async fn insert_group(
+        &self,
+        stream: &str,
+        group: &str,
+        max_attempts: u32,
+        frontiers: &BTreeMap<u32, u64>,
+        settings: &GroupSettings,
+    ) -> Result<Timestamp> {
+        let cursors: BTreeMap<u32, u64> = frontiers.iter().map(|(&p, &f)| (p, f.saturating_add(1))).collect();
+        let text = serde_json::to_string(settings).map_err(|e| Error::failed("create_group", e.to_string()))?;
+        let now = self.now();
+        let group_doc = doc! {
+            "stream": stream,
+            "name": group,
+            "cursors": map_doc(&cursors),
+            "frontiers": map_doc(frontiers),
+            "max_attempts": i64::from(max_attempts),
+            "created_at": dt(now),
+        };
+        in_tx!(self, "create_group", |s| {
+            match self.collection(GROUPS).insert_one(group_doc.clone()).session(&mut *s).await {
+                Ok(_) => {}
+                Err(e) if super::is_duplicate(&e) => {
+                    return Err::<(), _>(
+                        Error::AlreadyExists { kind: ObjectKind::Group, name: format!("{stream}/{group}") }.into(),
+                    );
+                }
+                Err(e) => return Err(txe("create_group")(e)),
+            }
+            self.collection(SETTINGS)
+                .update_one(doc! { "stream": stream, "name": group }, doc! { "$set": { "settings": &text } })
+                .upsert(true)
+                .session(&mut *s)
+                .await
+                .map_err(txe("create_group"))?;
+            // Deliveries of an earlier group of that name (deleted by hand)
+            // would be taken for this one's.
+            self.deliveries().delete_many(sg(stream, group)).session(&mut *s).await.map_err(txe("create_group"))?;
+            Ok(())
+        })?;
+        Ok(now)
+    }
+
+    async fn skip_position(
+        &self,
+        stream: &str,
+        group: &str,
+        partition: u32,
+        sequence: u64,
+        reason: &str,
+    ) -> Result<bool> {
+        const OP: &str = "skip";
+        let now = self.now();
+        in_tx!(self, OP, |s| {
+            let (mut frontiers, cursors) = self.lock_group(s, stream, group, OP).await?;
+            let (f, c) = fc(&frontiers, &cursors, partition);
+            let e = self
+                .collection(EVENTS)
+                .find_one(doc! { "stream": stream, "partition": i64::from(partition), "sequence": int(sequence) })
+                .projection(doc! { "_id": 1 })
+                .session(&mut *s)
+                .await
+                .map_err(txe(OP))?;
+            // A sequence counted but never stored (the reference's appends
+            // can leave one) is skipped under a placeholder event id.
+            let event_id = match e {
+                Some(e) => e.get("_id").cloned().unwrap_or(Bson::Null),
+                None => Bson::String(format!("rheo-rs-gap:{partition}:{sequence}")),
+            };
+            let d = self
+                .deliveries()
+                .find_one(sg_and(stream, group, doc! { "event_id": event_id.clone() }))
+                .session(&mut *s)
+                .await
+                .map_err(txe(OP))?;
+            let status = d.as_ref().and_then(|d| d.get_str("status").ok().map(str::to_owned));
+            if status.as_deref() == Some(REJECTED) {
+                return Ok(false);
+            }
+            if sequence <= f || status.as_deref() == Some(ACKED) || (status.is_none() && sequence < c) {
+                return Err(common::already_settled(group, partition, sequence).into());
+            }
+            let set = doc! {
+                "status": REJECTED, "lease_id": Bson::Null, "expires_at": Bson::Null, "reason": reason,
+                "dead_lettered_at": dt(now),
+            };
+            match d {
+                Some(d) => {
+                    self.deliveries()
+                        .update_one(doc! { "_id": d.get("_id").cloned().unwrap_or(Bson::Null) }, doc! { "$set": set })
+                        .session(&mut *s)
+                        .await
+                        .map_err(txe(OP))?;
+                }
+                None => {
+                    let mut new = doc! {
+                        "stream": stream, "group": group, "event_id": event_id, "partition": i64::from(partition),
+                        "sequence": int(sequence), "attempt": 0_i64, "consumer_id": Bson::Null, "created_at": dt(now),
+                    };
+                    new.extend(set);
+                    self.deliveries().insert_one(new).session(&mut *s).await.map_err(txe(OP))?;
+                }
+            }
+            self.mark_dead(s, stream, group, &[(partition, sequence)], OP).await?;
+            self.advance(s, stream, group, &mut frontiers, &cursors, &BTreeSet::from([partition]), OP).await?;
+            Ok(true)
+        })
+    }
+
+    async fn reopen_after(&self, stream: &str, group: &str, starts: &[(u32, u64)], hws: &[u64]) -> Result<u64> {
+        let now = self.now();
+        const OP: &str = "replay";
+        // The high watermarks were read before: events appended since are
+        // above them, never settled, so nothing they change is counted.
+        in_tx!(self, OP, |s| {
+            let (mut frontiers, mut cursors) = self.lock_group(s, stream, group, OP).await?;
+            let mut reopened = 0u64;
+            for &(p, from) in starts {
+                let (f, c) = fc(&frontiers, &cursors, p);
+                let hw = hws.get(p as usize).copied().unwrap_or(0);
+                let upper = hw.min(c.saturating_sub(1));
+                let part = i64::from(p);
+                let open_below = self
+                    .deliveries()
+                    .count_documents(sg_and(
+                        stream,
+                        group,
+                        doc! { "partition": part, "sequence": { "$gt": int(from), "$lt": int(c), "$lte": int(hw) },
+                        "status": { "$nin": terminal() } },
+                    ))
+                    .session(&mut *s)
+                    .await
+                    .map_err(txe(OP))?;
+                let settled_above = self
+                    .deliveries()
+                    .count_documents(sg_and(
+                        stream,
+                        group,
+                        doc! { "partition": part, "sequence": { "$gt": int(from), "$gte": int(c), "$lte": int(hw) },
+                        "status": { "$in": terminal() } },
+                    ))
+                    .session(&mut *s)
+                    .await
+                    .map_err(txe(OP))?;
+                reopened += upper.saturating_sub(from).saturating_sub(open_below) + settled_above;
+                self.deliveries()
+                    .update_many(
+                        sg_and(
+                            stream,
+                            group,
+                            doc! { "partition": part, "sequence": { "$gt": int(from) }, "status": { "$in": terminal() } },
+                        ),
+                        Self::reopened(now),
+                    )
+                    .session(&mut *s)
+                    .await
+                    .map_err(txe(OP))?;
+                frontiers.insert(p, f.min(from));
+                cursors.insert(p, c.min(from.saturating_add(1)));
+            }
+            self.write_maps(s, stream, group, Some(&frontiers), Some(&cursors), OP).await?;
+            Ok(reopened)
+        })
+    }
+
+    async fn reopen_matches(&self, stream: &str, group: &str, matched: &[(u32, u64, String)]) -> Result<u64> {
+        let now = self.now();
+        const OP: &str = "replay";
+        in_tx!(self, OP, |s| {
+            let (mut frontiers, cursors) = self.lock_group(s, stream, group, OP).await?;
+            let mut reopened = 0u64;
+            for chunk in matched.chunks(1000) {
+                let ids: Vec<&str> = chunk.iter().map(|m| m.2.as_str()).collect();
+                let found = self
+                    .find_all(
+                        DELIVERIES,
+                        sg_and(stream, group, doc! { "event_id": { "$in": ids } }),
+                        None,
+                        None,
+                        Some(s),
+                    )
+                    .await
+                    .map_err(txe(OP))?;
+                let by_event: HashMap<String, &Document> =
+                    found.iter().filter_map(|d| Some((d.get_str("event_id").ok()?.to_owned(), d))).collect();
+                let (mut update, mut insert) = (Vec::new(), Vec::new());
+                for (p, q, id) in chunk {
+                    let d = by_event.get(id);
+                    let status = d.and_then(|d| d.get_str("status").ok());
+                    let (f, c) = fc(&frontiers, &cursors, *p);
+                    let settled = *q <= f || matches!(status, Some(ACKED | REJECTED)) || (status.is_none() && *q < c);
+                    if !settled {
+                        continue;
+                    }
+                    frontiers.insert(*p, f.min(q.saturating_sub(1)));
+                    reopened += 1;
+                    match d {
+                        Some(d) => update.push(d.get("_id").cloned().unwrap_or(Bson::Null)),
+                        None => insert.push(doc! {
+                            "stream": stream, "group": group, "event_id": id, "partition": i64::from(*p),
+                            "sequence": int(*q), "status": AVAILABLE, "attempt": 0_i64, "lease_id": Bson::Null,
+                            "consumer_id": Bson::Null, "expires_at": Bson::Null, "reason": "replay",
+                            "retried_at": dt(now), "created_at": dt(now),
+                        }),
+                    }
+                }
+                if !update.is_empty() {
+                    self.deliveries()
+                        .update_many(doc! { "_id": { "$in": update } }, Self::reopened(now))
+                        .session(&mut *s)
+                        .await
+                        .map_err(txe(OP))?;
+                }
+                if !insert.is_empty() {
+                    self.deliveries().insert_many(insert).session(&mut *s).await.map_err(txe(OP))?;
+                }
+            }
+            self.write_maps(s, stream, group, Some(&frontiers), None, OP).await?;
+            Ok(reopened)
+        })
+    }
+
+    async fn restart(&self, stream: &str, group: &str, starts: &BTreeMap<u32, u64>) -> Result<()> {
+        const OP: &str = "reset_group";
+        let parts: Vec<i64> = starts.keys().map(|&p| i64::from(p)).collect();
+        in_tx!(self, OP, |s| {
+            let (mut frontiers, mut cursors) = self.lock_group(s, stream, group, OP).await?;
+            self.deliveries()
+                .delete_many(sg_and(stream, group, doc! { "partition": { "$in": parts.clone() } }))
+                .session(&mut *s)
+                .await
+                .map_err(txe(OP))?;
+            for (&p, &f) in starts {
+                frontiers.insert(p, f);
+                cursors.insert(p, f.saturating_add(1));
+            }
+            self.write_maps(s, stream, group, Some(&frontiers), Some(&cursors), OP).await
+        })
+    }
+
+    async fn delivery_counts(&self, stream: &str, group: &str, _scope: &[u32]) -> Result<DeliveryCounts> {
+        let now = dt(self.now());
+        let sum = |cond: Document| doc! { "$sum": { "$cond": [cond, 1, 0] } };
+        let holder = doc! { "$ne": [{ "$ifNull": ["$lease_id", Bson::Null] }, Bson::Null] };
+        let pipeline = vec![
+            doc! { "$match": sg_and(stream, group, doc! { "status": { "$in": [LEASED, REJECTED] } }) },
+            doc! { "$group": {
+                "_id": Bson::Null,
+                "inflight": sum(doc! { "$and": [{ "$eq": ["$status", LEASED] }, holder.clone()] }),
+                "waiting": sum(doc! { "$and": [
+                    { "$eq": ["$status", LEASED] },
+                    { "$eq": [{ "$ifNull": ["$lease_id", Bson::Null] }, Bson::Null] },
+                    { "$gt": ["$expires_at", now] },
+                ] }),
+                "dead": sum(doc! { "$eq": ["$status", REJECTED] }),
+            } },
+        ];
+        let rows: Vec<Document> = self
+            .deliveries()
+            .aggregate(pipeline)
+            .await
+            .map_err(err("group_info"))?
+            .try_collect()
+            .await
+            .map_err(err("group_info"))?;
+        let r = rows.first();
+        let n = |f: &str| r.and_then(|r| get_u64(r, f)).unwrap_or(0);
+        Ok(DeliveryCounts { inflight: n("inflight"), retry_waiting: n("waiting"), dead_letters: n("dead") })
+    }
+
+    async fn held_attempt(&self, lease: &LeaseRef) -> Result<Option<(u32, Timestamp)>> {
+        let d = self.deliveries().find_one(held(lease)).await.map_err(err("retry"))?;
+        Ok(d.map(|d| (u32_of(&d, "attempt"), self.now())))
+    }
+
+    async fn dead_letter(&self, lease: &LeaseRef, _attempt: u32, reason: &str, now: Timestamp) -> Result<bool> {
+        self.dead_letter_held(lease, reason, now, "retry").await
+    }
+
+    async fn reschedule(
+        &self,
+        lease: &LeaseRef,
+        attempt: u32,
+        reason: &str,
+        available_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<bool> {
+        // Claimable at once: the reference's 'available'. Later: a lease
+        // with no holder that expires when the backoff ends, which both
+        // implementations' claims take once it passes.
+        let (status, exp) = if available_at > now { (LEASED, dt(available_at)) } else { (AVAILABLE, Bson::Null) };
+        let mut filter = held(lease);
+        filter.insert("attempt", i64::from(attempt));
+        let r = self
+            .deliveries()
+            .update_one(
+                filter,
+                doc! { "$set": {
+                    "status": status, "lease_id": Bson::Null, "consumer_id": Bson::Null, "expires_at": exp,
+                    "reason": reason, "retried_at": dt(now),
+                } },
+            )
+            .await
+            .map_err(werr("retry"))?;
+        Ok(r.matched_count > 0)
+    }
+}
+
+/// The filter of the delivery a lease holds.
+fn held(lease: &LeaseRef) -> Document {
+    sg_and(
+        &lease.stream,
+        &lease.group,
+        doc! {
+            "partition": i64::from(lease.partition),
+            "sequence": int(lease.sequence),
+            "lease_id": lease.lease_id.to_string(),
+            "status": LEASED,
+        },
+    )
 }

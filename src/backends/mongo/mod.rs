@@ -47,6 +47,7 @@ use mongodb::bson::Document;
 use mongodb::error::{ErrorKind, UNKNOWN_TRANSACTION_COMMIT_RESULT, WriteFailure};
 use parking_lot::RwLock;
 
+use super::group_store;
 use super::redact_url;
 use crate::backend::{Backend, Subscription};
 use crate::backends::WakeupMap;
@@ -477,7 +478,7 @@ impl Backend for MongoBackend {
     }
 
     async fn create_group(&self, stream: &str, group: &str, opts: &GroupOptions) -> Result<GroupSummary> {
-        self.create_group_impl(stream, group, opts).await
+        group_store::create_group(self, stream, group, opts).await
     }
 
     async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
@@ -518,7 +519,7 @@ impl Backend for MongoBackend {
     }
 
     async fn retry(&self, lease: &LeaseRef, reason: &str, delay: Option<Duration>) -> Result<RetryOutcome> {
-        self.retry_impl(lease, reason, delay).await
+        group_store::retry(self, lease, reason, delay).await
     }
 
     async fn reject(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
@@ -526,19 +527,19 @@ impl Backend for MongoBackend {
     }
 
     async fn skip(&self, stream: &str, group: &str, partition: u32, sequence: u64, reason: &str) -> Result<bool> {
-        self.skip_impl(stream, group, partition, sequence, reason).await
+        group_store::skip(self, stream, group, partition, sequence, reason).await
     }
 
     async fn replay(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64> {
-        self.replay_impl(stream, group, replay).await
+        group_store::replay(self, stream, group, replay).await
     }
 
     async fn reset_group(&self, stream: &str, group: &str, reset: &Reset) -> Result<()> {
-        self.reset_impl(stream, group, reset).await
+        group_store::reset(self, stream, group, reset).await
     }
 
     async fn lag(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
-        self.lag_impl(stream, group, partitions).await
+        group_store::lag(self, stream, group, partitions).await
     }
 
     async fn list_groups(&self, stream: &str) -> Result<Vec<GroupSummary>> {
@@ -550,7 +551,7 @@ impl Backend for MongoBackend {
     }
 
     async fn group_info(&self, stream: &str, group: &str) -> Result<GroupInfo> {
-        self.group_info_impl(stream, group).await
+        group_store::group_info(self, stream, group).await
     }
 
     async fn create_index(&self, stream: &str, field: &str) -> Result<()> {

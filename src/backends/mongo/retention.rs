@@ -15,6 +15,7 @@ use super::groups::{REJECTED, int, int_of};
 use super::streams::get_u64;
 use super::{EVENTS, MongoBackend, Phase, SETTINGS, STREAM_SETTINGS, in_tx, map_err};
 use crate::backends::common::{self, GroupSettings};
+use crate::backends::group_store::GroupStore as _;
 use crate::error::{Error, Result};
 use crate::groups::retention::new_start;
 use crate::model::group::StreamInfo;
@@ -153,7 +154,7 @@ impl MongoBackend {
         if retention.is_unlimited() {
             return Ok(report);
         }
-        let hws = self.hws(stream).await?;
+        let (_, hws) = self.stream_marks(stream).await?;
         let starts = self.log_starts(stream, &hws).await?;
         let mut loaded = Vec::new();
         for g in self.list_groups_impl(stream).await? {

@@ -13,15 +13,13 @@ use redis::{AsyncCommands, Value};
 use super::streams::{decode_entry, entries};
 use super::{Core, Keys, bad_reply, key_name, map_err, missing_code, v_arr, v_int, v_text, v_u64};
 use crate::backends::common::{self, GroupRow, GroupSettings};
+use crate::backends::group_store::{DeliveryCounts, GroupStore};
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
 use crate::ids::LeaseId;
 use crate::model::damage::Damage;
-use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Replay, ReplayFrom, Reset,
-    StartPosition, check_partitions,
-};
-use crate::model::lease::{FetchReport, Lease, LeaseRef, RetryOutcome};
+use crate::model::group::{DeadLetter, DeadLetterOptions, FetchOptions, GroupSummary, check_partitions};
+use crate::model::lease::{FetchReport, Lease, LeaseRef};
 use crate::model::time::Timestamp;
 
 /// Spent deliveries one fetch dead-letters at most, beyond its limit.
@@ -46,18 +44,6 @@ impl Core {
     /// The arguments every group script starts with (after prefix and tag).
     fn gargs(group: &str) -> [String; 2] {
         [key_name(group), group.to_owned()]
-    }
-
-    /// Loads a group: `StreamNotFound`, then `GroupNotFound`.
-    pub(super) async fn load_group(&self, stream: &str, group: &str) -> Result<GroupRow> {
-        let m = self.meta(stream).await?;
-        let mut conn = self.conn();
-        let h: HashMap<String, String> =
-            conn.hgetall(self.group_key(stream, group)).await.map_err(|e| map_err("load group", false, &e))?;
-        if h.is_empty() {
-            return Err(Error::group_not_found(stream, group));
-        }
-        Self::group_row(stream, group, &h, &m.hws, m.count)
     }
 
     fn group_row(stream: &str, group: &str, h: &HashMap<String, String>, hws: &[u64], count: u32) -> Result<GroupRow> {
@@ -140,65 +126,6 @@ impl Core {
 
     pub(super) async fn list_groups_impl(&self, stream: &str) -> Result<Vec<GroupSummary>> {
         Ok(self.groups_named(stream).await?.into_iter().map(|(n, g)| g.summary(&n)).collect())
-    }
-
-    /// The frontier a group starts at in each partition of `parts`.
-    async fn start_frontiers(
-        &self,
-        stream: &str,
-        count: u32,
-        start: &StartPosition,
-        parts: &[u32],
-        hws: &[u64],
-    ) -> Result<BTreeMap<u32, u64>> {
-        let firsts = match start {
-            StartPosition::At(t) => self.first_at_or_after(stream, count, *t).await?,
-            _ => BTreeMap::new(),
-        };
-        let log_starts = self.log_starts(stream, hws).await?;
-        Ok(common::start_frontiers(start, parts, hws, &firsts, &log_starts))
-    }
-
-    pub(super) async fn create_group_impl(
-        &self,
-        stream: &str,
-        group: &str,
-        opts: &GroupOptions,
-    ) -> Result<GroupSummary> {
-        let m = self.meta(stream).await?;
-        opts.validate(stream, m.count)?;
-        let subset = opts.partitions.as_ref().map(|ps| {
-            let mut ps = ps.clone();
-            ps.sort_unstable();
-            ps.dedup();
-            ps
-        });
-        let parts: Vec<u32> = subset.clone().unwrap_or_else(|| (0..m.count).collect());
-        let frontiers = self.start_frontiers(stream, m.count, &opts.start, &parts, &m.hws).await?;
-        let settings =
-            GroupSettings { partitions: subset.clone(), retry_backoff: opts.retry_backoff, ..GroupSettings::default() };
-        let text = serde_json::to_string(&settings).map_err(|e| Error::failed("create_group", e.to_string()))?;
-        let now = self.now();
-        let [g, gn] = Self::gargs(group);
-        let mut args: Vec<String> = vec![g, gn, now.as_millis().to_string(), opts.max_attempts.to_string(), text];
-        for (p, f) in &frontiers {
-            args.extend([p.to_string(), (*f).min(MAX_SEQ).to_string()]);
-        }
-        let r = self.run(&self.scripts.create_group, stream, Keys::Group(group), &args, "create_group", true).await?;
-        match v_int(&r) {
-            Some(0) => {}
-            Some(-1) => return Err(Error::stream_not_found(stream)),
-            Some(-3) => {
-                return Err(Error::AlreadyExists { kind: ObjectKind::Group, name: format!("{stream}/{group}") });
-            }
-            _ => return Err(bad_reply("create_group", "a status")),
-        }
-        Ok(GroupSummary {
-            name: group.to_owned(),
-            max_attempts: opts.max_attempts,
-            partitions: subset,
-            created_at: now,
-        })
     }
 
     // ---- fetch ----
@@ -396,7 +323,8 @@ impl Core {
     }
 
     /// Dead-letters or reschedules one held delivery (`attempt`: the one
-    /// the decision was made on, None for any).
+    /// the decision was made on, None for any). False when the lease no
+    /// longer holds it.
     #[allow(clippy::too_many_arguments)]
     async fn settle_one(
         &self,
@@ -407,7 +335,7 @@ impl Core {
         now: Timestamp,
         ready: Timestamp,
         operation: &'static str,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let [gk, gn] = Self::gargs(&lease.group);
         let args: Vec<String> = vec![
             gk,
@@ -425,169 +353,21 @@ impl Core {
             .run(&self.scripts.settle_one, &lease.stream, Keys::Group(&lease.group), &args, operation, true)
             .await?;
         missing_code(&r, &lease.stream, &lease.group)?;
-        if v_int(&r) == Some(1) { Ok(()) } else { Err(lease.stale()) }
+        Ok(v_int(&r) == Some(1))
     }
 
     pub(super) async fn reject_impl(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
         let now = self.now();
-        self.settle_one(lease, None, true, &rules::rejected(reason), now, now, "reject").await
-    }
-
-    pub(super) async fn retry_impl(
-        &self,
-        lease: &LeaseRef,
-        reason: &str,
-        delay: Option<Duration>,
-    ) -> Result<RetryOutcome> {
-        let g = self.load_group(&lease.stream, &lease.group).await?;
-        // The attempt the decision rests on; the script applies it only if
-        // the lease still holds that attempt.
-        let mut conn = self.conn();
-        let raw: Option<String> = conn
-            .hget(
-                format!("{}st:{}:{}:{}", self.base, Self::tag(&lease.stream), key_name(&lease.group), lease.partition),
-                lease.sequence,
-            )
-            .await
-            .map_err(|e| map_err("retry", false, &e))?;
-        let attempt =
-            raw.as_deref().and_then(|t| held_attempt(t, &lease.lease_id.to_string())).ok_or_else(|| lease.stale())?;
-        let now = self.now();
-        let decision = rules::retry(attempt, g.max_attempts, reason, delay, &g.settings.retry_backoff, now);
-        let outcome = decision.outcome();
-        match decision {
-            rules::RetryDecision::DeadLetter { reason } => {
-                self.settle_one(lease, Some(attempt), true, &reason, now, now, "retry").await?;
-            }
-            rules::RetryDecision::Reschedule { available_at } => {
-                self.settle_one(lease, Some(attempt), false, reason, now, available_at.max(now), "retry").await?;
-            }
-        }
-        Ok(outcome)
-    }
-
-    pub(super) async fn skip_impl(
-        &self,
-        stream: &str,
-        group: &str,
-        partition: u32,
-        sequence: u64,
-        reason: &str,
-    ) -> Result<bool> {
-        let g = self.load_group(stream, group).await?;
-        common::check_skip(&g, stream, group, partition, sequence)?;
-        let log_start = self.log_starts(stream, &g.hws).await?.get(partition as usize).copied().unwrap_or(1);
-        if sequence < log_start {
-            return Err(common::dropped_by_retention(stream, partition, sequence, log_start));
-        }
-        let v = self.range(stream, partition, sequence - 1, sequence, 1).await?;
-        let eid = entries(&v)
-            .first()
-            .and_then(|(_, f)| f.chunks(2).find(|kv| v_text(&kv[0]).as_deref() == Some("id")))
-            .and_then(|kv| kv.get(1).and_then(v_text))
-            .unwrap_or_default();
-        let [gk, gn] = Self::gargs(group);
-        let args: Vec<String> = vec![
-            gk,
-            gn,
-            partition.to_string(),
-            sequence.to_string(),
-            rules::skipped(reason),
-            self.now().as_millis().to_string(),
-            eid,
-        ];
-        let r = self.run(&self.scripts.skip, stream, Keys::Group(group), &args, "skip", true).await?;
-        missing_code(&r, stream, group)?;
-        match v_int(&r) {
-            Some(1) => Ok(true),
-            Some(0) => Ok(false),
-            Some(-4) => Err(common::already_settled(group, partition, sequence)),
-            _ => Err(bad_reply("skip", "a status")),
+        if self.settle_one(lease, None, true, &rules::rejected(reason), now, now, "reject").await? {
+            Ok(())
+        } else {
+            Err(lease.stale())
         }
     }
 
     // ---- replay and reset ----
 
-    pub(super) async fn replay_impl(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64> {
-        let g = self.load_group(stream, group).await?;
-        let scope = g.scope(stream, replay.partitions.as_deref())?;
-        let starts: Vec<(u32, u64)> = match &replay.from {
-            ReplayFrom::Sequence(from) => {
-                let log_starts = self.log_starts(stream, &g.hws).await?;
-                let first = |p: u32| log_starts.get(p as usize).copied().unwrap_or(1).saturating_sub(1);
-                scope.iter().map(|&p| (p, (*from).max(first(p)))).collect()
-            }
-            ReplayFrom::Time(t) => {
-                let firsts = self.first_at_or_after(stream, g.count, *t).await?;
-                common::replay_time_starts(stream, group, &scope, &firsts, *t)?
-            }
-            ReplayFrom::Query(q) => {
-                let matched = common::all_matches(self, q, &scope).await?;
-                return self.replay_matches(stream, group, &matched).await;
-            }
-        };
-        let [gk, gn] = Self::gargs(group);
-        let mut args: Vec<String> = vec![gk, gn];
-        for (p, from) in starts {
-            args.extend([p.to_string(), from.min(MAX_SEQ).to_string(), g.hw(p).to_string()]);
-        }
-        let r = self.run(&self.scripts.replay, stream, Keys::Group(group), &args, "replay", true).await?;
-        missing_code(&r, stream, group)?;
-        v_u64(&r).ok_or_else(|| bad_reply("replay", "a count"))
-    }
-
-    async fn replay_matches(&self, stream: &str, group: &str, matched: &[(u32, u64, String)]) -> Result<u64> {
-        let mut total = 0;
-        for chunk in matched.chunks(REPLAY_CHUNK) {
-            let [gk, gn] = Self::gargs(group);
-            let mut args: Vec<String> = vec![gk, gn, self.now().as_millis().to_string()];
-            for (p, q, id) in chunk {
-                args.extend([p.to_string(), q.to_string(), id.clone()]);
-            }
-            let r = self.run(&self.scripts.replay_query, stream, Keys::Group(group), &args, "replay", true).await?;
-            missing_code(&r, stream, group)?;
-            total += v_u64(&r).ok_or_else(|| bad_reply("replay", "a count"))?;
-        }
-        Ok(total)
-    }
-
-    pub(super) async fn reset_impl(&self, stream: &str, group: &str, reset: &Reset) -> Result<()> {
-        let g = self.load_group(stream, group).await?;
-        if let StartPosition::AfterPerPartition(m) = &reset.start {
-            check_partitions(stream, &m.keys().copied().collect::<Vec<_>>(), g.count)?;
-        }
-        let scope = g.scope(stream, reset.partitions.as_deref())?;
-        let starts = self.start_frontiers(stream, g.count, &reset.start, &scope, &g.hws).await?;
-        let [gk, gn] = Self::gargs(group);
-        let mut args: Vec<String> = vec![gk, gn];
-        for (p, f) in starts {
-            args.extend([p.to_string(), f.min(MAX_SEQ).to_string()]);
-        }
-        let r = self.run(&self.scripts.reset, stream, Keys::Group(group), &args, "reset_group", true).await?;
-        missing_code(&r, stream, group)
-    }
-
     // ---- inspecting ----
-
-    pub(super) async fn group_info_impl(&self, stream: &str, group: &str) -> Result<GroupInfo> {
-        let g = self.load_group(stream, group).await?;
-        let scope = g.partitions();
-        let [gk, gn] = Self::gargs(group);
-        let parts = scope.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-        let args: Vec<String> = vec![gk, gn, self.now().as_millis().to_string(), parts];
-        let r = self.run(&self.scripts.info, stream, Keys::Group(group), &args, "group_info", false).await?;
-        missing_code(&r, stream, group)?;
-        let n: Vec<u64> = v_arr(&r).iter().filter_map(v_u64).collect();
-        let [inflight, waiting, dead] = n[..] else { return Err(bad_reply("group_info", "three counts")) };
-        Ok(GroupInfo {
-            summary: g.summary(group),
-            lag: g.lag(stream, group, &scope),
-            inflight,
-            retry_waiting: waiting,
-            dead_letters: dead,
-            retention_skipped: g.settings.retention_skipped,
-        })
-    }
 
     pub(super) async fn dead_letters_impl(
         &self,
@@ -667,6 +447,171 @@ impl Core {
             });
         }
         Ok(out)
+    }
+}
+
+impl GroupStore for Core {
+    async fn stream_marks(&self, stream: &str) -> Result<(u32, Vec<u64>)> {
+        let m = self.meta(stream).await?;
+        Ok((m.count, m.hws))
+    }
+
+    async fn load_group(&self, stream: &str, group: &str) -> Result<GroupRow> {
+        let m = self.meta(stream).await?;
+        let mut conn = self.conn();
+        let h: HashMap<String, String> =
+            conn.hgetall(self.group_key(stream, group)).await.map_err(|e| map_err("load group", false, &e))?;
+        if h.is_empty() {
+            return Err(Error::group_not_found(stream, group));
+        }
+        Self::group_row(stream, group, &h, &m.hws, m.count)
+    }
+
+    async fn log_starts(&self, stream: &str, hws: &[u64]) -> Result<Vec<u64>> {
+        Core::log_starts(self, stream, hws).await
+    }
+
+    async fn first_at_or_after(&self, stream: &str, count: u32, t: Timestamp) -> Result<BTreeMap<u32, u64>> {
+        Core::first_at_or_after(self, stream, count, t).await
+    }
+
+    async fn insert_group(
+        &self,
+        stream: &str,
+        group: &str,
+        max_attempts: u32,
+        frontiers: &BTreeMap<u32, u64>,
+        settings: &GroupSettings,
+    ) -> Result<Timestamp> {
+        let text = serde_json::to_string(settings).map_err(|e| Error::failed("create_group", e.to_string()))?;
+        let now = self.now();
+        let [g, gn] = Self::gargs(group);
+        let mut args: Vec<String> = vec![g, gn, now.as_millis().to_string(), max_attempts.to_string(), text];
+        for (p, f) in frontiers {
+            args.extend([p.to_string(), (*f).min(MAX_SEQ).to_string()]);
+        }
+        let r = self.run(&self.scripts.create_group, stream, Keys::Group(group), &args, "create_group", true).await?;
+        match v_int(&r) {
+            Some(0) => {}
+            Some(-1) => return Err(Error::stream_not_found(stream)),
+            Some(-3) => {
+                return Err(Error::AlreadyExists { kind: ObjectKind::Group, name: format!("{stream}/{group}") });
+            }
+            _ => return Err(bad_reply("create_group", "a status")),
+        }
+        Ok(now)
+    }
+
+    async fn skip_position(
+        &self,
+        stream: &str,
+        group: &str,
+        partition: u32,
+        sequence: u64,
+        reason: &str,
+    ) -> Result<bool> {
+        let v = self.range(stream, partition, sequence - 1, sequence, 1).await?;
+        let eid = entries(&v)
+            .first()
+            .and_then(|(_, f)| f.chunks(2).find(|kv| v_text(&kv[0]).as_deref() == Some("id")))
+            .and_then(|kv| kv.get(1).and_then(v_text))
+            .unwrap_or_default();
+        let [gk, gn] = Self::gargs(group);
+        let args: Vec<String> = vec![
+            gk,
+            gn,
+            partition.to_string(),
+            sequence.to_string(),
+            reason.to_owned(),
+            self.now().as_millis().to_string(),
+            eid,
+        ];
+        let r = self.run(&self.scripts.skip, stream, Keys::Group(group), &args, "skip", true).await?;
+        missing_code(&r, stream, group)?;
+        match v_int(&r) {
+            Some(1) => Ok(true),
+            Some(0) => Ok(false),
+            Some(-4) => Err(common::already_settled(group, partition, sequence)),
+            _ => Err(bad_reply("skip", "a status")),
+        }
+    }
+
+    async fn reopen_after(&self, stream: &str, group: &str, starts: &[(u32, u64)], hws: &[u64]) -> Result<u64> {
+        let [gk, gn] = Self::gargs(group);
+        let mut args: Vec<String> = vec![gk, gn];
+        for &(p, from) in starts {
+            args.extend([
+                p.to_string(),
+                from.min(MAX_SEQ).to_string(),
+                hws.get(p as usize).copied().unwrap_or(0).to_string(),
+            ]);
+        }
+        let r = self.run(&self.scripts.replay, stream, Keys::Group(group), &args, "replay", true).await?;
+        missing_code(&r, stream, group)?;
+        v_u64(&r).ok_or_else(|| bad_reply("replay", "a count"))
+    }
+
+    async fn reopen_matches(&self, stream: &str, group: &str, matched: &[(u32, u64, String)]) -> Result<u64> {
+        let mut total = 0;
+        for chunk in matched.chunks(REPLAY_CHUNK) {
+            let [gk, gn] = Self::gargs(group);
+            let mut args: Vec<String> = vec![gk, gn, self.now().as_millis().to_string()];
+            for (p, q, id) in chunk {
+                args.extend([p.to_string(), q.to_string(), id.clone()]);
+            }
+            let r = self.run(&self.scripts.replay_query, stream, Keys::Group(group), &args, "replay", true).await?;
+            missing_code(&r, stream, group)?;
+            total += v_u64(&r).ok_or_else(|| bad_reply("replay", "a count"))?;
+        }
+        Ok(total)
+    }
+
+    async fn restart(&self, stream: &str, group: &str, starts: &BTreeMap<u32, u64>) -> Result<()> {
+        let [gk, gn] = Self::gargs(group);
+        let mut args: Vec<String> = vec![gk, gn];
+        for (p, &f) in starts {
+            args.extend([p.to_string(), f.min(MAX_SEQ).to_string()]);
+        }
+        let r = self.run(&self.scripts.reset, stream, Keys::Group(group), &args, "reset_group", true).await?;
+        missing_code(&r, stream, group)
+    }
+
+    async fn delivery_counts(&self, stream: &str, group: &str, scope: &[u32]) -> Result<DeliveryCounts> {
+        let [gk, gn] = Self::gargs(group);
+        let parts = scope.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        let args: Vec<String> = vec![gk, gn, self.now().as_millis().to_string(), parts];
+        let r = self.run(&self.scripts.info, stream, Keys::Group(group), &args, "group_info", false).await?;
+        missing_code(&r, stream, group)?;
+        let n: Vec<u64> = v_arr(&r).iter().filter_map(v_u64).collect();
+        let [inflight, waiting, dead] = n[..] else { return Err(bad_reply("group_info", "three counts")) };
+        Ok(DeliveryCounts { inflight, retry_waiting: waiting, dead_letters: dead })
+    }
+
+    async fn held_attempt(&self, lease: &LeaseRef) -> Result<Option<(u32, Timestamp)>> {
+        let mut conn = self.conn();
+        let raw: Option<String> = conn
+            .hget(
+                format!("{}st:{}:{}:{}", self.base, Self::tag(&lease.stream), key_name(&lease.group), lease.partition),
+                lease.sequence,
+            )
+            .await
+            .map_err(|e| map_err("retry", false, &e))?;
+        Ok(raw.as_deref().and_then(|t| held_attempt(t, &lease.lease_id.to_string())).map(|a| (a, self.now())))
+    }
+
+    async fn dead_letter(&self, lease: &LeaseRef, attempt: u32, reason: &str, now: Timestamp) -> Result<bool> {
+        self.settle_one(lease, Some(attempt), true, reason, now, now, "retry").await
+    }
+
+    async fn reschedule(
+        &self,
+        lease: &LeaseRef,
+        attempt: u32,
+        reason: &str,
+        available_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<bool> {
+        self.settle_one(lease, Some(attempt), false, reason, now, available_at.max(now), "retry").await
     }
 }
 

@@ -68,6 +68,7 @@ use redis::Value;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 
+use super::group_store;
 use super::redact_url;
 use crate::backend::{Backend, Subscription};
 use crate::backends::WakeupMap;
@@ -682,7 +683,7 @@ impl Backend for RedisBackend {
     }
 
     async fn create_group(&self, stream: &str, group: &str, opts: &GroupOptions) -> Result<GroupSummary> {
-        self.core.create_group_impl(stream, group, opts).await
+        group_store::create_group(&*self.core, stream, group, opts).await
     }
 
     async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
@@ -728,7 +729,7 @@ impl Backend for RedisBackend {
     }
 
     async fn retry(&self, lease: &LeaseRef, reason: &str, delay: Option<Duration>) -> Result<RetryOutcome> {
-        self.core.retry_impl(lease, reason, delay).await
+        group_store::retry(&*self.core, lease, reason, delay).await
     }
 
     async fn reject(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
@@ -736,21 +737,19 @@ impl Backend for RedisBackend {
     }
 
     async fn skip(&self, stream: &str, group: &str, partition: u32, sequence: u64, reason: &str) -> Result<bool> {
-        self.core.skip_impl(stream, group, partition, sequence, reason).await
+        group_store::skip(&*self.core, stream, group, partition, sequence, reason).await
     }
 
     async fn replay(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64> {
-        self.core.replay_impl(stream, group, replay).await
+        group_store::replay(&*self.core, stream, group, replay).await
     }
 
     async fn reset_group(&self, stream: &str, group: &str, reset: &Reset) -> Result<()> {
-        self.core.reset_impl(stream, group, reset).await
+        group_store::reset(&*self.core, stream, group, reset).await
     }
 
     async fn lag(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
-        let g = self.core.load_group(stream, group).await?;
-        let scope = g.scope(stream, partitions)?;
-        Ok(g.lag(stream, group, &scope))
+        group_store::lag(&*self.core, stream, group, partitions).await
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
@@ -786,7 +785,7 @@ impl Backend for RedisBackend {
     }
 
     async fn group_info(&self, stream: &str, group: &str) -> Result<GroupInfo> {
-        self.core.group_info_impl(stream, group).await
+        group_store::group_info(&*self.core, stream, group).await
     }
 
     async fn create_index(&self, stream: &str, field: &str) -> Result<()> {

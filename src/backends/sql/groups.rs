@@ -33,11 +33,8 @@ use super::{ClaimsMode, GroupScope, Now, SqlBackend, TxError, at_commit, safe};
 const GROUP_SCOPES_MAX: usize = 4096;
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
-use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, Replay, ReplayFrom, Reset,
-    StartPosition, check_partitions,
-};
-use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef, RetryOutcome};
+use crate::model::group::{DeadLetter, DeadLetterOptions, FetchOptions, GroupSummary, check_partitions};
+use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef};
 use crate::model::time::Timestamp;
 
 /// Rows a materialization adds per partition at least (else 8 fetches' worth).
@@ -49,6 +46,7 @@ const SPENT_PER_FETCH: usize = crate::groups::SPENT_PER_FETCH;
 type Settings = crate::backends::common::GroupSettings;
 
 use crate::backends::common::{self, GroupRow, frontier_cursor as fc};
+use crate::backends::group_store::{DeliveryCounts, GroupStore};
 
 use super::db::{map_text, parse_map, sg};
 use super::frontier::TERMINAL;
@@ -124,54 +122,6 @@ impl SqlBackend {
             Dialect::Postgres => ("INSERT INTO", "ON CONFLICT DO NOTHING"),
             Dialect::Sqlite => ("INSERT OR IGNORE INTO", ""),
         }
-    }
-
-    /// Loads a group: `StreamNotFound`, then `GroupNotFound`.
-    pub(super) async fn load_group(&self, stream: &str, group: &str) -> Result<GroupRow> {
-        let mut s = self.stmt();
-        let (st, gr) = sg(&mut s, stream, group);
-        let hws = match self.d {
-            Dialect::Postgres => "json_object_agg(q.partition, q.next_sequence)::text",
-            Dialect::Sqlite => "json_group_object(q.partition, q.next_sequence)",
-        };
-        s.push(&format!(
-            "SELECT s.partition_count, g.name, g.max_attempts, {}, {}, {}, {}, \
-             (SELECT {hws} FROM {} q WHERE q.stream = s.name) FROM {} s \
-             LEFT JOIN {} g ON g.stream = s.name AND g.name = {gr} \
-             LEFT JOIN {} x ON x.stream = s.name AND x.name = {gr} WHERE s.name = {st}",
-            self.d.json_out("g.cursors"),
-            self.d.json_out("g.frontiers"),
-            self.d.ts_out("g.created_at"),
-            self.d.json_out("x.settings"),
-            self.names.seqs(),
-            self.names.streams(),
-            self.names.groups(),
-            self.names.settings()
-        ));
-        let rows = self.pool.all(&s).await.map_err(self.err("load group", Phase::Safe))?;
-        let r = rows.first().ok_or_else(|| Error::stream_not_found(stream))?;
-        if r.opt_text(1)?.is_none() {
-            return Err(Error::group_not_found(stream, group));
-        }
-        let settings = match r.opt_text(6)? {
-            Some(t) => serde_json::from_str(&t)
-                .map_err(|e| Error::failed("reading a group", format!("group {stream:?}/{group:?}: settings: {e}")))?,
-            None => Settings::default(),
-        };
-        let count = r.u32(0)?;
-        let seqs = match r.opt_text(7)? {
-            Some(t) => parse_map(stream, group, "high watermarks", &t)?,
-            None => BTreeMap::new(),
-        };
-        Ok(GroupRow {
-            count,
-            max_attempts: r.u32(2)?,
-            settings,
-            cursors: parse_map(stream, group, "cursors", &r.text(3)?)?,
-            frontiers: parse_map(stream, group, "frontiers", &r.text(4)?)?,
-            created_at: r.ts(5)?,
-            hws: (0..count).map(|p| seqs.get(&p).copied().unwrap_or(0)).collect(),
-        })
     }
 
     /// Locks the group row in a transaction; returns (frontiers, cursors).
@@ -263,69 +213,6 @@ impl SqlBackend {
         ));
         tx.exec(&s).await.map_err(safe)?;
         Ok(())
-    }
-
-    /// The frontier a group starts at in each partition of `parts`.
-    async fn start_frontiers(
-        &self,
-        stream: &str,
-        start: &StartPosition,
-        parts: &[u32],
-        count: u32,
-    ) -> Result<BTreeMap<u32, u64>> {
-        let hws = self.high_watermarks(stream, count).await?;
-        let firsts = match start {
-            StartPosition::At(t) => self.first_at_or_after(stream, *t).await?,
-            _ => BTreeMap::new(),
-        };
-        let log_starts = self.log_starts(stream, &hws).await?;
-        Ok(common::start_frontiers(start, parts, &hws, &firsts, &log_starts))
-    }
-
-    /// Per partition, the first sequence with a timestamp at or after `t`.
-    async fn first_at_or_after(&self, stream: &str, t: Timestamp) -> Result<BTreeMap<u32, u64>> {
-        let mut s = self.stmt();
-        let st = s.text(stream);
-        let at = s.ts(t);
-        s.push(&format!(
-            "SELECT partition, min(sequence) FROM {} WHERE stream = {st} AND \"timestamp\" >= {at} GROUP BY partition",
-            self.names.events()
-        ));
-        let rows = self.pool.all(&s).await.map_err(self.err("start_at", Phase::Safe))?;
-        rows.iter().map(|r| Ok((r.u32(0)?, r.u64(1)?))).collect()
-    }
-
-    pub(super) async fn create_group_impl(
-        &self,
-        stream: &str,
-        group: &str,
-        opts: &GroupOptions,
-    ) -> Result<GroupSummary> {
-        let count = self.partition_count(stream).await?;
-        opts.validate(stream, count)?;
-        let subset = opts.partitions.as_ref().map(|ps| {
-            let mut ps = ps.clone();
-            ps.sort_unstable();
-            ps.dedup();
-            ps
-        });
-        let parts: Vec<u32> = subset.clone().unwrap_or_else(|| (0..count).collect());
-        let frontiers = self.start_frontiers(stream, &opts.start, &parts, count).await?;
-        let cursors: BTreeMap<u32, u64> = frontiers.iter().map(|(&p, &f)| (p, f.saturating_add(1))).collect();
-        let settings =
-            Settings { partitions: subset.clone(), retry_backoff: opts.retry_backoff, ..Settings::default() };
-        let now = self.now();
-        let created = super::retry_tx!(
-            self,
-            "create_group",
-            self.create_group_tx(stream, group, opts.max_attempts, &frontiers, &cursors, &settings, now).await
-        )?;
-        Ok(GroupSummary {
-            name: group.to_owned(),
-            max_attempts: opts.max_attempts,
-            partitions: subset,
-            created_at: created,
-        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1078,90 +965,6 @@ impl SqlBackend {
         }
     }
 
-    pub(super) async fn retry_impl(
-        &self,
-        lease: &LeaseRef,
-        reason: &str,
-        delay: Option<Duration>,
-    ) -> Result<RetryOutcome> {
-        let g = self.load_group(&lease.stream, &lease.group).await?;
-        self.split_lease(lease).await?;
-        let mut s = self.stmt();
-        let (st, gr) = sg(&mut s, &lease.stream, &lease.group);
-        let (part, seq) = (s.int(i64::from(lease.partition)), s.int(seq_arg(lease.sequence)));
-        let lid = s.text(lease.lease_id.to_string());
-        let now_col = match self.now() {
-            Now::Db => self.d.ts_out("now()"),
-            Now::At(t) => {
-                let ph = s.ts(t);
-                self.d.ts_out(&ph)
-            }
-        };
-        s.push(&format!(
-            "SELECT d.attempt, {now_col} FROM {dl} AS d WHERE d.stream = {st} AND d.group_name = {gr} \
-             AND d.partition = {part} AND d.sequence = {seq} AND d.lease_id = {lid} AND d.status = 'leased'",
-            dl = self.names.deliveries(),
-        ));
-        let rows = self.pool.all(&s).await.map_err(self.err("retry", Phase::Safe))?;
-        let Some(r) = rows.first() else { return Err(stale(lease)) };
-        let attempt = r.u32(0)?;
-        let now = r.ts(1)?;
-        let decision = rules::retry(attempt, g.max_attempts, reason, delay, &g.settings.retry_backoff, now);
-        let outcome = decision.outcome();
-        match decision {
-            rules::RetryDecision::DeadLetter { reason } => {
-                if !super::retry_tx!(self, "retry", self.dead_letter_tx(lease, &reason, Now::At(now)).await)? {
-                    return Err(stale(lease));
-                }
-            }
-            rules::RetryDecision::Reschedule { available_at } => {
-                let mut s = self.stmt();
-                let (st, gr) = sg(&mut s, &lease.stream, &lease.group);
-                let arr =
-                    s.arg(lease_rows(std::iter::once((lease.partition, lease.sequence, lease.lease_id.to_string()))));
-                let at = s.ts(now);
-                let why = s.text(reason);
-                let att = s.int(i64::from(attempt));
-                // Claimable at once: the reference's 'available'. Later: a
-                // lease with no holder that expires when the backoff ends,
-                // which both implementations' claims take once it passes.
-                let (status, exp) =
-                    if available_at > now { ("leased", s.ts(available_at)) } else { ("available", "NULL".to_owned()) };
-                s.push(&format!(
-                    "UPDATE {dl} AS d SET status = '{status}', lease_id = NULL, consumer_id = NULL, expires_at = {exp}, \
-                     reason = {why}, retried_at = {at} \
-                     {fenced} AND d.attempt = {att}",
-                    dl = self.names.deliveries(),
-                    fenced = self.fenced(&st, &gr, &arr),
-                ));
-                let n = self.pool.exec(&s).await.map_err(self.err("retry", Phase::Commit))?;
-                if n == 0 {
-                    return Err(stale(lease));
-                }
-            }
-        }
-        Ok(outcome)
-    }
-
-    pub(super) async fn skip_impl(
-        &self,
-        stream: &str,
-        group: &str,
-        partition: u32,
-        sequence: u64,
-        reason: &str,
-    ) -> Result<bool> {
-        let g = self.load_group(stream, group).await?;
-        common::check_skip(&g, stream, group, partition, sequence)?;
-        let log_start = self.log_starts(stream, &g.hws).await?.get(partition as usize).copied().unwrap_or(1);
-        if sequence < log_start {
-            return Err(common::dropped_by_retention(stream, partition, sequence, log_start));
-        }
-        let now = self.now();
-        let reason = rules::skipped(reason);
-        super::retry_tx!(self, "skip", self.skip_tx(stream, group, partition, sequence, &reason, now).await)
-    }
-
     async fn skip_tx(
         &self,
         stream: &str,
@@ -1229,30 +1032,6 @@ impl SqlBackend {
     }
 
     // ---- replay and reset ----
-
-    pub(super) async fn replay_impl(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64> {
-        let g = self.load_group(stream, group).await?;
-        let scope = g.scope(stream, replay.partitions.as_deref())?;
-        let now = self.now();
-        match &replay.from {
-            ReplayFrom::Sequence(from) => {
-                // From before the log start: from it.
-                let log_starts = self.log_starts(stream, &g.hws).await?;
-                let first = |p: u32| log_starts.get(p as usize).copied().unwrap_or(1).saturating_sub(1);
-                let starts: Vec<(u32, u64)> = scope.iter().map(|&p| (p, (*from).max(first(p)))).collect();
-                super::retry_tx!(self, "replay", self.replay_after_tx(stream, group, &starts, &g.hws, now).await)
-            }
-            ReplayFrom::Time(t) => {
-                let firsts = self.first_at_or_after(stream, *t).await?;
-                let starts = common::replay_time_starts(stream, group, &scope, &firsts, *t)?;
-                super::retry_tx!(self, "replay", self.replay_after_tx(stream, group, &starts, &g.hws, now).await)
-            }
-            ReplayFrom::Query(q) => {
-                let matched = common::all_matches(self, q, &scope).await?;
-                super::retry_tx!(self, "replay", self.replay_matches_tx(stream, group, &matched, now).await)
-            }
-        }
-    }
 
     async fn replay_after_tx(
         &self,
@@ -1393,16 +1172,6 @@ impl SqlBackend {
         Ok(reopened)
     }
 
-    pub(super) async fn reset_impl(&self, stream: &str, group: &str, reset: &Reset) -> Result<()> {
-        let g = self.load_group(stream, group).await?;
-        if let StartPosition::AfterPerPartition(m) = &reset.start {
-            check_partitions(stream, &m.keys().copied().collect::<Vec<_>>(), g.count)?;
-        }
-        let scope = g.scope(stream, reset.partitions.as_deref())?;
-        let starts = self.start_frontiers(stream, &reset.start, &scope, g.count).await?;
-        super::retry_tx!(self, "reset_group", self.reset_tx(stream, group, &starts).await)
-    }
-
     async fn reset_tx(
         &self,
         stream: &str,
@@ -1435,13 +1204,6 @@ impl SqlBackend {
 
     // ---- inspecting ----
 
-    pub(super) async fn lag_impl(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
-        let mut g = self.load_group(stream, group).await?;
-        let scope = g.scope(stream, partitions)?;
-        self.derive_frontiers(stream, group, &mut g, &scope).await?;
-        Ok(self.lag_of(stream, group, &g, &scope))
-    }
-
     /// Derives the frontiers of `scope` (the stored ones may trail what
     /// is settled by a flush), and has a stored one that trails written.
     pub(super) async fn derive_frontiers(
@@ -1459,41 +1221,6 @@ impl SqlBackend {
             self.frontier.note(stream, group, behind);
         }
         Ok(())
-    }
-
-    fn lag_of(&self, stream: &str, group: &str, g: &GroupRow, scope: &[u32]) -> Lag {
-        g.lag(stream, group, scope)
-    }
-
-    pub(super) async fn group_info_impl(&self, stream: &str, group: &str) -> Result<GroupInfo> {
-        let mut g = self.load_group(stream, group).await?;
-        let scope = g.partitions();
-        self.derive_frontiers(stream, group, &mut g, &scope).await?;
-        let mut s = self.stmt();
-        let (st, gr) = sg(&mut s, stream, group);
-        let now = self.now();
-        let at = self.now_sql(&mut s, now);
-        s.push(&format!(
-            "SELECT COALESCE(sum(CASE WHEN status = 'leased' AND lease_id IS NOT NULL THEN 1 ELSE 0 END), 0), \
-             COALESCE(sum(CASE WHEN status = 'leased' AND lease_id IS NULL AND expires_at > {at} THEN 1 ELSE 0 END), 0), \
-             COALESCE(sum(CASE WHEN status = 'rejected' THEN 1 ELSE 0 END), 0) \
-             FROM {} WHERE stream = {st} AND group_name = {gr} AND status IN ('leased', 'rejected')",
-            self.names.deliveries()
-        ));
-        let rows = self.pool.all(&s).await.map_err(self.err("group_info", Phase::Safe))?;
-        let (inflight, retry_waiting, dead_letters) = match rows.first() {
-            Some(r) => (r.u64(0)?, r.u64(1)?, r.u64(2)?),
-            None => (0, 0, 0),
-        };
-        let inflight = inflight + self.claimed_inflight(stream, group).await?;
-        Ok(GroupInfo {
-            summary: g.summary(group),
-            lag: self.lag_of(stream, group, &g, &scope),
-            inflight,
-            retry_waiting,
-            dead_letters,
-            retention_skipped: g.settings.retention_skipped,
-        })
     }
 
     pub(super) async fn dead_letters_impl(
@@ -1581,5 +1308,201 @@ impl SqlBackend {
                 })
             })
             .collect()
+    }
+}
+
+impl GroupStore for SqlBackend {
+    async fn stream_marks(&self, stream: &str) -> Result<(u32, Vec<u64>)> {
+        let count = self.partition_count(stream).await?;
+        Ok((count, self.high_watermarks(stream, count).await?))
+    }
+
+    async fn load_group(&self, stream: &str, group: &str) -> Result<GroupRow> {
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let hws = match self.d {
+            Dialect::Postgres => "json_object_agg(q.partition, q.next_sequence)::text",
+            Dialect::Sqlite => "json_group_object(q.partition, q.next_sequence)",
+        };
+        s.push(&format!(
+            "SELECT s.partition_count, g.name, g.max_attempts, {}, {}, {}, {}, \
+             (SELECT {hws} FROM {} q WHERE q.stream = s.name) FROM {} s \
+             LEFT JOIN {} g ON g.stream = s.name AND g.name = {gr} \
+             LEFT JOIN {} x ON x.stream = s.name AND x.name = {gr} WHERE s.name = {st}",
+            self.d.json_out("g.cursors"),
+            self.d.json_out("g.frontiers"),
+            self.d.ts_out("g.created_at"),
+            self.d.json_out("x.settings"),
+            self.names.seqs(),
+            self.names.streams(),
+            self.names.groups(),
+            self.names.settings()
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("load group", Phase::Safe))?;
+        let r = rows.first().ok_or_else(|| Error::stream_not_found(stream))?;
+        if r.opt_text(1)?.is_none() {
+            return Err(Error::group_not_found(stream, group));
+        }
+        let settings = match r.opt_text(6)? {
+            Some(t) => serde_json::from_str(&t)
+                .map_err(|e| Error::failed("reading a group", format!("group {stream:?}/{group:?}: settings: {e}")))?,
+            None => Settings::default(),
+        };
+        let count = r.u32(0)?;
+        let seqs = match r.opt_text(7)? {
+            Some(t) => parse_map(stream, group, "high watermarks", &t)?,
+            None => BTreeMap::new(),
+        };
+        Ok(GroupRow {
+            count,
+            max_attempts: r.u32(2)?,
+            settings,
+            cursors: parse_map(stream, group, "cursors", &r.text(3)?)?,
+            frontiers: parse_map(stream, group, "frontiers", &r.text(4)?)?,
+            created_at: r.ts(5)?,
+            hws: (0..count).map(|p| seqs.get(&p).copied().unwrap_or(0)).collect(),
+        })
+    }
+
+    async fn log_starts(&self, stream: &str, hws: &[u64]) -> Result<Vec<u64>> {
+        SqlBackend::log_starts(self, stream, hws).await
+    }
+
+    async fn first_at_or_after(&self, stream: &str, _count: u32, t: Timestamp) -> Result<BTreeMap<u32, u64>> {
+        let mut s = self.stmt();
+        let st = s.text(stream);
+        let at = s.ts(t);
+        s.push(&format!(
+            "SELECT partition, min(sequence) FROM {} WHERE stream = {st} AND \"timestamp\" >= {at} GROUP BY partition",
+            self.names.events()
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("start_at", Phase::Safe))?;
+        rows.iter().map(|r| Ok((r.u32(0)?, r.u64(1)?))).collect()
+    }
+
+    async fn insert_group(
+        &self,
+        stream: &str,
+        group: &str,
+        max_attempts: u32,
+        frontiers: &BTreeMap<u32, u64>,
+        settings: &Settings,
+    ) -> Result<Timestamp> {
+        let cursors: BTreeMap<u32, u64> = frontiers.iter().map(|(&p, &f)| (p, f.saturating_add(1))).collect();
+        let now = self.now();
+        super::retry_tx!(
+            self,
+            "create_group",
+            self.create_group_tx(stream, group, max_attempts, frontiers, &cursors, settings, now).await
+        )
+    }
+
+    async fn skip_position(
+        &self,
+        stream: &str,
+        group: &str,
+        partition: u32,
+        sequence: u64,
+        reason: &str,
+    ) -> Result<bool> {
+        let now = self.now();
+        super::retry_tx!(self, "skip", self.skip_tx(stream, group, partition, sequence, reason, now).await)
+    }
+
+    async fn reopen_after(&self, stream: &str, group: &str, starts: &[(u32, u64)], hws: &[u64]) -> Result<u64> {
+        let now = self.now();
+        super::retry_tx!(self, "replay", self.replay_after_tx(stream, group, starts, hws, now).await)
+    }
+
+    async fn reopen_matches(&self, stream: &str, group: &str, matched: &[(u32, u64, String)]) -> Result<u64> {
+        let now = self.now();
+        super::retry_tx!(self, "replay", self.replay_matches_tx(stream, group, matched, now).await)
+    }
+
+    async fn restart(&self, stream: &str, group: &str, starts: &BTreeMap<u32, u64>) -> Result<()> {
+        super::retry_tx!(self, "reset_group", self.reset_tx(stream, group, starts).await)
+    }
+
+    async fn settled_frontiers(&self, stream: &str, group: &str, g: &mut GroupRow, scope: &[u32]) -> Result<()> {
+        self.derive_frontiers(stream, group, g, scope).await
+    }
+
+    async fn delivery_counts(&self, stream: &str, group: &str, _scope: &[u32]) -> Result<DeliveryCounts> {
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let now = self.now();
+        let at = self.now_sql(&mut s, now);
+        s.push(&format!(
+            "SELECT COALESCE(sum(CASE WHEN status = 'leased' AND lease_id IS NOT NULL THEN 1 ELSE 0 END), 0), \
+             COALESCE(sum(CASE WHEN status = 'leased' AND lease_id IS NULL AND expires_at > {at} THEN 1 ELSE 0 END), 0), \
+             COALESCE(sum(CASE WHEN status = 'rejected' THEN 1 ELSE 0 END), 0) \
+             FROM {} WHERE stream = {st} AND group_name = {gr} AND status IN ('leased', 'rejected')",
+            self.names.deliveries()
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("group_info", Phase::Safe))?;
+        let (inflight, retry_waiting, dead_letters) = match rows.first() {
+            Some(r) => (r.u64(0)?, r.u64(1)?, r.u64(2)?),
+            None => (0, 0, 0),
+        };
+        Ok(DeliveryCounts {
+            inflight: inflight + self.claimed_inflight(stream, group).await?,
+            retry_waiting,
+            dead_letters,
+        })
+    }
+
+    async fn held_attempt(&self, lease: &LeaseRef) -> Result<Option<(u32, Timestamp)>> {
+        self.split_lease(lease).await?;
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, &lease.stream, &lease.group);
+        let (part, seq) = (s.int(i64::from(lease.partition)), s.int(seq_arg(lease.sequence)));
+        let lid = s.text(lease.lease_id.to_string());
+        let now_col = match self.now() {
+            Now::Db => self.d.ts_out("now()"),
+            Now::At(t) => {
+                let ph = s.ts(t);
+                self.d.ts_out(&ph)
+            }
+        };
+        s.push(&format!(
+            "SELECT d.attempt, {now_col} FROM {dl} AS d WHERE d.stream = {st} AND d.group_name = {gr} \
+             AND d.partition = {part} AND d.sequence = {seq} AND d.lease_id = {lid} AND d.status = 'leased'",
+            dl = self.names.deliveries(),
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("retry", Phase::Safe))?;
+        rows.first().map(|r| Ok((r.u32(0)?, r.ts(1)?))).transpose()
+    }
+
+    async fn dead_letter(&self, lease: &LeaseRef, _attempt: u32, reason: &str, now: Timestamp) -> Result<bool> {
+        super::retry_tx!(self, "retry", self.dead_letter_tx(lease, reason, Now::At(now)).await)
+    }
+
+    async fn reschedule(
+        &self,
+        lease: &LeaseRef,
+        attempt: u32,
+        reason: &str,
+        available_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<bool> {
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, &lease.stream, &lease.group);
+        let arr = s.arg(lease_rows(std::iter::once((lease.partition, lease.sequence, lease.lease_id.to_string()))));
+        let at = s.ts(now);
+        let why = s.text(reason);
+        let att = s.int(i64::from(attempt));
+        // Claimable at once: the reference's 'available'. Later: a lease
+        // with no holder that expires when the backoff ends, which both
+        // implementations' claims take once it passes.
+        let (status, exp) =
+            if available_at > now { ("leased", s.ts(available_at)) } else { ("available", "NULL".to_owned()) };
+        s.push(&format!(
+            "UPDATE {dl} AS d SET status = '{status}', lease_id = NULL, consumer_id = NULL, expires_at = {exp}, \
+             reason = {why}, retried_at = {at} \
+             {fenced} AND d.attempt = {att}",
+            dl = self.names.deliveries(),
+            fenced = self.fenced(&st, &gr, &arr),
+        ));
+        Ok(self.pool.exec(&s).await.map_err(self.err("retry", Phase::Commit))? > 0)
     }
 }

@@ -5,6 +5,7 @@
 //! sequence (the high watermark + 1 when it holds none): found through the
 //! `(stream, partition, sequence)` index, so it needs no column of its own.
 
+use crate::backends::group_store::GroupStore as _;
 use std::collections::BTreeMap;
 
 use serde_json::Value;

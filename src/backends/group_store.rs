@@ -1,0 +1,322 @@
+//! The consumer-group operations of the database backends, written once
+//! over a narrow storage port (ADR 0028).
+//!
+//! SQL, MongoDB and Redis keep a group the same way: a document (row, hash)
+//! with a frontier and a cursor per partition, beside the stream's high
+//! watermarks, and one delivery record per position that has one. What
+//! differs is how a step is stored atomically: a transaction, a
+//! multi-document transaction, a script. So each backend implements
+//! [`GroupStore`] — reading a group, and one atomic step per operation —
+//! and the checks, plans and answers around those steps live here:
+//! [`create_group`], [`skip`], [`replay`], [`reset`], [`lag`],
+//! [`group_info`] and [`retry`].
+//!
+//! The port's steps are the same statements, commands and scripts the
+//! backends ran before (the fast shapes of ADR 0019–0025): a step here is
+//! one round trip or one transaction, and an orchestration adds none.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use crate::backends::common::{self, GroupRow, GroupSettings, QueryPages};
+use crate::error::Result;
+use crate::groups::rules;
+use crate::model::group::{
+    GroupInfo, GroupOptions, GroupSummary, Lag, Replay, ReplayFrom, Reset, StartPosition, check_partitions,
+};
+use crate::model::lease::{LeaseRef, RetryOutcome};
+use crate::model::time::Timestamp;
+
+/// A group's deliveries by state, as [`GroupInfo`] gives them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct DeliveryCounts {
+    /// Leased to a consumer (expired leases not yet reclaimed included).
+    pub inflight: u64,
+    /// Waiting out a retry backoff.
+    pub retry_waiting: u64,
+    /// Dead-lettered.
+    pub dead_letters: u64,
+}
+
+/// The storage port of a database backend's groups: reads, and one atomic
+/// step per group operation. Each step is one transaction or script; it
+/// re-checks under its lock what the orchestration checked before it (a
+/// concurrent call may have moved the group), and answers `GroupNotFound`
+/// when the group went away.
+pub(crate) trait GroupStore: QueryPages + Send + Sync {
+    /// A stream's partition count and the high watermark of each
+    /// partition. `StreamNotFound`.
+    fn stream_marks(&self, stream: &str) -> impl Future<Output = Result<(u32, Vec<u64>)>> + Send;
+
+    /// A group with its stream's high watermarks: `StreamNotFound`, then
+    /// `GroupNotFound`.
+    fn load_group(&self, stream: &str, group: &str) -> impl Future<Output = Result<GroupRow>> + Send;
+
+    /// The first sequence retention kept in each partition (`hws` are the
+    /// stream's high watermarks; a partition retention emptied starts
+    /// past its high watermark).
+    fn log_starts(&self, stream: &str, hws: &[u64]) -> impl Future<Output = Result<Vec<u64>>> + Send;
+
+    /// Per partition (of `count`), the first sequence with a timestamp at
+    /// or after `t`; partitions with none are left out.
+    fn first_at_or_after(
+        &self,
+        stream: &str,
+        count: u32,
+        t: Timestamp,
+    ) -> impl Future<Output = Result<BTreeMap<u32, u64>>> + Send;
+
+    /// Stores a new group with its frontiers (each cursor one past its
+    /// frontier) and settings; returns its creation time. `AlreadyExists`.
+    fn insert_group(
+        &self,
+        stream: &str,
+        group: &str,
+        max_attempts: u32,
+        frontiers: &BTreeMap<u32, u64>,
+        settings: &GroupSettings,
+    ) -> impl Future<Output = Result<Timestamp>> + Send;
+
+    /// Dead-letters one position with `reason` (already prefixed), whatever
+    /// its state, and moves the frontier past it when it can. True when it
+    /// did, false when it already was a dead letter; `already_settled`
+    /// when it was acknowledged or is behind the frontier.
+    fn skip_position(
+        &self,
+        stream: &str,
+        group: &str,
+        partition: u32,
+        sequence: u64,
+        reason: &str,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Reopens every settled delivery after each start (partition,
+    /// sequence) up to the partition's high watermark in `hws`; returns
+    /// how many.
+    fn reopen_after(
+        &self,
+        stream: &str,
+        group: &str,
+        starts: &[(u32, u64)],
+        hws: &[u64],
+    ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Reopens exactly these (partition, sequence, event id) deliveries;
+    /// returns how many.
+    fn reopen_matches(
+        &self,
+        stream: &str,
+        group: &str,
+        matched: &[(u32, u64, String)],
+    ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Clears the group's deliveries in the partitions of `starts` and
+    /// restarts each at its frontier.
+    fn restart(
+        &self,
+        stream: &str,
+        group: &str,
+        starts: &BTreeMap<u32, u64>,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Brings `g`'s frontiers in `scope` up to what is settled, where a
+    /// backend stores them lazily (SQL's flushed frontiers). The default:
+    /// they are stored as they move.
+    fn settled_frontiers(
+        &self,
+        _stream: &str,
+        _group: &str,
+        _g: &mut GroupRow,
+        _scope: &[u32],
+    ) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+
+    /// How many of the group's deliveries are in flight, waiting out a
+    /// backoff and dead-lettered.
+    fn delivery_counts(
+        &self,
+        stream: &str,
+        group: &str,
+        scope: &[u32],
+    ) -> impl Future<Output = Result<DeliveryCounts>> + Send;
+
+    /// The attempt a lease holds, and the time its settle decides by: None
+    /// when the lease is stale.
+    fn held_attempt(&self, lease: &LeaseRef) -> impl Future<Output = Result<Option<(u32, Timestamp)>>> + Send;
+
+    /// Dead-letters a held delivery (`reason` already prefixed) at `now`;
+    /// `attempt` is the one the decision was made on. False when the lease
+    /// no longer holds it.
+    fn dead_letter(
+        &self,
+        lease: &LeaseRef,
+        attempt: u32,
+        reason: &str,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Gives a held delivery at `attempt` back, claimable from
+    /// `available_at` (at once when that is not after `now`). False when
+    /// the lease no longer holds it at that attempt.
+    fn reschedule(
+        &self,
+        lease: &LeaseRef,
+        attempt: u32,
+        reason: &str,
+        available_at: Timestamp,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<bool>> + Send;
+}
+
+/// Creates a group: checks its options against the stream, places its
+/// frontiers at its start and stores it.
+pub(crate) async fn create_group<S: GroupStore + ?Sized>(
+    store: &S,
+    stream: &str,
+    group: &str,
+    opts: &GroupOptions,
+) -> Result<GroupSummary> {
+    let (count, hws) = store.stream_marks(stream).await?;
+    opts.validate(stream, count)?;
+    let subset = opts.partitions.as_ref().map(|ps| {
+        let mut ps = ps.clone();
+        ps.sort_unstable();
+        ps.dedup();
+        ps
+    });
+    let parts: Vec<u32> = subset.clone().unwrap_or_else(|| (0..count).collect());
+    let frontiers = start_frontiers(store, stream, count, &opts.start, &parts, &hws).await?;
+    let settings =
+        GroupSettings { partitions: subset.clone(), retry_backoff: opts.retry_backoff, ..GroupSettings::default() };
+    let created_at = store.insert_group(stream, group, opts.max_attempts, &frontiers, &settings).await?;
+    Ok(GroupSummary { name: group.to_owned(), max_attempts: opts.max_attempts, partitions: subset, created_at })
+}
+
+/// The frontier a group starts at in each partition of `parts`.
+async fn start_frontiers<S: GroupStore + ?Sized>(
+    store: &S,
+    stream: &str,
+    count: u32,
+    start: &StartPosition,
+    parts: &[u32],
+    hws: &[u64],
+) -> Result<BTreeMap<u32, u64>> {
+    let firsts = match start {
+        StartPosition::At(t) => store.first_at_or_after(stream, count, *t).await?,
+        _ => BTreeMap::new(),
+    };
+    let log_starts = store.log_starts(stream, hws).await?;
+    Ok(common::start_frontiers(start, parts, hws, &firsts, &log_starts))
+}
+
+/// Dead-letters one position of a group without reading its event (see
+/// [`crate::backend::Backend::skip`]).
+pub(crate) async fn skip<S: GroupStore + ?Sized>(
+    store: &S,
+    stream: &str,
+    group: &str,
+    partition: u32,
+    sequence: u64,
+    reason: &str,
+) -> Result<bool> {
+    let g = store.load_group(stream, group).await?;
+    common::check_skip(&g, stream, group, partition, sequence)?;
+    let log_start = store.log_starts(stream, &g.hws).await?.get(partition as usize).copied().unwrap_or(1);
+    if sequence < log_start {
+        return Err(common::dropped_by_retention(stream, partition, sequence, log_start));
+    }
+    store.skip_position(stream, group, partition, sequence, &rules::skipped(reason)).await
+}
+
+/// Reopens deliveries from a sequence, a time or a query's matches.
+pub(crate) async fn replay<S: GroupStore + ?Sized>(
+    store: &S,
+    stream: &str,
+    group: &str,
+    replay: &Replay,
+) -> Result<u64> {
+    let g = store.load_group(stream, group).await?;
+    let scope = g.scope(stream, replay.partitions.as_deref())?;
+    let starts: Vec<(u32, u64)> = match &replay.from {
+        ReplayFrom::Sequence(from) => {
+            // From before the log start: from it.
+            let log_starts = store.log_starts(stream, &g.hws).await?;
+            let first = |p: u32| log_starts.get(p as usize).copied().unwrap_or(1).saturating_sub(1);
+            scope.iter().map(|&p| (p, (*from).max(first(p)))).collect()
+        }
+        ReplayFrom::Time(t) => {
+            let firsts = store.first_at_or_after(stream, g.count, *t).await?;
+            common::replay_time_starts(stream, group, &scope, &firsts, *t)?
+        }
+        ReplayFrom::Query(q) => {
+            let matched = common::all_matches(store, q, &scope).await?;
+            return store.reopen_matches(stream, group, &matched).await;
+        }
+    };
+    store.reopen_after(stream, group, &starts, &g.hws).await
+}
+
+/// Clears the group's state in scope and restarts it at `reset.start`.
+pub(crate) async fn reset<S: GroupStore + ?Sized>(store: &S, stream: &str, group: &str, reset: &Reset) -> Result<()> {
+    let g = store.load_group(stream, group).await?;
+    if let StartPosition::AfterPerPartition(m) = &reset.start {
+        check_partitions(stream, &m.keys().copied().collect::<Vec<_>>(), g.count)?;
+    }
+    let scope = g.scope(stream, reset.partitions.as_deref())?;
+    let starts = start_frontiers(store, stream, g.count, &reset.start, &scope, &g.hws).await?;
+    store.restart(stream, group, &starts).await
+}
+
+/// Lag per partition of the group (or of `partitions`).
+pub(crate) async fn lag<S: GroupStore + ?Sized>(
+    store: &S,
+    stream: &str,
+    group: &str,
+    partitions: Option<&[u32]>,
+) -> Result<Lag> {
+    let mut g = store.load_group(stream, group).await?;
+    let scope = g.scope(stream, partitions)?;
+    store.settled_frontiers(stream, group, &mut g, &scope).await?;
+    Ok(g.lag(stream, group, &scope))
+}
+
+/// A group's settings, lag and delivery counts.
+pub(crate) async fn group_info<S: GroupStore + ?Sized>(store: &S, stream: &str, group: &str) -> Result<GroupInfo> {
+    let mut g = store.load_group(stream, group).await?;
+    let scope = g.partitions();
+    store.settled_frontiers(stream, group, &mut g, &scope).await?;
+    let n = store.delivery_counts(stream, group, &scope).await?;
+    Ok(GroupInfo {
+        summary: g.summary(group),
+        lag: g.lag(stream, group, &scope),
+        inflight: n.inflight,
+        retry_waiting: n.retry_waiting,
+        dead_letters: n.dead_letters,
+        retention_skipped: g.settings.retention_skipped,
+    })
+}
+
+/// Gives a delivery back: rescheduled after its backoff while it has
+/// attempts left, else dead-lettered (`max_attempts: <reason>`). The
+/// decision rests on the attempt the lease holds; the step applies it
+/// only while the lease still holds that attempt.
+pub(crate) async fn retry<S: GroupStore + ?Sized>(
+    store: &S,
+    lease: &LeaseRef,
+    reason: &str,
+    delay: Option<Duration>,
+) -> Result<RetryOutcome> {
+    let g = store.load_group(&lease.stream, &lease.group).await?;
+    let Some((attempt, now)) = store.held_attempt(lease).await? else { return Err(lease.stale()) };
+    let decision = rules::retry(attempt, g.max_attempts, reason, delay, &g.settings.retry_backoff, now);
+    let outcome = decision.outcome();
+    let held = match decision {
+        rules::RetryDecision::DeadLetter { reason } => store.dead_letter(lease, attempt, &reason, now).await?,
+        rules::RetryDecision::Reschedule { available_at } => {
+            store.reschedule(lease, attempt, reason, available_at, now).await?
+        }
+    };
+    if held { Ok(outcome) } else { Err(lease.stale()) }
+}
