@@ -20,12 +20,14 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::backends::common::{self, GroupRow, GroupSettings, QueryPages};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::groups::retention::new_start;
 use crate::groups::rules;
 use crate::model::group::{
     GroupInfo, GroupOptions, GroupSummary, Lag, Replay, ReplayFrom, Reset, StartPosition, check_partitions,
 };
 use crate::model::lease::{LeaseRef, RetryOutcome};
+use crate::model::retention::{DroppedRange, GroupSkip, Retention, RetentionPolicy, RetentionReport};
 use crate::model::time::Timestamp;
 
 /// A group's deliveries by state, as [`GroupInfo`] gives them.
@@ -319,4 +321,157 @@ pub(crate) async fn retry<S: GroupStore + ?Sized>(
         }
     };
     if held { Ok(outcome) } else { Err(lease.stale()) }
+}
+
+/// What a retention pass does to a stream: each partition's new start
+/// (where nothing is dropped, its current start), the ranges it drops
+/// (partition, first, new start), and whether the interest policy's
+/// ceiling decided any.
+#[derive(Debug, Default)]
+pub(crate) struct RetentionPlan {
+    pub starts: BTreeMap<u32, u64>,
+    pub drops: Vec<(u32, u64, u64)>,
+    pub ceiling_hit: bool,
+}
+
+impl RetentionPlan {
+    /// Plans a pass: per partition, `starts` is its log start, `hws` its
+    /// high watermark and `limits` the start its retention limits allow;
+    /// `groups` are the stream's groups (their settled frontiers).
+    pub(crate) fn new(
+        policy: RetentionPolicy,
+        starts: &[u64],
+        hws: &[u64],
+        limits: &[u64],
+        groups: &[&GroupRow],
+    ) -> Self {
+        let mut plan = Self::default();
+        for (p, ((&start, &hw), &limits)) in (0u32..).zip(starts.iter().zip(hws).zip(limits)) {
+            let interest = groups
+                .iter()
+                .filter(|g| g.partitions().contains(&p))
+                .map(|g| g.frontiers.get(&p).copied().unwrap_or(0).saturating_add(1))
+                .min();
+            let (new, ceiling) = new_start(policy, limits, interest);
+            let new = new.min(hw + 1).max(start);
+            if new > start {
+                plan.ceiling_hit |= ceiling;
+                plan.drops.push((p, start, new));
+            }
+            // Groups behind the start (moved by an earlier pass that failed
+            // before its deletes, or created meanwhile) move too.
+            plan.starts.insert(p, new);
+        }
+        plan
+    }
+
+    /// True when `g` has a frontier below a planned start.
+    pub(crate) fn leaves_behind(&self, g: &GroupRow) -> bool {
+        self.starts.iter().any(|(&p, &s)| g.frontiers.get(&p).is_some_and(|&f| f.saturating_add(1) < s))
+    }
+}
+
+/// The retention steps of a database backend whose pass is a sequence of
+/// steps (SQL, MongoDB): each group moved in one transaction, then the
+/// events deleted in batches.
+pub(crate) trait RetentionStore: GroupStore {
+    /// A stream's retention (unlimited when none is stored).
+    /// `StreamNotFound`.
+    fn retention_of(&self, stream: &str) -> impl Future<Output = Result<Retention>> + Send;
+
+    /// The start partition `p`'s age and size limits allow (`start` its
+    /// log start, `hw` its high watermark).
+    fn limits_start(
+        &self,
+        stream: &str,
+        p: u32,
+        retention: &Retention,
+        start: u64,
+        hw: u64,
+    ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// The names of a stream's groups.
+    fn group_names(&self, stream: &str) -> impl Future<Output = Result<Vec<String>>> + Send;
+
+    /// Moves one group past each partition's planned start, under its
+    /// lock: the unsettled positions below a start are counted as skipped,
+    /// its deliveries below it go (dead letters stay), the frontier and
+    /// cursor move up. Returns (partition, skipped) where it skipped any.
+    fn move_group(
+        &self,
+        stream: &str,
+        group: &str,
+        starts: &BTreeMap<u32, u64>,
+    ) -> impl Future<Output = Result<Vec<(u32, u64)>>> + Send;
+
+    /// Deletes partition `p`'s events below `start`; returns their bytes.
+    fn delete_below(&self, stream: &str, p: u32, start: u64) -> impl Future<Output = Result<u64>> + Send;
+
+    /// The streams that have a retention (a background round's list).
+    fn retained_streams(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
+}
+
+/// One retention pass over a stream: every group behind a new start is
+/// moved to it first (what it skipped is counted), then the events go.
+pub(crate) async fn enforce_retention<S: RetentionStore + ?Sized>(store: &S, stream: &str) -> Result<RetentionReport> {
+    let retention = store.retention_of(stream).await?;
+    let mut report = RetentionReport::new(stream);
+    if retention.is_unlimited() {
+        return Ok(report);
+    }
+    let (count, hws) = store.stream_marks(stream).await?;
+    let starts = store.log_starts(stream, &hws).await?;
+    let mut groups = Vec::new();
+    for name in store.group_names(stream).await? {
+        let mut g = store.load_group(stream, &name).await?;
+        let parts = g.partitions();
+        // The interest policy drops what is settled: as settled, not as
+        // last stored.
+        store.settled_frontiers(stream, &name, &mut g, &parts).await?;
+        groups.push((name, g));
+    }
+    let mut limits = Vec::with_capacity(count as usize);
+    for (p, (&start, &hw)) in (0u32..).zip(starts.iter().zip(&hws)) {
+        limits.push(store.limits_start(stream, p, &retention, start, hw).await?);
+    }
+    let plan = RetentionPlan::new(
+        retention.policy,
+        &starts,
+        &hws,
+        &limits,
+        &groups.iter().map(|(_, g)| g).collect::<Vec<_>>(),
+    );
+    report.ceiling_hit = plan.ceiling_hit;
+    for (name, g) in &groups {
+        if plan.leaves_behind(g) {
+            for (partition, skipped) in store.move_group(stream, name, &plan.starts).await? {
+                report.skipped.push(GroupSkip { group: name.clone(), partition, skipped });
+            }
+        }
+    }
+    for &(partition, first, new) in &plan.drops {
+        let bytes = store.delete_below(stream, partition, new).await?;
+        report.dropped.push(DroppedRange { partition, first, last: new - 1, bytes });
+    }
+    Ok(report)
+}
+
+/// One background round of a [`RetentionStore`]: a pass over every stream
+/// with a retention.
+pub(crate) async fn retention_round<S: RetentionStore + ?Sized>(store: &S) -> Result<Vec<RetentionReport>> {
+    let mut out = Vec::new();
+    for stream in store.retained_streams().await? {
+        gather_pass(&mut out, &stream, enforce_retention(store, &stream).await);
+    }
+    Ok(out)
+}
+
+/// Keeps a background pass's report; a failure is logged (the next round
+/// retries) and a stream deleted meanwhile passed over.
+pub(crate) fn gather_pass(out: &mut Vec<RetentionReport>, stream: &str, pass: Result<RetentionReport>) {
+    match pass {
+        Ok(report) => out.push(report),
+        Err(Error::StreamNotFound { .. }) => {}
+        Err(e) => tracing::warn!(stream = %stream, error = %e, "retention pass failed; the next round retries"),
+    }
 }

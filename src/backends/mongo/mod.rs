@@ -577,7 +577,7 @@ impl Backend for MongoBackend {
     }
 
     async fn enforce_retention(&self, stream: &str) -> Result<RetentionReport> {
-        self.enforce_retention_impl(stream).await
+        group_store::enforce_retention(self, stream).await
     }
 
     fn retention_interval(&self) -> Option<Duration> {
@@ -585,7 +585,7 @@ impl Backend for MongoBackend {
     }
 
     async fn retention_round(&self) -> Result<Vec<RetentionReport>> {
-        self.retention_round_impl().await
+        group_store::retention_round(self).await
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamInfo>> {

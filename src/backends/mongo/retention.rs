@@ -15,11 +15,10 @@ use super::groups::{REJECTED, int, int_of};
 use super::streams::get_u64;
 use super::{EVENTS, MongoBackend, Phase, SETTINGS, STREAM_SETTINGS, in_tx, map_err};
 use crate::backends::common::{self, GroupSettings};
-use crate::backends::group_store::GroupStore as _;
+use crate::backends::group_store::RetentionStore;
 use crate::error::{Error, Result};
-use crate::groups::retention::new_start;
 use crate::model::group::StreamInfo;
-use crate::model::retention::{DroppedRange, GroupSkip, PartitionInfo, Retention, RetentionReport};
+use crate::model::retention::{PartitionInfo, Retention};
 
 /// Events one delete removes at most.
 const DELETE_BATCH: i64 = 1000;
@@ -38,18 +37,6 @@ fn doc_bytes(d: &Document) -> u64 {
 }
 
 impl MongoBackend {
-    /// A stream's retention (unlimited when none is stored).
-    pub(super) async fn retention_of(&self, stream: &str) -> Result<Retention> {
-        let found =
-            self.collection(STREAM_SETTINGS).find_one(doc! { "stream": stream }).await.map_err(err("retention"))?;
-        match found.as_ref().and_then(|d| d.get_str("settings").ok()) {
-            Some(text) => serde_json::from_str(text).map_err(|e| {
-                Error::failed("retention", format!("stream {stream:?}: rheo_rs_stream_settings holds {e}"))
-            }),
-            None => Ok(Retention::default()),
-        }
-    }
-
     pub(super) async fn store_retention(&self, stream: &str, retention: &Retention) -> Result<()> {
         let text = serde_json::to_string(retention).map_err(|e| Error::failed("set_retention", e.to_string()))?;
         self.collection(STREAM_SETTINGS)
@@ -108,6 +95,22 @@ impl MongoBackend {
         let retention = self.retention_of(stream).await?;
         Ok(info.with_partitions(parts).with_options(retention, None))
     }
+}
+
+impl RetentionStore for MongoBackend {
+    /// A stream's retention (unlimited when none is stored).
+    async fn retention_of(&self, stream: &str) -> Result<Retention> {
+        // StreamNotFound (the count is cached: no round trip after the first).
+        self.partition_count(stream).await?;
+        let found =
+            self.collection(STREAM_SETTINGS).find_one(doc! { "stream": stream }).await.map_err(err("retention"))?;
+        match found.as_ref().and_then(|d| d.get_str("settings").ok()) {
+            Some(text) => serde_json::from_str(text).map_err(|e| {
+                Error::failed("retention", format!("stream {stream:?}: rheo_rs_stream_settings holds {e}"))
+            }),
+            None => Ok(Retention::default()),
+        }
+    }
 
     /// The first sequence of partition `p` the limits keep (exact), at
     /// least `start`.
@@ -147,55 +150,10 @@ impl MongoBackend {
         Ok(first)
     }
 
-    pub(super) async fn enforce_retention_impl(&self, stream: &str) -> Result<RetentionReport> {
-        let count = self.partition_count(stream).await?;
-        let retention = self.retention_of(stream).await?;
-        let mut report = RetentionReport::new(stream);
-        if retention.is_unlimited() {
-            return Ok(report);
-        }
-        let (_, hws) = self.stream_marks(stream).await?;
-        let starts = self.log_starts(stream, &hws).await?;
-        let mut loaded = Vec::new();
-        for g in self.list_groups_impl(stream).await? {
-            let row = self.load_group(stream, &g.name).await?;
-            loaded.push((g.name, row));
-        }
-        let mut plan: BTreeMap<u32, u64> = BTreeMap::new();
-        let mut deletes = Vec::new();
-        for p in 0..count {
-            let (start, hw) = (starts[p as usize], hws[p as usize]);
-            let limits = self.limits_start(stream, p, &retention, start, hw).await?;
-            let interest = loaded
-                .iter()
-                .filter(|(_, g)| g.partitions().contains(&p))
-                .map(|(_, g)| g.frontiers.get(&p).copied().unwrap_or(0).saturating_add(1))
-                .min();
-            let (new, ceiling) = new_start(retention.policy, limits, interest);
-            let new = new.min(hw + 1).max(start);
-            if new > start {
-                report.ceiling_hit |= ceiling;
-                deletes.push((p, start, new));
-            }
-            plan.insert(p, new);
-        }
-        for (name, g) in &loaded {
-            let behind = plan.iter().any(|(&p, &s)| g.frontiers.get(&p).is_some_and(|&f| f.saturating_add(1) < s));
-            if behind {
-                for (p, skipped) in self.move_group(stream, name, &plan).await? {
-                    report.skipped.push(GroupSkip { group: name.clone(), partition: p, skipped });
-                }
-            }
-        }
-        for (p, first, new) in deletes {
-            let bytes = self.delete_below(stream, p, new).await?;
-            report.dropped.push(DroppedRange { partition: p, first, last: new - 1, bytes });
-        }
-        Ok(report)
+    async fn group_names(&self, stream: &str) -> Result<Vec<String>> {
+        Ok(self.list_groups_impl(stream).await?.into_iter().map(|g| g.name).collect())
     }
 
-    /// Moves one group past each partition's new start (`plan`) in one
-    /// transaction under its lock (see `sql::retention::move_group_tx`).
     async fn move_group(&self, stream: &str, group: &str, plan: &BTreeMap<u32, u64>) -> Result<Vec<(u32, u64)>> {
         const OP: &str = "enforce_retention";
         in_tx!(self, OP, |s| {
@@ -306,8 +264,7 @@ impl MongoBackend {
         }
     }
 
-    /// One background round: a pass over every stream with a retention.
-    pub(super) async fn retention_round_impl(&self) -> Result<Vec<RetentionReport>> {
+    async fn retained_streams(&self) -> Result<Vec<String>> {
         let docs: Vec<Document> = self
             .collection(STREAM_SETTINGS)
             .find(doc! {})
@@ -316,15 +273,6 @@ impl MongoBackend {
             .try_collect()
             .await
             .map_err(err("retention"))?;
-        let mut out = Vec::new();
-        for d in docs {
-            let Ok(stream) = d.get_str("stream") else { continue };
-            match self.enforce_retention_impl(stream).await {
-                Ok(report) => out.push(report),
-                Err(Error::StreamNotFound { .. }) => {}
-                Err(e) => tracing::warn!(stream = %stream, error = %e, "retention pass failed; the next round retries"),
-            }
-        }
-        Ok(out)
+        Ok(docs.iter().filter_map(|d| d.get_str("stream").ok().map(str::to_owned)).collect())
     }
 }

@@ -11,8 +11,8 @@ use redis::{AsyncCommands, Value};
 use super::{Core, Keys, bad_reply, map_err, v_arr, v_int, v_text, v_u64};
 use crate::backends::combine::{Answers, Call, Combiner};
 use crate::backends::dedupe::{Plan, resolve_plan};
+use crate::backends::group_store::{RetentionPlan, gather_pass};
 use crate::error::{Error, ObjectKind, Result};
-use crate::groups::retention::new_start;
 use crate::model::event::{Event, EventParts, Metadata, NewEvent, Payload, PayloadFormat, Position};
 use crate::model::group::{IndexStatus, MAX_INDEXES, StreamInfo, StreamOptions, check_partitions};
 use crate::model::query::{Page, Query, check_index_field};
@@ -525,22 +525,16 @@ impl Core {
         }
         let starts = self.log_starts(stream, &m.hws).await?;
         let groups = self.all_groups(stream).await?;
-        let mut plan: Vec<(u32, u64)> = Vec::new();
+        let mut limits = Vec::with_capacity(m.count as usize);
         for p in 0..m.count {
             let (start, hw) = (starts[p as usize], m.hws[p as usize]);
-            let limits = self.limits_start(stream, p, &m.retention, start, hw, m.bytes[p as usize]).await?;
-            let interest = groups
-                .iter()
-                .filter(|g| g.partitions().contains(&p))
-                .map(|g| g.frontiers.get(&p).copied().unwrap_or(0).saturating_add(1))
-                .min();
-            let (new, ceiling) = new_start(m.retention.policy, limits, interest);
-            let new = new.min(hw + 1).max(start);
-            if new > start {
-                report.ceiling_hit |= ceiling;
-                plan.push((p, new));
-            }
+            limits.push(self.limits_start(stream, p, &m.retention, start, hw, m.bytes[p as usize]).await?);
         }
+        let planned =
+            RetentionPlan::new(m.retention.policy, &starts, &m.hws, &limits, &groups.iter().collect::<Vec<_>>());
+        report.ceiling_hit = planned.ceiling_hit;
+        // The script moves the groups behind a new start itself.
+        let plan: Vec<(u32, u64)> = planned.drops.iter().map(|&(p, _, new)| (p, new)).collect();
         if plan.is_empty() {
             return Ok(report);
         }
@@ -610,11 +604,7 @@ impl Core {
             conn.smembers(self.streams_key()).await.map_err(|e| map_err("retention", false, &e))?;
         let mut out = Vec::new();
         for stream in names {
-            match self.enforce_retention_impl(&stream).await {
-                Ok(report) => out.push(report),
-                Err(Error::StreamNotFound { .. }) => {}
-                Err(e) => tracing::warn!(stream = %stream, error = %e, "retention pass failed; the next round retries"),
-            }
+            gather_pass(&mut out, &stream, self.enforce_retention_impl(&stream).await);
         }
         Ok(out)
     }

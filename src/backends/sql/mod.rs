@@ -688,7 +688,7 @@ impl Backend for SqlBackend {
     }
 
     async fn enforce_retention(&self, stream: &str) -> Result<RetentionReport> {
-        self.enforce_retention_impl(stream).await
+        group_store::enforce_retention(self, stream).await
     }
 
     fn retention_interval(&self) -> Option<Duration> {
@@ -696,7 +696,7 @@ impl Backend for SqlBackend {
     }
 
     async fn retention_round(&self) -> Result<Vec<RetentionReport>> {
-        self.retention_round_impl().await
+        group_store::retention_round(self).await
     }
 
     async fn list_groups(&self, stream: &str) -> Result<Vec<GroupSummary>> {

@@ -5,7 +5,6 @@
 //! sequence (the high watermark + 1 when it holds none): found through the
 //! `(stream, partition, sequence)` index, so it needs no column of its own.
 
-use crate::backends::group_store::GroupStore as _;
 use std::collections::BTreeMap;
 
 use serde_json::Value;
@@ -14,10 +13,10 @@ use super::db::Phase;
 use super::db::sg;
 use super::{Now, SqlBackend, TxError, at_commit, safe};
 use crate::backends::common::{self, GroupSettings};
+use crate::backends::group_store::RetentionStore;
 use crate::error::{Error, Result};
-use crate::groups::retention::new_start;
 use crate::model::group::StreamInfo;
-use crate::model::retention::{DroppedRange, GroupSkip, PartitionInfo, Retention, RetentionReport};
+use crate::model::retention::{PartitionInfo, Retention};
 
 /// Events one DELETE removes at most: a pass deletes in these steps, each
 /// its own short statement, so that it never holds a long lock.
@@ -30,24 +29,6 @@ impl SqlBackend {
         format!(
             "(length(CAST({alias}.payload AS TEXT)) + length(CAST({alias}.metadata AS TEXT)) + length({alias}.id) + 32)"
         )
-    }
-
-    /// A stream's retention (unlimited when none is stored).
-    pub(super) async fn retention_of(&self, stream: &str) -> Result<Retention> {
-        let mut s = self.stmt();
-        let st = s.text(stream);
-        s.push(&format!(
-            "SELECT {} FROM {} WHERE stream = {st}",
-            self.d.json_out("settings"),
-            self.names.stream_settings()
-        ));
-        let rows = self.pool.all(&s).await.map_err(self.err("retention", Phase::Safe))?;
-        match rows.first() {
-            Some(r) => serde_json::from_str(&r.text(0)?).map_err(|e| {
-                Error::failed("retention", format!("stream {stream:?}: rheo_rs_stream_settings holds {e}"))
-            }),
-            None => Ok(Retention::default()),
-        }
     }
 
     /// The statement that stores a stream's retention (in `tx` or alone).
@@ -121,110 +102,6 @@ impl SqlBackend {
         let retention = self.retention_of(stream).await?;
         info = info.with_partitions(parts).with_options(retention, None);
         Ok(info)
-    }
-
-    /// The first sequence of partition `p` the limits keep (exact: event by
-    /// event), at least `start`.
-    async fn limits_start(&self, stream: &str, p: u32, r: &Retention, start: u64, hw: u64) -> Result<u64> {
-        let mut first = start;
-        if let Some(n) = r.max_events {
-            first = first.max((hw + 1).saturating_sub(n));
-        }
-        if let Some(age) = r.max_age {
-            let ms = -i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
-            let mut s = self.stmt();
-            let st = s.text(stream);
-            let part = s.int(i64::from(p));
-            let cutoff = match self.now() {
-                Now::Db => {
-                    let ph = s.int(ms);
-                    self.d.ts_plus("now()", &ph)
-                }
-                Now::At(t) => s.ts(crate::model::time::Timestamp::from_millis(t.as_millis().saturating_add(ms))),
-            };
-            s.push(&format!(
-                "SELECT min(sequence) FROM {} WHERE stream = {st} AND partition = {part} AND \"timestamp\" >= {cutoff}",
-                self.names.events()
-            ));
-            let rows = self.pool.all(&s).await.map_err(self.err("retention", Phase::Safe))?;
-            let kept = rows.first().map(|r| r.opt_i64(0)).transpose()?.flatten();
-            first = first.max(kept.and_then(|n| u64::try_from(n).ok()).unwrap_or(hw + 1));
-        }
-        if let Some(max) = r.max_bytes {
-            // The newest sequence whose running total (newest first) passes
-            // the limit: it and everything older go.
-            let mut s = self.stmt();
-            let st = s.text(stream);
-            let part = s.int(i64::from(p));
-            let lim = s.int(i64::try_from(max).unwrap_or(i64::MAX));
-            s.push(&format!(
-                "SELECT max(sequence) FROM (SELECT e.sequence, sum({}) OVER (ORDER BY e.sequence DESC) AS total \
-                 FROM {} e WHERE e.stream = {st} AND e.partition = {part}) w WHERE w.total > {lim}",
-                self.bytes_expr("e"),
-                self.names.events()
-            ));
-            let rows = self.pool.all(&s).await.map_err(self.err("retention", Phase::Safe))?;
-            if let Some(n) = rows.first().map(|r| r.opt_i64(0)).transpose()?.flatten() {
-                first = first.max(u64::try_from(n).unwrap_or(0) + 1);
-            }
-        }
-        Ok(first)
-    }
-
-    pub(super) async fn enforce_retention_impl(&self, stream: &str) -> Result<RetentionReport> {
-        let count = self.partition_count(stream).await?;
-        let retention = self.retention_of(stream).await?;
-        let mut report = RetentionReport::new(stream);
-        if retention.is_unlimited() {
-            return Ok(report);
-        }
-        let hws = self.high_watermarks(stream, count).await?;
-        let starts = self.log_starts(stream, &hws).await?;
-        let groups = self.list_groups_impl(stream).await?;
-        let mut loaded = Vec::new();
-        for g in &groups {
-            let mut row = self.load_group(stream, &g.name).await?;
-            let parts = row.partitions();
-            // `interest` drops what is settled: derived, not as last flushed.
-            self.derive_frontiers(stream, &g.name, &mut row, &parts).await?;
-            loaded.push((g.name.clone(), row));
-        }
-        // Per partition: (new start, whether events go).
-        let mut plan: BTreeMap<u32, u64> = BTreeMap::new();
-        let mut deletes = Vec::new();
-        for p in 0..count {
-            let (start, hw) = (starts[p as usize], hws[p as usize]);
-            let limits = self.limits_start(stream, p, &retention, start, hw).await?;
-            let interest = loaded
-                .iter()
-                .filter(|(_, g)| g.partitions().contains(&p))
-                .map(|(_, g)| g.frontiers.get(&p).copied().unwrap_or(0).saturating_add(1))
-                .min();
-            let (new, ceiling) = new_start(retention.policy, limits, interest);
-            let new = new.min(hw + 1).max(start);
-            if new > start {
-                report.ceiling_hit |= ceiling;
-                deletes.push((p, start, new));
-            }
-            // Groups behind the start (moved by an earlier pass that
-            // failed before its deletes, or created meanwhile) move too.
-            plan.insert(p, new);
-        }
-        for (name, g) in &loaded {
-            let behind = plan.iter().any(|(&p, &s)| g.frontiers.get(&p).is_some_and(|&f| f.saturating_add(1) < s));
-            if !behind {
-                continue;
-            }
-            let moved = super::retry_tx!(self, "enforce_retention", self.move_group_tx(stream, name, &plan).await)?;
-            for (p, skipped) in moved {
-                report.skipped.push(GroupSkip { group: name.clone(), partition: p, skipped });
-            }
-        }
-        for (p, first, new) in deletes {
-            let bytes = self.delete_below(stream, p, new).await?;
-            report.dropped.push(DroppedRange { partition: p, first, last: new - 1, bytes });
-        }
-        Ok(report)
     }
 
     /// Moves one group past every partition's new start (`plan`), under
@@ -343,6 +220,84 @@ impl SqlBackend {
         tx.commit().await.map_err(at_commit)?;
         Ok(out)
     }
+}
+
+impl RetentionStore for SqlBackend {
+    /// A stream's retention (unlimited when none is stored).
+    async fn retention_of(&self, stream: &str) -> Result<Retention> {
+        // StreamNotFound (the count is cached: no round trip after the first).
+        self.partition_count(stream).await?;
+        let mut s = self.stmt();
+        let st = s.text(stream);
+        s.push(&format!(
+            "SELECT {} FROM {} WHERE stream = {st}",
+            self.d.json_out("settings"),
+            self.names.stream_settings()
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("retention", Phase::Safe))?;
+        match rows.first() {
+            Some(r) => serde_json::from_str(&r.text(0)?).map_err(|e| {
+                Error::failed("retention", format!("stream {stream:?}: rheo_rs_stream_settings holds {e}"))
+            }),
+            None => Ok(Retention::default()),
+        }
+    }
+
+    /// The first sequence of partition `p` the limits keep (exact: event by
+    /// event), at least `start`.
+    async fn limits_start(&self, stream: &str, p: u32, r: &Retention, start: u64, hw: u64) -> Result<u64> {
+        let mut first = start;
+        if let Some(n) = r.max_events {
+            first = first.max((hw + 1).saturating_sub(n));
+        }
+        if let Some(age) = r.max_age {
+            let ms = -i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+            let mut s = self.stmt();
+            let st = s.text(stream);
+            let part = s.int(i64::from(p));
+            let cutoff = match self.now() {
+                Now::Db => {
+                    let ph = s.int(ms);
+                    self.d.ts_plus("now()", &ph)
+                }
+                Now::At(t) => s.ts(crate::model::time::Timestamp::from_millis(t.as_millis().saturating_add(ms))),
+            };
+            s.push(&format!(
+                "SELECT min(sequence) FROM {} WHERE stream = {st} AND partition = {part} AND \"timestamp\" >= {cutoff}",
+                self.names.events()
+            ));
+            let rows = self.pool.all(&s).await.map_err(self.err("retention", Phase::Safe))?;
+            let kept = rows.first().map(|r| r.opt_i64(0)).transpose()?.flatten();
+            first = first.max(kept.and_then(|n| u64::try_from(n).ok()).unwrap_or(hw + 1));
+        }
+        if let Some(max) = r.max_bytes {
+            // The newest sequence whose running total (newest first) passes
+            // the limit: it and everything older go.
+            let mut s = self.stmt();
+            let st = s.text(stream);
+            let part = s.int(i64::from(p));
+            let lim = s.int(i64::try_from(max).unwrap_or(i64::MAX));
+            s.push(&format!(
+                "SELECT max(sequence) FROM (SELECT e.sequence, sum({}) OVER (ORDER BY e.sequence DESC) AS total \
+                 FROM {} e WHERE e.stream = {st} AND e.partition = {part}) w WHERE w.total > {lim}",
+                self.bytes_expr("e"),
+                self.names.events()
+            ));
+            let rows = self.pool.all(&s).await.map_err(self.err("retention", Phase::Safe))?;
+            if let Some(n) = rows.first().map(|r| r.opt_i64(0)).transpose()?.flatten() {
+                first = first.max(u64::try_from(n).unwrap_or(0) + 1);
+            }
+        }
+        Ok(first)
+    }
+
+    async fn group_names(&self, stream: &str) -> Result<Vec<String>> {
+        Ok(self.list_groups_impl(stream).await?.into_iter().map(|g| g.name).collect())
+    }
+
+    async fn move_group(&self, stream: &str, group: &str, starts: &BTreeMap<u32, u64>) -> Result<Vec<(u32, u64)>> {
+        super::retry_tx!(self, "enforce_retention", self.move_group_tx(stream, group, starts).await)
+    }
 
     /// Deletes the events of partition `p` below `start`, [`DELETE_BATCH`]
     /// at a time; returns the bytes freed.
@@ -384,20 +339,10 @@ impl SqlBackend {
         }
     }
 
-    /// One background round: a pass over every stream with a retention.
-    pub(super) async fn retention_round_impl(&self) -> Result<Vec<RetentionReport>> {
+    async fn retained_streams(&self) -> Result<Vec<String>> {
         let mut s = self.stmt();
         s.push(&format!("SELECT stream FROM {}", self.names.stream_settings()));
         let rows = self.pool.all(&s).await.map_err(self.err("retention", Phase::Safe))?;
-        let mut out = Vec::new();
-        for r in rows {
-            let stream = r.text(0)?;
-            match self.enforce_retention_impl(&stream).await {
-                Ok(report) => out.push(report),
-                Err(Error::StreamNotFound { .. }) => {}
-                Err(e) => tracing::warn!(stream = %stream, error = %e, "retention pass failed; the next round retries"),
-            }
-        }
-        Ok(out)
+        rows.iter().map(|r| r.text(0)).collect()
     }
 }
