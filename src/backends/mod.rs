@@ -38,6 +38,7 @@ pub mod redis;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub mod sql;
+pub(crate) mod url;
 
 /// A backend URL with its password replaced by `***`, for logs and
 /// messages (every backend's errors name URLs this way).

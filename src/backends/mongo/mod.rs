@@ -49,6 +49,7 @@ use parking_lot::RwLock;
 
 use super::group_store;
 use super::redact_url;
+use super::url::{Taken, driver_url, read_options};
 use crate::backend::{Backend, Subscription};
 use crate::backends::WakeupMap;
 use crate::error::{Error, Result};
@@ -101,42 +102,19 @@ impl Default for UrlOptions {
 fn parse_url(url: &str) -> Result<(UrlOptions, String)> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut o = UrlOptions::default();
-    let mut rest = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let number = |max: u64| -> Result<u64> {
-            match v.parse::<u64>() {
-                Ok(n) if (1..=max).contains(&n) => Ok(n),
-                _ => Err(Error::invalid("url", format!("{k}={v:?}: expected a whole number from 1 to {max}"))),
-            }
-        };
-        match k {
-            "rheo_connect_timeout_ms" => o.connect_timeout = Duration::from_millis(number(3_600_000)?),
-            "rheo_pool" => o.pool = u32::try_from(number(256)?).unwrap_or(256),
-            "rheo_retention_interval_ms" => {
-                o.retention_interval = match v.parse::<u64>() {
-                    Ok(n) if n <= 86_400_000 => Duration::from_millis(n),
-                    _ => {
-                        return Err(Error::invalid(
-                            "url",
-                            format!("{k}={v:?}: expected milliseconds from 0 (never) to 86400000"),
-                        ));
-                    }
-                }
-            }
+    let driver = read_options(NAME, query, |opt| {
+        match opt.key {
+            "rheo_connect_timeout_ms" => o.connect_timeout = opt.millis(1, 3_600_000)?,
+            "rheo_pool" => o.pool = u32::try_from(opt.number(1, 256)?).unwrap_or(256),
+            "rheo_retention_interval_ms" => o.retention_interval = opt.millis(0, 86_400_000)?,
             k if k.starts_with("rheo_") => {
-                return Err(Error::invalid(
-                    "url",
-                    format!(
-                        "unknown mongo option {k:?}; expected rheo_connect_timeout_ms, rheo_pool or rheo_retention_interval_ms"
-                    ),
-                ));
+                return Err(opt.unknown(&["rheo_connect_timeout_ms", "rheo_pool", "rheo_retention_interval_ms"]));
             }
-            _ => rest.push(pair),
+            _ => return Ok(Taken::Driver),
         }
-    }
-    let driver = if rest.is_empty() { base.to_owned() } else { format!("{base}?{}", rest.join("&")) };
-    Ok((o, driver))
+        Ok(Taken::Yes)
+    })?;
+    Ok((o, driver_url(base, &driver)))
 }
 
 /// Where a driver error happened: before anything could change, or where
@@ -607,7 +585,7 @@ mod tests {
         for (url, says) in [
             ("mongodb://h/?rheo_pool=0", "from 1 to 256"),
             ("mongodb://h/?rheo_pool=x", "from 1 to 256"),
-            ("mongodb://h/?rheo_connect_timeout_ms=", "whole number"),
+            ("mongodb://h/?rheo_connect_timeout_ms=", "whole number from 1 to 3600000"),
             ("mongodb://h/?rheo_colour=red", "unknown mongo option \"rheo_colour\""),
         ] {
             let e = parse_url(url).expect_err(url);

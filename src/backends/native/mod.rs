@@ -24,6 +24,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::{Backend, Subscription, Wakeups};
+use crate::backends::url::{Taken, read_options};
 use crate::engine::Engine;
 use crate::engine::delivery::room;
 use crate::engine::log::manifest::StreamSettings;
@@ -80,13 +81,22 @@ pub struct NativeBackend {
     dedupe: Arc<parking_lot::Mutex<HashMap<Arc<str>, SharedWindow>>>,
 }
 
-fn boolean(k: &str, v: &str) -> Result<bool> {
-    match v {
-        "true" => Ok(true),
-        "false" => Ok(false),
-        _ => Err(Error::invalid("url", format!("{k}={v:?}: expected true or false"))),
-    }
-}
+/// The options `native:` URLs take.
+const NATIVE_OPTIONS: &[&str] = &[
+    "durability",
+    "max_delay_ms",
+    "segment_bytes",
+    "preallocate_bytes",
+    "checkpoint_bytes",
+    "checkpoint_interval_ms",
+    "background_indexing",
+    "inline_io",
+    "read_only",
+    "dedupe_window_ms",
+    "retention_interval_ms",
+    "segment_max_age_ms",
+    "recovery",
+];
 
 /// Parses `PATH[?key=value&...]` of a `native:` URL into a path and options
 /// (applied over `opts`). The keys, each setting the [`EngineOptions`]
@@ -116,57 +126,47 @@ pub fn parse_url(rest: &str, mut opts: EngineOptions) -> Result<(String, EngineO
     }
     let mut max_delay = None;
     let mut durability = None;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        // A value is honoured or refused, never clamped (issue 33).
-        let ranged = |lo: u64, hi: u64| match v.parse::<u64>() {
-            Ok(n) if (lo..=hi).contains(&n) => Ok(n),
-            _ => Err(Error::invalid("url", format!("{k}={v:?}: expected a whole number from {lo} to {hi}"))),
-        };
-        let ms = |hi: u64| ranged(0, hi).map(Duration::from_millis);
-        match k {
-            "durability" => durability = Some(v.to_owned()),
-            "max_delay_ms" => max_delay = Some(ms(3_600_000)?),
-            "segment_bytes" => opts.segment_bytes = ranged(4096, crate::engine::options::MAX_SEGMENT_BYTES)?,
-            "preallocate_bytes" => opts.preallocate_bytes = ranged(0, crate::engine::options::MAX_SEGMENT_BYTES)?,
-            "checkpoint_bytes" => opts.checkpoint_bytes = ranged(4096, u64::MAX)?,
-            "checkpoint_interval_ms" => opts.checkpoint_interval = ms(u64::MAX)?,
-            "background_indexing" => opts.background_indexing = boolean(k, v)?,
-            "inline_io" => opts.inline_io = boolean(k, v)?,
-            "read_only" => opts.read_only = boolean(k, v)?,
-            "dedupe_window_ms" => opts.dedupe_window = ms(86_400_000)?,
-            "retention_interval_ms" => opts.retention_interval = ms(86_400_000)?,
-            "segment_max_age_ms" => opts.segment_max_age = ms(u64::MAX)?,
-            "recovery" => {
-                opts.recovery = match v {
-                    "strict" => RecoveryMode::Strict,
-                    "tolerate_torn_tail" => RecoveryMode::TolerateTornTail,
-                    "truncate_at_first_damage" => RecoveryMode::TruncateAtFirstDamage,
-                    _ => {
-                        return Err(Error::invalid(
-                            "url",
-                            format!("recovery={v:?}: expected strict, tolerate_torn_tail or truncate_at_first_damage"),
-                        ));
-                    }
-                }
+    let max_bytes = crate::engine::options::MAX_SEGMENT_BYTES;
+    read_options("native", query, |opt| {
+        match opt.key {
+            "durability" => {
+                durability = Some(opt.choice(&[("sync", "sync"), ("batched", "batched"), ("none", "none")])?);
             }
-            _ => return Err(Error::invalid("url", format!("unknown native option {k:?}"))),
+            "max_delay_ms" => max_delay = Some(opt.millis(0, 3_600_000)?),
+            "segment_bytes" => opts.segment_bytes = opt.number(4096, max_bytes)?,
+            "preallocate_bytes" => opts.preallocate_bytes = opt.number(0, max_bytes)?,
+            "checkpoint_bytes" => opts.checkpoint_bytes = opt.number(4096, u64::MAX)?,
+            "checkpoint_interval_ms" => opts.checkpoint_interval = opt.millis(0, u64::MAX)?,
+            "background_indexing" => opts.background_indexing = opt.boolean()?,
+            "inline_io" => opts.inline_io = opt.boolean()?,
+            "read_only" => opts.read_only = opt.boolean()?,
+            "dedupe_window_ms" => opts.dedupe_window = opt.millis(0, 86_400_000)?,
+            "retention_interval_ms" => opts.retention_interval = opt.millis(0, 86_400_000)?,
+            "segment_max_age_ms" => opts.segment_max_age = opt.millis(0, u64::MAX)?,
+            "recovery" => {
+                opts.recovery = opt.choice(&[
+                    ("strict", RecoveryMode::Strict),
+                    ("tolerate_torn_tail", RecoveryMode::TolerateTornTail),
+                    ("truncate_at_first_damage", RecoveryMode::TruncateAtFirstDamage),
+                ])?;
+            }
+            _ => return Err(opt.unknown(NATIVE_OPTIONS)),
         }
-    }
-    match durability.as_deref() {
-        None if max_delay.is_some() => {
+        Ok(Taken::Yes)
+    })?;
+    match (durability, max_delay) {
+        (None, Some(_)) => {
             return Err(Error::invalid("url", "max_delay_ms applies to durability=batched; give both"));
         }
-        None => {}
-        Some("batched") => {
-            opts.durability = Durability::Batched { max_delay: max_delay.unwrap_or(Duration::from_millis(5)) };
+        (Some("batched"), d) => {
+            opts.durability = Durability::Batched { max_delay: d.unwrap_or(Duration::from_millis(5)) };
         }
-        Some(v) if max_delay.is_some() => {
+        (Some(v), Some(_)) => {
             return Err(Error::invalid("url", format!("max_delay_ms applies to durability=batched, not {v:?}")));
         }
-        Some("sync") => opts.durability = Durability::Sync,
-        Some("none") => opts.durability = Durability::None,
-        Some(v) => return Err(Error::invalid("url", format!("durability={v:?}: expected sync, batched or none"))),
+        (Some("sync"), None) => opts.durability = Durability::Sync,
+        (Some(_), None) => opts.durability = Durability::None,
+        (None, None) => {}
     }
     Ok((path.to_owned(), opts))
 }

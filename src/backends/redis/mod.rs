@@ -70,6 +70,7 @@ use redis::cluster_async::ClusterConnection;
 
 use super::group_store;
 use super::redact_url;
+use super::url::{Taken, driver_url, read_options};
 use crate::backend::{Backend, Subscription};
 use crate::backends::WakeupMap;
 use crate::backends::combine::Combiner;
@@ -124,54 +125,35 @@ impl Default for UrlOptions {
 fn parse_url(url: &str) -> Result<(UrlOptions, String)> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut o = UrlOptions::default();
-    let mut rest = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let millis = |min: u64, max: u64| -> Result<Duration> {
-            match v.parse::<u64>() {
-                Ok(n) if (min..=max).contains(&n) => Ok(Duration::from_millis(n)),
-                _ => Err(Error::invalid("url", format!("{k}={v:?}: expected milliseconds from {min} to {max}"))),
-            }
-        };
-        match k {
+    let driver = read_options(NAME, query, |opt| {
+        match opt.key {
             "rheo_namespace" => {
+                let v = opt.value;
                 if v.is_empty() || v.len() > 64 || v.bytes().any(|b| b.is_ascii_control() || b == b':' || b == b' ') {
-                    return Err(Error::invalid(
-                        "url",
-                        format!("rheo_namespace={v:?}: 1 to 64 characters, no spaces, colons or control characters"),
-                    ));
+                    return Err(opt.refuse("1 to 64 characters, no spaces, colons or control characters"));
                 }
                 o.namespace = v.to_owned();
             }
-            "rheo_connect_timeout_ms" => o.connect_timeout = millis(1, 3_600_000)?,
-            "rheo_response_timeout_ms" => o.response_timeout = millis(1, 3_600_000)?,
-            "rheo_retention_interval_ms" => o.retention_interval = millis(0, 86_400_000)?,
-            "rheo_wait_replicas" => {
-                o.wait_replicas = v.parse().ok().filter(|n| *n <= 64).ok_or_else(|| {
-                    Error::invalid("url", format!("{k}={v:?}: expected a number of replicas from 0 to 64"))
-                })?;
-            }
-            "rheo_wait_timeout_ms" => o.wait_timeout = millis(1, 3_600_000)?,
-            "cluster" => {
-                o.cluster = match v {
-                    "true" | "1" | "yes" => true,
-                    "false" | "0" | "no" => false,
-                    _ => return Err(Error::invalid("url", format!("cluster={v:?}: expected true or false"))),
-                };
-            }
+            "rheo_connect_timeout_ms" => o.connect_timeout = opt.millis(1, 3_600_000)?,
+            "rheo_response_timeout_ms" => o.response_timeout = opt.millis(1, 3_600_000)?,
+            "rheo_retention_interval_ms" => o.retention_interval = opt.millis(0, 86_400_000)?,
+            "rheo_wait_replicas" => o.wait_replicas = u32::try_from(opt.number(0, 64)?).unwrap_or(64),
+            "rheo_wait_timeout_ms" => o.wait_timeout = opt.millis(1, 3_600_000)?,
+            "cluster" => o.cluster = opt.boolean()?,
             k if k.starts_with("rheo_") => {
-                return Err(Error::invalid(
-                    "url",
-                    format!(
-                        "unknown redis option {k:?}; expected rheo_namespace, rheo_connect_timeout_ms, \
-                         rheo_response_timeout_ms, rheo_retention_interval_ms, rheo_wait_replicas or \
-                         rheo_wait_timeout_ms"
-                    ),
-                ));
+                return Err(opt.unknown(&[
+                    "rheo_namespace",
+                    "rheo_connect_timeout_ms",
+                    "rheo_response_timeout_ms",
+                    "rheo_retention_interval_ms",
+                    "rheo_wait_replicas",
+                    "rheo_wait_timeout_ms",
+                ]));
             }
-            _ => rest.push(pair),
+            _ => return Ok(Taken::Driver),
         }
-    }
+        Ok(Taken::Yes)
+    })?;
     if o.wait_replicas > 0 && o.wait_timeout >= o.response_timeout {
         return Err(Error::invalid(
             "url",
@@ -183,8 +165,7 @@ fn parse_url(url: &str) -> Result<(UrlOptions, String)> {
             ),
         ));
     }
-    let driver = if rest.is_empty() { base.to_owned() } else { format!("{base}?{}", rest.join("&")) };
-    Ok((o, driver))
+    Ok((o, driver_url(base, &driver)))
 }
 
 /// A name as keys spell it: `%`, `{`, `}`, `:` and control bytes

@@ -62,6 +62,7 @@ use parking_lot::RwLock;
 #[cfg(feature = "postgres")]
 use super::group_store;
 use super::redact_url;
+use super::url::{Taken, read_options};
 use crate::backend::{Backend, Subscription};
 use crate::error::{Error, Result};
 use crate::model::capabilities::Capabilities;
@@ -181,7 +182,7 @@ pub(crate) struct SqlOptions {
     pub claims: ClaimsMode,
 }
 
-fn parse_options(scheme: &str, query: &str, allow_schema: bool) -> Result<(SqlOptions, Vec<(String, String)>)> {
+fn parse_options(scheme: &'static str, query: &str, allow_schema: bool) -> Result<(SqlOptions, Vec<(String, String)>)> {
     let mut o = SqlOptions {
         // SQLite: one connection by default. SQLite has one writer at a
         // time anyway; a single connection queues this process's calls
@@ -196,54 +197,54 @@ fn parse_options(scheme: &str, query: &str, allow_schema: bool) -> Result<(SqlOp
         retention_interval: Duration::from_secs(10),
         claims: ClaimsMode::Ranges,
     };
-    let mut rest = Vec::new();
-    let bad = |k: &str, v: &str, why: &str| Error::invalid("url", format!("{scheme}: option {k}={v:?}: {why}"));
-    let ms = |k: &str, v: &str| -> Result<Duration> {
-        match v.parse::<u64>() {
-            Ok(n) if (1..=86_400_000).contains(&n) => Ok(Duration::from_millis(n)),
-            _ => Err(bad(k, v, "expected milliseconds from 1 to 86400000")),
-        }
+    let known: &[&str] = if allow_schema {
+        &[
+            "rheo_pool",
+            "rheo_connect_timeout_ms",
+            "rheo_retention_interval_ms",
+            "rheo_claims",
+            "rheo_statement_timeout_ms",
+            "rheo_schema",
+        ]
+    } else {
+        &[
+            "rheo_pool",
+            "rheo_connect_timeout_ms",
+            "rheo_retention_interval_ms",
+            "rheo_claims",
+            "synchronous",
+            "busy_timeout_ms",
+        ]
     };
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "rheo_pool" => match v.parse::<u32>() {
-                Ok(n) if (1..=256).contains(&n) => o.pool = n,
-                _ => return Err(bad(k, v, "expected 1 to 256 connections")),
-            },
-            "rheo_connect_timeout_ms" => o.connect_timeout = ms(k, v)?,
-            "rheo_retention_interval_ms" => {
-                o.retention_interval = match v.parse::<u64>() {
-                    Ok(n) if n <= 86_400_000 => Duration::from_millis(n),
-                    _ => return Err(bad(k, v, "expected milliseconds from 0 (never) to 86400000")),
-                }
-            }
-            "rheo_claims" => {
-                o.claims = match v {
-                    "ranges" => ClaimsMode::Ranges,
-                    "rows" => ClaimsMode::Rows,
-                    _ => return Err(bad(k, v, "expected ranges or rows")),
-                }
-            }
-            "rheo_statement_timeout_ms" if allow_schema => o.statement_timeout = Some(ms(k, v)?),
+    let rest = read_options(scheme, query, |opt| {
+        match opt.key {
+            "rheo_pool" => o.pool = u32::try_from(opt.number(1, 256)?).unwrap_or(256),
+            "rheo_connect_timeout_ms" => o.connect_timeout = opt.millis(1, 86_400_000)?,
+            "rheo_retention_interval_ms" => o.retention_interval = opt.millis(0, 86_400_000)?,
+            "rheo_claims" => o.claims = opt.choice(&[("ranges", ClaimsMode::Ranges), ("rows", ClaimsMode::Rows)])?,
+            "rheo_statement_timeout_ms" if allow_schema => o.statement_timeout = Some(opt.millis(1, 86_400_000)?),
             "rheo_schema" if allow_schema => {
+                let v = opt.value;
                 if v.is_empty() || v.len() > 63 || !v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-                    return Err(bad(k, v, "a schema name is 1 to 63 letters, digits or underscores"));
+                    return Err(opt.refuse("a schema name is 1 to 63 letters, digits or underscores"));
                 }
                 o.schema = Some(v.to_owned());
             }
-            "synchronous" if !allow_schema => match v {
-                "full" => o.synchronous_full = true,
-                "normal" => o.synchronous_full = false,
-                _ => return Err(bad(k, v, "expected normal or full")),
-            },
-            "busy_timeout_ms" if !allow_schema => o.busy_timeout = ms(k, v)?,
-            _ if k.starts_with("rheo_") || !allow_schema => {
-                return Err(bad(k, v, "unknown option (see rheo::backends::sql for the options)"));
-            }
-            _ => rest.push((k.to_owned(), v.to_owned())),
+            "synchronous" if !allow_schema => o.synchronous_full = opt.choice(&[("full", true), ("normal", false)])?,
+            "busy_timeout_ms" if !allow_schema => o.busy_timeout = opt.millis(1, 86_400_000)?,
+            // SQLite has no driver options to pass on.
+            k if k.starts_with("rheo_") || !allow_schema => return Err(opt.unknown(known)),
+            _ => return Ok(Taken::Driver),
         }
-    }
+        Ok(Taken::Yes)
+    })?;
+    let rest = rest
+        .into_iter()
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (k.to_owned(), v.to_owned())
+        })
+        .collect();
     Ok((o, rest))
 }
 
