@@ -23,11 +23,15 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use rheo::backends::Backend;
+use rheo::backends::memory::MemoryBackend;
+use rheo::backends::native::Durability;
+use rheo::backends::native::EngineOptions;
+use rheo::backends::native::NativeBackend;
 use rheo::{
-    AppendOptions, Backend, Capabilities, DeadLetter, DeadLetterOptions, Durability, EngineOptions, Error, Event,
-    FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, LeaseRef, MemoryBackend, NativeBackend,
-    NewEvent, Outcome, Page, Query, Result, RetryOutcome, Rheo, StreamInfo, StreamOptions, SystemClock, Timestamp,
-    handler_fn,
+    AppendOptions, Capabilities, DeadLetter, DeadLetterOptions, Error, Event, FetchOptions, GroupInfo, GroupOptions,
+    GroupSummary, IndexStatus, Lag, LeaseRef, NewEvent, Outcome, Page, Query, Result, RetryOutcome, Rheo, StreamInfo,
+    StreamOptions, SystemClock, Timestamp, handler_fn,
 };
 use serde_json::json;
 use tokio::runtime::Runtime;

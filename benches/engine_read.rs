@@ -153,7 +153,7 @@ fn reopen(c: &mut Criterion) {
         // `recovery=strict` reads every record of every sealed segment.
         let bytes: u64 = walk_bytes(dir.path());
         println!("engine_reopen/{n}_events: {:.1} MiB on disk", bytes as f64 / f64::from(1 << 20));
-        let strict = EngineOptions::default().recovery(rheo::RecoveryMode::Strict);
+        let strict = EngineOptions::default().recovery(rheo::backends::native::RecoveryMode::Strict);
         g.bench_function(format!("{n}_events_strict"), |b| {
             b.iter(|| Engine::open_dir(dir.path(), strict.clone()).expect("strict reopen"))
         });

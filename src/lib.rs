@@ -25,7 +25,7 @@
 //! ```
 //!
 //! See `docs/semantics.md` (summarized in the README) for the exact rules every
-//! backend obeys, and [`Backend`] for the contract a backend implements.
+//! backend obeys, and [`backends::Backend`] for the contract a backend implements.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -58,10 +58,6 @@ pub mod observe;
 mod rangeset;
 mod runtime;
 
-pub use backend::{Backend, Subscription, Wakeups};
-pub use backends::memory::MemoryBackend;
-pub use backends::native::NativeBackend;
-pub use backends::native::{Durability, EngineOptions, RecoveryMode};
 pub use backends::redact_url;
 pub use client::{IndexBuild, Rheo, RheoBuilder};
 pub use decode::DecodeError;

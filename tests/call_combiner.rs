@@ -9,10 +9,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rheo::backends::Backend;
+use rheo::backends::Subscription;
+use rheo::backends::memory::MemoryBackend;
 use rheo::{
-    Backend, Capabilities, Error, Event, FetchOptions, FetchReport, GroupOptions, GroupSummary, Lag, LeaseRef,
-    MemoryBackend, NewEvent, Page, Position, Query, Replay, Reset, RetryOutcome, Rheo, StreamInfo, StreamOptions,
-    Subscription, Timestamp,
+    Capabilities, Error, Event, FetchOptions, FetchReport, GroupOptions, GroupSummary, Lag, LeaseRef, NewEvent, Page,
+    Position, Query, Replay, Reset, RetryOutcome, Rheo, StreamInfo, StreamOptions, Timestamp,
 };
 use serde_json::json;
 

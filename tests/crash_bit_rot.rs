@@ -25,11 +25,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use rheo::backends::native::NativeBackend;
 use rheo::engine::vfs::{MemVfs, Vfs};
 use rheo::engine::{Engine, EngineOptions, RecoveryMode};
-use rheo::{
-    AppendOptions, Error, FetchOptions, GroupOptions, ManualClock, NativeBackend, Query, Rheo, StreamOptions, Timestamp,
-};
+use rheo::{AppendOptions, Error, FetchOptions, GroupOptions, ManualClock, Query, Rheo, StreamOptions, Timestamp};
 use serde_json::{Value, json};
 
 #[path = "common/rng.rs"]

@@ -75,12 +75,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use rheo::backends::native::NativeBackend;
 use rheo::engine::delivery::wal::{WAL_HEADER_LEN, WAL_MAGIC};
 use rheo::engine::vfs::{Fault, FaultyVfs, MemVfs, Vfs};
 use rheo::engine::{Durability, Engine, EngineOptions};
 use rheo::{
     AppendOptions, Clock, DeadLetterOptions, Error, FetchOptions, GroupOptions, Lag, LeaseRef, ManualClock,
-    NativeBackend, ReplayOptions, RetryOutcome, Rheo, StreamOptions, Timestamp,
+    ReplayOptions, RetryOutcome, Rheo, StreamOptions, Timestamp,
 };
 use serde_json::{Value, json};
 

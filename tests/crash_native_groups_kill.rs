@@ -64,9 +64,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rheo::backends::native::EngineOptions;
+use rheo::backends::native::NativeBackend;
 use rheo::{
-    AppendOptions, DeadLetterOptions, EngineOptions, Error, FetchOptions, GroupOptions, Lease, LeaseRef, NativeBackend,
-    Rheo, StreamOptions, SystemClock,
+    AppendOptions, DeadLetterOptions, Error, FetchOptions, GroupOptions, Lease, LeaseRef, Rheo, StreamOptions,
+    SystemClock,
 };
 use serde_json::{Value, json};
 

@@ -44,6 +44,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use rheo::backends::Backend;
+use rheo::backends::native::NativeBackend;
 use rheo::engine::delivery::{checkpoint, wal};
 use rheo::engine::index::file::{
     self as six, SIX_HEADER_LEN, SIX_MAGIC, SIX_TRAILER_LEN, SIX_VERSION, SixError, SixHeader,
@@ -62,8 +64,8 @@ use rheo::engine::segment::record::{Decoded, DocRef, RecordHeader, decode_doc, d
 use rheo::engine::vfs::{MemVfs, Vfs};
 use rheo::engine::{Durability, Engine, EngineOptions, RecoveryMode};
 use rheo::{
-    AppendOptions, Backend, DeadLetterOptions, Error, Event, FetchOptions, GroupOptions, Lease, LeaseRef, ManualClock,
-    Metadata, NativeBackend, NewEvent, Query, ReplayOptions, ResetOptions, Timestamp,
+    AppendOptions, DeadLetterOptions, Error, Event, FetchOptions, GroupOptions, Lease, LeaseRef, ManualClock, Metadata,
+    NewEvent, Query, ReplayOptions, ResetOptions, Timestamp,
 };
 use serde_json::{Value, json};
 

@@ -9,6 +9,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use proptest::prelude::*;
+use rheo::backends::Backend;
+use rheo::backends::Subscription;
+use rheo::backends::memory::MemoryBackend;
+use rheo::backends::native::EngineOptions;
+use rheo::backends::native::NativeBackend;
 use rheo::*;
 use serde_json::json;
 

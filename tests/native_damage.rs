@@ -9,13 +9,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use rheo::backends::native::NativeBackend;
 use rheo::engine::segment::format::{FRAME_LEN, HDR_BASE_SEQ, HEADER_LEN};
 use rheo::engine::segment::record::{Decoded, decode_record};
 use rheo::engine::vfs::{Fault, FaultyVfs, MemVfs, Vfs};
 use rheo::engine::{Engine, EngineOptions, RecoveryMode};
 use rheo::{
-    AppendOptions, DeadLetterOptions, Error, FetchOptions, GroupOptions, Lease, ManualClock, NativeBackend, Outcome,
-    Query, ReplayOptions, Rheo, StreamOptions, Timestamp, handler_fn,
+    AppendOptions, DeadLetterOptions, Error, FetchOptions, GroupOptions, Lease, ManualClock, Outcome, Query,
+    ReplayOptions, Rheo, StreamOptions, Timestamp, handler_fn,
 };
 use serde_json::json;
 

@@ -10,11 +10,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rheo::backends::native::NativeBackend;
 use rheo::engine::vfs::{Fault, FaultyVfs, MemVfs};
 use rheo::engine::{Durability, Engine, EngineOptions};
-use rheo::{
-    AppendOptions, Error, FetchOptions, GroupOptions, ManualClock, NativeBackend, Rheo, StreamOptions, Timestamp,
-};
+use rheo::{AppendOptions, Error, FetchOptions, GroupOptions, ManualClock, Rheo, StreamOptions, Timestamp};
 use serde_json::json;
 
 const S: &str = "s";

@@ -20,12 +20,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rheo::Backend;
+use rheo::backends::Backend;
+use rheo::backends::native::NativeBackend;
 use rheo::engine::vfs::{Fault, FaultyVfs, MemVfs, Vfs};
 use rheo::engine::{Durability, Engine, EngineOptions};
 use rheo::{
-    AppendOptions, FetchOptions, GroupOptions, ManualClock, NativeBackend, NewEvent, Retention, Rheo, StreamOptions,
-    Timestamp,
+    AppendOptions, FetchOptions, GroupOptions, ManualClock, NewEvent, Retention, Rheo, StreamOptions, Timestamp,
 };
 use serde_json::json;
 

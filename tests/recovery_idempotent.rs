@@ -20,11 +20,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rheo::backends::native::NativeBackend;
 use rheo::engine::vfs::MemVfs;
 use rheo::engine::{Durability, Engine, EngineOptions, RecoveryMode};
 use rheo::{
-    AppendOptions, DeadLetterOptions, Error, FetchOptions, GroupOptions, ManualClock, NativeBackend, Rheo,
-    StreamOptions, Timestamp,
+    AppendOptions, DeadLetterOptions, Error, FetchOptions, GroupOptions, ManualClock, Rheo, StreamOptions, Timestamp,
 };
 use serde_json::json;
 

@@ -13,8 +13,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use parking_lot::Mutex;
+use rheo::backends::Backend;
 use rheo::{
-    AppendOptions, Backend, Capabilities, DeadLetterOptions, Event, FetchOptions, GroupOptions, Lag, Lease, LeaseRef,
+    AppendOptions, Capabilities, DeadLetterOptions, Event, FetchOptions, GroupOptions, Lag, Lease, LeaseRef,
     LeaseStreamOptions, NewEvent, Outcome, Result, RetryOutcome, Rheo, StreamOptions, Timestamp, handler_fn,
 };
 use tokio::time::Instant;
@@ -134,7 +135,7 @@ impl Backend for Spy {
     async fn dead_letters(&self, stream: &str, group: &str, opts: &DeadLetterOptions) -> Result<Vec<rheo::DeadLetter>> {
         self.inner.dead_letters(stream, group, opts).await
     }
-    async fn subscribe(&self, stream: &str) -> Result<rheo::Subscription> {
+    async fn subscribe(&self, stream: &str) -> Result<rheo::backends::Subscription> {
         self.inner.subscribe(stream).await
     }
 }

@@ -50,11 +50,9 @@ use libfuzzer_sys::arbitrary::{self, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use rheo::engine::vfs::{Fault, FaultyVfs, MemVfs, Vfs};
 use rheo::engine::{Engine, EngineOptions};
-use rheo::{
-    AppendOptions, Backend, Backoff, Clock, DeadLetterOptions, Error, FetchOptions, GroupOptions, LeaseId, LeaseRef,
-    ManualClock, NativeBackend, NewEvent, Query, ReplayOptions, ResetOptions, RetryOutcome, StartPosition,
-    StreamOptions, Timestamp,
-};
+use rheo::{AppendOptions, Backoff, Clock, DeadLetterOptions, Error, FetchOptions, GroupOptions, LeaseId, LeaseRef, ManualClock, NewEvent, Query, ReplayOptions, ResetOptions, RetryOutcome, StartPosition, StreamOptions, Timestamp};
+use rheo::backends::Backend;
+use rheo::backends::native::NativeBackend;
 use rheo_fuzz::delivery::{GROUPS_DIR, START, STREAM, runtime, small_options};
 
 const GROUPS: [&str; 2] = ["g", "h"];

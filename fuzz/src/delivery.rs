@@ -9,10 +9,9 @@ use std::time::Duration;
 use rheo::engine::delivery::wal::{WAL_FRAME_LEN, WAL_HEADER_LEN};
 use rheo::engine::vfs::{MemVfs, Vfs};
 use rheo::engine::{Durability, Engine, EngineOptions};
-use rheo::{
-    AppendOptions, Backend, Backoff, FetchOptions, GroupInfo, GroupOptions, Lag, ManualClock, NativeBackend, NewEvent,
-    ReplayOptions, StreamOptions, Timestamp,
-};
+use rheo::{AppendOptions, Backoff, FetchOptions, GroupInfo, GroupOptions, Lag, ManualClock, NewEvent, ReplayOptions, StreamOptions, Timestamp};
+use rheo::backends::Backend;
+use rheo::backends::native::NativeBackend;
 
 /// The stream every delivery target uses (stream id 1).
 pub const STREAM: &str = "s";

@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::Backend;
+pub use crate::backend::{Backend, Subscription, Wakeups};
 use crate::engine::EngineOptions;
 use crate::error::{Error, Result};
 use crate::model::time::Clock;

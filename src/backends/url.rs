@@ -108,6 +108,7 @@ pub(crate) fn read_options<'a>(
 
 /// A database URL without the options a backend took: `base` and the
 /// driver's options.
+#[cfg_attr(not(any(feature = "mongo", feature = "redis")), allow(dead_code))]
 pub(crate) fn driver_url(base: &str, driver: &[&str]) -> String {
     if driver.is_empty() { base.to_owned() } else { format!("{base}?{}", driver.join("&")) }
 }

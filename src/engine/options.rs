@@ -147,7 +147,8 @@ impl EngineOptions {
     /// The defaults (see each field).
     ///
     /// ```
-    /// use rheo::{Durability, EngineOptions};
+    /// use rheo::backends::native::Durability;
+    /// use rheo::backends::native::EngineOptions;
     /// let opts = EngineOptions::new().durability(Durability::None).segment_bytes(8 << 20);
     /// assert_eq!(opts.segment_bytes, 8 << 20);
     /// ```

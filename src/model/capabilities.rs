@@ -18,7 +18,7 @@ pub struct Capabilities {
     pub distributed: bool,
     /// The backend has a native claim receipt distinct from the lease id.
     pub native_receipts: bool,
-    /// A [`Subscription`](crate::Subscription) wakes as soon as events are
+    /// A subscription (`rheo::backends::Subscription`) wakes as soon as events are
     /// appended, rather than polling.
     pub wakeups: bool,
     /// Queries use secondary indexes (otherwise they scan).

@@ -591,7 +591,7 @@ impl std::fmt::Debug for Document {
 }
 
 /// Where a backend stored an appended event: what
-/// [`Backend::append_batch`](crate::Backend::append_batch) returns for each
+/// `Backend::append_batch` returns for each
 /// event, from which the facade builds the [`Event`] it hands back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Position {

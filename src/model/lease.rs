@@ -23,6 +23,7 @@ impl std::str::FromStr for LeaseId {
 /// with `renew`, before `expires_at`; after that another fetch may reclaim it
 /// and this lease becomes stale.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Lease {
     /// The fencing token of this claim: unique per claim.
     pub lease_id: LeaseId,

@@ -210,6 +210,7 @@ pub const DEFAULT_QUERY_LIMIT: usize = 100;
 /// let q = Query::new("orders").eq("type", "order_paid").gte("amount", 100).after_sequence(100).limit(50);
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Query {
     /// The stream.
     pub stream: String,
@@ -579,6 +580,7 @@ type SortKey = (i64, u64, u64);
 
 /// One page of query results.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Page {
     /// The events, in the query's order.
     pub events: Vec<Event>,

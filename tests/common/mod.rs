@@ -58,13 +58,13 @@ pub fn native_mem() -> BoxFuture<'static, Fixture> {
         let vfs: Arc<dyn rheo::engine::vfs::Vfs> = Arc::new(rheo::engine::vfs::MemVfs::new());
         // No background retention: the cases run passes themselves, on
         // the fixture's clock.
-        let opts = rheo::EngineOptions::default()
+        let opts = rheo::backends::native::EngineOptions::default()
             .segment_bytes(4096)
             .preallocate_bytes(1024)
             .inline_io(true)
             .retention_interval(std::time::Duration::ZERO);
         let engine = rheo::engine::Engine::open(vfs, opts).expect("engine opens");
-        let backend = rheo::NativeBackend::with_engine(engine, Arc::new(clock.clone()));
+        let backend = rheo::backends::native::NativeBackend::with_engine(engine, Arc::new(clock.clone()));
         let rheo = Rheo::builder()
             .clock(Arc::new(clock.clone()))
             .consumer_id("test-consumer")

@@ -112,7 +112,8 @@ const NATIVE_OPTIONS: &[&str] = &[
 /// its next append once this old; 0: by size only).
 ///
 /// ```
-/// use rheo::{Durability, EngineOptions};
+/// use rheo::backends::native::Durability;
+/// use rheo::backends::native::EngineOptions;
 /// let (path, opts) =
 ///     rheo::backends::native::parse_url("./data?durability=none&inline_io=true", EngineOptions::default())?;
 /// assert_eq!((path.as_str(), opts.durability, opts.inline_io), ("./data", Durability::None, true));
