@@ -37,6 +37,8 @@ struct Spy {
     ack_many_leases: AtomicUsize,
     renew_calls: AtomicUsize,
     renew_many_sizes: Mutex<Vec<usize>>,
+    /// The next this many `renew_many` calls fail with `BackendUnavailable`.
+    failing_renews: AtomicUsize,
     /// When set, every `ack_many` call fails with this error.
     failing_acks: Mutex<Option<rheo::Error>>,
 }
@@ -52,6 +54,7 @@ impl Spy {
             ack_many_leases: AtomicUsize::new(0),
             renew_calls: AtomicUsize::new(0),
             renew_many_sizes: Mutex::new(Vec::new()),
+            failing_renews: AtomicUsize::new(0),
             failing_acks: Mutex::new(None),
         })
     }
@@ -103,6 +106,9 @@ impl Backend for Spy {
     }
     async fn renew_many(&self, leases: &[LeaseRef], d: Duration) -> Result<Vec<Result<Timestamp>>> {
         self.renew_many_sizes.lock().push(leases.len());
+        if self.failing_renews.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(rheo::Error::unavailable("spy", "renew_many", "injected failure"));
+        }
         self.inner.renew_many(leases, d).await
     }
     async fn ack(&self, lease: &LeaseRef) -> Result<()> {
@@ -556,6 +562,25 @@ async fn lease_stream_renews_held_leases(f: Fixture) {
     lease.ack().await.expect("ack after renewals");
 }
 
+/// A renewal that fails is tried again well before the lease runs out
+/// (an eighth of it later), not a whole tick later: the lease stream and
+/// the consumer share one renewer.
+async fn lease_stream_retries_a_failed_renewal_soon(f: Fixture) {
+    setup(&f, 1, GroupOptions::new()).await;
+    let (rheo, spy) = spied(&f, vec![]);
+    spy.failing_renews.store(1, Ordering::SeqCst);
+    let opts = LeaseStreamOptions::new().lease(Duration::from_secs(1));
+    let mut leases = rheo.lease_stream(S, G, opts).expect("lease stream");
+    let lease = leases.next().await.expect("item").expect("lease");
+    // The tick at 500 ms fails; the retry comes at about 625 ms, long
+    // before the next tick (1,000 ms).
+    tokio::time::sleep(Duration::from_millis(850)).await;
+    let sizes = spy.renew_many_sizes.lock().clone();
+    assert_eq!(sizes, vec![1, 1], "the failed renewal and its early retry");
+    assert_eq!(spy.failing_renews.load(Ordering::SeqCst), 0, "the injected failure was used");
+    lease.ack().await.expect("ack");
+}
+
 /// Leases fetched ahead and not yet yielded are renewed too: taken late,
 /// they are still ours. All held leases are renewed in one `renew_many`.
 async fn lease_stream_renews_leases_it_has_not_yielded_yet(f: Fixture) {
@@ -747,6 +772,7 @@ macro_rules! cases {
             case!(lease_stream_bounds_outstanding_and_settles_through_the_item);
             case!(lease_stream_composes_with_buffer_unordered_and_ready_chunks);
             case!(lease_stream_renews_held_leases);
+            case!(lease_stream_retries_a_failed_renewal_soon);
             case!(lease_stream_retries_transient_errors_and_yields_definite_ones);
             case!(spawn_checks_the_group_exists);
             case!(lease_stream_renews_leases_it_has_not_yielded_yet);

@@ -1,26 +1,26 @@
 //! [`Rheo::consumer`](crate::Rheo::consumer): a managed consumer of one group.
 
-use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::settle::{Failure, SettleKind, SettleOp, Stats, classify, run_settler};
+use super::renew::{Renewals, run_renewer};
+use super::settle::{SettleKind, SettleOp, Stats, run_settler};
 use super::{
     DEFAULT_CONCURRENCY, DEFAULT_DRAIN_TIMEOUT, DEFAULT_LEASE, DEFAULT_MAX_DEMAND, DEFAULT_POLL, ErrorBackoff, Handler,
-    Outcome, SETTLE_BATCH_MAX, check_bounds, panic_message, renew_interval,
+    Outcome, SETTLE_BATCH_MAX, check_bounds, panic_message,
 };
 use crate::client::Rheo;
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::group::FetchOptions;
-use crate::model::lease::{Lease, LeaseRef};
-use crate::model::limits::{MAX_BATCH_EVENTS, MAX_LIMIT, validate_name};
+use crate::model::lease::Lease;
+use crate::model::limits::{MAX_LIMIT, validate_name};
 
 impl Rheo {
     /// A managed consumer of `group` on `stream`, with the defaults of
@@ -200,7 +200,7 @@ impl GroupBuilder {
         });
         let renewer = AbortOnDrop(tokio::spawn(run_renewer(
             ctx.config.rheo.clone(),
-            ctx.renewals.clone(),
+            Arc::downgrade(&ctx.renewals),
             ctx.config.lease,
             ctx.config.stream.clone(),
             ctx.config.group.clone(),
@@ -292,7 +292,8 @@ struct Running {
     handler: Arc<dyn Handler>,
     settle_tx: mpsc::Sender<SettleOp>,
     stats: Arc<Stats>,
-    /// The leases the handlers hold, renewed together.
+    /// The leases the handlers hold (and those fetched ahead, waiting for
+    /// a handler), renewed together.
     renewals: Arc<Renewals>,
 }
 
@@ -303,52 +304,6 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-/// The leases a consumer's handlers hold (and those fetched ahead, waiting
-/// for a handler), renewed together by one task: one `renew_many` per tick,
-/// so one round trip (or one WAL sync on `native:`) however many are held.
-#[derive(Default)]
-struct Renewals {
-    held: parking_lot::Mutex<HashMap<u64, (LeaseRef, oneshot::Sender<()>)>>,
-    next: AtomicU64,
-    /// Held by the renewer from its snapshot of `held` to the end of its
-    /// renewals, and by a release (a lease given back at shutdown): a
-    /// renewal that took the lease in its snapshot never lands after the
-    /// release and extends it again.
-    renewing: tokio::sync::Mutex<()>,
-}
-
-/// A lease registered for renewal; dropping it stops renewing it.
-struct Held<'a> {
-    renewals: &'a Renewals,
-    id: u64,
-    lost: oneshot::Receiver<()>,
-}
-
-impl Renewals {
-    fn hold(&self, lease: LeaseRef) -> Held<'_> {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let (tx, lost) = oneshot::channel();
-        self.held.lock().insert(id, (lease, tx));
-        Held { renewals: self, id, lost }
-    }
-}
-
-impl Held<'_> {
-    /// Resolves when a renewal says the lease is no longer held (never when
-    /// the renewer stops: the run is ending).
-    async fn lost(&mut self) {
-        if (&mut self.lost).await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        self.renewals.held.lock().remove(&self.id);
     }
 }
 
@@ -592,56 +547,3 @@ async fn run_handler(ctx: Arc<Running>, lease: Lease, permit: OwnedSemaphorePerm
 
 /// The lease a shutdown gives an unstarted delivery: it expires at once.
 const RELEASE: Duration = Duration::from_millis(1);
-
-/// Renews every held lease every `lease / 2`, in batches of
-/// `MAX_BATCH_EVENTS` (one `renew_many` each), until the run ends. A lease
-/// a renewal says is no longer held is reported lost to its handler; a
-/// failed call is retried well before the leases run out.
-async fn run_renewer(rheo: Rheo, renewals: Arc<Renewals>, lease: Duration, stream: String, group: String) {
-    let every = renew_interval(lease);
-    // A failed renewal is retried well before the lease runs out, not a
-    // whole tick later.
-    let soon = (lease / 8).max(Duration::from_millis(10));
-    let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        let mut failed = false;
-        {
-            let _renewing = renewals.renewing.lock().await;
-            let held: Vec<(u64, LeaseRef)> =
-                renewals.held.lock().iter().map(|(id, (lease, _))| (*id, lease.clone())).collect();
-            for batch in held.chunks(MAX_BATCH_EVENTS) {
-                match rheo.renew_many(batch.iter().map(|(_, l)| l.clone()), lease).await {
-                    Ok(results) => {
-                        for ((id, held), r) in batch.iter().zip(results) {
-                            match r {
-                                Ok(_) => {}
-                                Err(e) if classify(&e) == Failure::Stale => {
-                                    tracing::debug!(%stream, %group, sequence = held.sequence,
-                                        "renew: lease lost; the handler's outcome will be dropped: {e}");
-                                    if let Some((_, lost)) = renewals.held.lock().remove(id) {
-                                        let _ = lost.send(());
-                                    }
-                                }
-                                Err(e) => {
-                                    failed = true;
-                                    tracing::warn!(%stream, %group, sequence = held.sequence,
-                                        "renew failed, retrying in {soon:?}: {e}");
-                                }
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        failed = true;
-                        tracing::warn!(%stream, %group, leases = batch.len(), "renew failed, retrying in {soon:?}: {e}");
-                    }
-                }
-            }
-        }
-        if failed {
-            tokio::time::sleep(soon).await;
-            ticks.reset_immediately();
-        }
-    }
-}

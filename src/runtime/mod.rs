@@ -34,6 +34,7 @@
 //! ```
 
 mod group;
+mod renew;
 mod settle;
 mod stream;
 

@@ -1,24 +1,24 @@
 //! [`LeaseStream`]: leases as a `futures::Stream`, bounded and renewed.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::task::AtomicWaker;
 use futures::{FutureExt, Stream};
-use parking_lot::Mutex;
 
-use super::{DEFAULT_LEASE, DEFAULT_MAX_DEMAND, DEFAULT_POLL, ErrorBackoff, check_bounds, clip_reason, renew_interval};
+use super::renew::{Renewals, run_renewer};
+use super::{DEFAULT_LEASE, DEFAULT_MAX_DEMAND, DEFAULT_POLL, ErrorBackoff, check_bounds, clip_reason};
 use crate::backend::Subscription;
 use crate::client::Rheo;
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::group::FetchOptions;
 use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
-use crate::model::limits::{MAX_BATCH_EVENTS, validate_name};
+use crate::model::limits::validate_name;
 
 /// Settings of a [`LeaseStream`].
 #[derive(Debug, Clone)]
@@ -85,11 +85,10 @@ impl LeaseStreamOptions {
 #[derive(Debug)]
 struct Shared {
     rheo: Rheo,
-    lease: Duration,
     outstanding: AtomicUsize,
     waker: AtomicWaker,
-    held: Mutex<HashMap<u64, LeaseRef>>,
-    next_id: AtomicU64,
+    /// The leases buffered or yielded and not yet settled or dropped.
+    renewals: Arc<Renewals>,
 }
 
 enum State {
@@ -179,13 +178,17 @@ impl LeaseStream {
         })?;
         let shared = Arc::new(Shared {
             rheo: rheo.clone(),
-            lease: opts.lease,
             outstanding: AtomicUsize::new(0),
             waker: AtomicWaker::new(),
-            held: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(0),
+            renewals: Arc::default(),
         });
-        runtime.spawn(renew_loop(Arc::downgrade(&shared), renew_interval(opts.lease)));
+        runtime.spawn(run_renewer(
+            rheo.clone(),
+            Arc::downgrade(&shared.renewals),
+            opts.lease,
+            stream.to_owned(),
+            group.to_owned(),
+        ));
         Ok(LeaseStream {
             shared,
             stream: stream.to_owned(),
@@ -262,10 +265,8 @@ impl LeaseStream {
 
     /// Holds fetched leases (renewed from now on) until they are yielded.
     fn hold(&mut self, leases: Vec<Lease>) {
-        let mut held = self.shared.held.lock();
         for lease in leases {
-            let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-            held.insert(id, lease.to_ref());
+            let id = self.shared.renewals.insert(lease.to_ref());
             self.buffer.push_back((id, lease));
         }
     }
@@ -345,43 +346,8 @@ impl Drop for LeaseStream {
     /// Leases fetched but never yielded stop being renewed: they are left
     /// to expire (claimable again after their lease).
     fn drop(&mut self) {
-        let mut held = self.shared.held.lock();
         for (id, _) in self.buffer.drain(..) {
-            held.remove(&id);
-        }
-    }
-}
-
-/// Renews every held lease each `every` while the stream or a lease lives.
-async fn renew_loop(shared: Weak<Shared>, every: Duration) {
-    loop {
-        tokio::time::sleep(every).await;
-        let Some(this) = shared.upgrade() else { return };
-        let held: Vec<(u64, LeaseRef)> = this.held.lock().iter().map(|(id, l)| (*id, l.clone())).collect();
-        // One `renew_many` per batch: one WAL record and one sync per tick
-        // on `native:`, however many leases are held.
-        for chunk in held.chunks(MAX_BATCH_EVENTS) {
-            let results = match this.rheo.renew_many(chunk.iter().map(|(_, l)| l), this.lease).await {
-                Ok(results) => results,
-                Err(e) => {
-                    tracing::warn!(
-                        "lease renewal failed (stream and group in the error), retrying at the next tick: {e}"
-                    );
-                    continue;
-                }
-            };
-            for ((id, _), r) in chunk.iter().zip(results) {
-                match r {
-                    // Lost: stop renewing; its settle will say StaleLease.
-                    Err(e) if e.is_stale_lease() => {
-                        this.held.lock().remove(id);
-                    }
-                    Err(e) => tracing::warn!(
-                        "lease renewal failed (stream and group in the error), retrying at the next tick: {e}"
-                    ),
-                    Ok(_) => {}
-                }
-            }
+            self.shared.renewals.remove(id);
         }
     }
 }
@@ -396,7 +362,7 @@ struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.shared.held.lock().remove(&self.id);
+        self.shared.renewals.remove(self.id);
         self.shared.outstanding.fetch_sub(1, Ordering::AcqRel);
         self.shared.waker.wake();
     }
