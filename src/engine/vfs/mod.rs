@@ -1,0 +1,268 @@
+//! The narrow file-system interface every engine file operation goes through.
+//!
+//! Paths are relative, `/`-separated, and built only by the engine from ids
+//! and numbers (never from user input). Three implementations:
+//! [`StdVfs`] (a real directory), [`MemVfs`] (in memory, with a separate
+//! *durable image* so tests can simulate power loss), and [`FaultyVfs`]
+//! (wraps a `MemVfs` and injects failures, torn writes and crashes, seeded).
+//!
+//! The contract below is what the engine relies on; it is the POSIX contract
+//! as Linux provides it, made explicit.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+mod faulty;
+mod mem;
+mod std_fs;
+
+pub use faulty::{Fault, FaultyVfs};
+pub use mem::MemVfs;
+pub use std_fs::StdVfs;
+
+/// A file opened through a [`Vfs`]. Shared between threads; every method
+/// takes `&self` and positions are explicit.
+pub trait VfsFile: Send + Sync + fmt::Debug {
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many were read
+    /// (0 at or past the end). Sees every completed `write_at`, durable or not.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+
+    /// Writes all of `buf` at `offset`, extending the file (with zeros in any
+    /// gap) when needed. Not durable until `sync_data` returns Ok. On error
+    /// any prefix of `buf` may have been written.
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+
+    /// The current length in bytes.
+    fn len(&self) -> io::Result<u64>;
+
+    /// True when the file has no bytes.
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Truncates or extends (with zeros) to `len`. Not durable until `sync_data`.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+
+    /// Makes every completed write and length change of this file durable
+    /// (`fdatasync`). After an error, nothing is promised about data written
+    /// since the last successful sync, even if a later sync succeeds (the
+    /// kernel may have dropped the dirty pages): callers must poison.
+    fn sync_data(&self) -> io::Result<()>;
+}
+
+/// A held exclusive lock; released when dropped.
+pub trait VfsLock: Send + Sync + fmt::Debug {}
+
+/// The file system of one data directory.
+pub trait Vfs: Send + Sync + fmt::Debug + 'static {
+    /// Opens a file for reading and writing. With `create`, creates it empty
+    /// when missing (the new name is durable only after `sync_dir` of its
+    /// parent); without, a missing file is `NotFound`.
+    fn open(&self, path: &str, create: bool) -> io::Result<Arc<dyn VfsFile>>;
+
+    /// Opens an existing file for reading only (a missing file is
+    /// `NotFound`). Writing through the handle fails. A read-only view
+    /// (`engine::overlay`) opens every file this way.
+    fn open_read(&self, path: &str) -> io::Result<Arc<dyn VfsFile>> {
+        self.open(path, false)
+    }
+
+    /// True when a file or directory exists at `path`.
+    fn exists(&self, path: &str) -> io::Result<bool>;
+
+    /// Creates a directory and its parents (durable after `sync_dir` of each parent).
+    fn create_dir_all(&self, path: &str) -> io::Result<()>;
+
+    /// The names (not paths) of the entries of a directory, sorted.
+    fn list(&self, dir: &str) -> io::Result<Vec<String>>;
+
+    /// Atomically replaces `to` with `from` (durable after `sync_dir`).
+    fn rename(&self, from: &str, to: &str) -> io::Result<()>;
+
+    /// Removes a file (durable after `sync_dir`).
+    fn remove_file(&self, path: &str) -> io::Result<()>;
+
+    /// Removes a directory and everything in it.
+    fn remove_dir_all(&self, path: &str) -> io::Result<()>;
+
+    /// Makes the entries of a directory (creations, renames, removals) durable.
+    /// `""` is the root.
+    fn sync_dir(&self, dir: &str) -> io::Result<()>;
+
+    /// Takes an exclusive advisory lock on a file (created when missing).
+    /// `WouldBlock` when another holder has it, in this or another process.
+    fn lock(&self, path: &str) -> io::Result<Box<dyn VfsLock>>;
+
+    /// The full path of `path`, for error messages.
+    fn describe(&self, path: &str) -> PathBuf;
+}
+
+// ---------------------------------------------------------------- StickySync
+
+/// Wraps a file so that its syncs never run concurrently and, once one
+/// fails, every later sync fails too. Linux reports a writeback error once
+/// per open file: without this, a second syncer (the commit thread after a
+/// roll's failed sync, say) could see success for pages the kernel already
+/// dropped.
+#[derive(Debug)]
+pub struct StickySync {
+    inner: Arc<dyn VfsFile>,
+    failed: parking_lot::Mutex<Option<String>>,
+}
+
+impl StickySync {
+    /// Wraps `file`.
+    pub fn wrap(file: Arc<dyn VfsFile>) -> Arc<dyn VfsFile> {
+        Arc::new(StickySync { inner: file, failed: parking_lot::Mutex::new(None) })
+    }
+}
+
+impl VfsFile for StickySync {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.inner.write_all_at(buf, offset)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        let mut failed = self.failed.lock();
+        if let Some(reason) = &*failed {
+            return Err(io::Error::other(format!("an earlier fsync of this file failed: {reason}")));
+        }
+        self.inner.sync_data().inspect_err(|e| *failed = Some(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every implementation honours the same contract.
+    fn contract(vfs: &dyn Vfs) {
+        vfs.create_dir_all("a/b").expect("mkdir");
+        let f = vfs.open("a/b/f", true).expect("create");
+        f.write_all_at(b"hello", 0).expect("write");
+        f.write_all_at(b"!", 7).expect("write past end");
+        assert_eq!(f.len().expect("len"), 8);
+        let mut buf = [9u8; 8];
+        assert_eq!(f.read_at(&mut buf, 0).expect("read"), 8);
+        assert_eq!(&buf, b"hello\0\0!");
+        assert_eq!(f.read_at(&mut buf, 100).expect("read past end"), 0);
+        f.set_len(2).expect("truncate");
+        assert_eq!(f.len().expect("len"), 2);
+        f.sync_data().expect("sync");
+        assert_eq!(vfs.list("a/b").expect("list"), vec!["f".to_owned()]);
+        assert_eq!(vfs.list("a").expect("list"), vec!["b".to_owned()]);
+        vfs.rename("a/b/f", "a/b/g").expect("rename");
+        assert!(!vfs.exists("a/b/f").expect("exists"));
+        assert!(vfs.exists("a/b/g").expect("exists"));
+        assert_eq!(vfs.open("a/b/missing", false).err().map(|e| e.kind()), Some(io::ErrorKind::NotFound));
+        vfs.sync_dir("a/b").expect("sync dir");
+        let lock = vfs.lock("LOCK").expect("lock");
+        assert_eq!(vfs.lock("LOCK").err().map(|e| e.kind()), Some(io::ErrorKind::WouldBlock));
+        drop(lock);
+        vfs.lock("LOCK").expect("lock again after release");
+        vfs.remove_file("a/b/g").expect("remove");
+        vfs.remove_dir_all("a").expect("rmdir");
+        assert!(!vfs.exists("a/b/g").expect("exists"));
+    }
+
+    #[test]
+    fn std_vfs_honours_the_contract() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        contract(&StdVfs::new(dir.path()).expect("vfs"));
+    }
+
+    #[test]
+    fn mem_vfs_honours_the_contract() {
+        contract(&MemVfs::new());
+    }
+
+    #[test]
+    fn faulty_vfs_without_fault_honours_the_contract() {
+        contract(&FaultyVfs::new(MemVfs::new(), Fault::Crash, 0, 1));
+    }
+
+    #[test]
+    fn crash_keeps_only_synced_data_and_entries() {
+        let vfs = MemVfs::new();
+        vfs.create_dir_all("d").expect("mkdir");
+        vfs.sync_dir("").expect("sync root");
+        let f = vfs.open("d/synced", true).expect("create");
+        f.write_all_at(b"durable", 0).expect("write");
+        f.sync_data().expect("sync");
+        vfs.sync_dir("d").expect("sync dir");
+        f.write_all_at(b"-lost", 7).expect("write");
+        let g = vfs.open("d/unsynced-entry", true).expect("create");
+        g.write_all_at(b"x", 0).expect("write");
+        g.sync_data().expect("sync data but not the entry");
+        vfs.crash();
+        assert_eq!(vfs.read_file("d/synced").as_deref(), Some(&b"durable"[..]));
+        assert!(!vfs.exists("d/unsynced-entry").expect("exists"));
+        assert!(f.len().is_err(), "old handles are dead after a crash");
+    }
+
+    #[test]
+    fn torn_write_stores_a_prefix_and_kills_the_process() {
+        let vfs = FaultyVfs::new(MemVfs::new(), Fault::TornWrite, 2, 7);
+        let f = vfs.open("f", true).expect("create is op 1");
+        assert!(f.write_all_at(&[1u8; 100], 0).is_err(), "op 2 tears");
+        assert!(vfs.crashed());
+        assert!(vfs.open("f", false).is_err(), "dead process can't open");
+        let live = vfs.mem().read_file("f").expect("file");
+        assert!(live.len() < 100);
+        vfs.restart();
+        assert!(!vfs.crashed());
+    }
+
+    #[test]
+    fn disk_full_fails_once_and_the_process_continues() {
+        let vfs = FaultyVfs::new(MemVfs::new(), Fault::DiskFull, 2, 3);
+        let f = vfs.open("f", true).expect("create");
+        let err = f.write_all_at(b"abc", 0).expect_err("disk full");
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
+        f.write_all_at(b"abc", 0).expect("space again");
+        assert!(!vfs.crashed());
+    }
+
+    #[test]
+    fn a_failed_sync_stays_failed() {
+        let vfs = FaultyVfs::new(MemVfs::new(), Fault::FsyncFails, 2, 1);
+        let f = StickySync::wrap(vfs.open("f", true).expect("create"));
+        f.write_all_at(b"abc", 0).expect("write");
+        assert!(f.sync_data().is_err(), "the armed sync fails");
+        assert!(f.sync_data().is_err(), "and every later one, though the disk would now say Ok");
+    }
+
+    #[test]
+    fn a_read_fault_fails_one_read() {
+        let vfs = FaultyVfs::new(MemVfs::new(), Fault::Crash, 0, 1);
+        let f = vfs.open("f", true).expect("create");
+        f.write_all_at(b"abc", 0).expect("write");
+        vfs.fail_read_after(2);
+        let mut buf = [0u8; 3];
+        f.read_at(&mut buf, 0).expect("first read");
+        assert!(f.read_at(&mut buf, 0).is_err(), "second read fails");
+        f.read_at(&mut buf, 0).expect("then reads work again");
+        assert!(!vfs.crashed());
+    }
+
+    #[test]
+    fn fsync_failure_makes_nothing_durable() {
+        let vfs = FaultyVfs::new(MemVfs::new(), Fault::FsyncFails, 1, 3);
+        vfs.sync_dir("").expect_err("the first sync fails");
+        let f = vfs.open("f", true).expect("create");
+        vfs.sync_dir("").expect("later syncs work");
+        f.write_all_at(b"abc", 0).expect("write");
+        f.sync_data().expect("sync");
+        assert!(!vfs.crashed());
+    }
+}

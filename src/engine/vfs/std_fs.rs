@@ -1,0 +1,164 @@
+//! [`StdVfs`]: the real file system, rooted at a directory.
+
+use super::{Vfs, VfsFile, VfsLock};
+use std::collections::BTreeSet;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+// ---------------------------------------------------------------- StdVfs
+
+/// The real file system, rooted at a directory.
+#[derive(Debug, Clone)]
+pub struct StdVfs {
+    root: PathBuf,
+}
+
+impl StdVfs {
+    /// A VFS rooted at `root` (created when missing).
+    pub fn new(root: impl AsRef<Path>) -> io::Result<Self> {
+        std::fs::create_dir_all(root.as_ref())?;
+        Ok(StdVfs { root: root.as_ref().to_path_buf() })
+    }
+
+    /// A VFS rooted at an existing directory (`NotFound` when it is missing;
+    /// nothing is created).
+    pub fn existing(root: impl AsRef<Path>) -> io::Result<Self> {
+        let root = root.as_ref();
+        if !std::fs::metadata(root)?.is_dir() {
+            return Err(io::Error::new(io::ErrorKind::NotADirectory, format!("{} is not a directory", root.display())));
+        }
+        Ok(StdVfs { root: root.to_path_buf() })
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        if p.is_empty() { self.root.clone() } else { self.root.join(p) }
+    }
+}
+
+#[derive(Debug)]
+struct StdFile(std::fs::File);
+
+impl VfsFile for StdFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let mut done = 0;
+        while done < buf.len() {
+            match self.0.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.0.write_all_at(buf, offset)
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+}
+
+/// The lock files this process holds (canonical paths), so that a second
+/// open in the same process is told so rather than blamed on another.
+static HELD: std::sync::LazyLock<Mutex<BTreeSet<PathBuf>>> = std::sync::LazyLock::new(Default::default);
+
+#[derive(Debug)]
+struct StdLock {
+    _file: std::fs::File,
+    path: Option<PathBuf>,
+}
+impl VfsLock for StdLock {}
+impl Drop for StdLock {
+    fn drop(&mut self) {
+        if let Some(p) = &self.path {
+            HELD.lock().remove(p);
+        }
+    }
+}
+
+impl Vfs for StdVfs {
+    fn open(&self, path: &str, create: bool) -> io::Result<Arc<dyn VfsFile>> {
+        let f =
+            std::fs::OpenOptions::new().read(true).write(true).create(create).truncate(false).open(self.path(path))?;
+        Ok(Arc::new(StdFile(f)))
+    }
+    fn open_read(&self, path: &str) -> io::Result<Arc<dyn VfsFile>> {
+        Ok(Arc::new(StdFile(std::fs::File::open(self.path(path))?)))
+    }
+    fn exists(&self, path: &str) -> io::Result<bool> {
+        self.path(path).try_exists()
+    }
+    fn create_dir_all(&self, path: &str) -> io::Result<()> {
+        std::fs::create_dir_all(self.path(path))
+    }
+    fn list(&self, dir: &str) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(self.path(dir))? {
+            if let Ok(name) = entry?.file_name().into_string() {
+                out.push(name);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        std::fs::rename(self.path(from), self.path(to))
+    }
+    fn remove_file(&self, path: &str) -> io::Result<()> {
+        std::fs::remove_file(self.path(path))
+    }
+    fn remove_dir_all(&self, path: &str) -> io::Result<()> {
+        std::fs::remove_dir_all(self.path(path))
+    }
+    fn sync_dir(&self, dir: &str) -> io::Result<()> {
+        std::fs::File::open(self.path(dir))?.sync_all()
+    }
+    fn lock(&self, path: &str) -> io::Result<Box<dyn VfsLock>> {
+        let f =
+            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(self.path(path))?;
+        let canonical = std::fs::canonicalize(self.path(path)).ok();
+        match f.try_lock() {
+            Ok(()) => {
+                // Who holds it, for the message of the next one who tries
+                // (informational: nothing reads it to decide anything).
+                use std::os::unix::fs::FileExt;
+                let pid = format!("{}\n", std::process::id());
+                if let Err(e) = f.set_len(0).and_then(|()| f.write_all_at(pid.as_bytes(), 0)) {
+                    tracing::debug!(error = %e, "could not record the lock holder's pid");
+                }
+                if let Some(c) = &canonical {
+                    HELD.lock().insert(c.clone());
+                }
+                Ok(Box::new(StdLock { _file: f, path: canonical }))
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let here = canonical.as_ref().is_some_and(|c| HELD.lock().contains(c));
+                let who = if here {
+                    "another handle in this process (share that handle: Rheo is Clone; or drop it first)".to_owned()
+                } else {
+                    match std::fs::read_to_string(self.path(path)).ok().and_then(|t| t.trim().parse::<u32>().ok()) {
+                        Some(pid) => format!("process {pid}"),
+                        None => "another process".to_owned(),
+                    }
+                };
+                Err(io::Error::new(io::ErrorKind::WouldBlock, who))
+            }
+            Err(std::fs::TryLockError::Error(e)) => Err(e),
+        }
+    }
+    fn describe(&self, path: &str) -> PathBuf {
+        self.path(path)
+    }
+}
