@@ -18,6 +18,7 @@ mod faulty;
 mod mem;
 mod std_fs;
 
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use faulty::{Fault, FaultyVfs};
 pub use mem::MemVfs;
 pub use std_fs::StdVfs;
