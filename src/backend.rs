@@ -26,8 +26,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::{Error, Result};
+use crate::model::append::NewEvent;
 use crate::model::capabilities::Capabilities;
-use crate::model::event::{Event, NewEvent, Position};
+use crate::model::event::{Event, Position};
 use crate::model::group::{
     DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, Replay,
     Reset, StreamInfo, StreamOptions,

@@ -8,9 +8,10 @@ use serde::Serialize;
 
 use crate::backend::{Backend, Subscription};
 use crate::error::{Error, ObjectKind, Result};
+use crate::model::append::{AppendOptions, NewEvent};
 use crate::model::capabilities::Capabilities;
 use crate::model::damage::Damage;
-use crate::model::event::{AppendOptions, Event, NewEvent, Payload, Position};
+use crate::model::event::{Event, Position};
 use crate::model::group::{
     DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, ReplayFrom,
     ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
@@ -20,6 +21,7 @@ use crate::model::limits::{
     DEFAULT_MAX_EVENT_BYTES, MAX_BATCH_EVENTS, MAX_LIMIT, MAX_NAME_BYTES, MAX_REASON_BYTES, validate_lease,
     validate_limit, validate_name,
 };
+use crate::model::payload::Payload;
 use crate::model::query::{Page, Query};
 use crate::model::retention::{Retention, RetentionReport};
 use crate::model::time::{Clock, SystemClock, Timestamp};

@@ -63,12 +63,10 @@ pub use client::{IndexBuild, Rheo, RheoBuilder};
 pub use decode::DecodeError;
 pub use engine::error::StorageError;
 pub use error::{Cause, Error, ErrorKind, ObjectKind, Result};
+pub use model::append::{AppendOptions, NewEvent};
 pub use model::capabilities::Capabilities;
 pub use model::damage::Damage;
-pub use model::event::{
-    AppendOptions, Event, EventParts, LINEAGE_FIELDS, Lineage, MAX_PAYLOAD_DEPTH, Metadata, NewEvent, Payload,
-    PayloadFormat, Position,
-};
+pub use model::event::{Event, EventParts, Lineage, Position};
 pub use model::group::{
     Backoff, DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag,
     MAX_INDEXES, PartitionLag, Replay, ReplayFrom, ReplayOptions, Reset, ResetOptions, StartPosition, StreamInfo,
@@ -79,7 +77,9 @@ pub use model::limits::{
     DEFAULT_MAX_EVENT_BYTES, MAX_ATTEMPTS, MAX_BATCH_EVENTS, MAX_LEASE, MAX_LIMIT, MAX_NAME_BYTES, MAX_PARTITIONS,
     MAX_QUERY_TERMS, MAX_REASON_BYTES, validate_name,
 };
+pub use model::path::LINEAGE_FIELDS;
 pub use model::path::{canonical_path, is_valid_path};
+pub use model::payload::{MAX_PAYLOAD_DEPTH, Metadata, Payload, PayloadFormat};
 pub use model::query::{Access, Cursor, Explain, Filter, Op, OrderBy, Page, Query, compare_values};
 pub use model::retention::{
     DroppedRange, GroupSkip, MAX_DEDUPE_WINDOW, MAX_RETENTION_AGE, PartitionInfo, Retention, RetentionPolicy,

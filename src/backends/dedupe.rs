@@ -6,7 +6,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::error::{Error, Result};
-use crate::model::event::{NewEvent, Position};
+use crate::model::append::NewEvent;
+use crate::model::event::Position;
 
 /// What an append does with each event of a batch whose ids may repeat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

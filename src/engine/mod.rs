@@ -408,7 +408,7 @@ fn remove_orphans(vfs: &dyn Vfs, body: &ManifestBody) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::event::{AppendOptions, NewEvent};
+    use crate::model::append::{AppendOptions, NewEvent};
     use serde_json::json;
     use vfs::MemVfs;
 

@@ -1,5 +1,6 @@
 //! The data model shared by every backend.
 
+pub mod append;
 pub mod capabilities;
 pub mod damage;
 pub mod event;
@@ -7,6 +8,7 @@ pub mod group;
 pub mod lease;
 pub mod limits;
 pub mod path;
+pub mod payload;
 pub mod query;
 pub mod retention;
 pub mod routing;

@@ -85,7 +85,7 @@ pub fn partition_for_key(key: &str, partition_count: u32) -> u32 {
 /// The partition of an event in a stream of `partition_count` partitions:
 /// its explicit partition (`InvalidPartition` when out of range), else the
 /// hash of its key, else 0.
-pub fn route(stream: &str, event: &crate::model::event::NewEvent, partition_count: u32) -> crate::Result<u32> {
+pub fn route(stream: &str, event: &crate::model::append::NewEvent, partition_count: u32) -> crate::Result<u32> {
     match (event.partition, &event.key) {
         (Some(p), _) if p >= partition_count => {
             Err(crate::Error::InvalidPartition { stream: stream.to_owned(), partition: p, partition_count })

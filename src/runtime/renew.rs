@@ -1,5 +1,5 @@
-//! The one lease renewer of the consumer runtime: the leases a consumer
-//! ([`super::group`]) or a [`super::LeaseStream`] holds, renewed together
+//! The one lease renewer of the consumer runtime: the leases a managed
+//! consumer or a [`LeaseStream`](crate::LeaseStream) holds, renewed together
 //! by one task, one `renew_many` per batch and tick (so one round trip, or
 //! one WAL sync on `native:`, however many are held).
 

@@ -18,8 +18,9 @@ use parking_lot::{Mutex, RwLock};
 use crate::backend::{Backend, Subscription, Wakeups};
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::{EventSource, GroupState, retention};
+use crate::model::append::NewEvent;
 use crate::model::capabilities::Capabilities;
-use crate::model::event::{Event, NewEvent, Position};
+use crate::model::event::{Event, Position};
 use crate::model::group::{
     DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, MAX_INDEXES,
     Replay, Reset, StreamInfo, StreamOptions, check_partitions,

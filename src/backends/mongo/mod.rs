@@ -53,8 +53,9 @@ use super::url::{Taken, driver_url, read_options};
 use crate::backend::{Backend, Subscription};
 use crate::backends::WakeupMap;
 use crate::error::{Error, Result};
+use crate::model::append::NewEvent;
 use crate::model::capabilities::Capabilities;
-use crate::model::event::{Event, NewEvent, Position};
+use crate::model::event::{Event, Position};
 use crate::model::group::{
     DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, Replay,
     Reset, StreamInfo, StreamOptions,

@@ -16,8 +16,10 @@ use super::{
 };
 use crate::backends::dedupe::{Plan, dedupe_plan, resolve_plan};
 use crate::error::{Error, ObjectKind, Result};
-use crate::model::event::{Event, EventParts, Metadata, NewEvent, Payload, Position};
+use crate::model::append::NewEvent;
+use crate::model::event::{Event, EventParts, Position};
 use crate::model::group::{StreamInfo, StreamOptions, check_partitions};
+use crate::model::payload::{Metadata, Payload};
 use crate::model::query::check_index_field;
 use crate::model::routing::route;
 use crate::model::time::Timestamp;

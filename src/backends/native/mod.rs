@@ -33,8 +33,9 @@ pub use crate::engine::options::{Durability, EngineOptions, MAX_SEGMENT_BYTES, R
 use crate::engine::stream::Stream;
 use crate::error::{Error, Result};
 use crate::groups::{DAMAGE_PER_PARTITION, EventSource, GroupState, query_matches, spent_budget};
+use crate::model::append::NewEvent;
 use crate::model::capabilities::Capabilities;
-use crate::model::event::{Event, NewEvent, Position};
+use crate::model::event::{Event, Position};
 use crate::model::group::{
     DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, Replay,
     ReplayFrom, Reset, StreamInfo, StreamOptions,
@@ -857,7 +858,8 @@ mod tests {
     /// with the first.
     #[tokio::test]
     async fn a_hash_collision_in_the_dedupe_window_stores_the_event() {
-        use crate::model::event::{AppendOptions, Payload};
+        use crate::model::append::AppendOptions;
+        use crate::model::payload::Payload;
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().display().to_string();
         let clock: Arc<dyn Clock> = Arc::new(crate::model::time::SystemClock);

@@ -12,8 +12,9 @@ use crate::backend::{Backend, Subscription};
 use crate::engine::Engine;
 use crate::engine::options::EngineOptions;
 use crate::error::{Error, Result};
+use crate::model::append::NewEvent;
 use crate::model::capabilities::Capabilities;
-use crate::model::event::{Event, NewEvent, Position};
+use crate::model::event::{Event, Position};
 use crate::model::group::{
     DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, Replay,
     Reset, StreamInfo, StreamOptions,

@@ -37,7 +37,8 @@ use super::{Now, TxError};
 use crate::backends::WakeupMap;
 use crate::backends::combine::{Answers, Call, Combiner};
 use crate::error::{Error, Result};
-use crate::model::event::{NewEvent, Position};
+use crate::model::append::NewEvent;
+use crate::model::event::Position;
 use crate::model::time::Timestamp;
 
 /// The most events in one flush.

@@ -65,8 +65,9 @@ use super::redact_url;
 use super::url::{Taken, read_options};
 use crate::backend::{Backend, Subscription};
 use crate::error::{Error, Result};
+use crate::model::append::NewEvent;
 use crate::model::capabilities::Capabilities;
-use crate::model::event::{Event, NewEvent, Position};
+use crate::model::event::{Event, Position};
 use crate::model::group::{
     DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, Replay,
     Reset, StreamInfo, StreamOptions,

@@ -15,7 +15,7 @@ use super::db::{Arg, Phase, Stmt};
 use super::dialect::Dialect;
 use super::streams::{decode_event, event_cols, json_path_expr, seq_arg};
 use crate::error::Result;
-use crate::model::event::LINEAGE_FIELDS;
+use crate::model::path::LINEAGE_FIELDS;
 use crate::model::query::{Filter, Op, OrderBy, Page, Query};
 use crate::model::time::Timestamp;
 

@@ -12,9 +12,11 @@ use super::schema::{self, SCHEMA_VERSION, TABLES};
 use super::{IndexBuildState, Now, SqlBackend, TxError, at_commit, safe};
 use crate::backends::dedupe::{Plan, dedupe_plan, resolve_plan};
 use crate::error::{Error, ObjectKind, Result};
-use crate::model::event::{Event, EventParts, Metadata, NewEvent, Payload, Position};
+use crate::model::append::NewEvent;
+use crate::model::event::{Event, EventParts, Position};
 use crate::model::group::{IndexStatus, MAX_INDEXES, StreamInfo, StreamOptions, check_partitions};
 use crate::model::path::canonical_path;
+use crate::model::payload::{Metadata, Payload};
 use crate::model::query::{ALWAYS_INDEXED, check_index_field};
 use crate::model::routing::route;
 use crate::model::time::Timestamp;
@@ -76,7 +78,7 @@ pub(super) fn literal(s: &str) -> String {
 pub(super) fn field_expr(d: Dialect, canonical: &str, alias: &str) -> Option<String> {
     let (col, path): (&str, Vec<&str>) = match canonical {
         "id" | "key" | "type" => return None,
-        c if crate::model::event::LINEAGE_FIELDS.contains(&c) => ("metadata", vec![c]),
+        c if crate::model::path::LINEAGE_FIELDS.contains(&c) => ("metadata", vec![c]),
         c => match c.strip_prefix("metadata.") {
             Some(rest) => ("metadata", rest.split('.').collect()),
             None => ("payload", c.strip_prefix("payload.").unwrap_or(c).split('.').collect()),

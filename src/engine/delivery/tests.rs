@@ -15,7 +15,7 @@ use crate::backends::native::NativeBackend;
 use crate::engine::vfs::{MemVfs, Vfs};
 use crate::engine::{Durability, Engine, EngineOptions};
 use crate::groups::journal::GroupSnapshot;
-use crate::model::event::{AppendOptions, NewEvent};
+use crate::model::append::{AppendOptions, NewEvent};
 use crate::model::group::{FetchOptions, GroupOptions, ReplayOptions, ResetOptions, StreamOptions};
 use crate::model::lease::Lease;
 use crate::model::query::Query;

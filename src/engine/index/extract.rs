@@ -216,8 +216,9 @@ mod tests {
     use super::*;
     use crate::engine::index::term::{canonical, json_key, scalar_key};
     use crate::engine::segment::record::DocRef;
-    use crate::model::event::Metadata;
-    use crate::model::event::{AppendOptions, NewEvent, Payload};
+    use crate::model::append::{AppendOptions, NewEvent};
+    use crate::model::payload::Metadata;
+    use crate::model::payload::Payload;
     use serde_json::json;
 
     fn key_of(s: Option<Scalar<'_>>) -> Option<Vec<u8>> {

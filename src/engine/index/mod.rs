@@ -430,7 +430,7 @@ mod tests {
     use crate::engine::log::stream::Routed;
     use crate::engine::vfs::MemVfs;
     use crate::engine::{Engine, EngineOptions};
-    use crate::model::event::{AppendOptions, NewEvent};
+    use crate::model::append::{AppendOptions, NewEvent};
     use crate::model::query::{Access, Query};
     use serde_json::json;
 

@@ -91,7 +91,8 @@ fn compare(a: &Scalar<'_>, b: &Value) -> Option<Option<Ordering>> {
 mod tests {
     use super::*;
     use crate::engine::segment::record::DocRef;
-    use crate::model::event::{AppendOptions, NewEvent, Payload};
+    use crate::model::append::{AppendOptions, NewEvent};
+    use crate::model::payload::Payload;
     use crate::model::time::Timestamp;
     use serde_json::json;
     use std::sync::Arc;

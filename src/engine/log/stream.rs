@@ -13,7 +13,7 @@ use crate::engine::segment::format::{FLAG_END, FLAG_MULTI};
 use crate::engine::segment::record::{DocRef, RecordHeader, encode_record, set_flags};
 use crate::engine::vfs::Vfs;
 use crate::error::{Error, Result};
-use crate::model::event::NewEvent;
+use crate::model::append::NewEvent;
 
 /// An event routed to a partition with its final timestamp.
 #[derive(Debug)]

@@ -7,7 +7,8 @@
 use bytes::Bytes;
 
 use super::format::*;
-use crate::model::event::{Document, Metadata, SortedMap};
+use crate::model::event::Document;
+use crate::model::payload::{Metadata, SortedMap};
 
 /// The fixed-size part of a record body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,178 @@
+//! What an append takes: the events ([`NewEvent`]), their options
+//! ([`AppendOptions`]) and lineage ([`Lineage`]).
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::event::{Document, Event, Lineage, Text};
+use super::payload::{Metadata, Payload};
+use super::time::Timestamp;
+
+/// Options of one append. Every field is optional.
+///
+/// ```
+/// use rheo::AppendOptions;
+/// let opts = AppendOptions::new().key("customer-7").producer("checkout").metadata("region", "eu");
+/// ```
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct AppendOptions {
+    pub(crate) id: Option<String>,
+    pub(crate) key: Option<String>,
+    pub(crate) partition: Option<u32>,
+    pub(crate) metadata: Metadata,
+    pub(crate) timestamp: Option<Timestamp>,
+}
+
+impl AppendOptions {
+    /// No options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Sets the event id (default: a new UUIDv7).
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+    /// Sets the routing key (default: the payload's `"key"` field).
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+    /// Sends the event to this partition, bypassing key routing.
+    pub fn partition(mut self, partition: u32) -> Self {
+        self.partition = Some(partition);
+        self
+    }
+    /// Adds one metadata entry. The payload's own `"metadata"` wins on conflict.
+    pub fn metadata(mut self, key: impl Into<String>, value: impl Into<Value>) -> Self {
+        self.metadata.insert(key.into(), value.into());
+        self
+    }
+    /// Adds every entry of a metadata map.
+    pub fn metadata_map(mut self, map: Metadata) -> Self {
+        self.metadata.extend(map);
+        self
+    }
+    /// Sets the event's timestamp (default: the backend clock at append).
+    pub fn timestamp(mut self, t: Timestamp) -> Self {
+        self.timestamp = Some(t);
+        self
+    }
+    /// Sets the lineage fields that are `Some` in `lineage`.
+    pub fn lineage(mut self, lineage: &Lineage) -> Self {
+        lineage.write_into(&mut self.metadata);
+        self
+    }
+    /// Marks the event as caused by `parent` (see [`Lineage::caused_by`]).
+    pub fn caused_by(self, parent: &Event) -> Self {
+        self.lineage(&Lineage::caused_by(parent))
+    }
+    /// Sets `correlation_id`.
+    pub fn correlation_id(self, id: impl Into<String>) -> Self {
+        self.metadata("correlation_id", id.into())
+    }
+    /// Sets `producer`.
+    pub fn producer(self, producer: impl Into<String>) -> Self {
+        self.metadata("producer", producer.into())
+    }
+    /// Sets `schema` and `schema_version`.
+    pub fn schema(self, schema: impl Into<String>, version: u32) -> Self {
+        self.metadata("schema", schema.into()).metadata("schema_version", version)
+    }
+}
+
+/// An event ready to be written: normalized from a payload and its
+/// [`AppendOptions`], but not yet given a partition, sequence or timestamp.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    /// The id.
+    pub id: String,
+    /// The routing key.
+    pub key: Option<String>,
+    /// The type, from the payload.
+    pub event_type: Option<String>,
+    /// The explicit partition, if any.
+    pub partition: Option<u32>,
+    /// The merged metadata.
+    pub metadata: Metadata,
+    /// The payload, encoded once.
+    pub payload: Payload,
+    /// The producer's timestamp, if any.
+    pub timestamp: Option<Timestamp>,
+    /// True when the producer gave the id ([`AppendOptions::id`]): only
+    /// such events can be duplicates (a generated id is new), so backends
+    /// that keep a window of recent ids keep only these.
+    pub id_given: bool,
+}
+
+impl NewEvent {
+    /// Applies the append rules: `type` from the payload's `"type"`; `key` from
+    /// the option, else the payload's `"key"`; metadata = option metadata merged
+    /// with the payload's `"metadata"` object (payload wins); id generated when
+    /// absent. The fields are read from the encoded payload; nothing is
+    /// decoded but them.
+    pub fn prepare(payload: impl Into<Payload>, opts: AppendOptions) -> Self {
+        let payload = payload.into();
+        let event_type = payload.top_str("type");
+        let key = opts.key.or_else(|| payload.top_str("key"));
+        let mut metadata = opts.metadata;
+        if let Some(m) = payload.top_metadata() {
+            metadata.extend(m);
+        }
+        let id_given = opts.id.is_some();
+        NewEvent {
+            id_given,
+            id: opts.id.unwrap_or_else(|| crate::ids::new_event_id().to_string()),
+            key,
+            event_type,
+            partition: opts.partition,
+            metadata,
+            payload,
+            timestamp: opts.timestamp,
+        }
+    }
+
+    /// The size this event is charged against the event size limit: its
+    /// payload's encoded length (MessagePack, as stored), its metadata's
+    /// JSON length, and its id, key and type.
+    pub fn encoded_len(&self) -> usize {
+        self.id.len()
+            + self.key.as_ref().map_or(0, String::len)
+            + self.event_type.as_ref().map_or(0, String::len)
+            + self.payload.as_bytes().len()
+            + if self.metadata.is_empty() { 2 } else { json_len(&self.metadata) }
+    }
+
+    /// Turns it into a stored event.
+    pub fn into_event(self, stream: &Arc<str>, partition: u32, sequence: u64, now: Timestamp) -> Event {
+        let doc = Document {
+            id: Text::from_string(self.id),
+            key: self.key.map(Text::from_string),
+            event_type: self.event_type.map(Text::from_string),
+            metadata: self.metadata,
+            payload: self.payload,
+        };
+        doc.into_event(stream, partition, sequence, self.timestamp.unwrap_or(now))
+    }
+}
+
+/// The JSON length of a value, counted without allocating the text.
+fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    // A JSON value always serializes; the counter never fails.
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
+}
