@@ -366,6 +366,7 @@ impl RetentionPlan {
     }
 
     /// True when `g` has a frontier below a planned start.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
     pub(crate) fn leaves_behind(&self, g: &GroupRow) -> bool {
         self.starts.iter().any(|(&p, &s)| g.frontiers.get(&p).is_some_and(|&f| f.saturating_add(1) < s))
     }
@@ -374,6 +375,7 @@ impl RetentionPlan {
 /// The retention steps of a database backend whose pass is a sequence of
 /// steps (SQL, MongoDB): each group moved in one transaction, then the
 /// events deleted in batches.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
 pub(crate) trait RetentionStore: GroupStore {
     /// A stream's retention (unlimited when none is stored).
     /// `StreamNotFound`.
@@ -413,6 +415,7 @@ pub(crate) trait RetentionStore: GroupStore {
 
 /// One retention pass over a stream: every group behind a new start is
 /// moved to it first (what it skipped is counted), then the events go.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
 pub(crate) async fn enforce_retention<S: RetentionStore + ?Sized>(store: &S, stream: &str) -> Result<RetentionReport> {
     let retention = store.retention_of(stream).await?;
     let mut report = RetentionReport::new(stream);
@@ -458,6 +461,7 @@ pub(crate) async fn enforce_retention<S: RetentionStore + ?Sized>(store: &S, str
 
 /// One background round of a [`RetentionStore`]: a pass over every stream
 /// with a retention.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
 pub(crate) async fn retention_round<S: RetentionStore + ?Sized>(store: &S) -> Result<Vec<RetentionReport>> {
     let mut out = Vec::new();
     for stream in store.retained_streams().await? {

@@ -59,8 +59,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use parking_lot::RwLock;
 
-#[cfg(feature = "postgres")]
 use super::group_store;
+#[cfg(feature = "postgres")]
 use super::redact_url;
 use super::url::{Taken, read_options};
 use crate::backend::{Backend, Subscription};
