@@ -365,8 +365,6 @@ impl Core {
         }
     }
 
-    // ---- replay and reset ----
-
     // ---- inspecting ----
 
     pub(super) async fn dead_letters_impl(
