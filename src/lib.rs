@@ -88,9 +88,11 @@ pub use model::retention::{
 pub use model::routing::{partition_for_key, phash2, phash2_range};
 pub use model::time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use runtime::{
-    GroupBuilder, GroupHandle, Handler, HandlerFn, LeaseStream, LeaseStreamOptions, Outcome, RunSummary, StreamLease,
-    handler_fn,
+    ConsumerBuilder, ConsumerHandle, Handler, HandlerFn, LeaseStream, LeaseStreamOptions, Outcome, RunSummary, Settled,
+    StreamLease, handler_fn,
 };
+#[allow(deprecated)]
+pub use runtime::{GroupBuilder, GroupHandle};
 
 /// The README's code blocks, compiled and run as doctests.
 #[cfg(doctest)]

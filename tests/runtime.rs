@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use rheo::backends::Backend;
 use rheo::{
     AppendOptions, Capabilities, DeadLetterOptions, Event, FetchOptions, GroupOptions, Lag, Lease, LeaseRef,
-    LeaseStreamOptions, NewEvent, Outcome, Result, RetryOutcome, Rheo, StreamOptions, Timestamp, handler_fn,
+    LeaseStreamOptions, NewEvent, Outcome, Result, RetryOutcome, Rheo, Settled, StreamOptions, Timestamp, handler_fn,
 };
 use tokio::time::Instant;
 
@@ -183,7 +183,7 @@ async fn until_consumed(rheo: &Rheo) {
 /// Waits until the runtime has settled `n` deliveries. Needed before a
 /// shutdown on paused time: while a native commit waits on its writer thread,
 /// Tokio would otherwise jump straight to the drain deadline.
-async fn until_settled(handle: &rheo::GroupHandle, n: u64) {
+async fn until_settled(handle: &rheo::ConsumerHandle, n: u64) {
     until("settles", || {
         let s = handle.summary();
         s.acked + s.retried + s.dead_lettered >= n
@@ -259,7 +259,7 @@ async fn max_demand_is_never_exceeded(f: Fixture) {
 
 /// One event, and a consumer (1 s leases) whose handler has started on it
 /// and waits for `release`.
-async fn one_blocked_handler(f: &Fixture) -> (rheo::GroupHandle, Arc<tokio::sync::Notify>) {
+async fn one_blocked_handler(f: &Fixture) -> (rheo::ConsumerHandle, Arc<tokio::sync::Notify>) {
     setup(f, 1, GroupOptions::new()).await;
     let release = Arc::new(tokio::sync::Notify::new());
     let gauge = Arc::new(Gauge::default());
@@ -491,6 +491,35 @@ async fn lease_stream_bounds_outstanding_and_settles_through_the_item(f: Fixture
     let dl = f.rheo.dead_letters(S, G, DeadLetterOptions::default()).await.expect("dead letters");
     assert_eq!(dl.len(), 1);
     assert_eq!((dl[0].partition, dl[0].sequence), rejected_seq);
+}
+
+/// One settle call takes an outcome and says what it did; reasons are cut
+/// to the limit.
+async fn stream_lease_settle_takes_an_outcome(f: Fixture) {
+    setup(&f, 3, GroupOptions::new().max_attempts(2)).await;
+    let mut leases = f.rheo.lease_stream(S, G, LeaseStreamOptions::new().max_demand(3)).expect("lease stream");
+    let mut next = async || leases.next().await.expect("item").expect("lease");
+    let (acked, retried, rejected) = (next().await, next().await, next().await);
+    assert_eq!(acked.settle(Outcome::Ack).await.expect("ack"), Settled::Acked);
+    let now = rheo::Clock::now(&f.clock);
+    let again = (retried.partition(), retried.sequence());
+    assert_eq!(
+        retried.settle(Outcome::retry_after("later", Duration::from_secs(7))).await.expect("retry"),
+        Settled::Retried { available_at: now.saturating_add(Duration::from_secs(7)) }
+    );
+    let long = "r".repeat(rheo::MAX_REASON_BYTES + 10);
+    let rejected_at = (rejected.partition(), rejected.sequence());
+    assert_eq!(rejected.settle(Outcome::reject(long)).await.expect("reject"), Settled::DeadLettered);
+    // The retried delivery's second attempt is its last: a retry dead-letters it.
+    f.clock.advance(Duration::from_secs(7));
+    let last = next().await;
+    assert_eq!(((last.partition(), last.sequence()), last.attempt), (again, 2));
+    assert_eq!(last.settle(Outcome::retry("still failing")).await.expect("retry"), Settled::DeadLettered);
+    let dl = f.rheo.dead_letters(S, G, DeadLetterOptions::default()).await.expect("dead letters");
+    let reasons: Vec<_> = dl.iter().map(|d| ((d.partition, d.sequence), d.reason.len())).collect();
+    assert!(reasons.contains(&(rejected_at, rheo::MAX_REASON_BYTES)), "{reasons:?}");
+    assert!(reasons.iter().any(|(at, _)| *at == again), "{reasons:?}");
+    assert_eq!(f.rheo.lag(S, G).await.expect("lag").total, 0);
 }
 
 async fn lease_stream_composes_with_buffer_unordered_and_ready_chunks(f: Fixture) {
@@ -771,6 +800,7 @@ macro_rules! cases {
             case!(settles_are_batched_into_ack_many);
             case!(lease_stream_bounds_outstanding_and_settles_through_the_item);
             case!(lease_stream_composes_with_buffer_unordered_and_ready_chunks);
+            case!(stream_lease_settle_takes_an_outcome);
             case!(lease_stream_renews_held_leases);
             case!(lease_stream_retries_a_failed_renewal_soon);
             case!(lease_stream_retries_transient_errors_and_yields_definite_ones);

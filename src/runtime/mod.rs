@@ -1,12 +1,16 @@
 //! The consumer runtime: a managed consumer of a group ([`Rheo::consumer`](crate::Rheo::consumer)) and its
 //! composable form ([`LeaseStream`]).
 //!
-//! A consumer ([`Rheo::consumer`](crate::Rheo::consumer)) fetches leases, runs a [`Handler`] on each as a task (at most
-//! `concurrency` at once, at most `max_demand` leases held), renews in-flight
-//! leases every `lease / 2`, settles outcomes in batches (`ack_many`), backs
-//! off on backend errors and drains gracefully on
-//! [`GroupHandle::shutdown`]. Defaults follow `docs/semantics.md`
-//! ("Consumer runtime").
+//! There is one consumer core. A [`LeaseStream`] is the fetch loop: it
+//! fetches up to `max_demand` leases ahead, renews every lease it has handed
+//! out until that lease is settled or dropped (one renewer, every `lease /
+//! 2`), backs off on backend errors and waits for appends when idle. A
+//! managed consumer ([`Rheo::consumer`](crate::Rheo::consumer)) is that
+//! stream plus a [`Handler`] run on each lease as a task (at most
+//! `concurrency` at once), the handler's [`Outcome`] settled in batches
+//! (`ack_many`), and a graceful drain on [`ConsumerHandle::shutdown`]. Both
+//! settle through one call taking an outcome ([`StreamLease::settle`]).
+//! Defaults follow `docs/semantics.md` ("Consumer runtime").
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {
@@ -33,7 +37,7 @@
 //! # Ok::<(), rheo::Error>(()) }).expect("example");
 //! ```
 
-mod group;
+mod consumer;
 mod renew;
 mod settle;
 mod stream;
@@ -44,10 +48,18 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::{Error, Result};
-use crate::model::lease::Lease;
+use crate::model::lease::{Lease, RetryOutcome};
 use crate::model::limits::MAX_REASON_BYTES;
+use crate::model::time::Timestamp;
 
-pub use group::{GroupBuilder, GroupHandle, RunSummary};
+pub use consumer::{ConsumerBuilder, ConsumerHandle, RunSummary};
+
+/// The old name of [`ConsumerBuilder`].
+#[deprecated(note = "renamed ConsumerBuilder: it builds a consumer, not a group")]
+pub type GroupBuilder = ConsumerBuilder;
+/// The old name of [`ConsumerHandle`].
+#[deprecated(note = "renamed ConsumerHandle: it is a running consumer, not a group")]
+pub type GroupHandle = ConsumerHandle;
 pub use stream::{LeaseStream, LeaseStreamOptions, StreamLease};
 
 /// Default number of handlers running at once.
@@ -58,7 +70,7 @@ pub const DEFAULT_MAX_DEMAND: usize = 10;
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// Default idle poll interval (the safety net behind wakeups).
 pub const DEFAULT_POLL: Duration = Duration::from_millis(200);
-/// Default time [`GroupHandle::shutdown`] waits for in-flight work.
+/// Default time [`ConsumerHandle::shutdown`] waits for in-flight work.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// The shortest renewal interval.
 pub const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(50);
@@ -103,6 +115,31 @@ impl Outcome {
     /// A rejection (dead letter) with a reason.
     pub fn reject(reason: impl Into<String>) -> Self {
         Outcome::Reject(reason.into())
+    }
+}
+
+/// What a settle did (see [`StreamLease::settle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Settled {
+    /// Acknowledged.
+    Acked,
+    /// Given back; claimable again at this time.
+    Retried {
+        /// When it becomes claimable.
+        available_at: Timestamp,
+    },
+    /// Dead-lettered: rejected, or a retry past the group's `max_attempts`.
+    DeadLettered,
+}
+
+impl Settled {
+    /// A retry's result (an ack reads as dead-lettered: no caller asks).
+    fn into_retry(self) -> RetryOutcome {
+        match self {
+            Settled::Retried { available_at } => RetryOutcome::Scheduled { available_at },
+            Settled::Acked | Settled::DeadLettered => RetryOutcome::DeadLettered,
+        }
     }
 }
 

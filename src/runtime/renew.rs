@@ -17,8 +17,8 @@ use crate::client::Rheo;
 use crate::model::lease::LeaseRef;
 use crate::model::limits::MAX_BATCH_EVENTS;
 
-/// A held lease, with where to say it was lost (for holders that ask).
-type Entry = (LeaseRef, Option<oneshot::Sender<()>>);
+/// A held lease, with where to say it was lost.
+type Entry = (LeaseRef, oneshot::Sender<()>);
 
 /// The leases held, under ids the holder keeps.
 #[derive(Debug, Default)]
@@ -32,29 +32,40 @@ pub(crate) struct Renewals {
     pub(crate) renewing: tokio::sync::Mutex<()>,
 }
 
-/// A lease registered for renewal with a notice when it is lost; dropping
-/// it stops renewing it.
-pub(crate) struct Held<'a> {
-    renewals: &'a Renewals,
-    id: u64,
-    lost: oneshot::Receiver<()>,
+/// Says when a renewal found a held lease lost (see [`Renewals::insert`]).
+#[derive(Debug)]
+pub(crate) struct LostNotice(oneshot::Receiver<()>);
+
+impl LostNotice {
+    /// Resolves when a renewal says the lease is no longer held; never when
+    /// the lease stopped being renewed for another reason (settled, dropped,
+    /// or the renewer stopped).
+    pub(crate) async fn lost(&mut self) {
+        if (&mut self.0).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// A task aborted when its handle is dropped: the renewer of a lease
+/// stream ends with the stream's last lease, not a tick later.
+#[derive(Debug)]
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Renewals {
-    /// Renews `lease` from now on until [`Renewals::remove`]; returns its id.
-    pub(crate) fn insert(&self, lease: LeaseRef) -> u64 {
+    /// Renews `lease` from now on until [`Renewals::remove`]; returns its
+    /// id and the notice a renewal that finds it lost gives.
+    pub(crate) fn insert(&self, lease: LeaseRef) -> (u64, LostNotice) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.held.lock().insert(id, (lease, None));
-        id
-    }
-
-    /// Renews `lease` while the returned guard lives; the guard says when a
-    /// renewal finds the lease lost.
-    pub(crate) fn hold(&self, lease: LeaseRef) -> Held<'_> {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let (tx, lost) = oneshot::channel();
-        self.held.lock().insert(id, (lease, Some(tx)));
-        Held { renewals: self, id, lost }
+        let (tx, rx) = oneshot::channel();
+        self.held.lock().insert(id, (lease, tx));
+        (id, LostNotice(rx))
     }
 
     /// Stops renewing the lease of `id`.
@@ -65,26 +76,10 @@ impl Renewals {
     /// A renewal found the lease of `id` lost: stop renewing it and tell
     /// its holder.
     fn lost(&self, id: u64) {
-        if let Some((_, Some(notice))) = self.held.lock().remove(&id) {
+        if let Some((_, notice)) = self.held.lock().remove(&id) {
             // The holder may be gone: nothing to tell.
             let _ = notice.send(());
         }
-    }
-}
-
-impl Held<'_> {
-    /// Resolves when a renewal says the lease is no longer held (never when
-    /// the renewer stops: the run is ending).
-    pub(crate) async fn lost(&mut self) {
-        if (&mut self.lost).await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        self.renewals.remove(self.id);
     }
 }
 

@@ -1,33 +1,41 @@
-//! The settler: one task that settles what many handler tasks decided,
-//! coalescing acks into `ack_many` batches.
+//! Settling an [`Outcome`]: the one settle call, and the settler — one task
+//! that settles what a consumer's handler tasks decided, coalescing acks
+//! into `ack_many` batches.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::clip_reason;
+use super::{Outcome, Settled, StreamLease, clip_reason};
 use crate::client::Rheo;
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::model::lease::{LeaseRef, RetryOutcome};
+use crate::model::limits::MAX_LEASE;
 
-/// A settle decided by a handler task.
+/// A settle decided by a handler task: the lease (which keeps its demand
+/// slot, and its renewal, until the settle is done) and what to do.
 #[derive(Debug)]
 pub(crate) struct SettleOp {
-    pub(crate) lease: LeaseRef,
-    pub(crate) kind: SettleKind,
-    /// The consumer's demand slot: released once the settle is done, so a
-    /// queued settle still counts against `max_demand`.
-    pub(crate) slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    pub(crate) lease: StreamLease,
+    pub(crate) outcome: Outcome,
 }
 
-/// What to do with the lease.
-#[derive(Debug)]
-pub(crate) enum SettleKind {
-    Ack,
-    Retry(String, Option<Duration>),
-    Reject(String),
+/// Settles one lease as `outcome` says: the one settle call behind
+/// [`StreamLease::settle`] and the consumer's retries and rejects.
+pub(crate) async fn settle(rheo: &Rheo, lease: &LeaseRef, outcome: &Outcome) -> Result<Settled> {
+    let retried = |r: RetryOutcome| match r {
+        RetryOutcome::Scheduled { available_at } => Settled::Retried { available_at },
+        RetryOutcome::DeadLettered => Settled::DeadLettered,
+    };
+    match outcome {
+        Outcome::Ack => rheo.ack(lease).await.map(|()| Settled::Acked),
+        Outcome::Retry(reason) => rheo.retry(lease, clip_reason(reason)).await.map(retried),
+        Outcome::RetryAfter(reason, delay) => {
+            rheo.retry_after(lease, clip_reason(reason), (*delay).min(MAX_LEASE)).await.map(retried)
+        }
+        Outcome::Reject(reason) => rheo.reject(lease, clip_reason(reason)).await.map(|()| Settled::DeadLettered),
+    }
 }
 
 /// Counters shared by the fetch loop, the handler tasks and the settler.
@@ -83,21 +91,21 @@ pub(crate) async fn run_settler(rheo: Rheo, mut rx: mpsc::Receiver<SettleOp>, st
             return;
         }
         let mut acks = Vec::new();
-        let mut slots = Vec::new();
+        let mut done = Vec::with_capacity(buf.len());
         for op in buf.drain(..) {
-            slots.push(op.slot);
-            match op.kind {
-                SettleKind::Ack => acks.push(op.lease),
-                SettleKind::Retry(reason, delay) => settle_retry(&rheo, &stats, &op.lease, &reason, delay).await,
-                SettleKind::Reject(reason) => settle_reject(&rheo, &stats, &op.lease, &reason).await,
+            let lease = op.lease.to_ref();
+            match op.outcome {
+                Outcome::Ack => acks.push(lease),
+                outcome => settle_other(&rheo, &stats, &lease, outcome).await,
             }
+            done.push(op.lease);
         }
         if !acks.is_empty() {
             settle_acks(&rheo, &stats, acks).await;
         }
-        // Settled: the slots are free for new fetches.
-        let n = slots.len() as u64;
-        drop(slots);
+        // Settled: their slots are free for new fetches.
+        let n = done.len() as u64;
+        drop(done);
         stats.queued.fetch_sub(n, std::sync::atomic::Ordering::AcqRel);
     }
 }
@@ -109,54 +117,40 @@ async fn settle_acks(rheo: &Rheo, stats: &Stats, acks: Vec<LeaseRef>) {
             for (lease, r) in acks.iter().zip(results) {
                 match r {
                     Ok(()) => Stats::add(&stats.acked, 1),
-                    Err(e) => ack_failed(rheo, stats, lease, &e).await,
+                    Err(e) => failed(rheo, stats, lease, "ack", &e).await,
                 }
             }
         }
         Err(e) => {
             for lease in &acks {
-                ack_failed(rheo, stats, lease, &e).await;
+                failed(rheo, stats, lease, "ack", &e).await;
             }
         }
     }
 }
 
-async fn ack_failed(rheo: &Rheo, stats: &Stats, lease: &LeaseRef, e: &Error) {
+/// A retry or a reject.
+async fn settle_other(rheo: &Rheo, stats: &Stats, lease: &LeaseRef, outcome: Outcome) {
+    let op = if matches!(outcome, Outcome::Reject(_)) { "reject" } else { "retry" };
+    match settle(rheo, lease, &outcome).await {
+        Ok(Settled::Retried { .. }) => Stats::add(&stats.retried, 1),
+        Ok(_) => Stats::add(&stats.dead_lettered, 1),
+        Err(e) => failed(rheo, stats, lease, op, &e).await,
+    }
+}
+
+/// After a failed settle: a lost lease is dropped, an unknown outcome left
+/// to lease expiry; a definite failure of an ack or a reject changed
+/// nothing, so the delivery is given back (and handled again, or rejected
+/// on a later attempt) instead of waiting for expiry.
+async fn failed(rheo: &Rheo, stats: &Stats, lease: &LeaseRef, op: &str, e: &Error) {
     match classify(e) {
-        Failure::Stale => lost(stats, lease, "ack", e),
-        Failure::LeaveToExpiry => left(stats, lease, "ack", e),
-        Failure::Definite => {
-            let reason = format!("ack_failed: {e}");
-            settle_retry(rheo, stats, lease, &reason, None).await;
+        Failure::Stale => lost(stats, lease, op, e),
+        Failure::Definite if op != "retry" => {
+            let reason = format!("{op}_failed: {e}");
+            Box::pin(settle_other(rheo, stats, lease, Outcome::Retry(reason))).await;
         }
-    }
-}
-
-async fn settle_retry(rheo: &Rheo, stats: &Stats, lease: &LeaseRef, reason: &str, delay: Option<Duration>) {
-    let reason = clip_reason(reason);
-    let r = match delay {
-        Some(d) => rheo.retry_after(lease, reason, d).await,
-        None => rheo.retry(lease, reason).await,
-    };
-    match r {
-        Ok(RetryOutcome::Scheduled { .. }) => Stats::add(&stats.retried, 1),
-        Ok(RetryOutcome::DeadLettered) => Stats::add(&stats.dead_lettered, 1),
-        Err(e) if classify(&e) == Failure::Stale => lost(stats, lease, "retry", &e),
-        Err(e) => left(stats, lease, "retry", &e),
-    }
-}
-
-async fn settle_reject(rheo: &Rheo, stats: &Stats, lease: &LeaseRef, reason: &str) {
-    match rheo.reject(lease, clip_reason(reason)).await {
-        Ok(()) => Stats::add(&stats.dead_lettered, 1),
-        Err(e) if classify(&e) == Failure::Stale => lost(stats, lease, "reject", &e),
-        Err(e) if classify(&e) == Failure::Definite => {
-            // A definite failure changed nothing: give the delivery back so it
-            // is rejected on a later attempt instead of waiting for expiry.
-            let reason = format!("reject_failed: {e}");
-            settle_retry(rheo, stats, lease, &reason, None).await;
-        }
-        Err(e) => left(stats, lease, "reject", &e),
+        _ => left(stats, lease, op, e),
     }
 }
 

@@ -11,8 +11,11 @@ use futures::future::BoxFuture;
 use futures::task::AtomicWaker;
 use futures::{FutureExt, Stream};
 
-use super::renew::{Renewals, run_renewer};
-use super::{DEFAULT_LEASE, DEFAULT_MAX_DEMAND, DEFAULT_POLL, ErrorBackoff, check_bounds, clip_reason};
+use tokio::time::Instant;
+
+use super::renew::{AbortOnDrop, LostNotice, Renewals, run_renewer};
+use super::settle::{Stats, settle};
+use super::{DEFAULT_LEASE, DEFAULT_MAX_DEMAND, DEFAULT_POLL, ErrorBackoff, Outcome, Settled, check_bounds};
 use crate::backend::Subscription;
 use crate::client::Rheo;
 use crate::error::{Error, ObjectKind, Result};
@@ -81,6 +84,9 @@ impl LeaseStreamOptions {
     }
 }
 
+/// How often an idle stream refreshes its group's lag and in-flight gauges.
+const GAUGE_REFRESH: Duration = Duration::from_secs(1);
+
 /// State shared by the stream, its leases and the renewal task.
 #[derive(Debug)]
 struct Shared {
@@ -89,6 +95,10 @@ struct Shared {
     waker: AtomicWaker,
     /// The leases buffered or yielded and not yet settled or dropped.
     renewals: Arc<Renewals>,
+    /// What the stream did (read by a managed consumer's summary).
+    stats: Arc<Stats>,
+    /// Renews `renewals`; ends with the last of the stream and its leases.
+    _renewer: AbortOnDrop,
 }
 
 enum State {
@@ -102,11 +112,14 @@ enum State {
 
 /// Leases of one group as a [`futures::Stream`]: at most `max_demand`
 /// outstanding, renewed in the background until settled or dropped, each
-/// settled through its [`StreamLease`].
+/// settled through its [`StreamLease`]. It is the fetch loop of the managed
+/// consumer ([`Rheo::consumer`]) too.
 ///
-/// Transient backend errors are retried with a backoff (100 ms doubling to
-/// 5 s); other errors are yielded as `Err` items (the stream goes on after
-/// them). An idle stream waits with [`Rheo::wait_for_events`].
+/// A failed fetch is logged and retried after a backoff (100 ms doubling to
+/// 5 s); a failure that is not transient is also yielded as an `Err` item
+/// (the stream goes on after it). An idle stream waits for an append to the
+/// stream or the poll interval, and refreshes the group's lag and in-flight
+/// gauges at most once a second.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {
@@ -137,12 +150,14 @@ pub struct LeaseStream {
     max_demand: usize,
     poll: Duration,
     /// Fetched, not yet yielded: held (and renewed) under their ids.
-    buffer: VecDeque<(u64, Lease)>,
+    buffer: VecDeque<(u64, LostNotice, Lease)>,
     state: State,
     backoff: ErrorBackoff,
     /// Appends to the stream wake an idle stream (None until made, or
     /// while a wait holds it).
     appends: Option<Subscription>,
+    /// When an idle wait last refreshed the group's lag and in-flight gauges.
+    gauges_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for LeaseStream {
@@ -167,6 +182,17 @@ impl Rheo {
 impl LeaseStream {
     /// Same as [`Rheo::lease_stream`].
     pub fn new(rheo: &Rheo, stream: &str, group: &str, opts: LeaseStreamOptions) -> Result<LeaseStream> {
+        Self::counted(rheo, stream, group, opts, Arc::default())
+    }
+
+    /// A lease stream that counts what it does in `stats`.
+    pub(crate) fn counted(
+        rheo: &Rheo,
+        stream: &str,
+        group: &str,
+        opts: LeaseStreamOptions,
+        stats: Arc<Stats>,
+    ) -> Result<LeaseStream> {
         validate_name(ObjectKind::Stream, stream)?;
         validate_name(ObjectKind::Group, group)?;
         if let Some(id) = &opts.consumer_id {
@@ -176,19 +202,22 @@ impl LeaseStream {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             Error::failed("lease_stream", format!("{stream:?}/{group:?}: must be created inside a Tokio runtime"))
         })?;
-        let shared = Arc::new(Shared {
-            rheo: rheo.clone(),
-            outstanding: AtomicUsize::new(0),
-            waker: AtomicWaker::new(),
-            renewals: Arc::default(),
-        });
-        runtime.spawn(run_renewer(
+        let renewals = Arc::<Renewals>::default();
+        let renewer = runtime.spawn(run_renewer(
             rheo.clone(),
-            Arc::downgrade(&shared.renewals),
+            Arc::downgrade(&renewals),
             opts.lease,
             stream.to_owned(),
             group.to_owned(),
         ));
+        let shared = Arc::new(Shared {
+            rheo: rheo.clone(),
+            outstanding: AtomicUsize::new(0),
+            waker: AtomicWaker::new(),
+            renewals,
+            stats,
+            _renewer: AbortOnDrop(renewer),
+        });
         Ok(LeaseStream {
             shared,
             stream: stream.to_owned(),
@@ -205,6 +234,7 @@ impl LeaseStream {
             state: State::Idle,
             backoff: ErrorBackoff::new(),
             appends: None,
+            gauges_at: None,
         })
     }
 
@@ -214,50 +244,62 @@ impl LeaseStream {
     }
 
     fn start_fetch(&mut self, limit: usize) {
-        let rheo = self.shared.rheo.clone();
+        let shared = self.shared.clone();
         let (stream, group) = (self.stream.clone(), self.group.clone());
         let mut opts = self.fetch.clone();
         opts.limit = limit;
         let subscribed = self.appends.is_some();
         self.state = State::Fetching(
             async move {
+                let rheo = &shared.rheo;
                 let appends = if subscribed { None } else { rheo.subscribe(&stream).await.ok() };
-                (rheo.fetch(&stream, &group, opts).await, appends)
+                // Damage is logged by the facade and counted here; the
+                // stream goes on with every position it could read.
+                let fetched = rheo.fetch_report(&stream, &group, opts).await.map(|report| {
+                    Stats::add(&shared.stats.damaged, report.damaged.len() as u64);
+                    report.leases
+                });
+                (fetched, appends)
             }
             .boxed(),
         );
     }
 
+    /// Waits out a backoff, or (idle) for an append or the poll interval;
+    /// an idle wait first refreshes the group's lag and in-flight gauges
+    /// (`group_info` sets them), at most once a second.
     fn start_wait(&mut self, backoff: Option<Duration>) {
         let rheo = self.shared.rheo.clone();
-        let stream = self.stream.clone();
+        let (stream, group) = (self.stream.clone(), self.group.clone());
         let poll = self.poll;
         let appends = self.appends.take();
+        let started = Instant::now();
+        let refresh = backoff.is_none() && self.gauges_at.is_none_or(|t| started.duration_since(t) >= GAUGE_REFRESH);
+        if refresh {
+            self.gauges_at = Some(started);
+        }
         self.state = State::Waiting(
             async move {
-                match backoff {
-                    Some(d) => {
-                        tokio::time::sleep(d).await;
-                        appends
-                    }
-                    None => {
-                        // Subscribed by the first fetch (or now, when that
-                        // failed): no append between two waits is missed.
-                        let mut appends = match appends {
-                            Some(s) => s,
-                            None => match rheo.subscribe(&stream).await {
-                                Ok(s) => s,
-                                Err(_) => {
-                                    // Poll, and subscribe again next time.
-                                    tokio::time::sleep(poll).await;
-                                    return None;
-                                }
-                            },
-                        };
-                        appends.wait(poll).await;
-                        Some(appends)
-                    }
+                if let Some(d) = backoff {
+                    tokio::time::sleep(d).await;
+                    return appends;
                 }
+                if refresh && let Err(e) = rheo.group_info(&stream, &group).await {
+                    tracing::debug!(%stream, %group, "refreshing the gauges: {e}");
+                }
+                // Subscribed by the first fetch (or now, when that failed):
+                // no append between two waits is missed.
+                let appends = match appends {
+                    Some(s) => Some(s),
+                    None => rheo.subscribe(&stream).await.ok(),
+                };
+                let Some(mut appends) = appends else {
+                    // Poll, and subscribe again next time.
+                    tokio::time::sleep_until(started + poll).await;
+                    return None;
+                };
+                appends.wait((started + poll).saturating_duration_since(Instant::now())).await;
+                Some(appends)
             }
             .boxed(),
         );
@@ -266,13 +308,20 @@ impl LeaseStream {
     /// Holds fetched leases (renewed from now on) until they are yielded.
     fn hold(&mut self, leases: Vec<Lease>) {
         for lease in leases {
-            let id = self.shared.renewals.insert(lease.to_ref());
-            self.buffer.push_back((id, lease));
+            let (id, lost) = self.shared.renewals.insert(lease.to_ref());
+            self.buffer.push_back((id, lost, lease));
         }
     }
 
-    fn wrap(&self, id: u64, lease: Lease) -> StreamLease {
-        StreamLease { lease, slot: Slot { shared: self.shared.clone(), id } }
+    fn wrap(&self, id: u64, lost: LostNotice, lease: Lease) -> StreamLease {
+        StreamLease { lease, lost: Some(lost), slot: Slot { shared: self.shared.clone(), id } }
+    }
+
+    /// The leases fetched and not yet yielded, taken out of the stream (a
+    /// consumer that stops releases them).
+    pub(crate) fn take_buffered(&mut self) -> Vec<StreamLease> {
+        let buffered: Vec<_> = self.buffer.drain(..).collect();
+        buffered.into_iter().map(|(id, lost, lease)| self.wrap(id, lost, lease)).collect()
     }
 }
 
@@ -282,8 +331,8 @@ impl Stream for LeaseStream {
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
         loop {
-            if let Some((id, lease)) = this.buffer.pop_front() {
-                return Poll::Ready(Some(Ok(this.wrap(id, lease))));
+            if let Some((id, lost, lease)) = this.buffer.pop_front() {
+                return Poll::Ready(Some(Ok(this.wrap(id, lost, lease))));
             }
             match &mut this.state {
                 State::Fetching(fut) => {
@@ -303,18 +352,20 @@ impl Stream for LeaseStream {
                         }
                         Ok(leases) => {
                             this.backoff.reset();
+                            Stats::add(&this.shared.stats.fetched, leases.len() as u64);
                             this.shared.outstanding.fetch_add(leases.len(), Ordering::AcqRel);
                             this.hold(leases);
                             this.state = State::Idle;
                         }
                         Err(e) => {
+                            Stats::add(&this.shared.stats.fetch_errors, 1);
                             let d = this.backoff.next_delay();
                             this.start_wait(Some(d));
+                            tracing::warn!(stream = %this.stream, group = %this.group,
+                                "fetch failed, retrying in {d:?}: {e}");
                             if !e.is_transient() {
                                 return Poll::Ready(Some(Err(e)));
                             }
-                            tracing::warn!(stream = %this.stream, group = %this.group,
-                                "fetch failed, retrying in {d:?}: {e}");
                         }
                     }
                 }
@@ -346,7 +397,7 @@ impl Drop for LeaseStream {
     /// Leases fetched but never yielded stop being renewed: they are left
     /// to expire (claimable again after their lease).
     fn drop(&mut self) {
-        for (id, _) in self.buffer.drain(..) {
+        for (id, _, _) in self.buffer.drain(..) {
             self.shared.renewals.remove(id);
         }
     }
@@ -369,10 +420,12 @@ impl Drop for Slot {
 }
 
 /// A lease yielded by a [`LeaseStream`]: read it through `Deref<Target =
-/// Lease>`, settle it with [`StreamLease::ack`], [`StreamLease::retry`] or
-/// [`StreamLease::reject`]. Dropping it unsettled frees its slot, stops its
-/// renewal and leaves the delivery to lease expiry. It converts into a
-/// [`LeaseRef`], so a batch can be settled with [`Rheo::ack_many`]:
+/// Lease>`, settle it with [`StreamLease::settle`] (or its shorthands
+/// [`ack`](StreamLease::ack), [`retry`](StreamLease::retry),
+/// [`retry_after`](StreamLease::retry_after), [`reject`](StreamLease::reject)).
+/// Dropping it unsettled frees its slot, stops its renewal and leaves the
+/// delivery to lease expiry. It converts into a [`LeaseRef`], so a batch can
+/// be settled with [`Rheo::ack_many`]:
 ///
 /// ```
 /// # async fn f(rheo: rheo::Rheo, leases: rheo::LeaseStream) -> rheo::Result<()> {
@@ -389,6 +442,9 @@ impl Drop for Slot {
 #[derive(Debug)]
 pub struct StreamLease {
     lease: Lease,
+    /// Given by a renewal that finds the lease lost (taken by a consumer
+    /// that waits for it).
+    lost: Option<LostNotice>,
     slot: Slot,
 }
 
@@ -406,42 +462,78 @@ impl StreamLease {
         &self.lease
     }
 
+    /// Settles the delivery as `outcome` says and frees the slot: the one
+    /// settle call, as a [`Handler`](crate::Handler) decides it. A reason is
+    /// cut to [`MAX_REASON_BYTES`](crate::MAX_REASON_BYTES), a retry delay
+    /// to [`MAX_LEASE`](crate::MAX_LEASE).
+    ///
+    /// ```
+    /// # async fn f(lease: rheo::StreamLease) -> rheo::Result<()> {
+    /// use rheo::{Outcome, Settled};
+    /// let outcome = match lease.event.payload().json() {
+    ///     Ok(_) => Outcome::Ack,
+    ///     Err(e) => Outcome::reject(format!("not JSON: {e}")),
+    /// };
+    /// match lease.settle(outcome).await? {
+    ///     Settled::DeadLettered => println!("dead-lettered"),
+    ///     _ => {}
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn settle(self, outcome: Outcome) -> Result<Settled> {
+        settle(&self.slot.shared.rheo, &self.lease.to_ref(), &outcome).await
+    }
+
     /// Acknowledges the delivery and frees the slot.
     pub async fn ack(self) -> Result<()> {
-        let rheo = self.rheo().clone();
-        rheo.ack(&self.lease).await
+        self.settle(Outcome::Ack).await.map(|_| ())
     }
 
     /// Gives the delivery back with a reason (the group's backoff applies)
     /// and frees the slot.
     pub async fn retry(self, reason: &str) -> Result<RetryOutcome> {
-        let rheo = self.rheo().clone();
-        rheo.retry(&self.lease, clip_reason(reason)).await
+        self.settle(Outcome::retry(reason)).await.map(Settled::into_retry)
     }
 
     /// Gives the delivery back, claimable again after `delay`.
     pub async fn retry_after(self, reason: &str, delay: Duration) -> Result<RetryOutcome> {
-        let rheo = self.rheo().clone();
-        rheo.retry_after(&self.lease, clip_reason(reason), delay).await
+        self.settle(Outcome::retry_after(reason, delay)).await.map(Settled::into_retry)
     }
 
     /// Dead-letters the delivery for this group and frees the slot.
     pub async fn reject(self, reason: &str) -> Result<()> {
-        let rheo = self.rheo().clone();
-        rheo.reject(&self.lease, clip_reason(reason)).await
+        self.settle(Outcome::reject(reason)).await.map(|_| ())
     }
 
     /// Frees the slot and stops renewal; the caller settles the lease itself.
     pub fn into_lease(self) -> Lease {
-        let StreamLease { lease, slot } = self;
+        let StreamLease { lease, lost: _, slot } = self;
         drop(slot);
         lease
     }
 
-    fn rheo(&self) -> &Rheo {
-        &self.slot.shared.rheo
+    /// The notice a renewal gives when it finds the lease lost (once).
+    pub(crate) fn take_lost_notice(&mut self) -> Option<LostNotice> {
+        self.lost.take()
+    }
+
+    /// Gives the delivery back at once, unhandled: it stops being renewed
+    /// and its lease is cut to [`RELEASE`] (no attempt is spent beyond the
+    /// fetch's). A renewal that took it in its snapshot lands before this,
+    /// never after.
+    pub(crate) async fn release(self) {
+        let shared = self.slot.shared.clone();
+        let _renewals_paused = shared.renewals.renewing.lock().await;
+        shared.renewals.remove(self.slot.id);
+        if let Err(e) = shared.rheo.renew(&self.lease, RELEASE).await {
+            tracing::debug!(stream = %self.lease.stream(), group = %self.lease.group,
+                sequence = self.lease.sequence(), "release: {e}");
+        }
     }
 }
+
+/// The lease a released delivery is left with: it expires at once.
+const RELEASE: Duration = Duration::from_millis(1);
 
 impl From<&StreamLease> for LeaseRef {
     fn from(l: &StreamLease) -> Self {

@@ -5,21 +5,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::FutureExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use futures::{FutureExt, StreamExt};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::renew::{Renewals, run_renewer};
-use super::settle::{SettleKind, SettleOp, Stats, run_settler};
+use super::settle::{SettleOp, Stats, run_settler};
+use super::stream::{LeaseStream, LeaseStreamOptions, StreamLease};
 use super::{
-    DEFAULT_CONCURRENCY, DEFAULT_DRAIN_TIMEOUT, DEFAULT_LEASE, DEFAULT_MAX_DEMAND, DEFAULT_POLL, ErrorBackoff, Handler,
-    Outcome, SETTLE_BATCH_MAX, check_bounds, panic_message,
+    DEFAULT_CONCURRENCY, DEFAULT_DRAIN_TIMEOUT, DEFAULT_LEASE, DEFAULT_MAX_DEMAND, DEFAULT_POLL, Handler, Outcome,
+    SETTLE_BATCH_MAX, check_bounds, panic_message,
 };
 use crate::client::Rheo;
 use crate::error::{Error, ObjectKind, Result};
-use crate::model::group::FetchOptions;
-use crate::model::lease::Lease;
 use crate::model::limits::{MAX_LIMIT, validate_name};
 
 impl Rheo {
@@ -40,8 +38,8 @@ impl Rheo {
     /// println!("acked {}", summary.acked);
     /// # Ok(()) }
     /// ```
-    pub fn consumer(&self, stream: impl Into<String>, group: impl Into<String>) -> GroupBuilder {
-        GroupBuilder {
+    pub fn consumer(&self, stream: impl Into<String>, group: impl Into<String>) -> ConsumerBuilder {
+        ConsumerBuilder {
             rheo: self.clone(),
             stream: stream.into(),
             group: group.into(),
@@ -57,9 +55,9 @@ impl Rheo {
     }
 }
 
-/// Settings of a consumer ([`Rheo::consumer`](crate::Rheo::consumer)); [`GroupBuilder::spawn`] starts it.
+/// Settings of a consumer ([`Rheo::consumer`](crate::Rheo::consumer)); [`ConsumerBuilder::spawn`] starts it.
 #[derive(Debug, Clone)]
-pub struct GroupBuilder {
+pub struct ConsumerBuilder {
     rheo: Rheo,
     stream: String,
     group: String,
@@ -73,7 +71,7 @@ pub struct GroupBuilder {
     drain_timeout: Duration,
 }
 
-impl GroupBuilder {
+impl ConsumerBuilder {
     /// Handlers running at once (default 1, at most [`MAX_LIMIT`]); never
     /// more than `max_demand`, which bounds the leases held (raise both).
     pub fn concurrency(mut self, n: usize) -> Self {
@@ -114,7 +112,7 @@ impl GroupBuilder {
         self.retry_backoff = Some(d);
         self
     }
-    /// How long [`GroupHandle::shutdown`] waits for in-flight handlers and
+    /// How long [`ConsumerHandle::shutdown`] waits for in-flight handlers and
     /// pending settles (default 5 s).
     pub fn drain_timeout(mut self, d: Duration) -> Self {
         self.drain_timeout = d;
@@ -164,7 +162,7 @@ impl GroupBuilder {
     /// Checks the settings and that the group exists, runs the handler's
     /// `setup`, then starts consuming in background tasks (needs a Tokio
     /// runtime with the time driver).
-    pub async fn spawn<H: Handler>(self, handler: H) -> Result<GroupHandle> {
+    pub async fn spawn<H: Handler>(self, handler: H) -> Result<ConsumerHandle> {
         self.check()?;
         // The group (and the partitions asked for) must exist: a definite
         // error now, not warnings from every fetch later.
@@ -174,46 +172,43 @@ impl GroupBuilder {
         };
         handler.setup().await?;
         let stats = Arc::new(Stats::default());
+        // The fetch loop: the lease stream holds at most `max_demand` leases
+        // (fetched ahead, running, or waiting for their settle) and renews
+        // them; `running` bounds the handlers running at once (a
+        // `concurrency` above `max_demand` acts as `max_demand`).
+        let leases = LeaseStream::counted(
+            &self.rheo,
+            &self.stream,
+            &self.group,
+            LeaseStreamOptions {
+                max_demand: self.max_demand,
+                lease: self.lease,
+                poll: self.poll,
+                partitions: self.partitions.clone(),
+                consumer_id: self.consumer_id.clone(),
+            },
+            stats.clone(),
+        )?;
         let (settle_tx, settle_rx) = mpsc::channel(SETTLE_BATCH_MAX * 4);
         let settler = tokio::spawn(run_settler(self.rheo.clone(), settle_rx, stats.clone(), SETTLE_BATCH_MAX));
         let (stop_tx, stop_rx) = watch::channel(false);
-        // Demand bounds the leases held (fetched ahead); `running` bounds
-        // the handlers running at once.
-        // Leases held never exceed `max_demand`, so neither do handlers
-        // running (a `concurrency` above it acts as `max_demand`).
-        let slots = self.max_demand;
-        let running = Arc::new(Semaphore::new(self.concurrency));
         let ctx = Arc::new(Running {
-            running,
+            running: Arc::new(Semaphore::new(self.concurrency)),
             stop: stop_rx.clone(),
-            fetch: FetchOptions {
-                limit: slots,
-                consumer_id: self.consumer_id.clone(),
-                lease: self.lease,
-                partitions: self.partitions.clone(),
-            },
             handler: Arc::new(handler),
             settle_tx,
             stats: stats.clone(),
-            renewals: Arc::default(),
             config: self,
         });
-        let renewer = AbortOnDrop(tokio::spawn(run_renewer(
-            ctx.config.rheo.clone(),
-            Arc::downgrade(&ctx.renewals),
-            ctx.config.lease,
-            ctx.config.stream.clone(),
-            ctx.config.group.clone(),
-        )));
-        let task = tokio::spawn(run(ctx, Arc::new(Semaphore::new(slots)), slots, stop_rx, settler, renewer));
-        Ok(GroupHandle { stop: stop_tx, task, stats })
+        let task = tokio::spawn(run(ctx, leases, stop_rx, settler));
+        Ok(ConsumerHandle { stop: stop_tx, task, stats })
     }
 }
 
 /// A running consumer ([`Rheo::consumer`](crate::Rheo::consumer)). Dropping it stops fetching and lets the
-/// drain finish in the background; [`GroupHandle::shutdown`] waits for it.
+/// drain finish in the background; [`ConsumerHandle::shutdown`] waits for it.
 #[derive(Debug)]
-pub struct GroupHandle {
+pub struct ConsumerHandle {
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<RunSummary>,
     stats: Arc<Stats>,
@@ -266,7 +261,7 @@ impl RunSummary {
     }
 }
 
-impl GroupHandle {
+impl ConsumerHandle {
     /// The counts so far.
     pub fn summary(&self) -> RunSummary {
         RunSummary::of(&self.stats)
@@ -287,24 +282,10 @@ struct Running {
     running: Arc<Semaphore>,
     /// Set when a shutdown is asked.
     stop: watch::Receiver<bool>,
-    config: GroupBuilder,
-    fetch: FetchOptions,
+    config: ConsumerBuilder,
     handler: Arc<dyn Handler>,
     settle_tx: mpsc::Sender<SettleOp>,
     stats: Arc<Stats>,
-    /// The leases the handlers hold (and those fetched ahead, waiting for
-    /// a handler), renewed together.
-    renewals: Arc<Renewals>,
-}
-
-/// A task aborted when its handle is dropped (a run that ends any way,
-/// even by a panic, takes its renewer with it).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// Resolves when a stop is asked (or the handle is gone).
@@ -313,134 +294,45 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
+/// Hands each lease the stream yields to a handler task until a stop is
+/// asked, then releases what was fetched and not yet handed out, and drains.
 async fn run(
     ctx: Arc<Running>,
-    slots: Arc<Semaphore>,
-    max_slots: usize,
+    mut leases: LeaseStream,
     mut stop: watch::Receiver<bool>,
     settler: tokio::task::JoinHandle<()>,
-    renewer: AbortOnDrop,
 ) -> RunSummary {
     let mut tasks = JoinSet::new();
-    fetch_loop(&ctx, &slots, max_slots, &mut stop, &mut tasks).await;
-    drain(ctx, tasks, settler, renewer).await
-}
-
-async fn fetch_loop(
-    ctx: &Arc<Running>,
-    slots: &Arc<Semaphore>,
-    max_slots: usize,
-    stop: &mut watch::Receiver<bool>,
-    tasks: &mut JoinSet<()>,
-) {
-    let cfg = &ctx.config;
-    let mut backoff = ErrorBackoff::new();
-    // When the group's lag and in-flight gauges were last refreshed.
-    let mut gauges_at: Option<Instant> = None;
-    // Appends wake the idle loop; made before the first fetch so that none
-    // is missed (on failure, made again when idle; polling meanwhile).
-    let mut appends = cfg.rheo.subscribe(&cfg.stream).await.ok();
     loop {
         while tasks.try_join_next().is_some() {}
-        let first = tokio::select! {
-            biased;
-            _ = stopped(stop) => return,
-            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-        };
-        let mut permits = vec![first];
-        while permits.len() < max_slots {
-            match slots.clone().try_acquire_owned() {
-                Ok(p) => permits.push(p),
-                Err(_) => break,
-            }
-        }
-        let mut opts = ctx.fetch.clone();
-        opts.limit = permits.len();
-        let fetched = tokio::select! {
+        let next = tokio::select! {
             biased;
             // A fetch in flight is abandoned: what it leased expires.
-            _ = stopped(stop) => return,
-            r = ctx.config.rheo.fetch_report(&cfg.stream, &cfg.group, opts) => r,
+            _ = stopped(&mut stop) => break,
+            next = leases.next() => next,
         };
-        // Damage is logged and counted by the facade; the consumer goes on
-        // with every position it could read, in every partition.
-        let fetched = fetched.map(|report| {
-            Stats::add(&ctx.stats.damaged, report.damaged.len() as u64);
-            report.leases
-        });
-        let pause = match fetched {
-            Ok(leases) if leases.is_empty() => {
-                backoff.reset();
-                drop(permits);
-                Pause::Idle
+        match next {
+            Some(Ok(lease)) => {
+                tasks.spawn(run_handler(ctx.clone(), lease));
             }
-            Ok(leases) => {
-                backoff.reset();
-                Stats::add(&ctx.stats.fetched, leases.len() as u64);
-                for (lease, permit) in leases.into_iter().zip(permits.drain(..)) {
-                    tasks.spawn(run_handler(ctx.clone(), lease, permit));
-                }
-                continue;
-            }
-            Err(e) => {
-                drop(permits);
-                Stats::add(&ctx.stats.fetch_errors, 1);
-                let d = backoff.next_delay();
-                tracing::warn!(stream = %cfg.stream, group = %cfg.group, "fetch failed, retrying in {d:?}: {e}");
-                Pause::Backoff(d)
-            }
-        };
-        let wait = async {
-            match pause {
-                Pause::Backoff(d) => tokio::time::sleep(d).await,
-                Pause::Idle => {
-                    let started = Instant::now();
-                    // Idle: a good moment to refresh the lag and in-flight
-                    // gauges (`group_info` sets them), at most once a second.
-                    if gauges_at.is_none_or(|t| started.duration_since(t) >= GAUGE_REFRESH) {
-                        gauges_at = Some(started);
-                        if let Err(e) = cfg.rheo.group_info(&cfg.stream, &cfg.group).await {
-                            tracing::debug!(stream = %cfg.stream, group = %cfg.group, "refreshing the gauges: {e}");
-                        }
-                    }
-                    if appends.is_none() {
-                        appends = cfg.rheo.subscribe(&cfg.stream).await.ok();
-                    }
-                    match &mut appends {
-                        Some(s) => {
-                            let left = (started + cfg.poll).saturating_duration_since(Instant::now());
-                            s.wait(left).await;
-                        }
-                        None => tokio::time::sleep_until(started + cfg.poll).await,
-                    }
-                }
-            }
-        };
-        tokio::select! {
-            biased;
-            _ = stopped(stop) => return,
-            _ = wait => {}
+            // Counted and logged by the stream, which backs off and goes on.
+            Some(Err(_)) => {}
+            None => break,
         }
     }
+    let unstarted = leases.take_buffered();
+    drop(leases);
+    Stats::add(&ctx.stats.left_to_expiry, unstarted.len() as u64);
+    for lease in unstarted {
+        lease.release().await;
+    }
+    drain(ctx, tasks, settler).await
 }
-
-enum Pause {
-    Idle,
-    Backoff(Duration),
-}
-
-/// How often an idle consumer refreshes its group's lag and in-flight gauges.
-const GAUGE_REFRESH: Duration = Duration::from_secs(1);
 
 /// How long queued settles may still run once the drain timeout is spent.
 const SETTLE_GRACE: Duration = Duration::from_secs(1);
 
-async fn drain(
-    ctx: Arc<Running>,
-    mut tasks: JoinSet<()>,
-    mut settler: tokio::task::JoinHandle<()>,
-    mut renewer: AbortOnDrop,
-) -> RunSummary {
+async fn drain(ctx: Arc<Running>, mut tasks: JoinSet<()>, mut settler: tokio::task::JoinHandle<()>) -> RunSummary {
     let deadline = Instant::now() + ctx.config.drain_timeout;
     let stats = ctx.stats.clone();
     // The settler ends once every sender (ours and the handler tasks') is gone.
@@ -452,13 +344,6 @@ async fn drain(
         Stats::add(&stats.left_to_expiry, abandoned);
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
-    }
-    // No handler holds a lease any more.
-    renewer.0.abort();
-    if let Err(e) = (&mut renewer.0).await
-        && e.is_panic()
-    {
-        tracing::error!("the lease renewer panicked; leases held then were left to expire: {e}");
     }
     // Settles already queued get a moment even when the handlers used up
     // the drain timeout: they are finished work.
@@ -472,31 +357,35 @@ async fn drain(
     RunSummary::of(&stats)
 }
 
-/// Runs the handler on one lease, renewing it meanwhile, then queues the
-/// settle (which keeps the demand slot until it is done). A lease fetched
-/// ahead that has not started when a shutdown comes, or that is lost while
-/// it waits, is not handled: it is released (a 1 ms renew) or dropped.
-async fn run_handler(ctx: Arc<Running>, lease: Lease, permit: OwnedSemaphorePermit) {
-    let lref = lease.to_ref();
+/// Runs the handler on one lease (renewed by the stream meanwhile), then
+/// queues its settle; the lease keeps its demand slot and its renewal until
+/// the settle is done. A lease that has not started when a shutdown comes is
+/// released; one lost before it starts is not handled, one lost while it
+/// runs is not settled (another consumer has it).
+async fn run_handler(ctx: Arc<Running>, mut lease: StreamLease) {
     let cfg = &ctx.config;
     let started = AtomicBool::new(false);
+    let mut lost = lease.take_lost_notice();
     let mut stop = ctx.stop.clone();
-    let handling = AssertUnwindSafe(async {
-        let _running = tokio::select! {
-            biased;
-            p = ctx.running.acquire() => p.ok(),
-            _ = stopped(&mut stop) => return None,
+    let result = {
+        let lease = &*lease;
+        let handling = AssertUnwindSafe(async {
+            let _running = tokio::select! {
+                biased;
+                p = ctx.running.acquire() => p.ok(),
+                _ = stopped(&mut stop) => return None,
+            };
+            started.store(true, Ordering::Release);
+            Some(ctx.handler.handle(lease).await)
+        })
+        .catch_unwind();
+        tokio::pin!(handling);
+        let renewing = async {
+            match &mut lost {
+                Some(notice) => notice.lost().await,
+                None => std::future::pending().await,
+            }
         };
-        started.store(true, Ordering::Release);
-        Some(ctx.handler.handle(&lease).await)
-    })
-    .catch_unwind();
-    tokio::pin!(handling);
-    // Renewal runs beside the handler (both polled by this task); it ends
-    // only when the lease is lost.
-    let (result, held) = {
-        let mut held_lease = ctx.renewals.hold(lref.clone());
-        let renewing = held_lease.lost();
         tokio::pin!(renewing);
         let mut held = true;
         let result = loop {
@@ -511,39 +400,35 @@ async fn run_handler(ctx: Arc<Running>, lease: Lease, permit: OwnedSemaphorePerm
                 }
             }
         };
-        (result, held)
-    };
-    if !held {
-        return;
-    }
-    let kind = match result {
-        Ok(None) => {
-            // Shut down before its handler started: let it go at once
-            // (after any renewal that may still hold it in its snapshot).
-            Stats::add(&ctx.stats.left_to_expiry, 1);
-            let _renewals_paused = ctx.renewals.renewing.lock().await;
-            if let Err(e) = cfg.rheo.renew(&lref, RELEASE).await {
-                tracing::debug!(stream = %cfg.stream, group = %cfg.group, sequence = lref.sequence, "release on shutdown: {e}");
-            }
+        if !held {
             return;
         }
-        Ok(Some(Outcome::Ack)) => SettleKind::Ack,
-        Ok(Some(Outcome::Retry(reason))) => SettleKind::Retry(reason, cfg.retry_backoff),
-        Ok(Some(Outcome::RetryAfter(reason, d))) => {
-            SettleKind::Retry(reason, Some(d.min(crate::model::limits::MAX_LEASE)))
+        result
+    };
+    let outcome = match result {
+        Ok(None) => {
+            // Shut down before its handler started: let it go at once.
+            Stats::add(&ctx.stats.left_to_expiry, 1);
+            lease.release().await;
+            return;
         }
-        Ok(Some(Outcome::Reject(reason))) => SettleKind::Reject(reason),
+        Ok(Some(Outcome::Retry(reason))) => match cfg.retry_backoff {
+            Some(d) => Outcome::RetryAfter(reason, d),
+            None => Outcome::Retry(reason),
+        },
+        Ok(Some(outcome)) => outcome,
         Err(panic) => {
             Stats::add(&ctx.stats.panicked, 1);
-            SettleKind::Retry(format!("handler_panic: {}", panic_message(&*panic)), cfg.retry_backoff)
+            let reason = format!("handler_panic: {}", panic_message(&*panic));
+            match cfg.retry_backoff {
+                Some(d) => Outcome::RetryAfter(reason, d),
+                None => Outcome::Retry(reason),
+            }
         }
     };
     Stats::add(&ctx.stats.queued, 1);
-    if ctx.settle_tx.send(SettleOp { lease: lref, kind, slot: Some(permit) }).await.is_err() {
+    if ctx.settle_tx.send(SettleOp { lease, outcome }).await.is_err() {
         ctx.stats.queued.fetch_sub(1, Ordering::AcqRel);
         Stats::add(&ctx.stats.left_to_expiry, 1);
     }
 }
-
-/// The lease a shutdown gives an unstarted delivery: it expires at once.
-const RELEASE: Duration = Duration::from_millis(1);
