@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::settle::{SettleOp, Stats, run_settler};
-use super::stream::{LeaseStream, LeaseStreamOptions, StreamLease};
+use super::stream::{LeaseStream, LeaseStreamOptions, StreamLease, release_all};
 use super::{
     DEFAULT_CONCURRENCY, DEFAULT_DRAIN_TIMEOUT, DEFAULT_LEASE, DEFAULT_MAX_DEMAND, DEFAULT_POLL, Handler, Outcome,
     SETTLE_BATCH_MAX, check_bounds, panic_message,
@@ -320,20 +320,28 @@ async fn run(
             None => break,
         }
     }
+    let deadline = Instant::now() + ctx.config.drain_timeout;
     let unstarted = leases.take_buffered();
     drop(leases);
     Stats::add(&ctx.stats.left_to_expiry, unstarted.len() as u64);
-    for lease in unstarted {
-        lease.release().await;
+    // One `renew_many` gives them back; a backend that does not answer by
+    // the drain's deadline leaves them to expire.
+    if tokio::time::timeout_at(deadline, release_all(unstarted)).await.is_err() {
+        tracing::warn!(stream = %ctx.config.stream, group = %ctx.config.group,
+            "drain timeout: leases fetched ahead were left to expire, not released");
     }
-    drain(ctx, tasks, settler).await
+    drain(ctx, deadline, tasks, settler).await
 }
 
 /// How long queued settles may still run once the drain timeout is spent.
 const SETTLE_GRACE: Duration = Duration::from_secs(1);
 
-async fn drain(ctx: Arc<Running>, mut tasks: JoinSet<()>, mut settler: tokio::task::JoinHandle<()>) -> RunSummary {
-    let deadline = Instant::now() + ctx.config.drain_timeout;
+async fn drain(
+    ctx: Arc<Running>,
+    deadline: Instant,
+    mut tasks: JoinSet<()>,
+    mut settler: tokio::task::JoinHandle<()>,
+) -> RunSummary {
     let stats = ctx.stats.clone();
     // The settler ends once every sender (ours and the handler tasks') is gone.
     drop(ctx);
@@ -390,7 +398,9 @@ async fn run_handler(ctx: Arc<Running>, mut lease: StreamLease) {
         let mut held = true;
         let result = loop {
             tokio::select! {
-                r = &mut handling => break r,
+                // The notice first: a lease found lost while it waited in
+                // the stream's buffer is never handled.
+                biased;
                 () = &mut renewing, if held => {
                     held = false;
                     Stats::add(&ctx.stats.lost, 1);
@@ -398,6 +408,7 @@ async fn run_handler(ctx: Arc<Running>, mut lease: StreamLease) {
                         return; // another consumer has it: do not run the handler
                     }
                 }
+                r = &mut handling => break r,
             }
         };
         if !held {

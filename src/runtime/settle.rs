@@ -91,21 +91,26 @@ pub(crate) async fn run_settler(rheo: Rheo, mut rx: mpsc::Receiver<SettleOp>, st
             return;
         }
         let mut acks = Vec::new();
-        let mut done = Vec::with_capacity(buf.len());
+        let mut held = Vec::new();
+        let n = buf.len() as u64;
         for op in buf.drain(..) {
             let lease = op.lease.to_ref();
             match op.outcome {
-                Outcome::Ack => acks.push(lease),
-                outcome => settle_other(&rheo, &stats, &lease, outcome).await,
+                Outcome::Ack => {
+                    acks.push(lease);
+                    held.push(op.lease);
+                }
+                outcome => {
+                    settle_other(&rheo, &stats, &lease, outcome).await;
+                    // Settled: its slot is free, its renewal stops.
+                    drop(op.lease);
+                }
             }
-            done.push(op.lease);
         }
         if !acks.is_empty() {
             settle_acks(&rheo, &stats, acks).await;
         }
-        // Settled: their slots are free for new fetches.
-        let n = done.len() as u64;
-        drop(done);
+        drop(held);
         stats.queued.fetch_sub(n, std::sync::atomic::Ordering::AcqRel);
     }
 }

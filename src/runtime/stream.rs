@@ -21,7 +21,7 @@ use crate::client::Rheo;
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::group::FetchOptions;
 use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
-use crate::model::limits::validate_name;
+use crate::model::limits::{MAX_BATCH_EVENTS, validate_name};
 
 /// Settings of a [`LeaseStream`].
 #[derive(Debug, Clone)]
@@ -517,17 +517,34 @@ impl StreamLease {
         self.lost.take()
     }
 
-    /// Gives the delivery back at once, unhandled: it stops being renewed
-    /// and its lease is cut to [`RELEASE`] (no attempt is spent beyond the
-    /// fetch's). A renewal that took it in its snapshot lands before this,
-    /// never after.
+    /// Gives the delivery back at once, unhandled (see [`release_all`]).
     pub(crate) async fn release(self) {
-        let shared = self.slot.shared.clone();
-        let _renewals_paused = shared.renewals.renewing.lock().await;
-        shared.renewals.remove(self.slot.id);
-        if let Err(e) = shared.rheo.renew(&self.lease, RELEASE).await {
-            tracing::debug!(stream = %self.lease.stream(), group = %self.lease.group,
-                sequence = self.lease.sequence(), "release: {e}");
+        release_all(vec![self]).await;
+    }
+}
+
+/// Gives deliveries back at once, unhandled: they stop being renewed and
+/// their leases are cut to [`RELEASE`] in one `renew_many` (no attempt is
+/// spent beyond the fetch's). A renewal that took them in its snapshot lands
+/// before this, never after. What fails is left to lease expiry.
+pub(crate) async fn release_all(leases: Vec<StreamLease>) {
+    let Some(first) = leases.first() else { return };
+    let shared = first.slot.shared.clone();
+    let _renewals_paused = shared.renewals.renewing.lock().await;
+    for lease in &leases {
+        shared.renewals.remove(lease.slot.id);
+    }
+    for batch in leases.chunks(MAX_BATCH_EVENTS) {
+        match shared.rheo.renew_many(batch.iter().map(LeaseRef::from), RELEASE).await {
+            Ok(results) => {
+                for (lease, r) in batch.iter().zip(results) {
+                    if let Err(e) = r {
+                        tracing::debug!(stream = %lease.stream(), group = %lease.group,
+                            sequence = lease.sequence(), "release: {e}");
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(leases = batch.len(), "release: {e}"),
         }
     }
 }
