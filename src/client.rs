@@ -13,8 +13,8 @@ use crate::model::capabilities::Capabilities;
 use crate::model::damage::Damage;
 use crate::model::event::{Event, Position};
 use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, ReplayFrom,
-    ReplayOptions, ResetOptions, StreamInfo, StreamOptions,
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, ReplayFrom, ReplayOptions,
+    ResetOptions,
 };
 use crate::model::lease::{FetchReport, Lease, LeaseRef, RetryOutcome};
 use crate::model::limits::{
@@ -24,6 +24,7 @@ use crate::model::limits::{
 use crate::model::payload::Payload;
 use crate::model::query::{Page, Query};
 use crate::model::retention::{Retention, RetentionReport};
+use crate::model::stream::{IndexStatus, StreamInfo, StreamOptions};
 use crate::model::time::{Clock, SystemClock, Timestamp};
 use crate::observe;
 

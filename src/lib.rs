@@ -68,9 +68,8 @@ pub use model::capabilities::Capabilities;
 pub use model::damage::Damage;
 pub use model::event::{Event, EventParts, Lineage, Position};
 pub use model::group::{
-    Backoff, DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag,
-    MAX_INDEXES, PartitionLag, Replay, ReplayFrom, ReplayOptions, Reset, ResetOptions, StartPosition, StreamInfo,
-    StreamOptions,
+    Backoff, DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, PartitionLag,
+    Replay, ReplayFrom, ReplayOptions, Reset, ResetOptions, StartPosition,
 };
 pub use model::lease::{FetchReport, Lease, LeaseId, LeaseRef, RetryOutcome};
 pub use model::limits::{
@@ -86,6 +85,7 @@ pub use model::retention::{
     RetentionReport, format_duration, parse_duration,
 };
 pub use model::routing::{partition_for_key, phash2, phash2_range};
+pub use model::stream::{IndexStatus, MAX_INDEXES, StreamInfo, StreamOptions};
 pub use model::time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use runtime::{
     ConsumerBuilder, ConsumerHandle, Handler, HandlerFn, LeaseStream, LeaseStreamOptions, Outcome, RunSummary, Settled,

@@ -71,14 +71,14 @@ pub(crate) fn index_declared(declared: &[String], canonical: &str) -> bool {
 /// The index status of a backend whose queries scan (memory, Redis): the
 /// always-indexed fields and the declared ones, each "ready" at once
 /// (nothing is built).
-pub(crate) fn scanned_index_status(declared: &[String]) -> Vec<crate::model::group::IndexStatus> {
+pub(crate) fn scanned_index_status(declared: &[String]) -> Vec<crate::model::stream::IndexStatus> {
     let mut fields: Vec<String> = crate::model::query::ALWAYS_INDEXED.iter().map(|f| (*f).to_owned()).collect();
     fields.extend(declared.iter().filter_map(|f| crate::model::path::canonical_path(f)));
     fields.sort();
     fields.dedup();
     fields
         .into_iter()
-        .map(|field| crate::model::group::IndexStatus {
+        .map(|field| crate::model::stream::IndexStatus {
             field,
             segments_ready: 0,
             segments_total: 0,

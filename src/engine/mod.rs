@@ -337,10 +337,10 @@ impl Engine {
         if index::FieldSet::new(&entry.indexes).contains(&canonical) {
             return Ok(());
         }
-        if entry.indexes.len() >= crate::model::group::MAX_INDEXES {
+        if entry.indexes.len() >= crate::model::stream::MAX_INDEXES {
             return Err(Error::invalid(
                 "index",
-                format!("stream {stream:?} has {} indexes, the maximum", crate::model::group::MAX_INDEXES),
+                format!("stream {stream:?} has {} indexes, the maximum", crate::model::stream::MAX_INDEXES),
             ));
         }
         entry.indexes.push(field.to_owned());

@@ -12,4 +12,5 @@ pub mod payload;
 pub mod query;
 pub mod retention;
 pub mod routing;
+pub mod stream;
 pub mod time;

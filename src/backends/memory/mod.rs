@@ -22,13 +22,14 @@ use crate::model::append::NewEvent;
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, Position};
 use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, MAX_INDEXES,
-    Replay, Reset, StreamInfo, StreamOptions, check_partitions,
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, Replay, Reset,
+    check_partitions,
 };
 use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query, check_index_field};
 use crate::model::retention::{DroppedRange, PartitionInfo, Retention, RetentionReport};
 use crate::model::routing::route;
+use crate::model::stream::{IndexStatus, MAX_INDEXES, StreamInfo, StreamOptions};
 use crate::model::time::{Clock, SystemClock, Timestamp};
 
 const BACKEND: &str = "memory";

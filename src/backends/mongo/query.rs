@@ -19,9 +19,9 @@ use serde_json::Value;
 use super::streams::decode_event;
 use super::{EVENTS, MongoBackend, STREAM_INDEXES, is_duplicate, map_err};
 use crate::error::{Error, Result};
-use crate::model::group::{IndexStatus, MAX_INDEXES};
 use crate::model::path::LINEAGE_FIELDS;
 use crate::model::query::{ALWAYS_INDEXED, Filter, Op, OrderBy, Page, Query, check_index_field};
+use crate::model::stream::{IndexStatus, MAX_INDEXES};
 
 /// Documents one `find` reads at most while paging.
 const BATCH_MAX: usize = 1000;

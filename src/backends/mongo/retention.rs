@@ -17,8 +17,8 @@ use super::{EVENTS, MongoBackend, Phase, SETTINGS, STREAM_SETTINGS, in_tx, map_e
 use crate::backends::common::{self, GroupSettings};
 use crate::backends::group_store::RetentionStore;
 use crate::error::{Error, Result};
-use crate::model::group::StreamInfo;
 use crate::model::retention::{PartitionInfo, Retention};
+use crate::model::stream::StreamInfo;
 
 /// Events one delete removes at most.
 const DELETE_BATCH: i64 = 1000;

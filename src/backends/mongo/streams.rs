@@ -18,10 +18,11 @@ use crate::backends::dedupe::{Plan, dedupe_plan, resolve_plan};
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::append::NewEvent;
 use crate::model::event::{Event, EventParts, Position};
-use crate::model::group::{StreamInfo, StreamOptions, check_partitions};
+use crate::model::group::check_partitions;
 use crate::model::payload::{Metadata, Payload};
 use crate::model::query::check_index_field;
 use crate::model::routing::route;
+use crate::model::stream::{StreamInfo, StreamOptions};
 use crate::model::time::Timestamp;
 
 /// The reference's indexes, by collection: (name, keys, unique). The

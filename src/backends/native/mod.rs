@@ -37,13 +37,13 @@ use crate::model::append::NewEvent;
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, Position};
 use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, Replay,
-    ReplayFrom, Reset, StreamInfo, StreamOptions,
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, Replay, ReplayFrom, Reset,
 };
 use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
 use crate::model::retention::{PartitionInfo, Retention, RetentionReport};
 use crate::model::routing::route;
+use crate::model::stream::{IndexStatus, StreamInfo, StreamOptions};
 use crate::model::time::{Clock, Timestamp};
 
 mod dedupe;

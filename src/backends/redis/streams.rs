@@ -15,11 +15,12 @@ use crate::backends::group_store::{RetentionPlan, gather_pass};
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::append::NewEvent;
 use crate::model::event::{Event, EventParts, Position};
-use crate::model::group::{IndexStatus, MAX_INDEXES, StreamInfo, StreamOptions, check_partitions};
+use crate::model::group::check_partitions;
 use crate::model::payload::{Metadata, Payload, PayloadFormat};
 use crate::model::query::{Page, Query, check_index_field};
 use crate::model::retention::{DroppedRange, GroupSkip, PartitionInfo, Retention, RetentionReport};
 use crate::model::routing::route;
+use crate::model::stream::{IndexStatus, MAX_INDEXES, StreamInfo, StreamOptions};
 use crate::model::time::Timestamp;
 
 /// Entries one `XRANGE` of a read, query or scan returns at most.

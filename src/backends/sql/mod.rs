@@ -69,12 +69,12 @@ use crate::model::append::NewEvent;
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, Position};
 use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, IndexStatus, Lag, Replay,
-    Reset, StreamInfo, StreamOptions,
+    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, Replay, Reset,
 };
 use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
 use crate::model::query::{Page, Query};
 use crate::model::retention::{Retention, RetentionReport};
+use crate::model::stream::{IndexStatus, StreamInfo, StreamOptions};
 use crate::model::time::{Clock, Timestamp};
 
 use db::{Phase, Pool, Stmt, map_err};

@@ -15,8 +15,8 @@ use super::{Now, SqlBackend, TxError, at_commit, safe};
 use crate::backends::common::{self, GroupSettings};
 use crate::backends::group_store::RetentionStore;
 use crate::error::{Error, Result};
-use crate::model::group::StreamInfo;
 use crate::model::retention::{PartitionInfo, Retention};
+use crate::model::stream::StreamInfo;
 
 /// Events one DELETE removes at most: a pass deletes in these steps, each
 /// its own short statement, so that it never holds a long lock.

@@ -14,11 +14,12 @@ use crate::backends::dedupe::{Plan, dedupe_plan, resolve_plan};
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::append::NewEvent;
 use crate::model::event::{Event, EventParts, Position};
-use crate::model::group::{IndexStatus, MAX_INDEXES, StreamInfo, StreamOptions, check_partitions};
+use crate::model::group::check_partitions;
 use crate::model::path::canonical_path;
 use crate::model::payload::{Metadata, Payload};
 use crate::model::query::{ALWAYS_INDEXED, check_index_field};
 use crate::model::routing::route;
+use crate::model::stream::{IndexStatus, MAX_INDEXES, StreamInfo, StreamOptions};
 use crate::model::time::Timestamp;
 
 /// The columns of an event, as `decode_event` reads them from `at`.

@@ -16,9 +16,10 @@ use crate::engine::vfs::{MemVfs, Vfs};
 use crate::engine::{Durability, Engine, EngineOptions};
 use crate::groups::journal::GroupSnapshot;
 use crate::model::append::{AppendOptions, NewEvent};
-use crate::model::group::{FetchOptions, GroupOptions, ReplayOptions, ResetOptions, StreamOptions};
+use crate::model::group::{FetchOptions, GroupOptions, ReplayOptions, ResetOptions};
 use crate::model::lease::Lease;
 use crate::model::query::Query;
+use crate::model::stream::StreamOptions;
 use crate::model::time::{Clock, ManualClock, Timestamp};
 
 const START: Timestamp = Timestamp::from_millis(1_767_225_600_000);

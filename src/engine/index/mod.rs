@@ -116,7 +116,7 @@ pub struct StreamIndex {
     parts: Vec<PartitionIndex>,
 }
 
-pub use crate::model::group::IndexStatus;
+pub use crate::model::stream::IndexStatus;
 
 fn header_of(part: &Partition, seg: &Segment) -> Option<SixHeader> {
     let f = seg.footer()?;
