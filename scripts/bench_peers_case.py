@@ -1,5 +1,5 @@
-"""Turns one pgbench or redis-benchmark run into a `rheo bench --json`
-result (the shape `rheo bench --from` reads), for scripts/bench-peers.
+"""Turns one pgbench or redis-benchmark run into a `rheo-bench --json`
+result (the shape `rheo-bench --from` reads), for scripts/bench-peers.
 
     python3 bench_peers_case.py pgbench DIR WORKLOAD CLIENTS EVENTS_PER_TXN FSYNC_RATE PORT
     python3 bench_peers_case.py redis-benchmark DIR WORKLOAD CLIENTS 1 FSYNC_RATE PORT

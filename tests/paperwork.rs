@@ -1,5 +1,5 @@
 //! The project's paperwork stays true (issue 33): `docs/architecture.md`'s
-//! module table against `src/` and `cli/src/`, the README's feature table
+//! module table against `src/`, `cli/src/` and `bench/src/`, the README's feature table
 //! against `Cargo.toml`, and the license files the manifests name.
 
 use std::path::{Path, PathBuf};
@@ -60,6 +60,7 @@ fn modules() -> Vec<String> {
     list("src/backends", &[]);
     list("src/engine", &[]);
     list("cli/src", &[]);
+    list("bench/src", &[]);
     out.sort();
     out
 }
@@ -113,16 +114,13 @@ fn the_readme_lists_the_library_and_command_features() {
     table.sort();
     assert_eq!(table, library, "the README's feature table against Cargo.toml's [features]");
     for feature in features("cli/Cargo.toml") {
-        if feature == "peers" {
-            continue; // (the bench harness's; scripts/bench-peers builds it)
-        }
         assert!(section.contains(&format!("`{feature}`")), "the README does not name rheo-cli's feature {feature}");
     }
 }
 
 #[test]
 fn the_license_files_the_manifests_name_exist() {
-    for manifest in ["Cargo.toml", "cli/Cargo.toml"] {
+    for manifest in ["Cargo.toml", "cli/Cargo.toml", "bench/Cargo.toml"] {
         assert!(read(manifest).contains("license = \"MIT OR Apache-2.0\""), "{manifest} names its license");
     }
     assert!(read("LICENSE-MIT").contains("Permission is hereby granted, free of charge"));

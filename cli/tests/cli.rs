@@ -519,144 +519,18 @@ fn bad_input_is_one_error_line_and_a_non_zero_exit() {
     assert!(fails_with(out, &["verify"]).contains("native"));
 }
 
-/// Runs every bench workload for a few hundred events on `url` (with 2
-/// processes too where the backend is shared) and checks that each case
-/// reports the events it processed: the counts against the workload's
-/// arithmetic, and the stream and group it left behind against `rheo group
-/// lag` (durable backends, which a second process can open).
-fn bench_counts(url: &str, shared: bool) {
-    let processes = if shared { "1,2" } else { "1" };
-    let out = Command::new(env!("CARGO_BIN_EXE_rheo"))
-        .args(["--backend", url, "--json", "bench", "--events", "300", "--batch", "10"])
-        .args(["--producers", "1,3", "--consumers", "1,2", "--processes", processes, "--fsync-seconds", "0.05"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let cases = run["cases"].as_array().unwrap();
-    let procs = if shared { 2 } else { 1 };
-    // append and append-batch: 2 producer counts; consume and query: 2
-    // consumer counts; end to end: both; each per process count.
-    assert_eq!(cases.len(), procs * (2 + 2 + 2 + 4 + 2), "{run}");
-    assert_eq!(run["machine"]["cpus"].as_u64(), Some(std::thread::available_parallelism().unwrap().get() as u64));
-    for c in cases {
-        let w = c["workload"].as_str().unwrap();
-        let events = c["events"].as_u64().unwrap();
-        let ops = c["ops"].as_u64().unwrap();
-        match w {
-            "append" => assert_eq!((events, ops), (300, 300), "{c}"),
-            "append-batch" => assert_eq!(events, 300, "{c}"),
-            "consume" | "end-to-end" => assert_eq!(events, 300, "{c}"),
-            // 30 queries (300 / batch 10) per process share, each for a value
-            // of `k` that 3 of the 300 events hold.
-            "query" => assert_eq!((events, ops), (90, 30), "{c}"),
-            other => panic!("unexpected workload {other}"),
-        }
-        assert!(c["events_per_sec"].as_f64().unwrap() > 0.0, "{c}");
-        assert!(c["latency"]["p50_us"].as_u64().unwrap() <= c["latency"]["p99_us"].as_u64().unwrap(), "{c}");
-        if c["durable"] == true {
-            assert!(c["fsync_per_sec"].as_f64().unwrap() > 0.0, "{c}");
-            let lag = Command::new(env!("CARGO_BIN_EXE_rheo"))
-                .args(["--backend", url, "--json", "group", "lag", c["stream"].as_str().unwrap(), "bench"])
-                .output()
-                .unwrap();
-            assert!(lag.status.success(), "{}", String::from_utf8_lossy(&lag.stderr));
-            let lag: Value = serde_json::from_slice(&lag.stdout).unwrap();
-            let stored: u64 =
-                lag["partitions"].as_array().unwrap().iter().map(|p| p["high_watermark"].as_u64().unwrap()).sum();
-            assert_eq!(stored, 300, "{c} {lag}");
-            let unsettled = if matches!(w, "consume" | "end-to-end") { 0 } else { 300 };
-            assert_eq!(lag["total"], unsettled, "{c} {lag}");
-        }
-    }
-}
-
 #[test]
-fn bench_counts_are_the_events_processed() {
-    let dir = tempfile::tempdir().unwrap();
-    // native: one process owns it, so it is checked after the bench exits.
-    bench_counts(&format!("native:{}", dir.path().join("n").display()), false);
-    bench_counts("memory:", false);
-    bench_counts(&format!("sqlite:{}", dir.path().join("s.db").display()), true);
-}
-
-#[test]
-#[ignore = "needs PostgreSQL: RHEO_POSTGRES_URL (.ci/run starts one)"]
-fn bench_counts_on_postgres() {
-    bench_counts(&std::env::var("RHEO_POSTGRES_URL").expect("RHEO_POSTGRES_URL"), true);
-}
-
-#[test]
-#[ignore = "needs a MongoDB replica set: RHEO_MONGO_URL (.ci/run starts one)"]
-fn bench_counts_on_mongo() {
-    bench_counts(&std::env::var("RHEO_MONGO_URL").expect("RHEO_MONGO_URL"), true);
-}
-
-#[test]
-#[ignore = "needs a Redis server: RHEO_REDIS_URL (.ci/run starts one)"]
-fn bench_counts_on_redis() {
-    let base = std::env::var("RHEO_REDIS_URL").expect("RHEO_REDIS_URL");
-    let sep = if base.contains('?') { '&' } else { '?' };
-    bench_counts(&format!("{base}{sep}rheo_namespace=t_bench_{}", std::process::id()), true);
-}
-
-#[test]
-fn bench_output_report_and_bad_arguments() {
-    let cli = Cli::new();
-    // The table on stdout names every case.
-    let text = cli.ok(&["bench", "--events", "50", "--workload", "append", "--workload", "consume"]);
-    assert!(text.contains("| native") && text.contains("append") && text.contains("consume"), "{text}");
-    // A run saved as JSON comes back into a report with a new run beside it.
-    let saved = cli.dir.path().join("run.json");
-    let out = cli.run(&["--json", "bench", "--events", "50", "--workload", "append"]);
-    assert!(out.status.success());
-    std::fs::write(&saved, &out.stdout).unwrap();
-    let report = cli.dir.path().join("report");
-    let out = Command::new(env!("CARGO_BIN_EXE_rheo"))
-        .args(["--backend", "memory:", "--json", "bench", "--events", "50", "--workload", "append"])
-        .args(["--producers", "1,4", "--from", saved.to_str().unwrap(), "--report", report.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let backends: Vec<&str> = run["cases"].as_array().unwrap().iter().map(|c| c["backend"].as_str().unwrap()).collect();
-    assert_eq!(backends, ["native", "memory", "memory"]);
-    let md = std::fs::read_to_string(report.join("backends.md")).unwrap();
-    assert!(md.contains("| native | rheo bench |") && md.contains("| memory | rheo bench |"), "{md}");
-    for chart in ["throughput.svg", "latency.svg", "scale-append-producers.svg"] {
-        assert!(std::fs::read_to_string(report.join(chart)).unwrap().starts_with("<svg"), "{chart}");
-    }
-    // No progress bar off a terminal: stderr holds one line per case.
-    let out = Command::new(env!("CARGO_BIN_EXE_rheo"))
-        .args(["--backend", "memory:", "bench", "--events", "50", "--workload", "consume"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(stderr.lines().count(), 1, "{stderr:?}");
-    assert!(!stderr.contains('\r'), "{stderr:?}");
-    // Bad values exit 2 and say which.
-    for (args, says) in [
-        (&["--events", "0"][..], "--events"),
-        (&["--batch", "20000"][..], "--batch"),
-        (&["--producers", "1,0"][..], "--producers"),
-        (&["--processes", "100"][..], "--processes"),
-    ] {
-        let out = cli.run(&[&["bench"][..], args].concat());
-        assert_eq!(out.status.code(), Some(2), "{args:?}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains(says), "{args:?}");
-    }
-    // Several backends are for bench only.
+fn one_backend_per_command() {
+    // Several backends are for `rheo-bench` only.
     let out = Command::new(env!("CARGO_BIN_EXE_rheo"))
         .args(["--backend", "memory:", "--backend", "memory:", "stream", "list"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    // A peer needs the `peers` build.
-    let out = Command::new(env!("CARGO_BIN_EXE_rheo"))
-        .args(["--backend", "redis-streams://127.0.0.1:1/", "bench", "--events", "10"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--backend"));
+    // The benchmark harness is its own tool now.
+    let out = Command::new(env!("CARGO_BIN_EXE_rheo")).args(["--backend", "memory:", "bench"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }
 
 #[test]

@@ -168,7 +168,7 @@ pub async fn append(ctx: &Globals, a: AppendArgs) -> CliResult {
     if appended.len() <= APPEND_TABLE_MAX {
         out = out.table(event_table(&appended), "");
     }
-    render(ctx, out.line(appended_line(&a.stream, appended.len(), duplicates(&appended))))?;
+    render(ctx.json, out.line(appended_line(&a.stream, appended.len(), duplicates(&appended))))?;
     Ok(true)
 }
 
@@ -264,7 +264,7 @@ async fn append_stdin(ctx: &Globals, a: &AppendArgs, opts: &AppendOptions) -> Cl
         dups += duplicates(&appended);
         bar.set_position(count as u64);
         if ctx.json {
-            render(ctx, Output::lines(&appended)?)?;
+            render(ctx.json, Output::lines(&appended)?)?;
         }
         if first.len() <= APPEND_TABLE_MAX {
             first.extend(appended.into_iter().take(APPEND_TABLE_MAX + 1 - first.len()));
@@ -285,7 +285,7 @@ async fn append_stdin(ctx: &Globals, a: &AppendArgs, opts: &AppendOptions) -> Cl
         if count <= APPEND_TABLE_MAX {
             out = out.table(event_table(&first), "");
         }
-        render(ctx, out.line(appended_line(&a.stream, count, dups)))?;
+        render(ctx.json, out.line(appended_line(&a.stream, count, dups)))?;
     }
     Ok(true)
 }
@@ -333,7 +333,7 @@ pub async fn read(ctx: &Globals, a: ReadArgs) -> CliResult {
         }
         events.extend(rheo.read(&a.stream, p, a.after, limit - events.len()).await?);
     }
-    render(ctx, Output::lines(&events)?.table(event_table(&events), "no events"))?;
+    render(ctx.json, Output::lines(&events)?.table(event_table(&events), "no events"))?;
     Ok(true)
 }
 
@@ -416,7 +416,7 @@ pub async fn query(ctx: &Globals, a: QueryArgs) -> CliResult {
             out = out.line(format!("  {e}"));
         }
     }
-    render(ctx, out)?;
+    render(ctx.json, out)?;
     Ok(true)
 }
 
@@ -462,7 +462,7 @@ async fn follow(ctx: &Globals, rheo: &Rheo, a: &TailArgs, partitions: &[u32], af
     // that an append between a read and the wait is not missed.
     let mut appends = rheo.subscribe(&a.stream).await?;
     let poll = if appends.wakes() { TAIL_POLL } else { TAIL_POLL_UNWOKEN };
-    render(ctx, Output::text_only().line(format!("following {} (Ctrl-C to stop)", a.stream)))?;
+    render(ctx.json, Output::text_only().line(format!("following {} (Ctrl-C to stop)", a.stream)))?;
     loop {
         let mut found = false;
         for (i, &p) in partitions.iter().enumerate() {
@@ -483,7 +483,7 @@ async fn follow(ctx: &Globals, rheo: &Rheo, a: &TailArgs, partitions: &[u32], af
                     e.event_type().unwrap_or("-"),
                     e.payload()
                 );
-                render(ctx, Output::lines(std::slice::from_ref(e))?.line(text))?;
+                render(ctx.json, Output::lines(std::slice::from_ref(e))?.line(text))?;
             }
             printed += events.len() as u64;
             if a.count.is_some_and(|c| printed >= c) {

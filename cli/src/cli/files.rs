@@ -60,7 +60,7 @@ pub fn inspect(ctx: &Globals, a: InspectArgs) -> CliResult {
     for p in &r.warnings {
         out = out.line(format!("warning at offset {}: {}", p.offset, p.reason));
     }
-    render(ctx, out)?;
+    render(ctx.json, out)?;
     Ok(r.problems.is_empty())
 }
 
@@ -97,7 +97,7 @@ pub fn verify(ctx: &Globals, a: VerifyArgs) -> CliResult {
     };
     out =
         out.line(format!("checked {} files, {} records in {}: {verdict}", report.files, report.records, dir.display()));
-    render(ctx, out)?;
+    render(ctx.json, out)?;
     Ok(report.ok())
 }
 

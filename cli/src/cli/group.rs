@@ -299,7 +299,7 @@ pub async fn run_group(ctx: &Globals, command: GroupCommand) -> CliResult {
             })
         }
     };
-    render(ctx, out)?;
+    render(ctx.json, out)?;
     Ok(true)
 }
 
@@ -414,7 +414,7 @@ pub async fn run_dlq(ctx: &Globals, command: DlqCommand) -> CliResult {
             payload,
         ]);
     }
-    render(ctx, Output::new(&dead)?.table(t, "no dead letters"))?;
+    render(ctx.json, Output::new(&dead)?.table(t, "no dead letters"))?;
     Ok(true)
 }
 
@@ -452,7 +452,7 @@ pub async fn fetch(ctx: &Globals, a: FetchArgs) -> CliResult {
             l.to_ref().to_string(),
         ]);
     }
-    render(ctx, Output::new(&docs)?.table(t, "nothing to deliver"))?;
+    render(ctx.json, Output::new(&docs)?.table(t, "nothing to deliver"))?;
     Ok(true)
 }
 
@@ -558,7 +558,7 @@ fn settled(
         docs.push(doc);
     }
     let out = out_lines.into_iter().fold(Output::new(&docs)?, Output::line);
-    render(ctx, out)?;
+    render(ctx.json, out)?;
     match failed.first() {
         None => Ok(true),
         Some((message, kind)) if failed.len() == 1 => Err(CliError::of(*kind, message.clone())),

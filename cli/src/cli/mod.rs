@@ -1,12 +1,10 @@
 //! Argument parsing and dispatch of the `rheo` command. Each command group
 //! lives in its own file; this one holds the arguments and the error type.
 
-mod bench;
 mod demo;
 mod events;
 mod files;
 mod group;
-mod output;
 mod parse;
 mod stream;
 mod top;
@@ -15,6 +13,8 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+pub use rheo_cli::error::{CliError, CliResult, ErrorKind};
+use rheo_cli::output;
 
 /// Rheo: durable consumer groups over an immutable, queryable event log.
 #[derive(Debug, Parser)]
@@ -22,12 +22,10 @@ use clap::{Parser, Subcommand};
 struct Args {
     /// Backend URL: `native:PATH[?options]` (the embedded engine, durable),
     /// `memory:` (ephemeral), `sqlite:PATH`, `postgres://user@host/db` or
-    /// `mongodb://host/db?replicaSet=rs0`.
-    /// `rheo bench` takes it more than once, to run each backend in turn.
-    /// Default: `native:./rheo-data` (`rheo bench`: a fresh directory
-    /// here, removed afterwards).
+    /// `mongodb://host/db?replicaSet=rs0`, `redis://host:port/`.
+    /// Default: `native:./rheo-data`.
     #[arg(long, global = true)]
-    backend: Vec<String>,
+    backend: Option<String>,
     /// Machine-readable output: one JSON document, or JSON lines for
     /// `read`, `tail` and `top`; an error is one JSON object on stderr,
     /// `{"error": KIND, "message": ...}`.
@@ -83,165 +81,6 @@ enum Command {
     Inspect(files::InspectArgs),
     /// Checks every checksum of a native data directory without opening it.
     Verify(files::VerifyArgs),
-    /// Runs the same workloads on every `--backend` given and prints them
-    /// side by side (events/s, latency percentiles, the disk's fsync rate).
-    Bench(bench::BenchArgs),
-}
-
-/// What kind of failure a [`CliError`] is: its `error` field under
-/// `--json`, and its exit code (2 for [`ErrorKind::Usage`], else 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// A bad argument or value: exit 2.
-    Usage,
-    /// The stream, group, file or cursor does not exist.
-    NotFound,
-    /// A stream or group of that name already exists.
-    AlreadyExists,
-    /// The data directory is held by another process.
-    Locked,
-    /// A write on a read-only open.
-    ReadOnly,
-    /// A lease no longer holds its delivery.
-    StaleLease,
-    /// Stored data failed a check (or has an unknown format version).
-    Corrupt,
-    /// The backend could not be reached, or the outcome is unknown.
-    Unavailable,
-    /// The disk is full.
-    NoSpace,
-    /// The backend does not implement the operation.
-    Unsupported,
-    /// Any other failed operation.
-    Failed,
-    /// Whoever read stdout closed it (`rheo tail | head`): the command
-    /// stops quietly, exit 0.
-    Closed,
-}
-
-impl ErrorKind {
-    /// The name under `--json` (`{"error": "<name>", ...}`).
-    pub fn name(self) -> &'static str {
-        match self {
-            ErrorKind::Usage => "usage",
-            ErrorKind::NotFound => "not_found",
-            ErrorKind::AlreadyExists => "already_exists",
-            ErrorKind::Locked => "locked",
-            ErrorKind::ReadOnly => "read_only",
-            ErrorKind::StaleLease => "stale_lease",
-            ErrorKind::Corrupt => "corrupt",
-            ErrorKind::Unavailable => "unavailable",
-            ErrorKind::NoSpace => "no_space",
-            ErrorKind::Unsupported => "unsupported",
-            ErrorKind::Failed => "failed",
-            ErrorKind::Closed => "closed",
-        }
-    }
-
-    /// The kind of a library error: the ones that mean bad input are usage
-    /// errors.
-    pub fn of(e: &rheo::Error) -> Self {
-        use rheo::ErrorKind as K;
-        match e.kind() {
-            K::InvalidInput => ErrorKind::Usage,
-            K::NotFound => ErrorKind::NotFound,
-            K::AlreadyExists => ErrorKind::AlreadyExists,
-            K::Locked => ErrorKind::Locked,
-            K::ReadOnly => ErrorKind::ReadOnly,
-            K::StaleLease => ErrorKind::StaleLease,
-            K::Corrupt => ErrorKind::Corrupt,
-            K::Unavailable | K::Ambiguous => ErrorKind::Unavailable,
-            K::NoSpace => ErrorKind::NoSpace,
-            K::Unsupported => ErrorKind::Unsupported,
-            // (Poisoned, Failed, and kinds a later library adds.)
-            _ => ErrorKind::Failed,
-        }
-    }
-}
-
-/// A failed command: the one line printed after `error: ` (under `--json`,
-/// one object `{"error": kind, "message": ...}` on stderr).
-#[derive(Debug)]
-pub struct CliError {
-    message: String,
-    kind: ErrorKind,
-}
-
-impl CliError {
-    /// A failed operation (exit code 1) with this message.
-    pub fn new(message: impl Into<String>) -> Self {
-        CliError::of(ErrorKind::Failed, message)
-    }
-
-    /// A bad argument or value (exit code 2) with this message.
-    pub fn usage(message: impl Into<String>) -> Self {
-        CliError::of(ErrorKind::Usage, message)
-    }
-
-    /// An error of this kind with this message.
-    pub fn of(kind: ErrorKind, message: impl Into<String>) -> Self {
-        CliError { message: message.into(), kind }
-    }
-
-    /// Its kind.
-    pub fn kind(&self) -> ErrorKind {
-        self.kind
-    }
-
-    /// Its exit code: 2 for a usage error, else 1.
-    fn exit_code(&self) -> ExitCode {
-        if self.kind() == ErrorKind::Usage { ExitCode::from(2) } else { ExitCode::FAILURE }
-    }
-
-    /// Prints it on stderr: `error: message`, or one JSON object.
-    fn print(&self, json: bool) {
-        if json {
-            eprintln!("{}", serde_json::json!({"error": self.kind.name(), "message": self.message}));
-        } else {
-            eprintln!("error: {}", self.message);
-        }
-    }
-}
-
-impl std::fmt::Display for CliError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl From<rheo::Error> for CliError {
-    fn from(e: rheo::Error) -> Self {
-        let message = match &e {
-            rheo::Error::InvalidArgument { argument: "url", reason } => match needed_feature(reason) {
-                // The command's database backends are its features.
-                Some(f) => format!(
-                    "invalid --backend URL: {reason}. Build the command with it: `cargo install rheo-cli \
-                     --features {f}`, or from a checkout `cargo run --release --features {f} -- ...` \
-                     (`--features databases` builds all four)"
-                ),
-                None => format!("invalid --backend URL: {reason}"),
-            },
-            _ => e.to_string(),
-        };
-        CliError::of(ErrorKind::of(&e), message)
-    }
-}
-
-/// The cargo feature a refused URL names (`... needs the cargo feature
-/// "postgres" ...`), if that is why it was refused.
-fn needed_feature(reason: &str) -> Option<&str> {
-    let rest = reason.split_once("needs the cargo feature \"")?.1;
-    rest.split_once('"').map(|(f, _)| f)
-}
-
-impl From<std::io::Error> for CliError {
-    fn from(e: std::io::Error) -> Self {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            // The reader went away (`rheo tail | head`): a quiet stop.
-            return CliError::of(ErrorKind::Closed, "stdout was closed");
-        }
-        CliError::new(format!("writing output: {e}"))
-    }
 }
 
 impl From<demo::DemoError> for CliError {
@@ -253,17 +92,11 @@ impl From<demo::DemoError> for CliError {
     }
 }
 
-/// The result of a command: `Ok(false)` when it ran but found a problem
-/// (a corrupt file, a failed ack) and already said so.
-pub type CliResult = Result<bool, CliError>;
-
 /// The global options every command sees.
 #[derive(Debug, Clone)]
 pub struct Globals {
-    /// The backend URL of every command but `bench`.
+    /// The backend URL.
     pub backend: String,
-    /// Every `--backend` given, in order (`rheo bench` runs each).
-    pub backends: Vec<String>,
     /// JSON output.
     pub json: bool,
 }
@@ -276,8 +109,8 @@ impl Globals {
             let locked = matches!(e, rheo::Error::Locked { .. });
             let mut err = CliError::from(e);
             if locked {
-                err.message.push_str(&format!(
-                    ". This command writes; these only read and work while it runs: {READ_ONLY_COMMANDS}"
+                err = err.with_note(format!(
+                    "This command writes; these only read and work while it runs: {READ_ONLY_COMMANDS}"
                 ));
             }
             err
@@ -375,16 +208,8 @@ pub fn main() -> ExitCode {
             return err.exit_code();
         }
     };
-    if args.backend.len() > 1 && !matches!(args.command, Command::Bench(_)) {
-        let err = CliError::usage(format!(
-            "--backend was given {} times; only `rheo bench` takes several (see --help)",
-            args.backend.len()
-        ));
-        err.print(json);
-        return err.exit_code();
-    }
-    let backend = args.backend.last().cloned().unwrap_or_else(|| "native:./rheo-data".to_owned());
-    let ctx = Globals { backend, backends: args.backend, json: args.json };
+    let backend = args.backend.unwrap_or_else(|| "native:./rheo-data".to_owned());
+    let ctx = Globals { backend, json: args.json };
     let result = runtime.block_on(dispatch(&ctx, args.command));
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -416,7 +241,6 @@ async fn dispatch(ctx: &Globals, command: Command) -> CliResult {
         Command::Top(a) => top::run(ctx, a).await,
         Command::Inspect(a) => files::inspect(ctx, a),
         Command::Verify(a) => files::verify(ctx, a),
-        Command::Bench(a) => bench::run(ctx, a).await,
     }
 }
 
@@ -431,7 +255,7 @@ async fn demo_command(ctx: &Globals) -> CliResult {
     demo::run(&ctx.backend, &mut buf).await?;
     let text = String::from_utf8_lossy(&buf);
     let lines: Vec<&str> = text.lines().collect();
-    output::render(ctx, output::Output::new(&serde_json::json!({"backend": ctx.backend, "lines": lines}))?)?;
+    output::render(ctx.json, output::Output::new(&serde_json::json!({"backend": ctx.backend, "lines": lines}))?)?;
     Ok(true)
 }
 

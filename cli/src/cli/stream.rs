@@ -180,7 +180,7 @@ pub async fn run_stream(ctx: &Globals, command: StreamCommand) -> CliResult {
             }
         }
     };
-    render(ctx, out)?;
+    render(ctx.json, out)?;
     Ok(true)
 }
 
@@ -274,7 +274,7 @@ pub async fn run_index(ctx: &Globals, command: IndexCommand) -> CliResult {
             Output::new(&statuses)?.table(index_table(&statuses), "no declared indexes")
         }
     };
-    render(ctx, out)?;
+    render(ctx.json, out)?;
     Ok(true)
 }
 

@@ -19,7 +19,7 @@ mod imp {
     use redis::streams::{StreamReadOptions, StreamReadReply};
 
     use super::super::workload::{Backlog, Consumed, Item};
-    use crate::cli::CliError;
+    use rheo_cli::error::CliError;
 
     fn fail(what: &str, e: redis::RedisError) -> CliError {
         CliError::new(format!("redis-streams: {what}: {e}"))

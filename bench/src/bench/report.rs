@@ -10,7 +10,7 @@ use plotters::prelude::*;
 use super::probe::Pattern;
 use super::workload::Workload;
 use super::{Case, Run, ms};
-use crate::cli::CliError;
+use rheo_cli::error::CliError;
 
 /// What makes two cases the same case (rounds aside).
 type Key = (String, Workload, usize, usize, usize, usize, usize, u32, u32);
@@ -356,7 +356,7 @@ fn markdown(run: &Run, cases: &[Case], charts: &[(&str, &str)], scales: &[(Workl
     let _ = writeln!(s, "# Backends and peers side by side\n");
     let _ = writeln!(
         s,
-        "Written by `rheo bench --report` (`scripts/bench-peers` runs it: see\n[docs/benchmarks.md](../benchmarks.md)). Every figure is one case of\n`rheo bench` (or of `pgbench` / `redis-benchmark` where the tool column\nsays so); where a case ran several rounds, the round with the median\nevents/s is shown.\n\nA row marked (peer) is not a Rheo backend: bare Redis Streams (`XADD`;\n`XREADGROUP` + `XACK`), a hand-written PostgreSQL `FOR UPDATE SKIP LOCKED`\nqueue (it inserts payloads the client sends, one or 100 a statement;\nclaims up to 100 with a lease, receiving their payloads, then `DELETE`s\nthem), `XADD` from `redis-benchmark`.\nThey keep no leases to fence, no retries, dead letters or contiguous\nfrontier: what a user would build by hand instead. \"vs native\" is the\nrow's events/s over native's in the same configuration.\n"
+        "Written by `rheo-bench --report` (`scripts/bench-peers` runs it: see\n[docs/benchmarks.md](../benchmarks.md)). Every figure is one case of\n`rheo-bench` (or of `pgbench` / `redis-benchmark` where the tool column\nsays so); where a case ran several rounds, the round with the median\nevents/s is shown.\n\nA row marked (peer) is not a Rheo backend: bare Redis Streams (`XADD`;\n`XREADGROUP` + `XACK`), a hand-written PostgreSQL `FOR UPDATE SKIP LOCKED`\nqueue (it inserts payloads the client sends, one or 100 a statement;\nclaims up to 100 with a lease, receiving their payloads, then `DELETE`s\nthem), `XADD` from `redis-benchmark`.\nThey keep no leases to fence, no retries, dead letters or contiguous\nfrontier: what a user would build by hand instead. \"vs native\" is the\nrow's events/s over native's in the same configuration.\n"
     );
     let _ = writeln!(s, "## Machine\n");
     let _ = writeln!(s, "- {} × {}, {} GiB, Linux {}", m.cpus, m.cpu, m.memory_gib, m.kernel);
@@ -461,7 +461,7 @@ mod tests {
             url: format!("{backend}:"),
             stream: "s".to_owned(),
             peer: false,
-            tool: "rheo bench".to_owned(),
+            tool: "rheo-bench".to_owned(),
             workload: w,
             processes: 1,
             producers,
@@ -519,7 +519,7 @@ mod tests {
             written.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
         assert_eq!(names, ["throughput.svg", "latency.svg", "scale-append-producers.svg", "backends.md"]);
         let md = std::fs::read_to_string(dir.path().join("backends.md")).unwrap();
-        assert!(md.contains("| sqlite | rheo bench | 1 | 16 | 1 | 100 | 1000 | 4000 | 0.25× |"), "{md}");
+        assert!(md.contains("| sqlite | rheo-bench | 1 | 16 | 1 | 100 | 1000 | 4000 | 0.25× |"), "{md}");
         assert!(md.contains("- query on x: not supported"));
         let svg = std::fs::read_to_string(dir.path().join("throughput.svg")).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("sqlite") && svg.contains("append"), "{svg}");

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::stats::{Latencies, Summary};
-use crate::cli::CliError;
+use rheo_cli::error::CliError;
 
 /// Bytes written before each sync: one small record.
 const RECORD: usize = 256;
@@ -105,7 +105,7 @@ pub struct Machine {
     pub memory_gib: f64,
     /// The kernel release.
     pub kernel: String,
-    /// This `rheo` build.
+    /// This `rheo-bench` build.
     pub rheo: String,
     /// When the run started (RFC 3339).
     pub started_at: String,

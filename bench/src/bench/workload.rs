@@ -28,7 +28,7 @@ fn record(samples: &Samples, micros: impl IntoIterator<Item = u64>) {
         h.record(m);
     }
 }
-use crate::cli::CliError;
+use rheo_cli::error::CliError;
 
 /// What a case measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum, Serialize, Deserialize)]

@@ -1,4 +1,4 @@
-//! `rheo bench`: the same workloads on every backend given, side by side,
+//! `rheo-bench`: the same workloads on every backend given, side by side,
 //! each case with its throughput, its latency percentiles and the raw
 //! fsync rate of the disk measured in the same run.
 
@@ -21,8 +21,10 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use self::probe::{FsyncProbe, Machine, Pattern};
 use self::stats::{Latencies, Summary};
 use self::workload::{Phase, PhaseOut, RheoTarget, Target, Workload};
-use super::output::{Output, align_right, markdown_table, progress, render};
-use super::{CliError, CliResult, Globals};
+use rheo_cli::error::{CliError, CliResult};
+use rheo_cli::output::{Output, align_right, markdown_table, progress, render};
+
+use crate::Globals;
 
 /// The most events one case appends.
 const MAX_EVENTS: u64 = 100_000_000;
@@ -35,7 +37,7 @@ const MAX_PAYLOAD: usize = 1 << 20;
 /// `--streams` at most.
 const MAX_STREAMS: u32 = 1000;
 
-/// Arguments of `rheo bench`.
+/// Arguments of `rheo-bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Workloads to run (repeat it; default: all but `fsync`).
@@ -98,7 +100,7 @@ pub struct BenchArgs {
     /// add to the report; with no `--backend`, nothing new runs.
     #[arg(long = "from")]
     from: Vec<PathBuf>,
-    /// Internal: runs one process's share of a case (`rheo bench` spawns it).
+    /// Internal: runs one process's share of a case (`rheo-bench` spawns it).
     #[arg(long, hide = true)]
     worker: Option<String>,
 }
@@ -340,7 +342,7 @@ fn bar(len: u64, message: String) -> ProgressBar {
     progress(Some(len), "{msg} [{bar:30}] {pos}/{len} ({per_sec}, {eta} left)", message)
 }
 
-/// Runs `rheo bench`.
+/// Runs `rheo-bench`.
 pub async fn run(ctx: &Globals, a: BenchArgs) -> CliResult {
     if let Some(spec) = &a.worker {
         return worker(spec).await;
@@ -467,7 +469,7 @@ pub async fn run(ctx: &Globals, a: BenchArgs) -> CliResult {
     for s in &results.skipped {
         out = out.line(format!("skipped: {s}"));
     }
-    render(ctx, out)?;
+    render(ctx.json, out)?;
     Ok(true)
 }
 
@@ -626,7 +628,7 @@ async fn run_case(
         url: opened.url.clone(),
         stream: stream.to_owned(),
         peer: !matches!(opened.kind, Kind::Rheo(_)),
-        tool: "rheo bench".to_owned(),
+        tool: "rheo-bench".to_owned(),
         workload: w,
         processes,
         producers: if w.has_producers() { producers } else { 0 },
@@ -687,14 +689,15 @@ async fn spawn_workers(
     phases: Vec<Phase>,
     bar: &ProgressBar,
 ) -> Result<(PhaseOut, f64, u64), CliError> {
-    let exe = std::env::current_exe().map_err(|e| CliError::new(format!("cannot find the rheo executable: {e}")))?;
+    let exe =
+        std::env::current_exe().map_err(|e| CliError::new(format!("cannot find the rheo-bench executable: {e}")))?;
     let mut children = Vec::new();
     for (i, phase) in phases.into_iter().enumerate() {
         let spec = serde_json::to_string(&WorkerSpec { stream: stream.to_owned(), streams, phase })
             .map_err(|e| CliError::new(format!("encoding worker {i}'s spec: {e}")))?;
         let mut child = tokio::process::Command::new(&exe)
             .env(WORKER_BACKEND, url)
-            .args(["bench", "--worker", &spec])
+            .args(["--worker", &spec])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

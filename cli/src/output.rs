@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{CliError, Globals};
+use crate::error::CliError;
 
 /// What a command prints under `--json`.
 #[derive(Debug)]
@@ -104,8 +104,8 @@ impl Output {
 }
 
 /// Prints a command's output: JSON under `--json`, else its text.
-pub fn render(ctx: &Globals, output: Output) -> Result<(), CliError> {
-    output.print(ctx.json)
+pub fn render(json: bool, output: Output) -> Result<(), CliError> {
+    output.print(json)
 }
 
 fn pretty(v: &Value) -> Result<String, CliError> {

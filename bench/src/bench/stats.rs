@@ -3,7 +3,7 @@
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use crate::cli::CliError;
+use rheo_cli::error::CliError;
 
 /// The largest latency recorded: one hour, in microseconds (longer ones are
 /// clamped to it).
