@@ -715,6 +715,28 @@ async fn spawn_checks_the_group_exists(f: Fixture) {
     assert!(matches!(err, Err(rheo::Error::InvalidArgument { argument: "concurrency", .. })));
 }
 
+/// The consumer and the lease stream check their fetch settings alike: a
+/// poll of zero (a busy loop) or a lease renewals can't keep is refused by
+/// both, with the setting's name.
+async fn consumer_and_lease_stream_refuse_the_same_settings(f: Fixture) {
+    setup(&f, 1, GroupOptions::new()).await;
+    let ms = Duration::from_millis;
+    let bad: [(&str, LeaseStreamOptions); 4] = [
+        ("poll", LeaseStreamOptions::new().poll(Duration::ZERO)),
+        ("poll", LeaseStreamOptions::new().poll(Duration::from_secs(86_401))),
+        ("lease", LeaseStreamOptions::new().lease(ms(60))),
+        ("max_demand", LeaseStreamOptions::new().max_demand(0)),
+    ];
+    for (name, opts) in bad {
+        let err = f.rheo.lease_stream(S, G, opts.clone()).expect_err(name);
+        assert!(matches!(err, rheo::Error::InvalidArgument { argument, .. } if argument == name), "{name}: {err}");
+        let consumer = f.rheo.consumer(S, G).poll(opts.poll).lease(opts.lease).max_demand(opts.max_demand);
+        let err = consumer.spawn(handler_fn(|_l| async { Outcome::Ack })).await.expect_err(name);
+        assert!(matches!(err, rheo::Error::InvalidArgument { argument, .. } if argument == name), "{name}: {err}");
+    }
+    assert!(f.rheo.lease_stream(S, G, LeaseStreamOptions::new().lease(ms(100))).is_ok(), "twice the floor is enough");
+}
+
 /// A handler whose setup fails stops the spawn.
 struct FailingSetup(AtomicBool);
 
@@ -805,6 +827,7 @@ macro_rules! cases {
             case!(lease_stream_retries_a_failed_renewal_soon);
             case!(lease_stream_retries_transient_errors_and_yields_definite_ones);
             case!(spawn_checks_the_group_exists);
+            case!(consumer_and_lease_stream_refuse_the_same_settings);
             case!(lease_stream_renews_leases_it_has_not_yielded_yet);
             case!(consumer_renews_its_leases_together);
             #[tokio::test]

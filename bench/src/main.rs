@@ -15,7 +15,6 @@ mod bench;
 use std::process::ExitCode;
 
 use clap::Parser;
-use rheo_cli::error::ErrorKind;
 
 /// The same workloads on every backend given, side by side (events/s,
 /// latency percentiles, round trips per event, the disk's fsync rate).
@@ -55,13 +54,5 @@ fn main() -> ExitCode {
             return err.exit_code();
         }
     };
-    match runtime.block_on(bench::run(&ctx, args.bench)) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) if e.kind() == ErrorKind::Closed => ExitCode::SUCCESS,
-        Err(e) => {
-            e.print(ctx.json);
-            e.exit_code()
-        }
-    }
+    rheo_cli::error::finish(runtime.block_on(bench::run(&ctx, args.bench)), ctx.json)
 }

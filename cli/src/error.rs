@@ -168,3 +168,18 @@ impl From<std::io::Error> for CliError {
 /// The result of a command: `Ok(false)` when it ran but found a problem
 /// (a corrupt file, a failed ack) and already said so.
 pub type CliResult = Result<bool, CliError>;
+
+/// The exit code of a command's result, printing its error first: 0 on
+/// success (and when stdout was closed), 1 when it failed or found a
+/// problem, 2 on bad arguments.
+pub fn finish(result: CliResult, json: bool) -> ExitCode {
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) if e.kind() == ErrorKind::Closed => ExitCode::SUCCESS,
+        Err(e) => {
+            e.print(json);
+            e.exit_code()
+        }
+    }
+}

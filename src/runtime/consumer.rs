@@ -12,13 +12,10 @@ use tokio::time::Instant;
 
 use super::settle::{SettleOp, Stats, run_settler};
 use super::stream::{LeaseStream, LeaseStreamOptions, StreamLease, release_all};
-use super::{
-    DEFAULT_CONCURRENCY, DEFAULT_DRAIN_TIMEOUT, DEFAULT_LEASE, DEFAULT_MAX_DEMAND, DEFAULT_POLL, Handler, Outcome,
-    SETTLE_BATCH_MAX, check_bounds, panic_message,
-};
+use super::{DEFAULT_CONCURRENCY, DEFAULT_DRAIN_TIMEOUT, Handler, Outcome, SETTLE_BATCH_MAX, panic_message};
 use crate::client::Rheo;
-use crate::error::{Error, ObjectKind, Result};
-use crate::model::limits::{MAX_LIMIT, validate_name};
+use crate::error::{Error, Result};
+use crate::model::limits::MAX_LIMIT;
 
 impl Rheo {
     /// A managed consumer of `group` on `stream`, with the defaults of
@@ -44,11 +41,7 @@ impl Rheo {
             stream: stream.into(),
             group: group.into(),
             concurrency: DEFAULT_CONCURRENCY,
-            max_demand: DEFAULT_MAX_DEMAND,
-            lease: DEFAULT_LEASE,
-            poll: DEFAULT_POLL,
-            partitions: None,
-            consumer_id: None,
+            leases: LeaseStreamOptions::default(),
             retry_backoff: None,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
         }
@@ -62,11 +55,9 @@ pub struct ConsumerBuilder {
     stream: String,
     group: String,
     concurrency: usize,
-    max_demand: usize,
-    lease: Duration,
-    poll: Duration,
-    partitions: Option<Vec<u32>>,
-    consumer_id: Option<String>,
+    /// The fetch loop's settings: `max_demand`, `lease`, `poll`,
+    /// `partitions`, `consumer_id`.
+    leases: LeaseStreamOptions,
     retry_backoff: Option<Duration>,
     drain_timeout: Duration,
 }
@@ -82,28 +73,27 @@ impl ConsumerBuilder {
     /// runtime fetches ahead up to this many while `concurrency` handlers
     /// run, so a fetch (and its sync) is shared by many events. Leases
     /// waiting for a handler are renewed like running ones.
-    pub fn max_demand(mut self, n: usize) -> Self {
-        self.max_demand = n;
-        self
+    pub fn max_demand(self, n: usize) -> Self {
+        self.with_leases(|o| o.max_demand(n))
     }
     /// Lease duration of each fetch (default 30 s); renewed every half.
-    pub fn lease(mut self, d: Duration) -> Self {
-        self.lease = d;
-        self
+    pub fn lease(self, d: Duration) -> Self {
+        self.with_leases(|o| o.lease(d))
     }
     /// Longest idle wait between fetches when no wakeup comes (default 200 ms).
-    pub fn poll(mut self, d: Duration) -> Self {
-        self.poll = d;
-        self
+    pub fn poll(self, d: Duration) -> Self {
+        self.with_leases(|o| o.poll(d))
     }
     /// Consume only these partitions (default: all of the group's).
-    pub fn partitions(mut self, partitions: impl Into<Vec<u32>>) -> Self {
-        self.partitions = Some(partitions.into());
-        self
+    pub fn partitions(self, partitions: impl Into<Vec<u32>>) -> Self {
+        self.with_leases(|o| o.partitions(partitions))
     }
     /// The consumer id of the fetches (default: the handle's).
-    pub fn consumer_id(mut self, id: impl Into<String>) -> Self {
-        self.consumer_id = Some(id.into());
+    pub fn consumer_id(self, id: impl Into<String>) -> Self {
+        self.with_leases(|o| o.consumer_id(id))
+    }
+    fn with_leases(mut self, set: impl FnOnce(LeaseStreamOptions) -> LeaseStreamOptions) -> Self {
+        self.leases = set(std::mem::take(&mut self.leases));
         self
     }
     /// Delay before a delivery given back by [`Outcome::Retry`] (or a
@@ -120,29 +110,10 @@ impl ConsumerBuilder {
     }
 
     fn check(&self) -> Result<()> {
-        validate_name(ObjectKind::Stream, &self.stream)?;
-        validate_name(ObjectKind::Group, &self.group)?;
-        if let Some(id) = &self.consumer_id {
-            validate_name(ObjectKind::Consumer, id)?;
-        }
-        check_bounds(&self.stream, &self.group, self.max_demand, self.lease)?;
         let (stream, group) = (&self.stream, &self.group);
-        if self.lease < 2 * super::MIN_RENEW_INTERVAL {
-            return Err(Error::invalid(
-                "lease",
-                format!(
-                    "{:?} for {stream:?}/{group:?}: renewals are at least {:?} apart, so a lease must be at least twice that",
-                    self.lease,
-                    super::MIN_RENEW_INTERVAL
-                ),
-            ));
-        }
+        self.leases.check(stream, group)?;
         let day = crate::model::limits::MAX_LEASE;
-        for (name, d) in [
-            ("poll", Some(self.poll)),
-            ("drain_timeout", Some(self.drain_timeout)),
-            ("retry_backoff", self.retry_backoff),
-        ] {
+        for (name, d) in [("drain_timeout", Some(self.drain_timeout)), ("retry_backoff", self.retry_backoff)] {
             if d.is_some_and(|d| d > day) {
                 return Err(Error::invalid(name, format!("{d:?} for {stream:?}/{group:?} is above 24h")));
             }
@@ -152,9 +123,6 @@ impl ConsumerBuilder {
                 "concurrency",
                 format!("{} for {:?}/{:?} is outside 1..={MAX_LIMIT}", self.concurrency, self.stream, self.group),
             ));
-        }
-        if self.poll.is_zero() {
-            return Err(Error::invalid("poll", format!("zero for {:?}/{:?}", self.stream, self.group)));
         }
         Ok(())
     }
@@ -166,7 +134,7 @@ impl ConsumerBuilder {
         self.check()?;
         // The group (and the partitions asked for) must exist: a definite
         // error now, not warnings from every fetch later.
-        match &self.partitions {
+        match &self.leases.partitions {
             Some(p) => self.rheo.lag_of(&self.stream, &self.group, p).await?,
             None => self.rheo.lag(&self.stream, &self.group).await?,
         };
@@ -176,19 +144,7 @@ impl ConsumerBuilder {
         // (fetched ahead, running, or waiting for their settle) and renews
         // them; `running` bounds the handlers running at once (a
         // `concurrency` above `max_demand` acts as `max_demand`).
-        let leases = LeaseStream::counted(
-            &self.rheo,
-            &self.stream,
-            &self.group,
-            LeaseStreamOptions {
-                max_demand: self.max_demand,
-                lease: self.lease,
-                poll: self.poll,
-                partitions: self.partitions.clone(),
-                consumer_id: self.consumer_id.clone(),
-            },
-            stats.clone(),
-        )?;
+        let leases = LeaseStream::counted(&self.rheo, &self.stream, &self.group, self.leases.clone(), stats.clone())?;
         let (settle_tx, settle_rx) = mpsc::channel(SETTLE_BATCH_MAX * 4);
         let settler = tokio::spawn(run_settler(self.rheo.clone(), settle_rx, stats.clone(), SETTLE_BATCH_MAX));
         let (stop_tx, stop_rx) = watch::channel(false);

@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::lease::{Lease, RetryOutcome};
 use crate::model::limits::MAX_REASON_BYTES;
 use crate::model::time::Timestamp;
@@ -252,20 +252,6 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     } else {
         "non-string panic payload".to_owned()
     }
-}
-
-/// Checks the numeric options shared by the group and the stream.
-pub(crate) fn check_bounds(stream: &str, group: &str, max_demand: usize, lease: Duration) -> Result<()> {
-    if max_demand == 0 || max_demand > crate::model::limits::MAX_LIMIT {
-        return Err(Error::invalid(
-            "max_demand",
-            format!("{max_demand} for {stream:?}/{group:?} is outside 1..={}", crate::model::limits::MAX_LIMIT),
-        ));
-    }
-    if lease.is_zero() || lease > crate::model::limits::MAX_LEASE {
-        return Err(Error::invalid("lease", format!("{lease:?} for {stream:?}/{group:?} is outside (0, 24h]")));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -15,13 +15,13 @@ use tokio::time::Instant;
 
 use super::renew::{AbortOnDrop, LostNotice, Renewals, run_renewer};
 use super::settle::{Stats, settle};
-use super::{DEFAULT_LEASE, DEFAULT_MAX_DEMAND, DEFAULT_POLL, ErrorBackoff, Outcome, Settled, check_bounds};
+use super::{DEFAULT_LEASE, DEFAULT_MAX_DEMAND, DEFAULT_POLL, ErrorBackoff, MIN_RENEW_INTERVAL, Outcome, Settled};
 use crate::backend::Subscription;
 use crate::client::Rheo;
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::group::FetchOptions;
 use crate::model::lease::{Lease, LeaseRef, RetryOutcome};
-use crate::model::limits::{MAX_BATCH_EVENTS, validate_name};
+use crate::model::limits::{MAX_BATCH_EVENTS, MAX_LEASE, MAX_LIMIT, validate_name};
 
 /// Settings of a [`LeaseStream`].
 #[derive(Debug, Clone)]
@@ -81,6 +81,46 @@ impl LeaseStreamOptions {
     pub fn consumer_id(mut self, id: impl Into<String>) -> Self {
         self.consumer_id = Some(id.into());
         self
+    }
+
+    /// Checks the settings for a stream of `group` on `stream`: the names,
+    /// `max_demand` within 1..=`MAX_LIMIT`, a lease of at least twice the
+    /// shortest renewal interval and at most 24 h, a poll interval above
+    /// zero and at most 24 h.
+    pub(crate) fn check(&self, stream: &str, group: &str) -> Result<()> {
+        validate_name(ObjectKind::Stream, stream)?;
+        validate_name(ObjectKind::Group, group)?;
+        if let Some(id) = &self.consumer_id {
+            validate_name(ObjectKind::Consumer, id)?;
+        }
+        if self.max_demand == 0 || self.max_demand > MAX_LIMIT {
+            return Err(Error::invalid(
+                "max_demand",
+                format!("{} for {stream:?}/{group:?} is outside 1..={MAX_LIMIT}", self.max_demand),
+            ));
+        }
+        if self.lease.is_zero() || self.lease > MAX_LEASE {
+            return Err(Error::invalid(
+                "lease",
+                format!("{:?} for {stream:?}/{group:?} is outside (0, 24h]", self.lease),
+            ));
+        }
+        if self.lease < 2 * MIN_RENEW_INTERVAL {
+            return Err(Error::invalid(
+                "lease",
+                format!(
+                    "{:?} for {stream:?}/{group:?}: renewals are at least {MIN_RENEW_INTERVAL:?} apart, so a lease must be at least twice that",
+                    self.lease
+                ),
+            ));
+        }
+        if self.poll.is_zero() || self.poll > MAX_LEASE {
+            return Err(Error::invalid(
+                "poll",
+                format!("{:?} for {stream:?}/{group:?} is outside (0, 24h]", self.poll),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -193,12 +233,7 @@ impl LeaseStream {
         opts: LeaseStreamOptions,
         stats: Arc<Stats>,
     ) -> Result<LeaseStream> {
-        validate_name(ObjectKind::Stream, stream)?;
-        validate_name(ObjectKind::Group, group)?;
-        if let Some(id) = &opts.consumer_id {
-            validate_name(ObjectKind::Consumer, id)?;
-        }
-        check_bounds(stream, group, opts.max_demand, opts.lease)?;
+        opts.check(stream, group)?;
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             Error::failed("lease_stream", format!("{stream:?}/{group:?}: must be created inside a Tokio runtime"))
         })?;

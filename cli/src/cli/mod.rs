@@ -210,16 +210,7 @@ pub fn main() -> ExitCode {
     };
     let backend = args.backend.unwrap_or_else(|| "native:./rheo-data".to_owned());
     let ctx = Globals { backend, json: args.json };
-    let result = runtime.block_on(dispatch(&ctx, args.command));
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) if e.kind() == ErrorKind::Closed => ExitCode::SUCCESS,
-        Err(e) => {
-            e.print(ctx.json);
-            e.exit_code()
-        }
-    }
+    rheo_cli::error::finish(runtime.block_on(dispatch(&ctx, args.command)), ctx.json)
 }
 
 async fn dispatch(ctx: &Globals, command: Command) -> CliResult {
