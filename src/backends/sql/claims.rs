@@ -254,6 +254,83 @@ struct Survey {
 /// rows follow a cursor (a replay's), at the cost of a few more fetches.
 const FRESH_WINDOW_ROWS: u64 = 1000;
 
+/// A claim candidate: (partition, sequence, row id or None for a fresh
+/// position, spent).
+type Candidate = (u32, u64, Option<String>, bool);
+
+/// Per partition: the fresh positions offered, and how far the cursor goes
+/// when all are taken (past rows that follow them).
+type Offered = BTreeMap<u32, (Vec<u64>, u64)>;
+
+/// The walk: in (partition, sequence) order until `limit` claims; spent
+/// rows met on the way are dead-lettered (at most `spent_max` a fetch; past
+/// that a partition stops). Returns the rows picked, `[row id, lease id or
+/// null, "1" when spent]`, and the fresh positions taken per partition.
+fn walk_candidates(
+    cands: Vec<Candidate>,
+    limit: usize,
+    spent_max: usize,
+    lease_ids: &[LeaseId],
+) -> (Vec<Value>, BTreeMap<u32, Vec<u64>>) {
+    let (mut spent_left, mut n_claim) = (spent_max, 0usize);
+    let mut stopped: Option<u32> = None;
+    let mut picks: Vec<Value> = Vec::new();
+    let mut fresh: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for (p, q, rowid, spent) in cands {
+        if n_claim >= limit {
+            break;
+        }
+        if stopped == Some(p) {
+            continue;
+        }
+        match rowid {
+            Some(rowid) if spent => {
+                if spent_left == 0 {
+                    stopped = Some(p);
+                    continue;
+                }
+                spent_left -= 1;
+                picks.push(Value::from(vec![Value::from(rowid), Value::Null, Value::from("1")]));
+            }
+            Some(rowid) => {
+                let id = lease_ids.get(n_claim).map(ToString::to_string).unwrap_or_default();
+                n_claim += 1;
+                picks.push(Value::from(vec![Value::from(rowid), Value::from(id), Value::from("0")]));
+            }
+            None => {
+                n_claim += 1;
+                fresh.entry(p).or_default().push(q);
+            }
+        }
+    }
+    (picks, fresh)
+}
+
+/// Moves each cursor past the fresh positions taken (past the rows met too
+/// when every free one was taken, or there was none); true when one moved.
+fn advance_cursors(
+    offered: &Offered,
+    fresh: &BTreeMap<u32, Vec<u64>>,
+    frontiers: &BTreeMap<u32, u64>,
+    cursors: &mut BTreeMap<u32, u64>,
+) -> bool {
+    let mut moved = false;
+    for (&p, (free, end)) in offered {
+        let taken = fresh.get(&p).map(Vec::as_slice).unwrap_or_default();
+        let to = match taken.last() {
+            Some(&last) if taken.len() < free.len() => last + 1,
+            Some(_) => *end,
+            // Nothing taken: only past the rows before the first free one.
+            None => free.first().copied().unwrap_or(*end),
+        };
+        if to > fc(frontiers, cursors, p).1 {
+            cursors.insert(p, to);
+            moved = true;
+        }
+    }
+    moved
+}
+
 impl SqlBackend {
     /// The common PostgreSQL claim: fresh positions only, in one small
     /// statement (a third of the plan of `claim_ranges_pg`, which every
@@ -520,24 +597,10 @@ impl SqlBackend {
         lease_ids: &[LeaseId],
     ) -> std::result::Result<Claimed, TxError> {
         let base = new_claim_base();
-        let pg = self.d == Dialect::Postgres;
         let mut tx = self.pool.begin().await.map_err(safe)?;
-        let mut s = self.stmt();
-        let (st, gr) = sg(&mut s, stream, group);
-        s.push(&format!(
-            "SELECT {}, {}, max_attempts FROM {} WHERE stream = {st} AND name = {gr}{}",
-            self.d.json_out("frontiers"),
-            self.d.json_out("cursors"),
-            self.names.groups(),
-            if pg { " FOR UPDATE" } else { "" }
-        ));
-        let rows = tx.all(&s).await.map_err(safe)?;
-        let Some(row) = rows.first() else {
+        let Some((frontiers, mut cursors, max_attempts)) = self.lock_for_claim(&mut tx, stream, group).await? else {
             return Ok(Claimed { rows: Vec::new(), base, flags: ClaimFlags::default() });
         };
-        let frontiers = parse_map(stream, group, "frontiers", &row.text(0)?)?;
-        let mut cursors = parse_map(stream, group, "cursors", &row.text(1)?)?;
-        let max_attempts = row.i64(2)?;
         let now_ts = self.db_now(&mut tx).await?;
         // What this fetch meets, read once (under the lock): each kind of
         // work below runs only when there is some.
@@ -552,16 +615,79 @@ impl SqlBackend {
                 scope.iter().map(|&p| (p, fc(&frontiers, &cursors, p).1.saturating_sub(1))).collect();
             self.split_claims(&mut tx, stream, group, &Split::After(&reaching)).await?;
         }
-        let hws = seen.hws;
         let spent_max = limit + crate::groups::SPENT_PER_FETCH;
+        let marks = (&frontiers, &cursors, max_attempts);
+        let (cands, offered) =
+            self.claim_candidates(&mut tx, (stream, group), scope, limit, spent_max, marks, &seen).await?;
+        let (picks, fresh) = walk_candidates(cands, limit, spent_max, lease_ids);
+        let keys = self.claim_rows(&mut tx, picks, consumer, lease_for).await?;
+        let expires = now_ts.saturating_add(lease_for);
+        let moved = advance_cursors(&offered, &fresh, &frontiers, &mut cursors);
+        let ranges = if fresh.is_empty() {
+            Vec::new()
+        } else {
+            self.insert_fresh_claims(&mut tx, (stream, group), &fresh, base, consumer, (now_ts, expires)).await?
+        };
+        if moved {
+            self.write_maps(&mut tx, stream, group, None, Some(&cursors)).await?;
+        }
+        if keys.is_empty() && ranges.is_empty() {
+            tx.commit().await.map_err(at_commit)?;
+            return Ok(Claimed { rows: Vec::new(), base, flags: ClaimFlags { found: true, slow: false, rows: false } });
+        }
+        let out = self.read_claimed(&mut tx, stream, keys, ranges, expires).await?;
+        tx.commit().await.map_err(at_commit)?;
+        Ok(Claimed { rows: out, base, flags: ClaimFlags { found: true, slow: false, rows: false } })
+    }
+
+    /// Locks the group row (PostgreSQL: `FOR UPDATE`; SQLite holds the
+    /// database) and reads its frontiers, cursors and `max_attempts`; None
+    /// when the group is gone.
+    async fn lock_for_claim(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        group: &str,
+    ) -> std::result::Result<Option<(BTreeMap<u32, u64>, BTreeMap<u32, u64>, i64)>, TxError> {
+        let pg = self.d == Dialect::Postgres;
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        s.push(&format!(
+            "SELECT {}, {}, max_attempts FROM {} WHERE stream = {st} AND name = {gr}{}",
+            self.d.json_out("frontiers"),
+            self.d.json_out("cursors"),
+            self.names.groups(),
+            if pg { " FOR UPDATE" } else { "" }
+        ));
+        let rows = tx.all(&s).await.map_err(safe)?;
+        let Some(row) = rows.first() else { return Ok(None) };
+        let frontiers = parse_map(stream, group, "frontiers", &row.text(0)?)?;
+        let cursors = parse_map(stream, group, "cursors", &row.text(1)?)?;
+        Ok(Some((frontiers, cursors, row.i64(2)?)))
+    }
+
+    /// The candidates of a claim in `scope`: claimable delivery rows above
+    /// each frontier (with whether each is spent), and the free positions
+    /// in a bounded window after each cursor, offered with how far the
+    /// cursor goes when all of them are taken.
+    #[allow(clippy::too_many_arguments)]
+    async fn claim_candidates(
+        &self,
+        tx: &mut Tx,
+        (stream, group): (&str, &str),
+        scope: &[u32],
+        limit: usize,
+        spent_max: usize,
+        (frontiers, cursors, max_attempts): (&BTreeMap<u32, u64>, &BTreeMap<u32, u64>, i64),
+        seen: &Survey,
+    ) -> std::result::Result<(Vec<Candidate>, Offered), TxError> {
+        let pg = self.d == Dialect::Postgres;
+        let hws = &seen.hws;
         let id = if pg { "d.ctid::text" } else { "CAST(d.rowid AS TEXT)" };
-        // (partition, sequence, row id or None for a fresh position, spent)
-        let mut cands: Vec<(u32, u64, Option<String>, bool)> = Vec::new();
-        // Per partition: the fresh positions offered, and how far the
-        // cursor goes when all are taken (past rows that follow them).
-        let mut offered: BTreeMap<u32, (Vec<u64>, u64)> = BTreeMap::new();
+        let mut cands: Vec<Candidate> = Vec::new();
+        let mut offered: Offered = BTreeMap::new();
         for &p in scope {
-            let (f, c) = fc(&frontiers, &cursors, p);
+            let (f, c) = fc(frontiers, cursors, p);
             let mut s = self.stmt();
             let (st, gr) = sg(&mut s, stream, group);
             let part = s.int(i64::from(p));
@@ -590,7 +716,7 @@ impl SqlBackend {
             // positions there are offered (at most `limit`).
             let window_end = hw.min(c.saturating_add(limit as u64 + FRESH_WINDOW_ROWS));
             let taken = if seen.ahead {
-                self.rows_between(&mut tx, stream, group, p, c, window_end).await?
+                self.rows_between(tx, stream, group, p, c, window_end).await?
             } else {
                 BTreeSet::new()
             };
@@ -609,138 +735,111 @@ impl SqlBackend {
             cands.extend(free.iter().map(|&q| (p, q, None, false)));
         }
         cands.sort_by_key(|c| (c.0, c.1));
-        // The walk: in (partition, sequence) order until `limit` claims;
-        // spent rows met on the way are dead-lettered (at most
-        // limit + 64 a fetch; past that a partition stops).
-        let (mut spent_left, mut n_claim) = (spent_max, 0usize);
-        let mut stopped: Option<u32> = None;
-        let mut picks: Vec<Value> = Vec::new();
-        let mut fresh: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-        for (p, q, rowid, spent) in cands {
-            if n_claim >= limit {
-                break;
-            }
-            if stopped == Some(p) {
-                continue;
-            }
-            match rowid {
-                Some(rowid) if spent => {
-                    if spent_left == 0 {
-                        stopped = Some(p);
-                        continue;
-                    }
-                    spent_left -= 1;
-                    picks.push(Value::from(vec![Value::from(rowid), Value::Null, Value::from("1")]));
-                }
-                Some(rowid) => {
-                    let id = lease_ids.get(n_claim).map(ToString::to_string).unwrap_or_default();
-                    n_claim += 1;
-                    picks.push(Value::from(vec![Value::from(rowid), Value::from(id), Value::from("0")]));
-                }
-                None => {
-                    n_claim += 1;
-                    fresh.entry(p).or_default().push(q);
-                }
-            }
-        }
-        // (kind, partition, sequence, lease id, attempt, expiry, event id
-        // or NULL for a fresh position, whose event is found by position)
+        Ok((cands, offered))
+    }
+
+    /// Claims the delivery rows the walk picked (and dead-letters the spent
+    /// ones) in one `UPDATE`; returns their keys for `read_claimed`: (kind,
+    /// partition, sequence, lease id, attempt, expiry, event id).
+    async fn claim_rows(
+        &self,
+        tx: &mut Tx,
+        picks: Vec<Value>,
+        consumer: &str,
+        lease_for: Duration,
+    ) -> std::result::Result<Vec<Value>, TxError> {
+        let pg = self.d == Dialect::Postgres;
         let mut keys: Vec<Value> = Vec::new();
-        if !picks.is_empty() {
-            let mut s = self.stmt();
-            let arr = s.text(Value::from(picks).to_string());
-            let set = self.claim_set(&mut s, "(x.c2 = '1')", "x.c1", consumer, lease_for);
-            let by_id = if pg { "d.ctid = (x.c0)::tid" } else { "d.rowid = CAST(x.c0 AS INTEGER)" };
-            s.push(&format!(
-                "UPDATE {dl} AS d SET {set} FROM {rows} AS x WHERE {by_id} \
-                 RETURNING CASE WHEN status = 'rejected' THEN 1 ELSE 0 END, partition, sequence, lease_id, \
-                 attempt, {exp}, event_id",
-                dl = self.names.deliveries(),
-                rows = self.d.json_rows(&arr, 3),
-                exp = self.d.ts_out("expires_at"),
-            ));
-            for r in &tx.all(&s).await.map_err(safe)? {
-                let exp = match self.d {
-                    Dialect::Postgres => r.opt_i64(5)?.map_or(Value::Null, Value::from),
-                    Dialect::Sqlite => r.opt_text(5)?.map_or(Value::Null, Value::from),
-                };
-                keys.push(Value::from(vec![
-                    Value::from(r.i64(0)?),
-                    Value::from(r.u32(1)?),
-                    Value::from(r.u64(2)?),
-                    r.opt_text(3)?.map_or(Value::Null, Value::from),
-                    Value::from(r.i64(4)?),
-                    exp,
-                    Value::from(r.text(6)?),
-                ]));
-            }
+        if picks.is_empty() {
+            return Ok(keys);
         }
-        let expires = now_ts.saturating_add(lease_for);
-        // (partition, first, last) of each run of fresh positions taken.
-        let mut ranges: Vec<Value> = Vec::new();
-        let mut moved = false;
-        for (&p, (free, end)) in &offered {
-            let taken = fresh.get(&p).map(Vec::as_slice).unwrap_or_default();
-            // Past the last position taken; past the rows met when every
-            // free one was taken (or there was none).
-            let to = match taken.last() {
-                Some(&last) if taken.len() < free.len() => last + 1,
-                Some(_) => *end,
-                // Nothing taken: only past the rows before the first free one.
-                None => free.first().copied().unwrap_or(*end),
+        let mut s = self.stmt();
+        let arr = s.text(Value::from(picks).to_string());
+        let set = self.claim_set(&mut s, "(x.c2 = '1')", "x.c1", consumer, lease_for);
+        let by_id = if pg { "d.ctid = (x.c0)::tid" } else { "d.rowid = CAST(x.c0 AS INTEGER)" };
+        s.push(&format!(
+            "UPDATE {dl} AS d SET {set} FROM {rows} AS x WHERE {by_id} \
+             RETURNING CASE WHEN status = 'rejected' THEN 1 ELSE 0 END, partition, sequence, lease_id, \
+             attempt, {exp}, event_id",
+            dl = self.names.deliveries(),
+            rows = self.d.json_rows(&arr, 3),
+            exp = self.d.ts_out("expires_at"),
+        ));
+        for r in &tx.all(&s).await.map_err(safe)? {
+            let exp = match self.d {
+                Dialect::Postgres => r.opt_i64(5)?.map_or(Value::Null, Value::from),
+                Dialect::Sqlite => r.opt_text(5)?.map_or(Value::Null, Value::from),
             };
-            if to > fc(&frontiers, &cursors, p).1 {
-                cursors.insert(p, to);
-                moved = true;
+            keys.push(Value::from(vec![
+                Value::from(r.i64(0)?),
+                Value::from(r.u32(1)?),
+                Value::from(r.u64(2)?),
+                r.opt_text(3)?.map_or(Value::Null, Value::from),
+                Value::from(r.i64(4)?),
+                exp,
+                Value::from(r.text(6)?),
+            ]));
+        }
+        Ok(keys)
+    }
+
+    /// Inserts one claim row per span of the fresh positions taken; returns
+    /// the runs taken, (partition, first, last), for `read_claimed`.
+    async fn insert_fresh_claims(
+        &self,
+        tx: &mut Tx,
+        (stream, group): (&str, &str),
+        fresh: &BTreeMap<u32, Vec<u64>>,
+        base: i64,
+        consumer: &str,
+        (now_ts, expires): (Timestamp, Timestamp),
+    ) -> std::result::Result<Vec<Value>, TxError> {
+        let mut ranges: Vec<Value> = Vec::new();
+        let mut claims: Vec<Value> = Vec::new();
+        for (&p, qs) in fresh {
+            for (first, last, words) in spans(qs) {
+                let mut row =
+                    vec![Value::from(p), Value::from(first), Value::from(last), Value::from(partition_base(base, p))];
+                row.extend(words.iter().map(|&w| Value::from(w)));
+                claims.push(Value::from(row));
+            }
+            for run in runs(qs) {
+                ranges.push(Value::from(vec![Value::from(p), Value::from(run.0), Value::from(run.1)]));
             }
         }
-        if !fresh.is_empty() {
-            let mut claims: Vec<Value> = Vec::new();
-            for (&p, qs) in &fresh {
-                for (first, last, words) in spans(qs) {
-                    let mut row = vec![
-                        Value::from(p),
-                        Value::from(first),
-                        Value::from(last),
-                        Value::from(partition_base(base, p)),
-                    ];
-                    row.extend(words.iter().map(|&w| Value::from(w)));
-                    claims.push(Value::from(row));
-                }
-                for run in runs(qs) {
-                    ranges.push(Value::from(vec![Value::from(p), Value::from(run.0), Value::from(run.1)]));
-                }
-            }
-            let mut s = self.stmt();
-            let (st, gr) = sg(&mut s, stream, group);
-            let arr = s.text(Value::from(claims).to_string());
-            let cons = s.text(consumer);
-            let at = s.ts(now_ts);
-            let exp = s.ts(expires);
-            let xs: Vec<String> = (0..WORDS).map(|i| self.d.as_int(&format!("x.c{}", i + 4))).collect();
-            s.push(&format!(
-                "INSERT INTO {} (stream, group_name, partition, first_seq, last_seq, base, consumer_id, leased_at, \
-                 expires_at, {}) SELECT {st}, {gr}, {}, {}, {}, {}, {cons}, {at}, {exp}, {} FROM {} AS x",
-                self.names.claims(),
-                word_cols(""),
-                self.d.as_int("x.c0"),
-                self.d.as_int("x.c1"),
-                self.d.as_int("x.c2"),
-                self.d.as_int("x.c3"),
-                xs.join(", "),
-                self.d.json_rows(&arr, 4 + WORDS),
-            ));
-            tx.exec(&s).await.map_err(safe)?;
-        }
-        if moved {
-            self.write_maps(&mut tx, stream, group, None, Some(&cursors)).await?;
-        }
-        if keys.is_empty() && ranges.is_empty() {
-            tx.commit().await.map_err(at_commit)?;
-            return Ok(Claimed { rows: Vec::new(), base, flags: ClaimFlags { found: true, slow: false, rows: false } });
-        }
-        // Their events, in one read, in the claim's column layout: rows'
-        // by event id, fresh positions' by runs of sequences.
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let arr = s.text(Value::from(claims).to_string());
+        let cons = s.text(consumer);
+        let at = s.ts(now_ts);
+        let exp = s.ts(expires);
+        let xs: Vec<String> = (0..WORDS).map(|i| self.d.as_int(&format!("x.c{}", i + 4))).collect();
+        s.push(&format!(
+            "INSERT INTO {} (stream, group_name, partition, first_seq, last_seq, base, consumer_id, leased_at, \
+             expires_at, {}) SELECT {st}, {gr}, {}, {}, {}, {}, {cons}, {at}, {exp}, {} FROM {} AS x",
+            self.names.claims(),
+            word_cols(""),
+            self.d.as_int("x.c0"),
+            self.d.as_int("x.c1"),
+            self.d.as_int("x.c2"),
+            self.d.as_int("x.c3"),
+            xs.join(", "),
+            self.d.json_rows(&arr, 4 + WORDS),
+        ));
+        tx.exec(&s).await.map_err(safe)?;
+        Ok(ranges)
+    }
+
+    /// The events of a claim, in one read, in the claim's column layout:
+    /// rows' by event id, fresh positions' by runs of sequences.
+    async fn read_claimed(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        keys: Vec<Value>,
+        ranges: Vec<Value>,
+        expires: Timestamp,
+    ) -> std::result::Result<Vec<Row>, TxError> {
         let mut s = self.stmt();
         let st = s.text(stream);
         let mut parts = Vec::new();
@@ -777,9 +876,7 @@ impl SqlBackend {
             ));
         }
         s.push(&parts.join(" UNION ALL "));
-        let out = tx.all(&s).await.map_err(safe)?;
-        tx.commit().await.map_err(at_commit)?;
-        Ok(Claimed { rows: out, base, flags: ClaimFlags { found: true, slow: false, rows: false } })
+        tx.all(&s).await.map_err(safe)
     }
 
     /// One read of what a transactional claim meets in `scope`: the high
