@@ -128,6 +128,50 @@ fn werr(operation: &'static str) -> impl Fn(mongodb::error::Error) -> Error {
 
 type TxResult<T> = std::result::Result<T, TxFailure>;
 
+/// A delivery's (partition, sequence).
+fn position(d: &Document) -> (u32, u64) {
+    (u32_of(d, "partition"), int_of(d, "sequence"))
+}
+
+/// A delivery's event id as the events are keyed.
+fn event_key(d: &Document) -> String {
+    match d.get("event_id") {
+        Some(Bson::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+        None => String::new(),
+    }
+}
+
+/// The walk of the group core: in (partition, sequence) order until `limit`
+/// claims; spent deliveries met on the way are dead-lettered (at most
+/// limit + 64 a fetch; past that a partition stops). Returns (to claim, to
+/// dead-letter).
+fn walk_candidates(cands: Vec<Document>, limit: usize, max_attempts: u32) -> (Vec<Document>, Vec<Document>) {
+    let (mut spent_left, mut claims, mut dead) = (limit + SPENT_PER_FETCH, Vec::new(), Vec::new());
+    let mut stopped: Option<u32> = None;
+    for d in cands {
+        if claims.len() >= limit {
+            break;
+        }
+        let p = u32_of(&d, "partition");
+        if stopped == Some(p) {
+            continue;
+        }
+        let holder = !matches!(d.get("lease_id"), None | Some(Bson::Null));
+        if d.get_str("status") == Ok(LEASED) && holder && rules::spent(u32_of(&d, "attempt"), max_attempts) {
+            if spent_left == 0 {
+                stopped = Some(p);
+                continue;
+            }
+            spent_left -= 1;
+            dead.push(d);
+        } else {
+            claims.push(d);
+        }
+    }
+    (claims, dead)
+}
+
 impl MongoBackend {
     pub(super) fn deliveries(&self) -> mongodb::Collection<Document> {
         self.collection(DELIVERIES)
@@ -545,8 +589,56 @@ impl MongoBackend {
         consumer: &str,
         lease_for: Duration,
     ) -> Result<(Vec<Lease>, Vec<(u32, u64)>, bool)> {
-        const OP: &str = "fetch";
         let now = self.now();
+        let cands = self.claim_candidates(stream, group, scope, limit, now).await?;
+        let (mut claims, dead) = walk_candidates(cands, limit, max_attempts);
+        // Their events, before anything changes.
+        let events = self.events_of(stream, &claims).await?;
+        claims.retain(|d| {
+            let found = events.contains_key(&event_key(d));
+            if !found {
+                let (p, q) = position(d);
+                tracing::warn!(stream, group, partition = p, sequence = q, "a delivery has no event document");
+            }
+            found
+        });
+        let dead_positions = self.dead_letter_spent(&dead, now).await?;
+        if claims.is_empty() {
+            return Ok((Vec::new(), dead_positions, false));
+        }
+        let expires = now.saturating_add(lease_for);
+        let won = self.lease_candidates(&claims, consumer, now, expires).await?;
+        let raced = won.len() < claims.len();
+        let group_name: Arc<str> = Arc::from(group);
+        let consumer: Arc<str> = Arc::from(consumer);
+        let mut leases = Vec::with_capacity(won.len());
+        for d in &won {
+            let Some(event) = events.get(&event_key(d)) else { continue };
+            leases.push(Lease {
+                lease_id: d.get_str("lease_id").unwrap_or_default().parse()?,
+                receipt: None,
+                group: group_name.clone(),
+                consumer_id: consumer.clone(),
+                attempt: u32_of(d, "attempt"),
+                expires_at: ts(d, "expires_at").unwrap_or(expires),
+                event: event.clone(),
+            });
+        }
+        Ok((leases, dead_positions, raced))
+    }
+
+    /// The claimable deliveries above each frontier in `scope`, at most
+    /// `limit` + the spent allowance per partition, in (partition,
+    /// sequence) order.
+    async fn claim_candidates(
+        &self,
+        stream: &str,
+        group: &str,
+        scope: &[u32],
+        limit: usize,
+        now: Timestamp,
+    ) -> Result<Vec<Document>> {
+        const OP: &str = "fetch";
         let g = self
             .collection(GROUPS)
             .find_one(doc! { "stream": stream, "name": group })
@@ -567,80 +659,61 @@ impl MongoBackend {
                     .map_err(err(OP))?,
             );
         }
-        let key = |d: &Document| (u32_of(d, "partition"), int_of(d, "sequence"));
-        cands.sort_by_key(key);
-        // The walk of the group core: in (partition, sequence) order until
-        // `limit` claims; spent deliveries met on the way are dead-lettered
-        // (at most limit + 64 a fetch; past that a partition stops).
-        let (mut spent_left, mut claims, mut dead) = (limit + SPENT_PER_FETCH, Vec::new(), Vec::new());
-        let mut stopped: Option<u32> = None;
-        for d in cands {
-            if claims.len() >= limit {
-                break;
-            }
-            let p = u32_of(&d, "partition");
-            if stopped == Some(p) {
-                continue;
-            }
-            let holder = !matches!(d.get("lease_id"), None | Some(Bson::Null));
-            if d.get_str("status") == Ok(LEASED) && holder && rules::spent(u32_of(&d, "attempt"), max_attempts) {
-                if spent_left == 0 {
-                    stopped = Some(p);
-                    continue;
-                }
-                spent_left -= 1;
-                dead.push(d);
-            } else {
-                claims.push(d);
-            }
-        }
-        // Their events, before anything changes.
-        let ids: Vec<Bson> = claims.iter().filter_map(|d| d.get("event_id").cloned()).collect();
+        cands.sort_by_key(position);
+        Ok(cands)
+    }
+
+    /// The events of `deliveries`, by event id.
+    async fn events_of(&self, stream: &str, deliveries: &[Document]) -> Result<HashMap<String, Event>> {
+        let ids: Vec<Bson> = deliveries.iter().filter_map(|d| d.get("event_id").cloned()).collect();
         let mut events: HashMap<String, Event> = HashMap::new();
         if !ids.is_empty() {
             let name: Arc<str> = Arc::from(stream);
-            for e in self.find_all(EVENTS, doc! { "_id": { "$in": ids } }, None, None, None).await.map_err(err(OP))? {
+            let found = self.find_all(EVENTS, doc! { "_id": { "$in": ids } }, None, None, None).await;
+            for e in found.map_err(err("fetch"))? {
                 let e = decode_event(&name, e)?;
                 events.insert(e.id().to_owned(), e);
             }
         }
-        let event_key = |d: &Document| match d.get("event_id") {
-            Some(Bson::String(s)) => s.clone(),
-            Some(other) => other.to_string(),
-            None => String::new(),
-        };
-        claims.retain(|d| {
-            let found = events.contains_key(&event_key(d));
-            if !found {
-                let (p, q) = key(d);
-                tracing::warn!(stream, group, partition = p, sequence = q, "a delivery has no event document");
-            }
-            found
-        });
-        let mut dead_positions = Vec::new();
-        if !dead.is_empty() {
-            let ids: Vec<Bson> = dead.iter().filter_map(|d| d.get("_id").cloned()).collect();
-            let mut filter = doc! { "_id": { "$in": ids }, "status": LEASED, "lease_id": { "$ne": Bson::Null } };
-            filter.extend(claimable(now));
-            self.deliveries()
-                .update_many(
-                    filter,
-                    doc! { "$set": {
-                        "status": REJECTED, "lease_id": Bson::Null, "expires_at": Bson::Null,
-                        "reason": rules::EXPIRED_ON_LAST_ATTEMPT, "dead_lettered_at": dt(now),
-                    } },
-                )
-                .await
-                .map_err(werr(OP))?;
-            dead_positions = dead.iter().map(key).collect();
+        Ok(events)
+    }
+
+    /// Dead-letters the spent deliveries a walk met (those still claimable:
+    /// another fetch may have met them first); their positions.
+    async fn dead_letter_spent(&self, dead: &[Document], now: Timestamp) -> Result<Vec<(u32, u64)>> {
+        if dead.is_empty() {
+            return Ok(Vec::new());
         }
-        if claims.is_empty() {
-            return Ok((Vec::new(), dead_positions, false));
-        }
+        let ids: Vec<Bson> = dead.iter().filter_map(|d| d.get("_id").cloned()).collect();
+        let mut filter = doc! { "_id": { "$in": ids }, "status": LEASED, "lease_id": { "$ne": Bson::Null } };
+        filter.extend(claimable(now));
+        self.deliveries()
+            .update_many(
+                filter,
+                doc! { "$set": {
+                    "status": REJECTED, "lease_id": Bson::Null, "expires_at": Bson::Null,
+                    "reason": rules::EXPIRED_ON_LAST_ATTEMPT, "dead_lettered_at": dt(now),
+                } },
+            )
+            .await
+            .map_err(werr("fetch"))?;
+        Ok(dead.iter().map(position).collect())
+    }
+
+    /// Leases the candidates still claimable, each under a lease id of its
+    /// own, in one update; returns those this call won (others may have
+    /// taken some meanwhile).
+    async fn lease_candidates(
+        &self,
+        claims: &[Document],
+        consumer: &str,
+        now: Timestamp,
+        expires: Timestamp,
+    ) -> Result<Vec<Document>> {
+        const OP: &str = "fetch";
         let ids: Vec<Bson> = claims.iter().filter_map(|d| d.get("_id").cloned()).collect();
         let lease_ids: Vec<String> =
             (0..claims.len()).map(|_| LeaseId::from_u128(crate::ids::new_lease_id()).to_string()).collect();
-        let expires = now.saturating_add(lease_for);
         let mut filter = doc! { "_id": { "$in": ids.clone() } };
         filter.extend(claimable(now));
         let update = vec![doc! { "$set": {
@@ -656,30 +729,13 @@ impl MongoBackend {
         // Which this call won: those of the candidates (by primary key) that
         // now hold one of its lease ids.
         let mine: std::collections::HashSet<&str> = lease_ids.iter().map(String::as_str).collect();
-        let won: Vec<Document> = self
+        Ok(self
             .find_all(DELIVERIES, doc! { "_id": { "$in": ids } }, None, None, None)
             .await
             .map_err(werr(OP))?
             .into_iter()
             .filter(|d| d.get_str("status") == Ok(LEASED) && d.get_str("lease_id").is_ok_and(|l| mine.contains(l)))
-            .collect();
-        let raced = won.len() < claims.len();
-        let group_name: Arc<str> = Arc::from(group);
-        let consumer: Arc<str> = Arc::from(consumer);
-        let mut leases = Vec::with_capacity(won.len());
-        for d in &won {
-            let Some(event) = events.get(&event_key(d)) else { continue };
-            leases.push(Lease {
-                lease_id: d.get_str("lease_id").unwrap_or_default().parse()?,
-                receipt: None,
-                group: group_name.clone(),
-                consumer_id: consumer.clone(),
-                attempt: u32_of(d, "attempt"),
-                expires_at: ts(d, "expires_at").unwrap_or(expires),
-                event: event.clone(),
-            });
-        }
-        Ok((leases, dead_positions, raced))
+            .collect())
     }
 
     /// After positions were dead-lettered outside the group lock (spent
