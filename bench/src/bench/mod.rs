@@ -342,6 +342,29 @@ fn bar(len: u64, message: String) -> ProgressBar {
     progress(Some(len), "{msg} [{bar:30}] {pos}/{len} ({per_sec}, {eta} left)", message)
 }
 
+impl Run {
+    /// Adds the cases, fsync probes and skips of a run saved with `--json`
+    /// (`--from`); the report's machine stays this one, its start becomes
+    /// the earliest run's.
+    fn merge(&mut self, path: &Path) -> Result<(), CliError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| CliError::new(format!("cannot read {}: {e}", path.display())))?;
+        let earlier: Run = serde_json::from_str(&text)
+            .map_err(|e| CliError::new(format!("{} is not a bench result: {e}", path.display())))?;
+        if !earlier.machine.started_at.is_empty() && earlier.machine.started_at < self.machine.started_at {
+            self.machine.started_at = earlier.machine.started_at;
+        }
+        self.fsync.extend(earlier.fsync);
+        self.cases.extend(earlier.cases);
+        for why in earlier.skipped {
+            if !self.skipped.contains(&why) {
+                self.skipped.push(why);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Runs `rheo-bench`.
 pub async fn run(ctx: &Globals, a: BenchArgs) -> CliResult {
     if let Some(spec) = &a.worker {
@@ -357,21 +380,7 @@ pub async fn run(ctx: &Globals, a: BenchArgs) -> CliResult {
     });
     let mut results = Run { machine: Machine::read(), fsync: Vec::new(), cases: Vec::new(), skipped: Vec::new() };
     for path in &a.from {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| CliError::new(format!("cannot read {}: {e}", path.display())))?;
-        let earlier: Run = serde_json::from_str(&text)
-            .map_err(|e| CliError::new(format!("{} is not a bench result: {e}", path.display())))?;
-        // The report's machine is this one; its start, the earliest run's.
-        if !earlier.machine.started_at.is_empty() && earlier.machine.started_at < results.machine.started_at {
-            results.machine.started_at = earlier.machine.started_at;
-        }
-        results.fsync.extend(earlier.fsync);
-        results.cases.extend(earlier.cases);
-        for why in earlier.skipped {
-            if !results.skipped.contains(&why) {
-                results.skipped.push(why);
-            }
-        }
+        results.merge(path)?;
     }
     // No backend given: a fresh native directory here (a real disk, unlike
     // a tmpfs /tmp), removed afterwards.
