@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::db::{Arg, Phase, Row};
+use super::db::{Arg, Phase, Row, Tx};
 use super::dialect::Dialect;
 use super::schema::{self, SCHEMA_VERSION, TABLES};
 use super::{IndexBuildState, Now, SqlBackend, TxError, at_commit, safe};
@@ -392,7 +392,7 @@ impl SqlBackend {
     /// `created_at` plus `i` milliseconds).
     async fn declare_index(
         &self,
-        tx: &mut super::db::Tx,
+        tx: &mut Tx,
         stream: &str,
         canonical: &str,
         spelling: &str,
@@ -459,32 +459,7 @@ impl SqlBackend {
             tx.commit().await.map_err(at_commit)?;
             return resolve_plan(plan, &[]).map_err(TxError::Rheo);
         }
-        let mut per: BTreeMap<u32, u64> = BTreeMap::new();
-        for &p in &routed {
-            *per.entry(p).or_default() += 1;
-        }
-        // Allocate sequences partition by partition in ascending order (the
-        // row locks serialize appenders; the order rules out deadlocks).
-        let mut next: BTreeMap<u32, u64> = BTreeMap::new();
-        for (&p, &n) in &per {
-            // One upsert: a stream whose writer left no sequence row gets one.
-            let mut s = self.stmt();
-            let name = s.text(stream);
-            let part = s.int(i64::from(p));
-            let add = s.int(seq_arg(n));
-            let seqs = self.names.seqs();
-            s.push(&format!(
-                "INSERT INTO {seqs} AS q (stream, partition, next_sequence) VALUES ({name}, {part}, {add}) \
-                 ON CONFLICT (stream, partition) DO UPDATE SET next_sequence = q.next_sequence + excluded.next_sequence \
-                 RETURNING next_sequence"
-            ));
-            let rows = tx.all(&s).await.map_err(safe)?;
-            let last = rows
-                .first()
-                .ok_or_else(|| Error::failed("append", format!("stream {stream:?}: no sequence was allocated")))?
-                .u64(0)?;
-            next.insert(p, last + 1 - n);
-        }
+        let mut next = self.allocate_sequences(&mut tx, stream, &routed).await?;
         let mut rows = Vec::with_capacity(events.len());
         let mut positions = Vec::with_capacity(events.len());
         for (e, &p) in events.iter().zip(&routed) {
@@ -573,12 +548,48 @@ impl SqlBackend {
         resolve_plan(plan, &stored).map_err(TxError::Rheo)
     }
 
+    /// Allocates the sequences of appends routed to `routed`, partition by
+    /// partition in ascending order (the row locks serialize appenders; the
+    /// order rules out deadlocks): each partition's first new sequence.
+    async fn allocate_sequences(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        routed: &[u32],
+    ) -> std::result::Result<BTreeMap<u32, u64>, TxError> {
+        let mut per: BTreeMap<u32, u64> = BTreeMap::new();
+        for &p in routed {
+            *per.entry(p).or_default() += 1;
+        }
+        let mut next: BTreeMap<u32, u64> = BTreeMap::new();
+        for (&p, &n) in &per {
+            // One upsert: a stream whose writer left no sequence row gets one.
+            let mut s = self.stmt();
+            let name = s.text(stream);
+            let part = s.int(i64::from(p));
+            let add = s.int(seq_arg(n));
+            let seqs = self.names.seqs();
+            s.push(&format!(
+                "INSERT INTO {seqs} AS q (stream, partition, next_sequence) VALUES ({name}, {part}, {add}) \
+                 ON CONFLICT (stream, partition) DO UPDATE SET next_sequence = q.next_sequence + excluded.next_sequence \
+                 RETURNING next_sequence"
+            ));
+            let rows = tx.all(&s).await.map_err(safe)?;
+            let last = rows
+                .first()
+                .ok_or_else(|| Error::failed("append", format!("stream {stream:?}: no sequence was allocated")))?
+                .u64(0)?;
+            next.insert(p, last + 1 - n);
+        }
+        Ok(next)
+    }
+
     /// The stored position of each producer-given id of `events` already
     /// in the database, read in the append's transaction. An id stored in
     /// another stream is an error (ids are unique across the database).
     async fn stored_ids(
         &self,
-        tx: &mut super::db::Tx,
+        tx: &mut Tx,
         stream: &str,
         events: &[NewEvent],
     ) -> std::result::Result<BTreeMap<String, Position>, TxError> {
