@@ -479,3 +479,193 @@ pub(crate) fn gather_pass(out: &mut Vec<RetentionReport>, stream: &str, pass: Re
         Err(e) => tracing::warn!(stream = %stream, error = %e, "retention pass failed; the next round retries"),
     }
 }
+
+/// `impl Backend` for a database backend that keeps its groups in a
+/// transactional store (SQL, MongoDB): the methods given, then every other
+/// one forwarded — group operations to this module's orchestrations,
+/// storage to the backend's own `*_impl` methods (`renew`/`ack` as batches
+/// of one). Redis's forwards go through its shared core and stay its own.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mongo"))]
+macro_rules! database_backend {
+    (impl Backend for $t:ty { $($own:tt)* }) => {
+        #[async_trait::async_trait]
+        impl $crate::backend::Backend for $t {
+            $($own)*
+
+            async fn ensure_schema(&self) -> $crate::error::Result<()> {
+                self.ensure_schema_impl().await
+            }
+
+            async fn create_stream(
+                &self,
+                stream: &str,
+                opts: &$crate::model::stream::StreamOptions,
+            ) -> $crate::error::Result<$crate::model::stream::StreamInfo> {
+                self.create_stream_impl(stream, opts).await
+            }
+
+            async fn create_group(
+                &self,
+                stream: &str,
+                group: &str,
+                opts: &$crate::model::group::GroupOptions,
+            ) -> $crate::error::Result<$crate::model::group::GroupSummary> {
+                $crate::backends::group_store::create_group(self, stream, group, opts).await
+            }
+
+            async fn read(
+                &self,
+                stream: &str,
+                partition: u32,
+                after: u64,
+                limit: usize,
+            ) -> $crate::error::Result<Vec<$crate::model::event::Event>> {
+                self.read_impl(stream, partition, after, limit).await
+            }
+
+            async fn query(&self, query: &$crate::model::query::Query) -> $crate::error::Result<$crate::model::query::Page> {
+                self.query_impl(query).await
+            }
+
+            async fn fetch(
+                &self,
+                stream: &str,
+                group: &str,
+                opts: &$crate::model::group::FetchOptions,
+            ) -> $crate::error::Result<$crate::model::lease::FetchReport> {
+                self.fetch_impl(stream, group, opts).await
+            }
+
+            async fn renew(
+                &self,
+                lease: &$crate::model::lease::LeaseRef,
+                lease_duration: std::time::Duration,
+            ) -> $crate::error::Result<$crate::model::time::Timestamp> {
+                let mut all = self.renew_many_impl(std::slice::from_ref(lease), lease_duration).await?;
+                all.pop().unwrap_or_else(|| Err($crate::error::Error::failed("renew", "no result")))
+            }
+
+            async fn renew_many(
+                &self,
+                leases: &[$crate::model::lease::LeaseRef],
+                lease_duration: std::time::Duration,
+            ) -> $crate::error::Result<Vec<$crate::error::Result<$crate::model::time::Timestamp>>> {
+                self.renew_many_impl(leases, lease_duration).await
+            }
+
+            async fn ack(&self, lease: &$crate::model::lease::LeaseRef) -> $crate::error::Result<()> {
+                let mut all = self.ack_many_impl(std::slice::from_ref(lease)).await?;
+                all.pop().unwrap_or_else(|| Err($crate::error::Error::failed("ack", "no result")))
+            }
+
+            async fn ack_many(
+                &self,
+                leases: &[$crate::model::lease::LeaseRef],
+            ) -> $crate::error::Result<Vec<$crate::error::Result<()>>> {
+                self.ack_many_impl(leases).await
+            }
+
+            async fn retry(
+                &self,
+                lease: &$crate::model::lease::LeaseRef,
+                reason: &str,
+                delay: Option<std::time::Duration>,
+            ) -> $crate::error::Result<$crate::model::lease::RetryOutcome> {
+                $crate::backends::group_store::retry(self, lease, reason, delay).await
+            }
+
+            async fn reject(&self, lease: &$crate::model::lease::LeaseRef, reason: &str) -> $crate::error::Result<()> {
+                self.reject_impl(lease, reason).await
+            }
+
+            async fn skip(
+                &self,
+                stream: &str,
+                group: &str,
+                partition: u32,
+                sequence: u64,
+                reason: &str,
+            ) -> $crate::error::Result<bool> {
+                $crate::backends::group_store::skip(self, stream, group, partition, sequence, reason).await
+            }
+
+            async fn replay(
+                &self,
+                stream: &str,
+                group: &str,
+                replay: &$crate::model::group::Replay,
+            ) -> $crate::error::Result<u64> {
+                $crate::backends::group_store::replay(self, stream, group, replay).await
+            }
+
+            async fn reset_group(
+                &self,
+                stream: &str,
+                group: &str,
+                reset: &$crate::model::group::Reset,
+            ) -> $crate::error::Result<()> {
+                $crate::backends::group_store::reset(self, stream, group, reset).await
+            }
+
+            async fn lag(
+                &self,
+                stream: &str,
+                group: &str,
+                partitions: Option<&[u32]>,
+            ) -> $crate::error::Result<$crate::model::group::Lag> {
+                $crate::backends::group_store::lag(self, stream, group, partitions).await
+            }
+
+            async fn list_groups(&self, stream: &str) -> $crate::error::Result<Vec<$crate::model::group::GroupSummary>> {
+                self.list_groups_impl(stream).await
+            }
+
+            async fn dead_letters(
+                &self,
+                stream: &str,
+                group: &str,
+                opts: &$crate::model::group::DeadLetterOptions,
+            ) -> $crate::error::Result<Vec<$crate::model::group::DeadLetter>> {
+                self.dead_letters_impl(stream, group, opts).await
+            }
+
+            async fn group_info(&self, stream: &str, group: &str) -> $crate::error::Result<$crate::model::group::GroupInfo> {
+                $crate::backends::group_store::group_info(self, stream, group).await
+            }
+
+            async fn create_index(&self, stream: &str, field: &str) -> $crate::error::Result<()> {
+                self.create_index_impl(stream, field).await
+            }
+
+            async fn index_status(&self, stream: &str) -> $crate::error::Result<Vec<$crate::model::stream::IndexStatus>> {
+                self.index_status_impl(stream).await
+            }
+
+            async fn stream_info(&self, stream: &str) -> $crate::error::Result<$crate::model::stream::StreamInfo> {
+                self.stream_info_impl(stream).await
+            }
+
+            async fn set_retention(
+                &self,
+                stream: &str,
+                retention: &$crate::model::retention::Retention,
+            ) -> $crate::error::Result<$crate::model::stream::StreamInfo> {
+                self.set_retention_impl(stream, retention).await
+            }
+
+            async fn enforce_retention(&self, stream: &str) -> $crate::error::Result<$crate::model::retention::RetentionReport> {
+                $crate::backends::group_store::enforce_retention(self, stream).await
+            }
+
+            fn retention_interval(&self) -> Option<std::time::Duration> {
+                (!self.retention_interval.is_zero()).then_some(self.retention_interval)
+            }
+
+            async fn retention_round(&self) -> $crate::error::Result<Vec<$crate::model::retention::RetentionReport>> {
+                $crate::backends::group_store::retention_round(self).await
+            }
+        }
+    };
+}
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mongo"))]
+pub(crate) use database_backend;

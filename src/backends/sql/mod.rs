@@ -56,25 +56,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use parking_lot::RwLock;
 
-use super::group_store;
 #[cfg(feature = "postgres")]
 use super::redact_url;
 use super::url::{Taken, read_options};
-use crate::backend::{Backend, Subscription};
+use crate::backend::Subscription;
 use crate::error::{Error, Result};
 use crate::model::append::NewEvent;
 use crate::model::capabilities::Capabilities;
-use crate::model::event::{Event, Position};
-use crate::model::group::{
-    DeadLetter, DeadLetterOptions, FetchOptions, GroupInfo, GroupOptions, GroupSummary, Lag, Replay, Reset,
-};
-use crate::model::lease::{FetchReport, LeaseRef, RetryOutcome};
-use crate::model::query::{Page, Query};
-use crate::model::retention::{Retention, RetentionReport};
-use crate::model::stream::{IndexStatus, StreamInfo, StreamOptions};
+use crate::model::event::Position;
+use crate::model::stream::StreamInfo;
 use crate::model::time::{Clock, Timestamp};
 
 use db::{Phase, Pool, Stmt, map_err};
@@ -580,154 +572,51 @@ impl Drop for SqlBackend {
     }
 }
 
-#[async_trait]
-impl Backend for SqlBackend {
-    fn name(&self) -> &'static str {
-        self.be()
-    }
-
-    fn combines_calls(&self) -> bool {
-        true
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        let mut c = Capabilities::new(self.be());
-        c.durable = self.durable;
-        c.distributed = self.d == Dialect::Postgres;
-        c.wakeups = true;
-        c.ops_inspect = true;
-        c.retention = true;
-        c
-    }
-
-    async fn ping(&self) -> Result<()> {
-        let mut s = self.stmt();
-        s.push("SELECT 1");
-        self.pool.all(&s).await.map_err(self.err("ping", Phase::Safe))?;
-        Ok(())
-    }
-
-    async fn ensure_schema(&self) -> Result<()> {
-        self.ensure_schema_impl().await
-    }
-
-    async fn create_stream(&self, stream: &str, opts: &StreamOptions) -> Result<StreamInfo> {
-        self.create_stream_impl(stream, opts).await
-    }
-
-    async fn create_group(&self, stream: &str, group: &str, opts: &GroupOptions) -> Result<GroupSummary> {
-        group_store::create_group(self, stream, group, opts).await
-    }
-
-    async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
-        self.append_impl(stream, events).await
-    }
-
-    async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
-        self.read_impl(stream, partition, after, limit).await
-    }
-
-    async fn query(&self, query: &Query) -> Result<Page> {
-        self.query_impl(query).await
-    }
-
-    async fn fetch(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
-        self.fetch_impl(stream, group, opts).await
-    }
-
-    async fn renew(&self, lease: &LeaseRef, lease_duration: Duration) -> Result<Timestamp> {
-        let mut all = self.renew_many_impl(std::slice::from_ref(lease), lease_duration).await?;
-        all.pop().unwrap_or_else(|| Err(Error::failed("renew", "no result")))
-    }
-
-    async fn renew_many(&self, leases: &[LeaseRef], lease_duration: Duration) -> Result<Vec<Result<Timestamp>>> {
-        self.renew_many_impl(leases, lease_duration).await
-    }
-
-    async fn ack(&self, lease: &LeaseRef) -> Result<()> {
-        let mut all = self.ack_many_impl(std::slice::from_ref(lease)).await?;
-        all.pop().unwrap_or_else(|| Err(Error::failed("ack", "no result")))
-    }
-
-    async fn ack_many(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
-        self.ack_many_impl(leases).await
-    }
-
-    async fn retry(&self, lease: &LeaseRef, reason: &str, delay: Option<Duration>) -> Result<RetryOutcome> {
-        group_store::retry(self, lease, reason, delay).await
-    }
-
-    async fn reject(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
-        self.reject_impl(lease, reason).await
-    }
-
-    async fn skip(&self, stream: &str, group: &str, partition: u32, sequence: u64, reason: &str) -> Result<bool> {
-        group_store::skip(self, stream, group, partition, sequence, reason).await
-    }
-
-    async fn replay(&self, stream: &str, group: &str, replay: &Replay) -> Result<u64> {
-        group_store::replay(self, stream, group, replay).await
-    }
-
-    async fn reset_group(&self, stream: &str, group: &str, reset: &Reset) -> Result<()> {
-        group_store::reset(self, stream, group, reset).await
-    }
-
-    async fn lag(&self, stream: &str, group: &str, partitions: Option<&[u32]>) -> Result<Lag> {
-        group_store::lag(self, stream, group, partitions).await
-    }
-
-    async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
-        self.list_streams_impl(None).await
-    }
-
-    async fn stream_info(&self, stream: &str) -> Result<StreamInfo> {
-        self.stream_info_impl(stream).await
-    }
-
-    async fn set_retention(&self, stream: &str, retention: &Retention) -> Result<StreamInfo> {
-        self.set_retention_impl(stream, retention).await
-    }
-
-    async fn enforce_retention(&self, stream: &str) -> Result<RetentionReport> {
-        group_store::enforce_retention(self, stream).await
-    }
-
-    fn retention_interval(&self) -> Option<Duration> {
-        (!self.retention_interval.is_zero()).then_some(self.retention_interval)
-    }
-
-    async fn retention_round(&self) -> Result<Vec<RetentionReport>> {
-        group_store::retention_round(self).await
-    }
-
-    async fn list_groups(&self, stream: &str) -> Result<Vec<GroupSummary>> {
-        self.list_groups_impl(stream).await
-    }
-
-    async fn dead_letters(&self, stream: &str, group: &str, opts: &DeadLetterOptions) -> Result<Vec<DeadLetter>> {
-        self.dead_letters_impl(stream, group, opts).await
-    }
-
-    async fn group_info(&self, stream: &str, group: &str) -> Result<GroupInfo> {
-        group_store::group_info(self, stream, group).await
-    }
-
-    async fn create_index(&self, stream: &str, field: &str) -> Result<()> {
-        self.create_index_impl(stream, field).await
-    }
-
-    async fn index_status(&self, stream: &str) -> Result<Vec<IndexStatus>> {
-        self.index_status_impl(stream).await
-    }
-
-    async fn subscribe(&self, stream: &str) -> Result<Subscription> {
-        self.partition_count(stream).await?;
-        #[cfg(feature = "postgres")]
-        if let Some(pool) = &self.listen_pool {
-            self.listener.ensure_started(pool);
+// The methods of its own; the rest forward to `group_store` and the
+// `*_impl` methods (`group_store::database_backend!`).
+super::group_store::database_backend! {
+    impl Backend for SqlBackend {
+        fn name(&self) -> &'static str {
+            self.be()
         }
-        Ok(self.wakeups.get(stream).subscribe())
+
+        fn combines_calls(&self) -> bool {
+            true
+        }
+
+        fn capabilities(&self) -> Capabilities {
+            let mut c = Capabilities::new(self.be());
+            c.durable = self.durable;
+            c.distributed = self.d == Dialect::Postgres;
+            c.wakeups = true;
+            c.ops_inspect = true;
+            c.retention = true;
+            c
+        }
+
+        async fn ping(&self) -> Result<()> {
+            let mut s = self.stmt();
+            s.push("SELECT 1");
+            self.pool.all(&s).await.map_err(self.err("ping", Phase::Safe))?;
+            Ok(())
+        }
+
+        async fn append_batch(&self, stream: &str, events: &[NewEvent]) -> Result<Vec<Position>> {
+            self.append_impl(stream, events).await
+        }
+
+        async fn list_streams(&self) -> Result<Vec<StreamInfo>> {
+            self.list_streams_impl(None).await
+        }
+
+        async fn subscribe(&self, stream: &str) -> Result<Subscription> {
+            self.partition_count(stream).await?;
+            #[cfg(feature = "postgres")]
+            if let Some(pool) = &self.listen_pool {
+                self.listener.ensure_started(pool);
+            }
+            Ok(self.wakeups.get(stream).subscribe())
+        }
     }
 }
 
