@@ -216,11 +216,13 @@ impl RetentionStore for MongoBackend {
                     .session(&mut *s)
                     .await
                     .map_err(txe(OP))?;
-                let mut settings: GroupSettings = found
-                    .as_ref()
-                    .and_then(|d| d.get_str("settings").ok())
-                    .and_then(|t| serde_json::from_str(t).ok())
-                    .unwrap_or_default();
+                // Refused, not replaced: writing defaults over settings it
+                // cannot read would lose them.
+                let mut settings: GroupSettings = match found.as_ref().and_then(|d| d.get_str("settings").ok()) {
+                    Some(t) => serde_json::from_str(t)
+                        .map_err(|e| Error::failed(OP, format!("group {stream:?}/{group:?}: settings: {e}")))?,
+                    None => GroupSettings::default(),
+                };
                 settings.retention_skipped = settings.retention_skipped.saturating_add(total);
                 let text = serde_json::to_string(&settings).map_err(|e| Error::failed(OP, e.to_string()))?;
                 self.collection(SETTINGS)

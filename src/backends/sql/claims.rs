@@ -629,7 +629,7 @@ impl SqlBackend {
             self.insert_fresh_claims(&mut tx, (stream, group), &fresh, base, consumer, (now_ts, expires)).await?
         };
         if moved {
-            self.write_maps(&mut tx, stream, group, None, Some(&cursors)).await?;
+            self.frontier.write_maps(&mut tx, stream, group, None, Some(&cursors)).await?;
         }
         if keys.is_empty() && ranges.is_empty() {
             tx.commit().await.map_err(at_commit)?;

@@ -124,39 +124,27 @@ impl SqlBackend {
         }
     }
 
-    /// Locks the group row in a transaction; returns (frontiers, cursors).
-    pub(super) async fn lock_group(
+    /// Writes a group's Rust-only settings (`rheo_rs_group_settings`).
+    pub(super) async fn write_settings(
         &self,
         tx: &mut Tx,
         stream: &str,
         group: &str,
-    ) -> std::result::Result<(BTreeMap<u32, u64>, BTreeMap<u32, u64>), TxError> {
-        self.frontier.lock_group(tx, stream, group).await
-    }
-
-    pub(super) async fn write_maps(
-        &self,
-        tx: &mut Tx,
-        stream: &str,
-        group: &str,
-        frontiers: Option<&BTreeMap<u32, u64>>,
-        cursors: Option<&BTreeMap<u32, u64>>,
+        settings: &Settings,
+        operation: &'static str,
     ) -> std::result::Result<(), TxError> {
-        self.frontier.write_maps(tx, stream, group, frontiers, cursors).await
-    }
-
-    /// Moves the frontier of `parts` as far as what is settled allows
-    /// (under the group lock the caller holds), and writes it when it moved.
-    pub(super) async fn advance(
-        &self,
-        tx: &mut Tx,
-        stream: &str,
-        group: &str,
-        frontiers: &mut BTreeMap<u32, u64>,
-        cursors: &BTreeMap<u32, u64>,
-        parts: &BTreeSet<u32>,
-    ) -> std::result::Result<(), TxError> {
-        self.frontier.advance(tx, stream, group, frontiers, cursors, parts).await
+        let js = serde_json::to_string(settings).map_err(|e| Error::failed(operation, e.to_string()))?;
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let ph = s.text(js);
+        s.push(&format!(
+            "INSERT INTO {} (stream, name, settings) VALUES ({st}, {gr}, {}) \
+             ON CONFLICT (stream, name) DO UPDATE SET settings = excluded.settings",
+            self.names.settings(),
+            self.d.json_in(&ph)
+        ));
+        tx.exec(&s).await.map_err(safe)?;
+        Ok(())
     }
 
     /// Gives dead letters their order (`rheo_rs_dead_letter_order`),
@@ -246,17 +234,7 @@ impl SqlBackend {
             return Err(Error::AlreadyExists { kind: ObjectKind::Group, name: format!("{stream}/{group}") }.into());
         };
         let created = r.ts(0)?;
-        let mut s = self.stmt();
-        let (st, gr) = sg(&mut s, stream, group);
-        let js = serde_json::to_string(settings).map_err(|e| Error::failed("create_group", e.to_string()))?;
-        let ph = s.text(js);
-        s.push(&format!(
-            "INSERT INTO {} (stream, name, settings) VALUES ({st}, {gr}, {}) \
-             ON CONFLICT (stream, name) DO UPDATE SET settings = excluded.settings",
-            self.names.settings(),
-            self.d.json_in(&ph)
-        ));
-        tx.exec(&s).await.map_err(safe)?;
+        self.write_settings(&mut tx, stream, group, settings, "create_group").await?;
         // Deliveries of an earlier group of that name (deleted by hand) would
         // be taken for this one's.
         for t in [self.names.deliveries(), self.names.dl_order(), self.names.claims()] {
@@ -459,7 +437,7 @@ impl SqlBackend {
         chunk: u64,
     ) -> std::result::Result<(), TxError> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
-        let (frontiers, mut cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let (frontiers, mut cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         let mut s = self.stmt();
         let st = s.text(stream);
         s.push(&format!("SELECT partition, next_sequence FROM {} WHERE stream = {st}", self.names.seqs()));
@@ -511,7 +489,7 @@ impl SqlBackend {
             self.d.json_rows(&arr, 3),
         ));
         tx.exec(&s).await.map_err(safe)?;
-        self.write_maps(&mut tx, stream, group, None, Some(&cursors)).await?;
+        self.frontier.write_maps(&mut tx, stream, group, None, Some(&cursors)).await?;
         tx.commit().await.map_err(at_commit)?;
         Ok(())
     }
@@ -784,10 +762,10 @@ impl SqlBackend {
     /// leases met by a claim): orders them and moves the frontier.
     async fn settled_tx(&self, stream: &str, group: &str, dead: &[(u32, u64)]) -> std::result::Result<(), TxError> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
-        let (mut frontiers, cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let (mut frontiers, cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         self.mark_dead(&mut tx, stream, group, dead).await?;
         let parts: BTreeSet<u32> = dead.iter().map(|d| d.0).collect();
-        self.advance(&mut tx, stream, group, &mut frontiers, &cursors, &parts).await?;
+        self.frontier.advance(&mut tx, stream, group, &mut frontiers, &cursors, &parts).await?;
         tx.commit().await.map_err(at_commit)?;
         Ok(())
     }
@@ -929,7 +907,7 @@ impl SqlBackend {
     async fn dead_letter_tx(&self, lease: &LeaseRef, reason: &str, now: Now) -> std::result::Result<bool, TxError> {
         let (stream, group) = (&*lease.stream, &*lease.group);
         let mut tx = self.pool.begin().await.map_err(safe)?;
-        let (mut frontiers, cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let (mut frontiers, cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
         let arr = s.arg(lease_rows(std::iter::once((lease.partition, lease.sequence, lease.lease_id.to_string()))));
@@ -947,7 +925,7 @@ impl SqlBackend {
         }
         self.mark_dead(&mut tx, stream, group, &[(lease.partition, lease.sequence)]).await?;
         let parts = BTreeSet::from([lease.partition]);
-        self.advance(&mut tx, stream, group, &mut frontiers, &cursors, &parts).await?;
+        self.frontier.advance(&mut tx, stream, group, &mut frontiers, &cursors, &parts).await?;
         tx.commit().await.map_err(at_commit)?;
         Ok(true)
     }
@@ -975,7 +953,7 @@ impl SqlBackend {
         now: Now,
     ) -> std::result::Result<bool, TxError> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
-        let (mut frontiers, cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let (mut frontiers, cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         // A claimed position becomes an ordinary leased row first.
         self.split_claims(&mut tx, stream, group, &Split::Positions(&[(partition, sequence)])).await?;
         let (f, c) = fc(&frontiers, &cursors, partition);
@@ -1026,7 +1004,7 @@ impl SqlBackend {
             return Err(common::already_settled(group, partition, sequence).into());
         }
         self.mark_dead(&mut tx, stream, group, &[(partition, sequence)]).await?;
-        self.advance(&mut tx, stream, group, &mut frontiers, &cursors, &BTreeSet::from([partition])).await?;
+        self.frontier.advance(&mut tx, stream, group, &mut frontiers, &cursors, &BTreeSet::from([partition])).await?;
         tx.commit().await.map_err(at_commit)?;
         Ok(true)
     }
@@ -1044,7 +1022,7 @@ impl SqlBackend {
         // The high watermarks were read before: events appended since are
         // above them, never settled, so nothing they change is counted.
         let mut tx = self.pool.begin().await.map_err(safe)?;
-        let (mut frontiers, mut cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let (mut frontiers, mut cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         // Claims give their open positions above the start to rows and end
         // there: what they acked above it has no row and is reopened as
         // the cursor moves back.
@@ -1087,7 +1065,7 @@ impl SqlBackend {
             frontiers.insert(p, f.min(from));
             cursors.insert(p, c.min(from.saturating_add(1)));
         }
-        self.write_maps(&mut tx, stream, group, Some(&frontiers), Some(&cursors)).await?;
+        self.frontier.write_maps(&mut tx, stream, group, Some(&frontiers), Some(&cursors)).await?;
         tx.commit().await.map_err(at_commit)?;
         Ok(reopened)
     }
@@ -1100,7 +1078,7 @@ impl SqlBackend {
         now: Now,
     ) -> std::result::Result<u64, TxError> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
-        let (mut frontiers, cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let (mut frontiers, cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         // Matched positions in flight under a claim become leased rows (not
         // settled, so not reopened); those a claim acked have no row and
         // are reopened like any settled one.
@@ -1167,7 +1145,7 @@ impl SqlBackend {
             ));
             tx.exec(&s).await.map_err(safe)?;
         }
-        self.write_maps(&mut tx, stream, group, Some(&frontiers), None).await?;
+        self.frontier.write_maps(&mut tx, stream, group, Some(&frontiers), None).await?;
         tx.commit().await.map_err(at_commit)?;
         Ok(reopened)
     }
@@ -1179,7 +1157,7 @@ impl SqlBackend {
         starts: &BTreeMap<u32, u64>,
     ) -> std::result::Result<(), TxError> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
-        let (mut frontiers, mut cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let (mut frontiers, mut cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         let parts: Vec<u32> = starts.keys().copied().collect();
         self.delete_claims(&mut tx, stream, group, Some(&parts)).await?;
         for t in [self.names.deliveries(), self.names.dl_order()] {
@@ -1197,7 +1175,7 @@ impl SqlBackend {
             frontiers.insert(p, f);
             cursors.insert(p, f.saturating_add(1));
         }
-        self.write_maps(&mut tx, stream, group, Some(&frontiers), Some(&cursors)).await?;
+        self.frontier.write_maps(&mut tx, stream, group, Some(&frontiers), Some(&cursors)).await?;
         tx.commit().await.map_err(at_commit)?;
         Ok(())
     }

@@ -116,7 +116,7 @@ impl SqlBackend {
         plan: &BTreeMap<u32, u64>,
     ) -> std::result::Result<Vec<(u32, u64)>, TxError> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
-        let (mut frontiers, mut cursors) = self.lock_group(&mut tx, stream, group).await?;
+        let (mut frontiers, mut cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         // Claims of the partitions that move give every open position to
         // a row first (counted below as unsettled, deleted with the rest).
         let cut: Vec<(u32, u64)> = plan
@@ -188,8 +188,8 @@ impl SqlBackend {
         if moved.is_empty() {
             return Ok(out);
         }
-        self.write_maps(&mut tx, stream, group, Some(&frontiers), Some(&cursors)).await?;
-        self.advance(&mut tx, stream, group, &mut frontiers, &cursors, &moved).await?;
+        self.frontier.write_maps(&mut tx, stream, group, Some(&frontiers), Some(&cursors)).await?;
+        self.frontier.advance(&mut tx, stream, group, &mut frontiers, &cursors, &moved).await?;
         let total: u64 = out.iter().map(|(_, n)| n).sum();
         if total > 0 {
             let mut s = self.stmt();
@@ -201,21 +201,15 @@ impl SqlBackend {
             ));
             let rows = tx.all(&s).await.map_err(safe)?;
             let mut settings: GroupSettings = match rows.first() {
-                Some(r) => serde_json::from_str(&r.text(0)?).unwrap_or_default(),
+                // Refused, not replaced: writing defaults over settings it
+                // cannot read would lose them.
+                Some(r) => serde_json::from_str(&r.text(0)?).map_err(|e| {
+                    Error::failed("enforce_retention", format!("group {stream:?}/{group:?}: settings: {e}"))
+                })?,
                 None => GroupSettings::default(),
             };
             settings.retention_skipped = settings.retention_skipped.saturating_add(total);
-            let js = serde_json::to_string(&settings).map_err(|e| Error::failed("enforce_retention", e.to_string()))?;
-            let mut s = self.stmt();
-            let (st, gr) = sg(&mut s, stream, group);
-            let ph = s.text(js);
-            s.push(&format!(
-                "INSERT INTO {} (stream, name, settings) VALUES ({st}, {gr}, {}) \
-                 ON CONFLICT (stream, name) DO UPDATE SET settings = excluded.settings",
-                self.names.settings(),
-                self.d.json_in(&ph)
-            ));
-            tx.exec(&s).await.map_err(safe)?;
+            self.write_settings(&mut tx, stream, group, &settings, "enforce_retention").await?;
         }
         tx.commit().await.map_err(at_commit)?;
         Ok(out)
