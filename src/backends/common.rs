@@ -250,3 +250,58 @@ pub(crate) async fn all_matches(
         }
     }
 }
+
+/// Candidates a keyset scan of a query reads per round trip at most.
+const QUERY_BATCH_MAX: usize = 1000;
+
+/// One read of [`keyset_query`]: up to `limit` events of `parts` in the
+/// query's order past the sort key `after` (from the start when None).
+pub(crate) struct KeysetBatch<'a> {
+    pub parts: &'a [u32],
+    /// True when `parts` is every partition of the stream.
+    pub every_partition: bool,
+    pub after: Option<crate::model::query::SortKey>,
+    pub limit: usize,
+}
+
+/// Answers `q` (over the stream's partitions, `count`) by a keyset scan in
+/// the query's order: `batch` reads one [`KeysetBatch`] within the bounds
+/// and filters the database can apply; the query's own rules then pick the
+/// page. Stops at a short batch, or at a page and one more match (which
+/// sets the next cursor).
+pub(crate) async fn keyset_query<F, Fut>(
+    q: &crate::model::query::Query,
+    count: impl std::future::Future<Output = Result<u32>>,
+    mut batch: F,
+) -> Result<crate::model::query::Page>
+where
+    F: FnMut(KeysetBatch<'_>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<crate::model::event::Event>>>,
+{
+    q.validate()?;
+    let count = count.await?;
+    let parts = q.partitions(count);
+    let every_partition = parts.len() >= count as usize;
+    let mut builder = q.page_builder();
+    if parts.is_empty() {
+        return Ok(builder.finish());
+    }
+    let want = q.limit.saturating_add(1);
+    let n = want.clamp(2, QUERY_BATCH_MAX);
+    let mut last = q.cursor.as_ref().map(|c| c.key().2);
+    let mut matched = 0usize;
+    loop {
+        let events = batch(KeysetBatch { parts: &parts, every_partition, after: last, limit: n }).await?;
+        let got = events.len();
+        for e in events {
+            last = Some(q.sort_key(&e));
+            if q.matches(&e) {
+                matched += 1;
+                builder.offer(e);
+            }
+        }
+        if got < n || matched >= want {
+            return Ok(builder.finish());
+        }
+    }
+}

@@ -377,20 +377,22 @@ impl RetentionPlan {
 /// events deleted in batches.
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
 pub(crate) trait RetentionStore: GroupStore {
-    /// A stream's retention (unlimited when none is stored).
+    /// A stream's stored retention as JSON (None: unlimited).
     /// `StreamNotFound`.
-    fn retention_of(&self, stream: &str) -> impl Future<Output = Result<Retention>> + Send;
+    fn retention_text(&self, stream: &str) -> impl Future<Output = Result<Option<String>>> + Send;
 
-    /// The start partition `p`'s age and size limits allow (`start` its
-    /// log start, `hw` its high watermark).
-    fn limits_start(
+    /// The first sequence of partition `p` whose timestamp is at most `age`
+    /// old by the backend's clock (None: every event is older).
+    fn first_younger_than(
         &self,
         stream: &str,
         p: u32,
-        retention: &Retention,
-        start: u64,
-        hw: u64,
-    ) -> impl Future<Output = Result<u64>> + Send;
+        age: std::time::Duration,
+    ) -> impl Future<Output = Result<Option<u64>>> + Send;
+
+    /// The newest sequence of partition `p` at which the bytes of its
+    /// events, summed newest first, pass `max` (None: they never do).
+    fn newest_past_bytes(&self, stream: &str, p: u32, max: u64) -> impl Future<Output = Result<Option<u64>>> + Send;
 
     /// The names of a stream's groups.
     fn group_names(&self, stream: &str) -> impl Future<Output = Result<Vec<String>>> + Send;
@@ -417,7 +419,7 @@ pub(crate) trait RetentionStore: GroupStore {
 /// moved to it first (what it skipped is counted), then the events go.
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
 pub(crate) async fn enforce_retention<S: RetentionStore + ?Sized>(store: &S, stream: &str) -> Result<RetentionReport> {
-    let retention = store.retention_of(stream).await?;
+    let retention = retention_of(store, stream).await?;
     let mut report = RetentionReport::new(stream);
     if retention.is_unlimited() {
         return Ok(report);
@@ -435,7 +437,7 @@ pub(crate) async fn enforce_retention<S: RetentionStore + ?Sized>(store: &S, str
     }
     let mut limits = Vec::with_capacity(count as usize);
     for (p, (&start, &hw)) in (0u32..).zip(starts.iter().zip(&hws)) {
-        limits.push(store.limits_start(stream, p, &retention, start, hw).await?);
+        limits.push(limits_start(store, stream, p, &retention, start, hw).await?);
     }
     let plan = RetentionPlan::new(
         retention.policy,
@@ -457,6 +459,41 @@ pub(crate) async fn enforce_retention<S: RetentionStore + ?Sized>(store: &S, str
         report.dropped.push(DroppedRange { partition, first, last: new - 1, bytes });
     }
     Ok(report)
+}
+
+/// A stream's retention (unlimited when none is stored).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+pub(crate) async fn retention_of<S: RetentionStore + ?Sized>(store: &S, stream: &str) -> Result<Retention> {
+    match store.retention_text(stream).await? {
+        Some(text) => serde_json::from_str(&text)
+            .map_err(|e| Error::failed("retention", format!("stream {stream:?}: rheo_rs_stream_settings holds {e}"))),
+        None => Ok(Retention::default()),
+    }
+}
+
+/// The first sequence of partition `p` the age and size limits keep
+/// (exact: event by event), at least `start` (`hw`: its high watermark).
+async fn limits_start<S: RetentionStore + ?Sized>(
+    store: &S,
+    stream: &str,
+    p: u32,
+    r: &Retention,
+    start: u64,
+    hw: u64,
+) -> Result<u64> {
+    let mut first = start;
+    if let Some(n) = r.max_events {
+        first = first.max((hw + 1).saturating_sub(n));
+    }
+    if let Some(age) = r.max_age {
+        first = first.max(store.first_younger_than(stream, p, age).await?.unwrap_or(hw + 1));
+    }
+    if let Some(max) = r.max_bytes
+        && let Some(q) = store.newest_past_bytes(stream, p, max).await?
+    {
+        first = first.max(q.saturating_add(1));
+    }
+    Ok(first)
 }
 
 /// One background round of a [`RetentionStore`]: a pass over every stream

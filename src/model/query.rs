@@ -576,7 +576,7 @@ impl<'q> PageBuilder<'q> {
     }
 }
 
-type SortKey = (i64, u64, u64);
+pub(crate) type SortKey = (i64, u64, u64);
 
 /// One page of query results.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -23,8 +23,6 @@ use crate::model::path::LINEAGE_FIELDS;
 use crate::model::query::{ALWAYS_INDEXED, Filter, Op, OrderBy, Page, Query, check_index_field};
 use crate::model::stream::{IndexStatus, MAX_INDEXES};
 
-/// Documents one `find` reads at most while paging.
-const BATCH_MAX: usize = 1000;
 /// The most values of an `in` filter sent to the server (beyond: checked
 /// here).
 const IN_MAX: usize = 256;
@@ -218,74 +216,58 @@ fn index_path(canonical: &str) -> Option<String> {
 
 impl MongoBackend {
     pub(super) async fn query_impl(&self, q: &Query) -> Result<Page> {
-        q.validate()?;
-        let count = self.partition_count(&q.stream).await?;
-        let parts = q.partitions(count);
-        let mut builder = q.page_builder();
-        if parts.is_empty() {
-            return Ok(builder.finish());
-        }
         let name: Arc<str> = Arc::from(q.stream.as_str());
-        let want = q.limit.saturating_add(1);
-        let batch = want.clamp(2, BATCH_MAX);
         let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        let mut base = vec![doc! { "stream": q.stream.as_str() }];
-        let floor = q.after_sequence.unwrap_or(0);
-        if q.after_sequences.is_empty() {
-            if parts.len() < count as usize {
-                let ps: Vec<i64> = parts.iter().map(|&p| i64::from(p)).collect();
-                base.push(doc! { "partition": { "$in": ps } });
-            }
-            if floor > 0 {
-                base.push(doc! { "sequence": { "$gt": int(floor) } });
-            }
-        } else {
-            let per: Vec<Document> = parts
-                .iter()
-                .map(|&p| {
-                    let lo = q.after_sequences.get(&p).copied().unwrap_or(0).max(floor);
-                    doc! { "partition": i64::from(p), "sequence": { "$gt": int(lo) } }
-                })
-                .collect();
-            base.push(doc! { "$or": per });
-        }
-        if let Some(u) = q.until_sequence {
-            base.push(doc! { "sequence": { "$lte": int(u) } });
-        }
-        if let Some(t) = q.from {
-            base.push(doc! { "timestamp": { "$gte": mongodb::bson::DateTime::from_millis(t.as_millis()) } });
-        }
-        if let Some(t) = q.to {
-            let next = mongodb::bson::DateTime::from_millis(t.as_millis().saturating_add(1));
-            base.push(doc! { "timestamp": { "$lt": next } });
-        }
-        base.extend(q.filters.iter().filter_map(filter_doc));
         let dir = if q.descending { -1 } else { 1 };
         let sort: Document = order_fields(q.order_by).iter().map(|f| ((*f).to_owned(), Bson::Int32(dir))).collect();
-        let mut last: Option<(i64, u64, u64)> = q.cursor.as_ref().map(|c| c.key().2);
-        let mut matched = 0usize;
-        loop {
-            let mut all = base.clone();
-            if let Some(key) = last {
+        let sort = &sort;
+        let count = self.partition_count(&q.stream);
+        crate::backends::common::keyset_query(q, count, |b| {
+            let mut all = vec![doc! { "stream": q.stream.as_str() }];
+            let floor = q.after_sequence.unwrap_or(0);
+            if q.after_sequences.is_empty() {
+                if !b.every_partition {
+                    let ps: Vec<i64> = b.parts.iter().map(|&p| i64::from(p)).collect();
+                    all.push(doc! { "partition": { "$in": ps } });
+                }
+                if floor > 0 {
+                    all.push(doc! { "sequence": { "$gt": int(floor) } });
+                }
+            } else {
+                let per: Vec<Document> = b
+                    .parts
+                    .iter()
+                    .map(|&p| {
+                        let lo = q.after_sequences.get(&p).copied().unwrap_or(0).max(floor);
+                        doc! { "partition": i64::from(p), "sequence": { "$gt": int(lo) } }
+                    })
+                    .collect();
+                all.push(doc! { "$or": per });
+            }
+            if let Some(u) = q.until_sequence {
+                all.push(doc! { "sequence": { "$lte": int(u) } });
+            }
+            if let Some(t) = q.from {
+                all.push(doc! { "timestamp": { "$gte": mongodb::bson::DateTime::from_millis(t.as_millis()) } });
+            }
+            if let Some(t) = q.to {
+                let next = mongodb::bson::DateTime::from_millis(t.as_millis().saturating_add(1));
+                all.push(doc! { "timestamp": { "$lt": next } });
+            }
+            all.extend(q.filters.iter().filter_map(filter_doc));
+            if let Some(key) = b.after {
                 all.push(after(q.order_by, q.descending, key));
             }
-            let docs = self
-                .find_docs(EVENTS, doc! { "$and": all }, sort.clone(), i64::try_from(batch).unwrap_or(i64::MAX))
-                .await
-                .map_err(|e| map_err("query", super::Phase::Safe, &e))?;
-            let n = docs.len();
-            for d in docs {
-                let e = decode_event(&name, d)?;
-                last = Some(q.sort_key(&e));
-                if q.matches(&e) {
-                    matched += 1;
-                    builder.offer(e);
-                }
+            let (name, limit) = (name.clone(), int(b.limit as u64));
+            async move {
+                let docs = self
+                    .find_docs(EVENTS, doc! { "$and": all }, sort.clone(), limit)
+                    .await
+                    .map_err(|e| map_err("query", super::Phase::Safe, &e))?;
+                docs.into_iter().map(|d| decode_event(&name, d)).collect()
             }
-            if n < batch || matched >= want {
-                return Ok(builder.finish());
-            }
-        }
+        })
+        .await
     }
 
     async fn find_docs(

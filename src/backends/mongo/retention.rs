@@ -7,6 +7,7 @@
 //! sequence)` index.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use futures::TryStreamExt;
 use mongodb::bson::{Bson, DateTime, Document, doc};
@@ -15,7 +16,7 @@ use super::groups::{REJECTED, int, int_of};
 use super::streams::get_u64;
 use super::{EVENTS, MongoBackend, Phase, SETTINGS, STREAM_SETTINGS, in_tx, map_err};
 use crate::backends::common::{self, GroupSettings};
-use crate::backends::group_store::RetentionStore;
+use crate::backends::group_store::{self, RetentionStore};
 use crate::error::{Error, Result};
 use crate::model::retention::{PartitionInfo, Retention};
 use crate::model::stream::StreamInfo;
@@ -92,62 +93,49 @@ impl MongoBackend {
             .zip(starts.iter().zip(&info.high_watermarks).zip(&bytes))
             .map(|(p, ((&first, &last), &b))| PartitionInfo::new(p, first, last, b))
             .collect();
-        let retention = self.retention_of(stream).await?;
+        let retention = group_store::retention_of(self, stream).await?;
         Ok(info.with_partitions(parts).with_options(retention, None))
     }
 }
 
 impl RetentionStore for MongoBackend {
-    /// A stream's retention (unlimited when none is stored).
-    async fn retention_of(&self, stream: &str) -> Result<Retention> {
+    async fn retention_text(&self, stream: &str) -> Result<Option<String>> {
         // StreamNotFound (the count is cached: no round trip after the first).
         self.partition_count(stream).await?;
         let found =
             self.collection(STREAM_SETTINGS).find_one(doc! { "stream": stream }).await.map_err(err("retention"))?;
-        match found.as_ref().and_then(|d| d.get_str("settings").ok()) {
-            Some(text) => serde_json::from_str(text).map_err(|e| {
-                Error::failed("retention", format!("stream {stream:?}: rheo_rs_stream_settings holds {e}"))
-            }),
-            None => Ok(Retention::default()),
-        }
+        Ok(found.as_ref().and_then(|d| d.get_str("settings").ok()).map(str::to_owned))
     }
 
-    /// The first sequence of partition `p` the limits keep (exact), at
-    /// least `start`.
-    async fn limits_start(&self, stream: &str, p: u32, r: &Retention, start: u64, hw: u64) -> Result<u64> {
-        let mut first = start;
-        if let Some(n) = r.max_events {
-            first = first.max((hw + 1).saturating_sub(n));
-        }
-        if let Some(cutoff) = r.age_cutoff_ms(self.now().as_millis()) {
-            let kept = self
-                .collection(EVENTS)
-                .find_one(doc! { "stream": stream, "partition": i64::from(p), "timestamp": { "$gte": DateTime::from_millis(cutoff) } })
-                .sort(doc! { "stream": 1, "partition": 1, "sequence": 1 })
-                .projection(doc! { "sequence": 1 })
-                .await
-                .map_err(err("retention"))?;
-            first = first.max(kept.as_ref().and_then(|d| get_u64(d, "sequence")).unwrap_or(hw + 1));
-        }
-        if let Some(max) = r.max_bytes {
-            // Newest first, until the running total passes the limit: that
-            // event and everything older go. Reads at most the limit's worth.
-            let mut total = 0u64;
-            let mut cursor = self
-                .collection(EVENTS)
-                .find(doc! { "stream": stream, "partition": i64::from(p) })
-                .sort(doc! { "stream": 1, "partition": 1, "sequence": -1 })
-                .await
-                .map_err(err("retention"))?;
-            while let Some(d) = cursor.try_next().await.map_err(err("retention"))? {
-                total += doc_bytes(&d);
-                if total > max {
-                    first = first.max(int_of(&d, "sequence") + 1);
-                    break;
-                }
+    async fn first_younger_than(&self, stream: &str, p: u32, age: Duration) -> Result<Option<u64>> {
+        let cutoff = self.now().as_millis().saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
+        let kept = self
+            .collection(EVENTS)
+            .find_one(doc! { "stream": stream, "partition": i64::from(p), "timestamp": { "$gte": DateTime::from_millis(cutoff) } })
+            .sort(doc! { "stream": 1, "partition": 1, "sequence": 1 })
+            .projection(doc! { "sequence": 1 })
+            .await
+            .map_err(err("retention"))?;
+        Ok(kept.as_ref().and_then(|d| get_u64(d, "sequence")))
+    }
+
+    async fn newest_past_bytes(&self, stream: &str, p: u32, max: u64) -> Result<Option<u64>> {
+        // Newest first, until the running total passes the limit. Reads at
+        // most the limit's worth.
+        let mut total = 0u64;
+        let mut cursor = self
+            .collection(EVENTS)
+            .find(doc! { "stream": stream, "partition": i64::from(p) })
+            .sort(doc! { "stream": 1, "partition": 1, "sequence": -1 })
+            .await
+            .map_err(err("retention"))?;
+        while let Some(d) = cursor.try_next().await.map_err(err("retention"))? {
+            total += doc_bytes(&d);
+            if total > max {
+                return Ok(Some(int_of(&d, "sequence")));
             }
         }
-        Ok(first)
+        Ok(None)
     }
 
     async fn group_names(&self, stream: &str) -> Result<Vec<String>> {

@@ -22,9 +22,6 @@ use crate::model::time::Timestamp;
 /// The most values of an `in` filter compiled to SQL (beyond: checked in Rust).
 const IN_MAX: usize = 64;
 
-/// Rows one statement reads at most while paging.
-const BATCH_MAX: usize = 1000;
-
 #[derive(Clone, Copy, PartialEq)]
 enum Cmp {
     Eq,
@@ -241,24 +238,14 @@ impl SqlBackend {
     }
 
     pub(super) async fn query_impl(&self, q: &Query) -> Result<Page> {
-        q.validate()?;
-        let count = self.partition_count(&q.stream).await?;
-        let parts = q.partitions(count);
-        let mut builder = q.page_builder();
-        if parts.is_empty() {
-            return Ok(builder.finish());
-        }
         let name: Arc<str> = Arc::from(q.stream.as_str());
-        let want = q.limit.saturating_add(1);
-        let batch = want.clamp(2, BATCH_MAX);
-        let mut last: Option<(i64, u64, u64)> = q.cursor.as_ref().map(|c| c.key().2);
-        let mut matched = 0usize;
-        loop {
+        let count = self.partition_count(&q.stream);
+        crate::backends::common::keyset_query(q, count, |b| {
             let mut s = self.stmt();
             let st = s.text(q.stream.clone());
             let mut conds = vec![format!("e.stream = {st}")];
-            if parts.len() < count as usize {
-                let list: Vec<String> = parts.iter().map(u32::to_string).collect();
+            if !b.every_partition {
+                let list: Vec<String> = b.parts.iter().map(u32::to_string).collect();
                 conds.push(format!("e.partition IN ({})", list.join(", ")));
             }
             if q.after_sequences.is_empty() {
@@ -288,14 +275,14 @@ impl SqlBackend {
                 conds.push(self.filter_sql(&mut s, f));
             }
             let cols = self.order_cols(q.order_by);
-            if let Some(key) = last {
+            if let Some(key) = b.after {
                 let args = self.key_args(&mut s, q.order_by, key);
                 let cmp = if q.descending { "<" } else { ">" };
                 conds.push(format!("({}) {cmp} ({})", cols.join(", "), args.join(", ")));
             }
             let dir = if q.descending { " DESC" } else { "" };
             let order: Vec<String> = cols.iter().map(|c| format!("{c}{dir}")).collect();
-            let lim = s.int(i64::try_from(batch).unwrap_or(i64::MAX));
+            let lim = s.int(i64::try_from(b.limit).unwrap_or(i64::MAX));
             s.push(&format!(
                 "SELECT {} FROM {} e WHERE {} ORDER BY {} LIMIT {lim}",
                 event_cols(self.d, "e"),
@@ -303,19 +290,12 @@ impl SqlBackend {
                 conds.join(" AND "),
                 order.join(", ")
             ));
-            let rows = self.pool.all(&s).await.map_err(self.err("query", Phase::Safe))?;
-            let n = rows.len();
-            for r in &rows {
-                let e = decode_event(&name, r, 0)?;
-                last = Some(q.sort_key(&e));
-                if q.matches(&e) {
-                    matched += 1;
-                    builder.offer(e);
-                }
+            let name = name.clone();
+            async move {
+                let rows = self.pool.all(&s).await.map_err(self.err("query", Phase::Safe))?;
+                rows.iter().map(|r| decode_event(&name, r, 0)).collect()
             }
-            if n < batch || matched >= want {
-                return Ok(builder.finish());
-            }
-        }
+        })
+        .await
     }
 }

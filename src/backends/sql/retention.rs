@@ -6,6 +6,7 @@
 //! `(stream, partition, sequence)` index, so it needs no column of its own.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -13,7 +14,7 @@ use super::db::Phase;
 use super::db::sg;
 use super::{Now, SqlBackend, TxError, at_commit, safe};
 use crate::backends::common::{self, GroupSettings};
-use crate::backends::group_store::RetentionStore;
+use crate::backends::group_store::{self, RetentionStore};
 use crate::error::{Error, Result};
 use crate::model::retention::{PartitionInfo, Retention};
 use crate::model::stream::StreamInfo;
@@ -99,7 +100,7 @@ impl SqlBackend {
             .zip(starts.iter().zip(&info.high_watermarks).zip(&bytes))
             .map(|(p, ((&first, &last), &b))| PartitionInfo::new(p, first, last, b))
             .collect();
-        let retention = self.retention_of(stream).await?;
+        let retention = group_store::retention_of(self, stream).await?;
         info = info.with_partitions(parts).with_options(retention, None);
         Ok(info)
     }
@@ -216,9 +217,17 @@ impl SqlBackend {
     }
 }
 
+impl SqlBackend {
+    /// The one sequence (or NULL) a retention statement selects.
+    async fn one_sequence(&self, s: &super::db::Stmt) -> Result<Option<u64>> {
+        let rows = self.pool.all(s).await.map_err(self.err("retention", Phase::Safe))?;
+        let n = rows.first().map(|r| r.opt_i64(0)).transpose()?.flatten();
+        Ok(n.and_then(|n| u64::try_from(n).ok()))
+    }
+}
+
 impl RetentionStore for SqlBackend {
-    /// A stream's retention (unlimited when none is stored).
-    async fn retention_of(&self, stream: &str) -> Result<Retention> {
+    async fn retention_text(&self, stream: &str) -> Result<Option<String>> {
         // StreamNotFound (the count is cached: no round trip after the first).
         self.partition_count(stream).await?;
         let mut s = self.stmt();
@@ -229,60 +238,40 @@ impl RetentionStore for SqlBackend {
             self.names.stream_settings()
         ));
         let rows = self.pool.all(&s).await.map_err(self.err("retention", Phase::Safe))?;
-        match rows.first() {
-            Some(r) => serde_json::from_str(&r.text(0)?).map_err(|e| {
-                Error::failed("retention", format!("stream {stream:?}: rheo_rs_stream_settings holds {e}"))
-            }),
-            None => Ok(Retention::default()),
-        }
+        rows.first().map(|r| r.text(0)).transpose()
     }
 
-    /// The first sequence of partition `p` the limits keep (exact: event by
-    /// event), at least `start`.
-    async fn limits_start(&self, stream: &str, p: u32, r: &Retention, start: u64, hw: u64) -> Result<u64> {
-        let mut first = start;
-        if let Some(n) = r.max_events {
-            first = first.max((hw + 1).saturating_sub(n));
-        }
-        if let Some(age) = r.max_age {
-            let ms = -i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
-            let mut s = self.stmt();
-            let st = s.text(stream);
-            let part = s.int(i64::from(p));
-            let cutoff = match self.now() {
-                Now::Db => {
-                    let ph = s.int(ms);
-                    self.d.ts_plus("now()", &ph)
-                }
-                Now::At(t) => s.ts(crate::model::time::Timestamp::from_millis(t.as_millis().saturating_add(ms))),
-            };
-            s.push(&format!(
-                "SELECT min(sequence) FROM {} WHERE stream = {st} AND partition = {part} AND \"timestamp\" >= {cutoff}",
-                self.names.events()
-            ));
-            let rows = self.pool.all(&s).await.map_err(self.err("retention", Phase::Safe))?;
-            let kept = rows.first().map(|r| r.opt_i64(0)).transpose()?.flatten();
-            first = first.max(kept.and_then(|n| u64::try_from(n).ok()).unwrap_or(hw + 1));
-        }
-        if let Some(max) = r.max_bytes {
-            // The newest sequence whose running total (newest first) passes
-            // the limit: it and everything older go.
-            let mut s = self.stmt();
-            let st = s.text(stream);
-            let part = s.int(i64::from(p));
-            let lim = s.int(i64::try_from(max).unwrap_or(i64::MAX));
-            s.push(&format!(
-                "SELECT max(sequence) FROM (SELECT e.sequence, sum({}) OVER (ORDER BY e.sequence DESC) AS total \
-                 FROM {} e WHERE e.stream = {st} AND e.partition = {part}) w WHERE w.total > {lim}",
-                self.bytes_expr("e"),
-                self.names.events()
-            ));
-            let rows = self.pool.all(&s).await.map_err(self.err("retention", Phase::Safe))?;
-            if let Some(n) = rows.first().map(|r| r.opt_i64(0)).transpose()?.flatten() {
-                first = first.max(u64::try_from(n).unwrap_or(0) + 1);
+    async fn first_younger_than(&self, stream: &str, p: u32, age: Duration) -> Result<Option<u64>> {
+        let ms = -i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+        let mut s = self.stmt();
+        let st = s.text(stream);
+        let part = s.int(i64::from(p));
+        let cutoff = match self.now() {
+            Now::Db => {
+                let ph = s.int(ms);
+                self.d.ts_plus("now()", &ph)
             }
-        }
-        Ok(first)
+            Now::At(t) => s.ts(crate::model::time::Timestamp::from_millis(t.as_millis().saturating_add(ms))),
+        };
+        s.push(&format!(
+            "SELECT min(sequence) FROM {} WHERE stream = {st} AND partition = {part} AND \"timestamp\" >= {cutoff}",
+            self.names.events()
+        ));
+        self.one_sequence(&s).await
+    }
+
+    async fn newest_past_bytes(&self, stream: &str, p: u32, max: u64) -> Result<Option<u64>> {
+        let mut s = self.stmt();
+        let st = s.text(stream);
+        let part = s.int(i64::from(p));
+        let lim = s.int(i64::try_from(max).unwrap_or(i64::MAX));
+        s.push(&format!(
+            "SELECT max(sequence) FROM (SELECT e.sequence, sum({}) OVER (ORDER BY e.sequence DESC) AS total \
+             FROM {} e WHERE e.stream = {st} AND e.partition = {part}) w WHERE w.total > {lim}",
+            self.bytes_expr("e"),
+            self.names.events()
+        ));
+        self.one_sequence(&s).await
     }
 
     async fn group_names(&self, stream: &str) -> Result<Vec<String>> {
