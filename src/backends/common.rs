@@ -252,10 +252,12 @@ pub(crate) async fn all_matches(
 }
 
 /// Candidates a keyset scan of a query reads per round trip at most.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mongo"))]
 const QUERY_BATCH_MAX: usize = 1000;
 
 /// One read of [`keyset_query`]: up to `limit` events of `parts` in the
 /// query's order past the sort key `after` (from the start when None).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mongo"))]
 pub(crate) struct KeysetBatch<'a> {
     pub parts: &'a [u32],
     /// True when `parts` is every partition of the stream.
@@ -269,6 +271,7 @@ pub(crate) struct KeysetBatch<'a> {
 /// and filters the database can apply; the query's own rules then pick the
 /// page. Stops at a short batch, or at a page and one more match (which
 /// sets the next cursor).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mongo"))]
 pub(crate) async fn keyset_query<F, Fut>(
     q: &crate::model::query::Query,
     count: impl std::future::Future<Output = Result<u32>>,

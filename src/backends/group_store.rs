@@ -23,10 +23,11 @@ use crate::backends::common::{self, GroupRow, GroupSettings, QueryPages};
 use crate::error::{Error, Result};
 use crate::groups::retention::new_start;
 use crate::groups::rules;
+use crate::model::group::FetchOptions;
 use crate::model::group::{
     GroupInfo, GroupOptions, GroupSummary, Lag, Replay, ReplayFrom, Reset, StartPosition, check_partitions,
 };
-use crate::model::lease::{LeaseRef, RetryOutcome};
+use crate::model::lease::{FetchReport, Lease, LeaseRef, RetryOutcome};
 use crate::model::retention::{DroppedRange, GroupSkip, Retention, RetentionPolicy, RetentionReport};
 use crate::model::time::Timestamp;
 
@@ -321,6 +322,111 @@ pub(crate) async fn retry<S: GroupStore + ?Sized>(
         }
     };
     if held { Ok(outcome) } else { Err(lease.stale()) }
+}
+
+/// The leases a claim took and the spent positions it dead-lettered.
+pub(crate) type Taken = (Vec<Lease>, Vec<(u32, u64)>);
+
+/// A claim a fetch makes: the partitions it takes from, the attempts a
+/// delivery may have, for whom and for how long.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+pub(crate) struct ClaimSpec<'a> {
+    pub scope: &'a [u32],
+    #[cfg_attr(not(feature = "mongo"), allow(dead_code))]
+    pub max_attempts: u32,
+    pub consumer: &'a str,
+    pub lease: Duration,
+}
+
+/// The fetch of a backend that adds delivery records ahead of its claims
+/// (MongoDB; SQL with `rheo_claims=rows`): [`fetch_materialized`].
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+pub(crate) trait MaterializedFetch: GroupStore {
+    /// Delivery records one materialization adds per partition at least
+    /// (else 8 fetches' worth).
+    const MATERIALIZE_MIN: u64;
+
+    /// Adds delivery records for the next `chunk` events of each partition
+    /// of `parts` at or after its cursor, and moves the cursors past them.
+    /// With `only_near`, a partition another consumer materialized
+    /// meanwhile may be left as it is (consumers that all see the window
+    /// run low at once don't each add a chunk).
+    fn materialize(
+        &self,
+        stream: &str,
+        group: &str,
+        parts: &[u32],
+        chunk: u64,
+        only_near: bool,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Claims up to `limit` delivery records; returns the leases and the
+    /// spent positions it dead-lettered.
+    fn claim(
+        &self,
+        stream: &str,
+        group: &str,
+        spec: &ClaimSpec<'_>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Taken>> + Send;
+
+    /// After positions were dead-lettered outside the group lock (spent
+    /// leases a claim met): orders them and moves the frontier.
+    fn settled(&self, stream: &str, group: &str, dead: &[(u32, u64)]) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// A fetch over delivery records: the partitions whose window runs low
+/// are materialized first; when the claim leaves the fetch short, the
+/// other partitions behind their high watermark too, and it claims again.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+pub(crate) async fn fetch_materialized<S: MaterializedFetch + ?Sized>(
+    store: &S,
+    stream: &str,
+    group: &str,
+    opts: &FetchOptions,
+) -> Result<FetchReport> {
+    let g = store.load_group(stream, group).await?;
+    let scope = g.scope(stream, opts.partitions.as_deref())?;
+    if scope.is_empty() {
+        return Ok(FetchReport::default());
+    }
+    let (chunk, behind, near) = common::materialize_plan(&g, &scope, opts.limit, S::MATERIALIZE_MIN);
+    if !near.is_empty() {
+        store.materialize(stream, group, &near, chunk, true).await?;
+    }
+    let consumer = opts.consumer_id.as_deref().unwrap_or_default();
+    let spec = ClaimSpec { scope: &scope, max_attempts: g.max_attempts, consumer, lease: opts.lease };
+    let (mut leases, mut spent) = store.claim(stream, group, &spec, opts.limit).await?;
+    let rest: Vec<u32> = behind.iter().copied().filter(|p| !near.contains(p)).collect();
+    if leases.len() < opts.limit && !rest.is_empty() {
+        store.materialize(stream, group, &rest, chunk, false).await?;
+        let (more, more_spent) = store.claim(stream, group, &spec, opts.limit - leases.len()).await?;
+        leases.extend(more);
+        spent.extend(more_spent);
+    }
+    leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
+    order_spent(store, stream, group, spent).await;
+    Ok(FetchReport { leases, ..FetchReport::default() })
+}
+
+/// Orders the positions a fetch's claim dead-lettered and moves the
+/// frontier past them. The claim is made: failing the fetch now would
+/// strand its leases until they expire, so a failure is logged, and the
+/// next settle's advance redoes the order marks and the frontier move.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+pub(crate) async fn order_spent<S: MaterializedFetch + ?Sized>(
+    store: &S,
+    stream: &str,
+    group: &str,
+    mut spent: Vec<(u32, u64)>,
+) {
+    if spent.is_empty() {
+        return;
+    }
+    spent.sort_unstable();
+    if let Err(e) = store.settled(stream, group, &spent).await {
+        tracing::warn!(stream, group, error = %e, "ordering dead letters after a claim failed");
+    }
 }
 
 /// What a retention pass does to a stream: each partition's new start

@@ -31,7 +31,7 @@ use mongodb::options::ReturnDocument;
 use super::streams::{decode_event, get_map, get_u64};
 use super::{DELIVERIES, EVENTS, GROUPS, MongoBackend, Phase, SETTINGS, STREAMS, TxFailure, in_tx, map_err, txe};
 use crate::backends::common::{self, GroupRow, GroupSettings, frontier_cursor as fc};
-use crate::backends::group_store::{DeliveryCounts, GroupStore};
+use crate::backends::group_store::{self, ClaimSpec, DeliveryCounts, GroupStore, MaterializedFetch, Taken};
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
 use crate::model::event::Event;
@@ -39,9 +39,6 @@ use crate::model::group::{DeadLetter, DeadLetterOptions, FetchOptions, GroupSumm
 use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef};
 use crate::model::time::Timestamp;
 
-/// Deliveries a materialization adds per partition at least (else 8
-/// fetches' worth).
-const MATERIALIZE_MIN: u64 = 256;
 /// Spent deliveries one fetch dead-letters at most, beyond its limit.
 const SPENT_PER_FETCH: usize = crate::groups::SPENT_PER_FETCH;
 /// Times a fetch claims again when other consumers won every candidate.
@@ -398,51 +395,10 @@ impl MongoBackend {
     // ---- fetch ----
 
     pub(super) async fn fetch_impl(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
-        let g = self.load_group(stream, group).await?;
-        let scope = g.scope(stream, opts.partitions.as_deref())?;
-        if scope.is_empty() {
-            return Ok(FetchReport::default());
-        }
-        let (chunk, behind, near) = common::materialize_plan(&g, &scope, opts.limit, MATERIALIZE_MIN);
-        if !near.is_empty() {
-            self.materialize(stream, group, &near, chunk, true).await?;
-        }
-        let consumer = opts.consumer_id.clone().unwrap_or_default();
-        let (mut leases, mut spent) =
-            self.claim(stream, group, &scope, g.max_attempts, opts.limit, &consumer, opts.lease).await?;
-        let rest: Vec<u32> = behind.iter().copied().filter(|p| !near.contains(p)).collect();
-        if leases.len() < opts.limit && !rest.is_empty() {
-            self.materialize(stream, group, &rest, chunk, false).await?;
-            let (more, more_spent) = self
-                .claim(stream, group, &scope, g.max_attempts, opts.limit - leases.len(), &consumer, opts.lease)
-                .await?;
-            leases.extend(more);
-            spent.extend(more_spent);
-            leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
-        }
-        if !spent.is_empty() {
-            spent.sort_unstable();
-            // The claims are made: failing the fetch now would strand its
-            // leases until they expire. The order marks and the frontier
-            // move are redone by the next settle's advance.
-            if let Err(e) = self.settled(stream, group, &spent).await {
-                tracing::warn!(stream, group, error = %e, "ordering dead letters after a claim failed");
-            }
-        }
-        Ok(FetchReport { leases, ..FetchReport::default() })
+        group_store::fetch_materialized(self, stream, group, opts).await
     }
 
-    /// Adds delivery documents for the next `chunk` events of each
-    /// partition of `parts` at or after its cursor, and moves the cursors
-    /// past them. With `only_near`, a partition another consumer has
-    /// materialized meanwhile (more than half a chunk ahead of the frontier
-    /// now) is left as it is: consumers that all see the window run low at
-    /// once don't each add a chunk.
-    async fn materialize(&self, stream: &str, group: &str, parts: &[u32], chunk: u64, only_near: bool) -> Result<()> {
-        let now = self.now();
-        in_tx!(self, "fetch", |s| self.materialize_in(s, stream, group, parts, chunk, only_near, now).await)
-    }
-
+    /// [`MaterializedFetch::materialize`] in a session.
     #[allow(clippy::too_many_arguments)]
     async fn materialize_in(
         &self,
@@ -543,55 +499,19 @@ impl MongoBackend {
         self.write_maps(s, stream, group, None, Some(&cursors), OP).await
     }
 
-    /// Claims up to `limit` deliveries; returns the leases and the spent
-    /// positions it dead-lettered. Candidates are read per partition above
-    /// the frontier, in sequence order; their events are read before
-    /// anything is claimed; then one `update_many` (an aggregation update
-    /// giving each delivery its own lease id) claims those still claimable,
-    /// and a `find` by lease id says which this call won.
-    #[allow(clippy::too_many_arguments)]
-    async fn claim(
-        &self,
-        stream: &str,
-        group: &str,
-        scope: &[u32],
-        max_attempts: u32,
-        limit: usize,
-        consumer: &str,
-        lease_for: Duration,
-    ) -> Result<(Vec<Lease>, Vec<(u32, u64)>)> {
-        let mut leases = Vec::new();
-        let mut spent = Vec::new();
-        for round in 0..CLAIM_ROUNDS {
-            let (won, dead, raced) =
-                self.claim_round(stream, group, scope, max_attempts, limit - leases.len(), consumer, lease_for).await?;
-            leases.extend(won);
-            spent.extend(dead);
-            if !raced || leases.len() >= limit {
-                break;
-            }
-            tokio::time::sleep(super::backoff(round + 1)).await;
-        }
-        leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
-        Ok((leases, spent))
-    }
-
     /// One round of `claim`; `raced` is true when others took candidates
     /// this round wanted (another round may find more).
-    #[allow(clippy::too_many_arguments)]
     async fn claim_round(
         &self,
         stream: &str,
         group: &str,
-        scope: &[u32],
-        max_attempts: u32,
+        spec: &ClaimSpec<'_>,
         limit: usize,
-        consumer: &str,
-        lease_for: Duration,
     ) -> Result<(Vec<Lease>, Vec<(u32, u64)>, bool)> {
+        let (consumer, lease_for) = (spec.consumer, spec.lease);
         let now = self.now();
-        let cands = self.claim_candidates(stream, group, scope, limit, now).await?;
-        let (mut claims, dead) = walk_candidates(cands, limit, max_attempts);
+        let cands = self.claim_candidates(stream, group, spec.scope, limit, now).await?;
+        let (mut claims, dead) = walk_candidates(cands, limit, spec.max_attempts);
         // Their events, before anything changes.
         let events = self.events_of(stream, &claims).await?;
         claims.retain(|d| {
@@ -736,18 +656,6 @@ impl MongoBackend {
             .into_iter()
             .filter(|d| d.get_str("status") == Ok(LEASED) && d.get_str("lease_id").is_ok_and(|l| mine.contains(l)))
             .collect())
-    }
-
-    /// After positions were dead-lettered outside the group lock (spent
-    /// leases met by a claim): orders them and moves the frontier.
-    async fn settled(&self, stream: &str, group: &str, dead: &[(u32, u64)]) -> Result<()> {
-        const OP: &str = "fetch";
-        in_tx!(self, OP, |s| {
-            let (mut frontiers, cursors) = self.lock_group(s, stream, group, OP).await?;
-            self.mark_dead(s, stream, group, dead, OP).await?;
-            let parts: BTreeSet<u32> = dead.iter().map(|d| d.0).collect();
-            self.advance(s, stream, group, &mut frontiers, &cursors, &parts, OP).await
-        })
     }
 
     // ---- settles ----
@@ -1408,4 +1316,43 @@ fn held(lease: &LeaseRef) -> Document {
             "status": LEASED,
         },
     )
+}
+
+/// Claims: candidates are read per partition above the frontier, in
+/// sequence order; their events are read before anything is claimed; then
+/// one `update_many` (an aggregation update giving each delivery its own
+/// lease id) claims those still claimable, and a `find` by lease id says
+/// which this call won. Rounds that lost candidates to others go again.
+impl MaterializedFetch for MongoBackend {
+    const MATERIALIZE_MIN: u64 = 256;
+
+    async fn materialize(&self, stream: &str, group: &str, parts: &[u32], chunk: u64, only_near: bool) -> Result<()> {
+        let now = self.now();
+        in_tx!(self, "fetch", |s| self.materialize_in(s, stream, group, parts, chunk, only_near, now).await)
+    }
+
+    async fn claim(&self, stream: &str, group: &str, spec: &ClaimSpec<'_>, limit: usize) -> Result<Taken> {
+        let mut leases = Vec::new();
+        let mut spent = Vec::new();
+        for round in 0..CLAIM_ROUNDS {
+            let (won, dead, raced) = self.claim_round(stream, group, spec, limit - leases.len()).await?;
+            leases.extend(won);
+            spent.extend(dead);
+            if !raced || leases.len() >= limit {
+                break;
+            }
+            tokio::time::sleep(super::backoff(round + 1)).await;
+        }
+        Ok((leases, spent))
+    }
+
+    async fn settled(&self, stream: &str, group: &str, dead: &[(u32, u64)]) -> Result<()> {
+        const OP: &str = "fetch";
+        in_tx!(self, OP, |s| {
+            let (mut frontiers, cursors) = self.lock_group(s, stream, group, OP).await?;
+            self.mark_dead(s, stream, group, dead, OP).await?;
+            let parts: BTreeSet<u32> = dead.iter().map(|d| d.0).collect();
+            self.advance(s, stream, group, &mut frontiers, &cursors, &parts, OP).await
+        })
+    }
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::claims::{Claimed, Split, claim_base, claim_lease, partition_base};
+use super::claims::{Split, claim_base, claim_lease, partition_base};
 use super::db::{Phase, Row, Stmt, Tx};
 use super::dialect::Dialect;
 use super::streams::{EVENT_COLS, decode_event, event_cols, lease_rows, seq_arg};
@@ -37,8 +37,6 @@ use crate::model::group::{DeadLetter, DeadLetterOptions, FetchOptions, GroupSumm
 use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef};
 use crate::model::time::Timestamp;
 
-/// Rows a materialization adds per partition at least (else 8 fetches' worth).
-const MATERIALIZE_MIN: u64 = 512;
 /// Spent deliveries one fetch dead-letters at most, beyond its limit.
 const SPENT_PER_FETCH: usize = crate::groups::SPENT_PER_FETCH;
 
@@ -46,7 +44,7 @@ const SPENT_PER_FETCH: usize = crate::groups::SPENT_PER_FETCH;
 type Settings = crate::backends::common::GroupSettings;
 
 use crate::backends::common::{self, GroupRow, frontier_cursor as fc};
-use crate::backends::group_store::{DeliveryCounts, GroupStore};
+use crate::backends::group_store::{self, ClaimSpec, DeliveryCounts, GroupStore, MaterializedFetch, Taken};
 
 use super::db::{map_text, parse_map, sg};
 use super::frontier::TERMINAL;
@@ -58,9 +56,6 @@ fn stale(l: &LeaseRef) -> Error {
 /// A claimed lease of a settle call: its index in the call and
 /// (partition, sequence, claim base).
 type ClaimedLease = (usize, (u32, u64, i64));
-
-/// What a claim hands out: leases, and the spent positions it dead-lettered.
-type Taken = (Vec<Lease>, Vec<(u32, u64)>);
 
 /// The leases `idx` of `leases` by kind: claimed ones, and the indexes of
 /// row leases.
@@ -283,7 +278,7 @@ impl SqlBackend {
 
     pub(super) async fn fetch_impl(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
         if self.claims_mode == ClaimsMode::Rows {
-            return self.fetch_rows_impl(stream, group, opts).await;
+            return group_store::fetch_materialized(self, stream, group, opts).await;
         }
         let scope = self.fetch_scope(stream, group, opts.partitions.as_deref()).await?;
         if scope.is_empty() {
@@ -319,17 +314,9 @@ impl SqlBackend {
             self.load_group(stream, group).await?;
             return Err(Error::group_not_found(stream, group));
         }
-        let (mut leases, mut spent) = self.leases_of(stream, group, &consumer, &claimed)?;
+        let (mut leases, spent) = self.leases_of(stream, group, &consumer, &claimed.rows, claimed.base)?;
         leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
-        if !spent.is_empty() {
-            spent.sort_unstable();
-            // The claim committed (with its dead letters): failing the fetch
-            // now would strand its leases until they expire. The order marks
-            // and the frontier move are redone by the next settle's advance.
-            if let Err(e) = super::retry_tx!(self, "fetch", self.settled_tx(stream, group, &spent).await) {
-                tracing::warn!(stream, group, error = %e, "ordering dead letters after a claim failed");
-            }
-        }
+        group_store::order_spent(self, stream, group, spent).await;
         Ok(FetchReport { leases, ..FetchReport::default() })
     }
 
@@ -359,14 +346,15 @@ impl SqlBackend {
         Ok(all.into_iter().filter(|p| requested.is_none_or(|r| r.contains(p))).collect())
     }
 
-    /// The leases and spent positions of a claim's rows.
-    fn leases_of(&self, stream: &str, group: &str, consumer: &str, claimed: &Claimed) -> Result<Taken> {
+    /// The leases and spent positions of a claim's rows (`base`: the claim
+    /// base of the range claims among them).
+    fn leases_of(&self, stream: &str, group: &str, consumer: &str, rows: &[Row], base: i64) -> Result<Taken> {
         let name: Arc<str> = Arc::from(stream);
         let group_name: Arc<str> = Arc::from(group);
         let consumer: Arc<str> = Arc::from(consumer);
-        let mut leases = Vec::with_capacity(claimed.rows.len());
+        let mut leases = Vec::with_capacity(rows.len());
         let mut spent = Vec::new();
-        for r in &claimed.rows {
+        for r in rows {
             let (p, q) = (r.u32(1)?, r.u64(2)?);
             let kind = r.i64(0)?;
             if kind == 1 {
@@ -377,8 +365,7 @@ impl SqlBackend {
                 tracing::warn!(stream, group, partition = p, sequence = q, "a claimed delivery has no event row");
                 continue;
             }
-            let lease_id =
-                if kind == 2 { claim_lease(partition_base(claimed.base, p), q) } else { r.text(3)?.parse()? };
+            let lease_id = if kind == 2 { claim_lease(partition_base(base, p), q) } else { r.text(3)?.parse()? };
             leases.push(Lease {
                 lease_id,
                 receipt: None,
@@ -390,41 +377,6 @@ impl SqlBackend {
             });
         }
         Ok((leases, spent))
-    }
-
-    /// The fetch of `rheo_claims=rows`: delivery rows added ahead of the
-    /// claims (the reference's materialization), then claimed.
-    async fn fetch_rows_impl(&self, stream: &str, group: &str, opts: &FetchOptions) -> Result<FetchReport> {
-        let g = self.load_group(stream, group).await?;
-        let scope = g.scope(stream, opts.partitions.as_deref())?;
-        if scope.is_empty() {
-            return Ok(FetchReport::default());
-        }
-        let (chunk, behind, near) = common::materialize_plan(&g, &scope, opts.limit, MATERIALIZE_MIN);
-        if !near.is_empty() {
-            super::retry_tx!(self, "fetch", self.materialize_tx(stream, group, &near, chunk).await)?;
-        }
-        let consumer = opts.consumer_id.clone().unwrap_or_default();
-        let (mut leases, mut spent) = self.claim(stream, group, &scope, opts.limit, &consumer, opts.lease).await?;
-        let rest: Vec<u32> = behind.iter().copied().filter(|p| !near.contains(p)).collect();
-        if leases.len() < opts.limit && !rest.is_empty() {
-            super::retry_tx!(self, "fetch", self.materialize_tx(stream, group, &rest, chunk).await)?;
-            let (more, more_spent) =
-                self.claim(stream, group, &scope, opts.limit - leases.len(), &consumer, opts.lease).await?;
-            leases.extend(more);
-            spent.extend(more_spent);
-            leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
-        }
-        if !spent.is_empty() {
-            spent.sort_unstable();
-            // The claim committed (with its dead letters): failing the fetch
-            // now would strand its leases until they expire. The order marks
-            // and the frontier move are redone by the next settle's advance.
-            if let Err(e) = super::retry_tx!(self, "fetch", self.settled_tx(stream, group, &spent).await) {
-                tracing::warn!(stream, group, error = %e, "ordering dead letters after a claim failed");
-            }
-        }
-        Ok(FetchReport { leases, ..FetchReport::default() })
     }
 
     /// Adds delivery rows for the next `chunk` events of each partition of
@@ -528,61 +480,6 @@ impl SqlBackend {
         format!(
             "(d.status = 'available' OR (d.status = 'leased' AND d.expires_at IS NOT NULL AND d.expires_at <= {at}))"
         )
-    }
-
-    /// Claims up to `limit` deliveries; returns the leases and the spent
-    /// positions it dead-lettered.
-    #[allow(clippy::too_many_arguments)]
-    async fn claim(
-        &self,
-        stream: &str,
-        group: &str,
-        scope: &[u32],
-        limit: usize,
-        consumer: &str,
-        lease_for: Duration,
-    ) -> Result<(Vec<Lease>, Vec<(u32, u64)>)> {
-        let lease_ids: Vec<LeaseId> = (0..limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id())).collect();
-        let rows = match self.d {
-            Dialect::Postgres => super::retry_tx!(
-                self,
-                "fetch",
-                self.claim_pg(stream, group, scope, limit, consumer, lease_for, &lease_ids).await
-            )?,
-            Dialect::Sqlite => super::retry_tx!(
-                self,
-                "fetch",
-                self.claim_lite(stream, group, scope, limit, consumer, lease_for, &lease_ids).await
-            )?,
-        };
-        let name: Arc<str> = Arc::from(stream);
-        let group_name: Arc<str> = Arc::from(group);
-        let consumer: Arc<str> = Arc::from(consumer);
-        let mut leases = Vec::new();
-        let mut spent = Vec::new();
-        for r in &rows {
-            let (p, q) = (r.u32(1)?, r.u64(2)?);
-            if r.i64(0)? == 1 {
-                spent.push((p, q));
-                continue;
-            }
-            if r.opt_text(6)?.is_none() {
-                tracing::warn!(stream, group, partition = p, sequence = q, "a claimed delivery has no event row");
-                continue;
-            }
-            let lease_id: LeaseId = r.text(3)?.parse()?;
-            leases.push(Lease {
-                lease_id,
-                receipt: None,
-                group: group_name.clone(),
-                consumer_id: consumer.clone(),
-                attempt: r.u32(4)?,
-                expires_at: r.ts(5)?,
-                event: decode_event(&name, r, 6)?,
-            });
-        }
-        leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
-        Ok((leases, spent))
     }
 
     /// The one-statement claim: candidates per partition bounded below by
@@ -1482,5 +1379,35 @@ impl GroupStore for SqlBackend {
             fenced = self.fenced(&st, &gr, &arr),
         ));
         Ok(self.pool.exec(&s).await.map_err(self.err("retry", Phase::Commit))? > 0)
+    }
+}
+
+impl MaterializedFetch for SqlBackend {
+    const MATERIALIZE_MIN: u64 = 512;
+
+    async fn materialize(&self, stream: &str, group: &str, parts: &[u32], chunk: u64, _only_near: bool) -> Result<()> {
+        super::retry_tx!(self, "fetch", self.materialize_tx(stream, group, parts, chunk).await)
+    }
+
+    async fn claim(&self, stream: &str, group: &str, spec: &ClaimSpec<'_>, limit: usize) -> Result<Taken> {
+        let lease_ids: Vec<LeaseId> = (0..limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id())).collect();
+        let (scope, consumer, lease_for) = (spec.scope, spec.consumer, spec.lease);
+        let rows = match self.d {
+            Dialect::Postgres => super::retry_tx!(
+                self,
+                "fetch",
+                self.claim_pg(stream, group, scope, limit, consumer, lease_for, &lease_ids).await
+            )?,
+            Dialect::Sqlite => super::retry_tx!(
+                self,
+                "fetch",
+                self.claim_lite(stream, group, scope, limit, consumer, lease_for, &lease_ids).await
+            )?,
+        };
+        self.leases_of(stream, group, consumer, &rows, 0)
+    }
+
+    async fn settled(&self, stream: &str, group: &str, dead: &[(u32, u64)]) -> Result<()> {
+        super::retry_tx!(self, "fetch", self.settled_tx(stream, group, dead).await)
     }
 }
