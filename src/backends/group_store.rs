@@ -15,15 +15,16 @@
 //! backends ran before (the fast shapes of ADR 0019–0025): a step here is
 //! one round trip or one transaction, and an orchestration adds none.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backends::common::{self, GroupRow, GroupSettings, QueryPages};
 use crate::error::{Error, Result};
 use crate::groups::retention::new_start;
 use crate::groups::rules;
-use crate::model::group::FetchOptions;
+use crate::model::group::{DeadLetter, DeadLetterOptions, FetchOptions};
 use crate::model::group::{
     GroupInfo, GroupOptions, GroupSummary, Lag, Replay, ReplayFrom, Reset, StartPosition, check_partitions,
 };
@@ -322,6 +323,123 @@ pub(crate) async fn retry<S: GroupStore + ?Sized>(
         }
     };
     if held { Ok(outcome) } else { Err(lease.stale()) }
+}
+
+/// The batch settles of the transactional backends (SQL, MongoDB), a
+/// group at a time: [`per_group`].
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+pub(crate) trait SettleStore: GroupStore {
+    /// Why settles on (stream, group) can't hold: `StreamNotFound`, then
+    /// `GroupNotFound`; None when both exist.
+    fn missing(&self, stream: &str, group: &str) -> impl Future<Output = Result<Option<Error>>> + Send;
+
+    /// Dead-letters the delivery `lease` holds with `reason` (already
+    /// prefixed), now; false when the lease no longer holds it.
+    fn reject_held(&self, lease: &LeaseRef, reason: &str) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Where a dead letter stands in the order of a group's dead letters.
+    type DeadLetterKey: Send + Sync;
+
+    /// The key of the dead letter `at` names (None: it is not one).
+    fn dead_letter_key(
+        &self,
+        stream: &str,
+        group: &str,
+        at: DeadLetterAt<'_>,
+    ) -> impl Future<Output = Result<Option<Self::DeadLetterKey>>> + Send;
+
+    /// Up to `limit` dead letters of a group in order, after `after` (from
+    /// the first when None).
+    fn dead_letter_page(
+        &self,
+        stream: &str,
+        group: &str,
+        after: Option<&Self::DeadLetterKey>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>>> + Send;
+}
+
+/// A dead letter a page starts after: by position or by event id.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+pub(crate) enum DeadLetterAt<'a> {
+    Position(u32, u64),
+    Event(&'a str),
+}
+
+/// A page of a group's dead letters: in the order they were
+/// dead-lettered (those the Elixir reference wrote, which carry no order
+/// mark, first; then by time, partition and sequence), after the cursor
+/// `opts` names. `CursorNotFound` when it names no dead letter.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+pub(crate) async fn dead_letters<S: SettleStore + ?Sized>(
+    store: &S,
+    stream: &str,
+    group: &str,
+    opts: &DeadLetterOptions,
+) -> Result<Vec<DeadLetter>> {
+    store.load_group(stream, group).await?;
+    let at = match (opts.after_position, &opts.after) {
+        (Some((p, q)), _) => Some((DeadLetterAt::Position(p, q), format!("{p}:{q}"))),
+        (None, Some(id)) => Some((DeadLetterAt::Event(id), id.clone())),
+        (None, None) => None,
+    };
+    let key =
+        match at {
+            Some((at, cursor)) => Some(store.dead_letter_key(stream, group, at).await?.ok_or_else(|| {
+                Error::CursorNotFound { scope: format!("dead letters of {stream:?}/{group:?}"), cursor }
+            })?),
+            None => None,
+        };
+    store.dead_letter_page(stream, group, key.as_ref(), opts.limit).await
+}
+
+/// Rejects a lease: its delivery becomes a dead letter at once. A lease
+/// that no longer holds it is stale, unless its stream or group is gone.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+pub(crate) async fn reject<S: SettleStore + ?Sized>(store: &S, lease: &LeaseRef, reason: &str) -> Result<()> {
+    match store.reject_held(lease, &rules::rejected(reason)).await {
+        Ok(true) => Ok(()),
+        Ok(false) | Err(Error::GroupNotFound { .. }) => {
+            Err(store.missing(&lease.stream, &lease.group).await?.unwrap_or_else(|| lease.stale()))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Runs a batch settle or renewal a group at a time: `step` takes one
+/// group's leases (their indexes in `leases`) and answers, by position,
+/// what it did to each it still held. A lease it did not reach is stale,
+/// unless its stream or group is gone, which all that group's leases then
+/// answer (as they do when `step` finds the group gone).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+pub(crate) async fn per_group<S, T, F, Fut>(store: &S, leases: &[LeaseRef], mut step: F) -> Result<Vec<Result<T>>>
+where
+    S: SettleStore + ?Sized,
+    T: Clone,
+    F: FnMut(Arc<str>, Arc<str>, Vec<usize>) -> Fut,
+    Fut: Future<Output = Result<HashMap<(u32, u64), T>>>,
+{
+    let mut out: Vec<Result<T>> = Vec::with_capacity(leases.len());
+    out.resize_with(leases.len(), || Err(Error::failed("settle", "no result")));
+    for ((stream, group), idx) in common::by_group(leases) {
+        let (mut done, missing) = match step(stream.clone(), group.clone(), idx.clone()).await {
+            Ok(done) if done.len() >= idx.len() => (done, None),
+            Ok(done) => (done, store.missing(&stream, &group).await?),
+            Err(e @ Error::GroupNotFound { .. }) => {
+                (HashMap::new(), Some(store.missing(&stream, &group).await?.unwrap_or(e)))
+            }
+            Err(e) => return Err(e),
+        };
+        for i in idx {
+            let l = &leases[i];
+            out[i] = match &missing {
+                Some(e) => Err(e.clone()),
+                None => done.remove(&(l.partition, l.sequence)).ok_or_else(|| l.stale()),
+            };
+        }
+    }
+    Ok(out)
 }
 
 /// The leases a claim took and the spent positions it dead-lettered.
@@ -718,7 +836,7 @@ macro_rules! database_backend {
             }
 
             async fn reject(&self, lease: &$crate::model::lease::LeaseRef, reason: &str) -> $crate::error::Result<()> {
-                self.reject_impl(lease, reason).await
+                $crate::backends::group_store::reject(self, lease, reason).await
             }
 
             async fn skip(
@@ -769,7 +887,7 @@ macro_rules! database_backend {
                 group: &str,
                 opts: &$crate::model::group::DeadLetterOptions,
             ) -> $crate::error::Result<Vec<$crate::model::group::DeadLetter>> {
-                self.dead_letters_impl(stream, group, opts).await
+                $crate::backends::group_store::dead_letters(self, stream, group, opts).await
             }
 
             async fn group_info(&self, stream: &str, group: &str) -> $crate::error::Result<$crate::model::group::GroupInfo> {

@@ -31,11 +31,13 @@ use mongodb::options::ReturnDocument;
 use super::streams::{decode_event, get_map, get_u64};
 use super::{DELIVERIES, EVENTS, GROUPS, MongoBackend, Phase, SETTINGS, STREAMS, TxFailure, in_tx, map_err, txe};
 use crate::backends::common::{self, GroupRow, GroupSettings, frontier_cursor as fc};
-use crate::backends::group_store::{self, ClaimSpec, DeliveryCounts, GroupStore, MaterializedFetch, Taken};
+use crate::backends::group_store::{
+    self, ClaimSpec, DeadLetterAt, DeliveryCounts, GroupStore, MaterializedFetch, SettleStore, Taken,
+};
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
 use crate::model::event::Event;
-use crate::model::group::{DeadLetter, DeadLetterOptions, FetchOptions, GroupSummary};
+use crate::model::group::{DeadLetter, FetchOptions, GroupSummary};
 use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef};
 use crate::model::time::Timestamp;
 
@@ -660,23 +662,6 @@ impl MongoBackend {
 
     // ---- settles ----
 
-    /// Why settles on (stream, group) can't hold: `StreamNotFound`, then
-    /// `GroupNotFound`; None when both exist.
-    async fn missing(&self, stream: &str, group: &str) -> Result<Option<Error>> {
-        match self.partition_count(stream).await {
-            Err(e @ Error::StreamNotFound { .. }) => return Ok(Some(e)),
-            Err(e) => return Err(e),
-            Ok(_) => {}
-        }
-        let found = self
-            .collection(GROUPS)
-            .find_one(doc! { "stream": stream, "name": group })
-            .projection(doc! { "_id": 1 })
-            .await
-            .map_err(err("settle"))?;
-        Ok(found.is_none().then(|| Error::group_not_found(stream, group)))
-    }
-
     /// The deliveries `leases` still hold (fenced by lease id, position and
     /// status), read in the session: position -> `_id`.
     async fn held(
@@ -734,45 +719,29 @@ impl MongoBackend {
     }
 
     pub(super) async fn renew_many_impl(&self, leases: &[LeaseRef], d: Duration) -> Result<Vec<Result<Timestamp>>> {
-        let mut out: Vec<Option<Result<Timestamp>>> = vec![None; leases.len()];
-        for ((stream, group), idx) in common::by_group(leases) {
+        group_store::per_group(self, leases, |stream, group, idx| async move {
             let batch: Vec<&LeaseRef> = idx.iter().map(|&i| &leases[i]).collect();
             let now = self.now();
             let exp = now.saturating_add(d);
-            let renewed = in_tx!(self, "renew", |s| {
+            let held = in_tx!(self, "renew", |s| {
                 let held = self.held(s, &stream, &group, &batch, "renew").await?;
                 if !held.is_empty() {
-                    let ids = held.values().cloned().collect();
-                    self.update_held(
-                        s,
-                        ids,
-                        doc! { "$set": { "expires_at": dt(exp), "renewed_at": dt(now) } },
-                        "renew",
-                    )
-                    .await?;
+                    let set = doc! { "$set": { "expires_at": dt(exp), "renewed_at": dt(now) } };
+                    self.update_held(s, held.values().cloned().collect(), set, "renew").await?;
                 }
                 Ok(held)
             })?;
-            let missing = if renewed.len() < idx.len() { self.missing(&stream, &group).await? } else { None };
-            for i in idx {
-                let l = &leases[i];
-                out[i] = Some(match &missing {
-                    Some(e) => Err(e.clone()),
-                    None if renewed.contains_key(&(l.partition, l.sequence)) => Ok(exp),
-                    None => Err(l.stale()),
-                });
-            }
-        }
-        Ok(out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::failed("renew", "no result")))).collect())
+            Ok(held.into_keys().map(|k| (k, exp)).collect())
+        })
+        .await
     }
 
     pub(super) async fn ack_many_impl(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
         const OP: &str = "ack";
-        let mut out: Vec<Option<Result<()>>> = vec![None; leases.len()];
-        for ((stream, group), idx) in common::by_group(leases) {
+        group_store::per_group(self, leases, |stream, group, idx| async move {
             let batch: Vec<&LeaseRef> = idx.iter().map(|&i| &leases[i]).collect();
             let now = self.now();
-            let acked = in_tx!(self, OP, |s| {
+            let held = in_tx!(self, OP, |s| {
                 let (mut frontiers, cursors) = self.lock_group(s, &stream, &group, OP).await?;
                 let held = self.held(s, &stream, &group, &batch, OP).await?;
                 if !held.is_empty() {
@@ -785,24 +754,10 @@ impl MongoBackend {
                     self.advance(s, &stream, &group, &mut frontiers, &cursors, &parts, OP).await?;
                 }
                 Ok(held)
-            });
-            let acked = match acked {
-                Ok(a) => a,
-                Err(e @ Error::GroupNotFound { .. }) => {
-                    let e = self.missing(&stream, &group).await?.unwrap_or(e);
-                    for i in idx {
-                        out[i] = Some(Err(e.clone()));
-                    }
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            for i in idx {
-                let l = &leases[i];
-                out[i] = Some(if acked.contains_key(&(l.partition, l.sequence)) { Ok(()) } else { Err(l.stale()) });
-            }
-        }
-        Ok(out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::failed("ack", "no result")))).collect())
+            })?;
+            Ok(held.into_keys().map(|k| (k, ())).collect())
+        })
+        .await
     }
 
     /// Dead-letters the delivery a lease holds, with `reason`; false when
@@ -827,17 +782,6 @@ impl MongoBackend {
         })
     }
 
-    pub(super) async fn reject_impl(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
-        let reason = rules::rejected(reason);
-        match self.dead_letter_held(lease, &reason, self.now(), "reject").await {
-            Ok(true) => Ok(()),
-            Ok(false) | Err(Error::GroupNotFound { .. }) => {
-                Err(self.missing(&lease.stream, &lease.group).await?.unwrap_or_else(|| lease.stale()))
-            }
-            Err(e) => Err(e),
-        }
-    }
-
     // ---- replay and reset ----
 
     /// What a replay sets on a delivery it reopens.
@@ -852,63 +796,6 @@ impl MongoBackend {
     }
 
     // ---- inspecting ----
-
-    pub(super) async fn dead_letters_impl(
-        &self,
-        stream: &str,
-        group: &str,
-        opts: &DeadLetterOptions,
-    ) -> Result<Vec<DeadLetter>> {
-        const OP: &str = "dead_letters";
-        self.load_group(stream, group).await?;
-        // The order: the dead-letter mark (those the reference wrote have
-        // none and come first), then time, partition and sequence.
-        let sort = doc! { MARK: 1, "dead_lettered_at": 1, "partition": 1, "sequence": 1 };
-        let mut filter = sg_and(stream, group, doc! { "status": REJECTED });
-        if opts.after_position.is_some() || opts.after.is_some() {
-            let (cond, cursor) = match (&opts.after_position, &opts.after) {
-                (Some((p, q)), _) => (doc! { "partition": i64::from(*p), "sequence": int(*q) }, format!("{p}:{q}")),
-                (None, Some(id)) => (doc! { "event_id": id.as_str() }, id.clone()),
-                (None, None) => (Document::new(), String::new()),
-            };
-            let mut at = filter.clone();
-            at.extend(cond);
-            let a = self.deliveries().find_one(at).await.map_err(err(OP))?.ok_or_else(|| Error::CursorNotFound {
-                scope: format!("dead letters of {stream:?}/{group:?}"),
-                cursor,
-            })?;
-            filter.insert("$or", after_key(&a));
-        }
-        let lim = i64::try_from(opts.limit).unwrap_or(i64::MAX);
-        let docs = self.find_all(DELIVERIES, filter, Some(sort), Some(lim), None).await.map_err(err(OP))?;
-        let ids: Vec<Bson> = docs.iter().filter_map(|d| d.get("event_id").cloned()).collect();
-        let name: Arc<str> = Arc::from(stream);
-        let mut events: HashMap<String, Event> = HashMap::new();
-        if !ids.is_empty() {
-            for e in self.find_all(EVENTS, doc! { "_id": { "$in": ids } }, None, None, None).await.map_err(err(OP))? {
-                let e = decode_event(&name, e)?;
-                events.insert(e.id().to_owned(), e);
-            }
-        }
-        Ok(docs
-            .iter()
-            .map(|d| {
-                let event = d.get_str("event_id").ok().and_then(|id| events.get(id).cloned());
-                (d, event)
-            })
-            .map(|(d, event)| DeadLetter {
-                partition: u32_of(d, "partition"),
-                sequence: int_of(d, "sequence"),
-                // An event document is missing only when retention dropped it.
-                dropped: event.is_none(),
-                event,
-                damage: None,
-                reason: d.get_str("reason").unwrap_or_default().to_owned(),
-                attempts: u32_of(d, "attempt"),
-                dead_lettered_at: ts(d, "dead_lettered_at").unwrap_or_default(),
-            })
-            .collect())
-    }
 }
 
 /// The `$or` of "after this dead letter" in the order (mark, time,
@@ -1354,5 +1241,84 @@ impl MaterializedFetch for MongoBackend {
             let parts: BTreeSet<u32> = dead.iter().map(|d| d.0).collect();
             self.advance(s, stream, group, &mut frontiers, &cursors, &parts, OP).await
         })
+    }
+}
+
+/// Dead letters are ordered by their mark (those the reference wrote have
+/// none and come first), then time, partition and sequence.
+impl SettleStore for MongoBackend {
+    /// The dead letter's delivery document.
+    type DeadLetterKey = Document;
+
+    async fn dead_letter_key(&self, stream: &str, group: &str, at: DeadLetterAt<'_>) -> Result<Option<Document>> {
+        let cond = match at {
+            DeadLetterAt::Position(p, q) => doc! { "partition": i64::from(p), "sequence": int(q) },
+            DeadLetterAt::Event(id) => doc! { "event_id": id },
+        };
+        let mut filter = sg_and(stream, group, doc! { "status": REJECTED });
+        filter.extend(cond);
+        self.deliveries().find_one(filter).await.map_err(err("dead_letters"))
+    }
+
+    async fn dead_letter_page(
+        &self,
+        stream: &str,
+        group: &str,
+        after: Option<&Document>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>> {
+        const OP: &str = "dead_letters";
+        let sort = doc! { MARK: 1, "dead_lettered_at": 1, "partition": 1, "sequence": 1 };
+        let mut filter = sg_and(stream, group, doc! { "status": REJECTED });
+        if let Some(a) = after {
+            filter.insert("$or", after_key(a));
+        }
+        let lim = i64::try_from(limit).unwrap_or(i64::MAX);
+        let docs = self.find_all(DELIVERIES, filter, Some(sort), Some(lim), None).await.map_err(err(OP))?;
+        let ids: Vec<Bson> = docs.iter().filter_map(|d| d.get("event_id").cloned()).collect();
+        let name: Arc<str> = Arc::from(stream);
+        let mut events: HashMap<String, Event> = HashMap::new();
+        if !ids.is_empty() {
+            for e in self.find_all(EVENTS, doc! { "_id": { "$in": ids } }, None, None, None).await.map_err(err(OP))? {
+                let e = decode_event(&name, e)?;
+                events.insert(e.id().to_owned(), e);
+            }
+        }
+        Ok(docs
+            .iter()
+            .map(|d| {
+                let event = d.get_str("event_id").ok().and_then(|id| events.get(id).cloned());
+                DeadLetter {
+                    partition: u32_of(d, "partition"),
+                    sequence: int_of(d, "sequence"),
+                    // An event document is missing only when retention dropped it.
+                    dropped: event.is_none(),
+                    event,
+                    damage: None,
+                    reason: d.get_str("reason").unwrap_or_default().to_owned(),
+                    attempts: u32_of(d, "attempt"),
+                    dead_lettered_at: ts(d, "dead_lettered_at").unwrap_or_default(),
+                }
+            })
+            .collect())
+    }
+
+    async fn reject_held(&self, lease: &LeaseRef, reason: &str) -> Result<bool> {
+        self.dead_letter_held(lease, reason, self.now(), "reject").await
+    }
+
+    async fn missing(&self, stream: &str, group: &str) -> Result<Option<Error>> {
+        match self.partition_count(stream).await {
+            Err(e @ Error::StreamNotFound { .. }) => return Ok(Some(e)),
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
+        let found = self
+            .collection(GROUPS)
+            .find_one(doc! { "stream": stream, "name": group })
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(err("settle"))?;
+        Ok(found.is_none().then(|| Error::group_not_found(stream, group)))
     }
 }

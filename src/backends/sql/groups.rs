@@ -33,7 +33,7 @@ use super::{ClaimsMode, GroupScope, Now, SqlBackend, TxError, at_commit, safe};
 const GROUP_SCOPES_MAX: usize = 4096;
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
-use crate::model::group::{DeadLetter, DeadLetterOptions, FetchOptions, GroupSummary, check_partitions};
+use crate::model::group::{DeadLetter, FetchOptions, GroupSummary, check_partitions};
 use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef};
 use crate::model::time::Timestamp;
 
@@ -44,14 +44,12 @@ const SPENT_PER_FETCH: usize = crate::groups::SPENT_PER_FETCH;
 type Settings = crate::backends::common::GroupSettings;
 
 use crate::backends::common::{self, GroupRow, frontier_cursor as fc};
-use crate::backends::group_store::{self, ClaimSpec, DeliveryCounts, GroupStore, MaterializedFetch, Taken};
+use crate::backends::group_store::{
+    self, ClaimSpec, DeadLetterAt, DeliveryCounts, GroupStore, MaterializedFetch, SettleStore, Taken,
+};
 
 use super::db::{map_text, parse_map, sg};
 use super::frontier::TERMINAL;
-
-fn stale(l: &LeaseRef) -> Error {
-    l.stale()
-}
 
 /// A claimed lease of a settle call: its index in the call and
 /// (partition, sequence, claim base).
@@ -669,45 +667,20 @@ impl SqlBackend {
 
     // ---- settles ----
 
-    /// Why settles on (stream, group) can't hold: `StreamNotFound`, then
-    /// `GroupNotFound`; None when both exist.
-    async fn missing(&self, stream: &str, group: &str) -> Result<Option<Error>> {
-        match self.partition_count(stream).await {
-            Err(e @ Error::StreamNotFound { .. }) => return Ok(Some(e)),
-            Err(e) => return Err(e),
-            Ok(_) => {}
-        }
-        let mut s = self.stmt();
-        let (st, gr) = sg(&mut s, stream, group);
-        s.push(&format!("SELECT 1 FROM {} WHERE stream = {st} AND name = {gr}", self.names.groups()));
-        let rows = self.pool.all(&s).await.map_err(self.err("settle", Phase::Safe))?;
-        Ok(rows.is_empty().then(|| Error::group_not_found(stream, group)))
-    }
-
     pub(super) async fn renew_many_impl(&self, leases: &[LeaseRef], d: Duration) -> Result<Vec<Result<Timestamp>>> {
-        let mut out: Vec<Option<Result<Timestamp>>> = vec![None; leases.len()];
-        for ((stream, group), idx) in common::by_group(leases) {
+        group_store::per_group(self, leases, |stream, group, idx| async move {
             let (claimed, mut row_idx) = split_by_kind(leases, &idx);
             let triples: Vec<(u32, u64, i64)> = claimed.iter().map(|&(_, t)| t).collect();
             let mut renewed = self.renew_claimed(&stream, &group, &triples, d).await?;
-            for &(i, (p, q, _)) in &claimed {
-                if !renewed.contains_key(&(p, q)) {
-                    row_idx.push(i);
-                }
-            }
+            // Claimed leases their claims no longer hold may be rows now
+            // (a split handed them over): tried as row leases.
+            row_idx.extend(claimed.iter().filter(|(_, (p, q, _))| !renewed.contains_key(&(*p, *q))).map(|c| c.0));
             if !row_idx.is_empty() {
                 renewed.extend(self.renew_rows(&stream, &group, leases, &row_idx, d).await?);
             }
-            let missing = if renewed.len() < idx.len() { self.missing(&stream, &group).await? } else { None };
-            for i in idx {
-                let l = &leases[i];
-                out[i] = Some(match &missing {
-                    Some(e) => Err(e.clone()),
-                    None => renewed.remove(&(l.partition, l.sequence)).ok_or_else(|| stale(l)),
-                });
-            }
-        }
-        Ok(out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::failed("renew", "no result")))).collect())
+            Ok(renewed)
+        })
+        .await
     }
 
     /// Renews the row leases `idx` of `leases`: the new expiry of each renewed.
@@ -745,37 +718,22 @@ impl SqlBackend {
     }
 
     pub(super) async fn ack_many_impl(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
-        let mut out: Vec<Option<Result<()>>> = vec![None; leases.len()];
-        for ((stream, group), idx) in common::by_group(leases) {
+        group_store::per_group(self, leases, |stream, group, idx| async move {
             let (claimed, mut row_idx) = split_by_kind(leases, &idx);
             let triples: Vec<(u32, u64, i64)> = claimed.iter().map(|&(_, t)| t).collect();
-            let mut acked: BTreeSet<(u32, u64)> =
-                self.ack_claimed(&stream, &group, &triples).await?.into_iter().collect();
-            // Claimed leases their claims no longer hold may be rows now
-            // (a split handed them over): tried as row leases.
-            for &(i, (p, q, _)) in &claimed {
-                if !acked.contains(&(p, q)) {
-                    row_idx.push(i);
-                }
-            }
+            let mut acked: HashMap<(u32, u64), ()> =
+                self.ack_claimed(&stream, &group, &triples).await?.into_iter().map(|k| (k, ())).collect();
+            row_idx.extend(claimed.iter().filter(|(_, (p, q, _))| !acked.contains_key(&(*p, *q))).map(|c| c.0));
             if !row_idx.is_empty() {
                 let rows: Vec<&LeaseRef> = row_idx.iter().map(|&i| &leases[i]).collect();
-                acked.extend(self.ack_rows(&stream, &group, &rows).await?);
+                acked.extend(self.ack_rows(&stream, &group, &rows).await?.into_iter().map(|k| (k, ())));
             }
             if !acked.is_empty() {
-                self.frontier.note(&stream, &group, acked.iter().map(|a| a.0));
+                self.frontier.note(&stream, &group, acked.keys().map(|a| a.0));
             }
-            let missing = if acked.len() < idx.len() { self.missing(&stream, &group).await? } else { None };
-            for i in idx {
-                let l = &leases[i];
-                out[i] = Some(match &missing {
-                    Some(e) => Err(e.clone()),
-                    None if acked.remove(&(l.partition, l.sequence)) => Ok(()),
-                    None => Err(stale(l)),
-                });
-            }
-        }
-        Ok(out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::failed("ack", "no result")))).collect())
+            Ok(acked)
+        })
+        .await
     }
 
     /// Acks row leases in one statement; the positions acked. The frontier
@@ -825,19 +783,6 @@ impl SqlBackend {
         self.frontier.advance(&mut tx, stream, group, &mut frontiers, &cursors, &parts).await?;
         tx.commit().await.map_err(at_commit)?;
         Ok(true)
-    }
-
-    pub(super) async fn reject_impl(&self, lease: &LeaseRef, reason: &str) -> Result<()> {
-        self.split_lease(lease).await?;
-        let now = self.now();
-        let reason = rules::rejected(reason);
-        match super::retry_tx!(self, "reject", self.dead_letter_tx(lease, &reason, now).await) {
-            Ok(true) => Ok(()),
-            Ok(false) | Err(Error::GroupNotFound { .. }) => {
-                Err(self.missing(&lease.stream, &lease.group).await?.unwrap_or_else(|| stale(lease)))
-            }
-            Err(e) => Err(e),
-        }
     }
 
     async fn skip_tx(
@@ -1097,93 +1042,6 @@ impl SqlBackend {
         }
         Ok(())
     }
-
-    pub(super) async fn dead_letters_impl(
-        &self,
-        stream: &str,
-        group: &str,
-        opts: &DeadLetterOptions,
-    ) -> Result<Vec<DeadLetter>> {
-        self.load_group(stream, group).await?;
-        let scope_name = || format!("dead letters of {stream:?}/{group:?}");
-        // The order: the dead-letter mark (rows the reference wrote have
-        // none and come first), then time, partition and sequence.
-        let key = format!(
-            "COALESCE(o.mark, -1), {}, d.partition, d.sequence",
-            self.d.ts_key("COALESCE(d.dead_lettered_at, d.created_at)")
-        );
-        let base = format!(
-            "FROM {dl} d LEFT JOIN {o} o ON o.stream = d.stream AND o.group_name = d.group_name \
-             AND o.partition = d.partition AND o.sequence = d.sequence",
-            dl = self.names.deliveries(),
-            o = self.names.dl_order()
-        );
-        let after: Option<Row> = match (&opts.after_position, &opts.after) {
-            (None, None) => None,
-            (pos, id) => {
-                let mut s = self.stmt();
-                let (st, gr) = sg(&mut s, stream, group);
-                let cond = match (pos, id) {
-                    (Some((p, q)), _) => {
-                        let p = s.int(i64::from(*p));
-                        let q = s.int(seq_arg(*q));
-                        format!("d.partition = {p} AND d.sequence = {q}")
-                    }
-                    (None, Some(id)) => format!("d.event_id = {}", s.text(id.clone())),
-                    (None, None) => "FALSE".to_owned(),
-                };
-                s.push(&format!(
-                    "SELECT {key} {base} WHERE d.stream = {st} AND d.group_name = {gr} AND d.status = 'rejected' AND {cond}"
-                ));
-                let rows = self.pool.all(&s).await.map_err(self.err("dead_letters", Phase::Safe))?;
-                let cursor = match (pos, id) {
-                    (Some((p, q)), _) => format!("{p}:{q}"),
-                    (None, Some(id)) => id.clone(),
-                    (None, None) => String::new(),
-                };
-                Some(rows.into_iter().next().ok_or(Error::CursorNotFound { scope: scope_name(), cursor })?)
-            }
-        };
-        let mut s = self.stmt();
-        let (st, gr) = sg(&mut s, stream, group);
-        let mut cond = String::new();
-        if let Some(a) = &after {
-            let mark = s.int(a.i64(0)?);
-            let t = match self.d {
-                Dialect::Postgres => s.int(a.i64(1)?),
-                Dialect::Sqlite => s.text(a.text(1)?),
-            };
-            let p = s.int(a.i64(2)?);
-            let q = s.int(a.i64(3)?);
-            cond = format!(" AND ({key}) > ({mark}, {t}, {p}, {q})");
-        }
-        let lim = s.int(i64::try_from(opts.limit).unwrap_or(i64::MAX));
-        s.push(&format!(
-            "SELECT d.partition, d.sequence, d.reason, d.attempt, {dla}, {cols} {base} LEFT JOIN {ev} e ON e.id = d.event_id \
-             WHERE d.stream = {st} AND d.group_name = {gr} AND d.status = 'rejected'{cond} ORDER BY {key} LIMIT {lim}",
-            dla = self.d.ts_out("d.dead_lettered_at"),
-            cols = event_cols(self.d, "e"),
-            ev = self.names.events(),
-        ));
-        let rows = self.pool.all(&s).await.map_err(self.err("dead_letters", Phase::Safe))?;
-        let name: Arc<str> = Arc::from(stream);
-        rows.iter()
-            .map(|r| {
-                let event = if r.opt_text(5)?.is_some() { Some(decode_event(&name, r, 5)?) } else { None };
-                Ok(DeadLetter {
-                    partition: r.u32(0)?,
-                    sequence: r.u64(1)?,
-                    // An event row is missing only when retention dropped it.
-                    dropped: event.is_none(),
-                    event,
-                    damage: None,
-                    reason: r.opt_text(2)?.unwrap_or_default(),
-                    attempts: r.u32(3)?,
-                    dead_lettered_at: r.opt_ts(4)?.unwrap_or_default(),
-                })
-            })
-            .collect()
-    }
 }
 
 impl GroupStore for SqlBackend {
@@ -1409,5 +1267,114 @@ impl MaterializedFetch for SqlBackend {
 
     async fn settled(&self, stream: &str, group: &str, dead: &[(u32, u64)]) -> Result<()> {
         super::retry_tx!(self, "fetch", self.settled_tx(stream, group, dead).await)
+    }
+}
+
+impl SqlBackend {
+    /// The order of dead letters: the dead-letter mark (rows the reference
+    /// wrote have none and come first), then time, partition and sequence;
+    /// and the rows it is read from.
+    fn dead_letter_order(&self) -> (String, String) {
+        let key = format!(
+            "COALESCE(o.mark, -1), {}, d.partition, d.sequence",
+            self.d.ts_key("COALESCE(d.dead_lettered_at, d.created_at)")
+        );
+        let from = format!(
+            "FROM {dl} d LEFT JOIN {o} o ON o.stream = d.stream AND o.group_name = d.group_name \
+             AND o.partition = d.partition AND o.sequence = d.sequence",
+            dl = self.names.deliveries(),
+            o = self.names.dl_order()
+        );
+        (key, from)
+    }
+}
+
+impl SettleStore for SqlBackend {
+    /// The order key's values: (mark, time, partition, sequence).
+    type DeadLetterKey = Row;
+
+    async fn dead_letter_key(&self, stream: &str, group: &str, at: DeadLetterAt<'_>) -> Result<Option<Row>> {
+        let (key, from) = self.dead_letter_order();
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let cond = match at {
+            DeadLetterAt::Position(p, q) => {
+                format!("d.partition = {} AND d.sequence = {}", s.int(i64::from(p)), s.int(seq_arg(q)))
+            }
+            DeadLetterAt::Event(id) => format!("d.event_id = {}", s.text(id)),
+        };
+        s.push(&format!(
+            "SELECT {key} {from} WHERE d.stream = {st} AND d.group_name = {gr} AND d.status = 'rejected' AND {cond}"
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("dead_letters", Phase::Safe))?;
+        Ok(rows.into_iter().next())
+    }
+
+    async fn dead_letter_page(
+        &self,
+        stream: &str,
+        group: &str,
+        after: Option<&Row>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>> {
+        let (key, from) = self.dead_letter_order();
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        let mut cond = String::new();
+        if let Some(a) = after {
+            let mark = s.int(a.i64(0)?);
+            let t = match self.d {
+                Dialect::Postgres => s.int(a.i64(1)?),
+                Dialect::Sqlite => s.text(a.text(1)?),
+            };
+            let p = s.int(a.i64(2)?);
+            let q = s.int(a.i64(3)?);
+            cond = format!(" AND ({key}) > ({mark}, {t}, {p}, {q})");
+        }
+        let lim = s.int(i64::try_from(limit).unwrap_or(i64::MAX));
+        s.push(&format!(
+            "SELECT d.partition, d.sequence, d.reason, d.attempt, {dla}, {cols} {from} LEFT JOIN {ev} e ON e.id = d.event_id \
+             WHERE d.stream = {st} AND d.group_name = {gr} AND d.status = 'rejected'{cond} ORDER BY {key} LIMIT {lim}",
+            dla = self.d.ts_out("d.dead_lettered_at"),
+            cols = event_cols(self.d, "e"),
+            ev = self.names.events(),
+        ));
+        let rows = self.pool.all(&s).await.map_err(self.err("dead_letters", Phase::Safe))?;
+        let name: Arc<str> = Arc::from(stream);
+        rows.iter()
+            .map(|r| {
+                let event = if r.opt_text(5)?.is_some() { Some(decode_event(&name, r, 5)?) } else { None };
+                Ok(DeadLetter {
+                    partition: r.u32(0)?,
+                    sequence: r.u64(1)?,
+                    // An event row is missing only when retention dropped it.
+                    dropped: event.is_none(),
+                    event,
+                    damage: None,
+                    reason: r.opt_text(2)?.unwrap_or_default(),
+                    attempts: r.u32(3)?,
+                    dead_lettered_at: r.opt_ts(4)?.unwrap_or_default(),
+                })
+            })
+            .collect()
+    }
+
+    async fn reject_held(&self, lease: &LeaseRef, reason: &str) -> Result<bool> {
+        self.split_lease(lease).await?;
+        let now = self.now();
+        super::retry_tx!(self, "reject", self.dead_letter_tx(lease, reason, now).await)
+    }
+
+    async fn missing(&self, stream: &str, group: &str) -> Result<Option<Error>> {
+        match self.partition_count(stream).await {
+            Err(e @ Error::StreamNotFound { .. }) => return Ok(Some(e)),
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
+        let mut s = self.stmt();
+        let (st, gr) = sg(&mut s, stream, group);
+        s.push(&format!("SELECT 1 FROM {} WHERE stream = {st} AND name = {gr}", self.names.groups()));
+        let rows = self.pool.all(&s).await.map_err(self.err("settle", Phase::Safe))?;
+        Ok(rows.is_empty().then(|| Error::group_not_found(stream, group)))
     }
 }
