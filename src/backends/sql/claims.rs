@@ -38,6 +38,7 @@ use super::dialect::Dialect;
 use super::streams::{EVENT_COLS, event_cols, seq_arg};
 use super::{Now, SqlBackend, TxError, at_commit, safe};
 use crate::backends::common::frontier_cursor as fc;
+use crate::backends::group_store::ClaimSpec;
 use crate::error::{Error, Result};
 use crate::model::lease::{LeaseId, LeaseRef};
 use crate::model::time::Timestamp;
@@ -256,7 +257,7 @@ const FRESH_WINDOW_ROWS: u64 = 1000;
 
 /// A claim candidate: (partition, sequence, row id or None for a fresh
 /// position, spent).
-type Candidate = (u32, u64, Option<String>, bool);
+pub(super) type Candidate = (u32, u64, Option<String>, bool);
 
 /// Per partition: the fresh positions offered, and how far the cursor goes
 /// when all are taken (past rows that follow them).
@@ -266,7 +267,7 @@ type Offered = BTreeMap<u32, (Vec<u64>, u64)>;
 /// rows met on the way are dead-lettered (at most `spent_max` a fetch; past
 /// that a partition stops). Returns the rows picked, `[row id, lease id or
 /// null, "1" when spent]`, and the fresh positions taken per partition.
-fn walk_candidates(
+pub(super) fn walk_candidates(
     cands: Vec<Candidate>,
     limit: usize,
     spent_max: usize,
@@ -344,16 +345,14 @@ impl SqlBackend {
     /// fresh positions start at its locked cursor and end at the
     /// snapshot's high watermark, and a partition whose cursor moved back
     /// since the snapshot takes nothing.
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn claim_fresh_pg(
         &self,
         stream: &str,
         group: &str,
-        scope: &[u32],
+        spec: &ClaimSpec<'_>,
         limit: usize,
-        consumer: &str,
-        lease_for: Duration,
     ) -> std::result::Result<Claimed, TxError> {
+        let (scope, consumer, lease_for) = (spec.scope, spec.consumer, spec.lease);
         let base = new_claim_base();
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
@@ -445,17 +444,15 @@ impl SqlBackend {
     /// the snapshot may not see is ever claimed; a partition whose locked
     /// cursor is behind the snapshot's (a replay moved it back meanwhile)
     /// takes nothing fresh.
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn claim_ranges_pg(
         &self,
         stream: &str,
         group: &str,
-        scope: &[u32],
+        spec: &ClaimSpec<'_>,
         limit: usize,
-        consumer: &str,
-        lease_for: Duration,
         lease_ids: &[LeaseId],
     ) -> std::result::Result<Claimed, TxError> {
+        let (scope, consumer, lease_for) = (spec.scope, spec.consumer, spec.lease);
         let base = new_claim_base();
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
@@ -585,17 +582,15 @@ impl SqlBackend {
     /// and claims at or after a cursor are split into rows, then the walk
     /// over candidate rows and fresh positions, where fresh positions skip
     /// the rows among them (a claim marks those `'1'`: their row decides).
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn claim_ranges_tx(
         &self,
         stream: &str,
         group: &str,
-        scope: &[u32],
+        spec: &ClaimSpec<'_>,
         limit: usize,
-        consumer: &str,
-        lease_for: Duration,
         lease_ids: &[LeaseId],
     ) -> std::result::Result<Claimed, TxError> {
+        let (scope, consumer, lease_for) = (spec.scope, spec.consumer, spec.lease);
         let base = new_claim_base();
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let Some((frontiers, mut cursors, max_attempts)) = self.lock_for_claim(&mut tx, stream, group).await? else {

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::claims::{Split, claim_base, claim_lease, partition_base};
+use super::claims::{Candidate, Split, claim_base, claim_lease, partition_base, walk_candidates};
 use super::db::{Phase, Row, Stmt, Tx};
 use super::dialect::Dialect;
 use super::streams::{EVENT_COLS, decode_event, event_cols, lease_rows, seq_arg};
@@ -282,26 +282,21 @@ impl SqlBackend {
         if scope.is_empty() {
             return Ok(FetchReport::default());
         }
-        let consumer = opts.consumer_id.clone().unwrap_or_default();
+        let consumer = opts.consumer_id.as_deref().unwrap_or_default();
+        // max_attempts: the claim reads the group's own.
+        let spec = ClaimSpec { scope: &scope, max_attempts: 0, consumer, lease: opts.lease };
+        let limit = opts.limit;
         // Lease ids of delivery rows, made only when a claim meets rows.
         let lease_ids =
-            || -> Vec<LeaseId> { (0..opts.limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id())).collect() };
-        let (limit, lease) = (opts.limit, opts.lease);
-        let tx = || async { self.claim_ranges_tx(stream, group, &scope, limit, &consumer, lease, &lease_ids()).await };
+            || -> Vec<LeaseId> { (0..limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id())).collect() };
+        let tx = || async { self.claim_ranges_tx(stream, group, &spec, limit, &lease_ids()).await };
         let claimed = match self.d {
             Dialect::Postgres => {
-                let mut one = super::retry_tx!(
-                    self,
-                    "fetch",
-                    self.claim_fresh_pg(stream, group, &scope, limit, &consumer, lease).await
-                )?;
+                let mut one = super::retry_tx!(self, "fetch", self.claim_fresh_pg(stream, group, &spec, limit).await)?;
                 if one.flags.found && one.flags.rows && !one.flags.slow {
                     let ids = lease_ids();
-                    one = super::retry_tx!(
-                        self,
-                        "fetch",
-                        self.claim_ranges_pg(stream, group, &scope, limit, &consumer, lease, &ids).await
-                    )?;
+                    one =
+                        super::retry_tx!(self, "fetch", self.claim_ranges_pg(stream, group, &spec, limit, &ids).await)?;
                 }
                 if one.flags.found && one.flags.slow { super::retry_tx!(self, "fetch", tx().await)? } else { one }
             }
@@ -312,7 +307,7 @@ impl SqlBackend {
             self.load_group(stream, group).await?;
             return Err(Error::group_not_found(stream, group));
         }
-        let (mut leases, spent) = self.leases_of(stream, group, &consumer, &claimed.rows, claimed.base)?;
+        let (mut leases, spent) = self.leases_of(stream, group, consumer, &claimed.rows, claimed.base)?;
         leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
         group_store::order_spent(self, stream, group, spent).await;
         Ok(FetchReport { leases, ..FetchReport::default() })
@@ -483,17 +478,15 @@ impl SqlBackend {
     /// The one-statement claim: candidates per partition bounded below by
     /// the frontier, locked with `SKIP LOCKED`, leased (or dead-lettered
     /// when spent) and returned with their events.
-    #[allow(clippy::too_many_arguments)]
     async fn claim_pg(
         &self,
         stream: &str,
         group: &str,
-        scope: &[u32],
+        spec: &ClaimSpec<'_>,
         limit: usize,
-        consumer: &str,
-        lease_for: Duration,
         lease_ids: &[LeaseId],
     ) -> std::result::Result<Vec<Row>, TxError> {
+        let (scope, consumer, lease_for) = (spec.scope, spec.consumer, spec.lease);
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
         let parts = s.text(Value::from(scope.to_vec()).to_string());
@@ -541,17 +534,15 @@ impl SqlBackend {
 
     /// The SQLite claim, inside one `BEGIN IMMEDIATE`: candidates per
     /// partition, then one update and one read of their events.
-    #[allow(clippy::too_many_arguments)]
     async fn claim_lite(
         &self,
         stream: &str,
         group: &str,
-        scope: &[u32],
+        spec: &ClaimSpec<'_>,
         limit: usize,
-        consumer: &str,
-        lease_for: Duration,
         lease_ids: &[LeaseId],
     ) -> std::result::Result<Vec<Row>, TxError> {
+        let (scope, consumer, lease_for) = (spec.scope, spec.consumer, spec.lease);
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
@@ -564,8 +555,7 @@ impl SqlBackend {
         let row = rows.first().ok_or_else(|| Error::group_not_found(stream, group))?;
         let frontiers = parse_map(stream, group, "frontiers", &row.text(0)?)?;
         let max_attempts = row.i64(1)?;
-        // (rowid, partition, sequence, spent)
-        let mut cands: Vec<(i64, u32, u64, bool)> = Vec::new();
+        let mut cands: Vec<Candidate> = Vec::new();
         for &p in scope {
             let mut s = self.stmt();
             let (st, gr) = sg(&mut s, stream, group);
@@ -582,42 +572,17 @@ impl SqlBackend {
                 self.names.deliveries()
             ));
             for r in tx.all(&s).await.map_err(safe)? {
-                cands.push((r.i64(0)?, r.u32(1)?, r.u64(2)?, r.i64(3)? == 1));
+                cands.push((r.u32(1)?, r.u64(2)?, Some(r.i64(0)?.to_string()), r.i64(3)? == 1));
             }
         }
-        cands.sort_by_key(|c| (c.1, c.2));
-        // The walk of the group core: in (partition, sequence) order until
-        // `limit` claims; spent deliveries met on the way are dead-lettered
-        // (at most limit + 64 a fetch; past that a partition stops).
-        let (mut spent_left, mut n_claim) = (limit + SPENT_PER_FETCH, 0usize);
-        let mut stopped: Option<u32> = None;
-        let mut picks: Vec<Value> = Vec::new();
-        for (rowid, p, _, spent) in cands {
-            if n_claim >= limit {
-                break;
-            }
-            if stopped == Some(p) {
-                continue;
-            }
-            if spent {
-                if spent_left == 0 {
-                    stopped = Some(p);
-                    continue;
-                }
-                spent_left -= 1;
-                picks.push(Value::from(vec![Value::from(rowid), Value::Null, Value::from(1)]));
-            } else {
-                let id = lease_ids.get(n_claim).map(ToString::to_string).unwrap_or_default();
-                n_claim += 1;
-                picks.push(Value::from(vec![Value::from(rowid), Value::from(id), Value::from(0)]));
-            }
-        }
+        cands.sort_by_key(|c| (c.0, c.1));
+        let (picks, _) = walk_candidates(cands, limit, limit + SPENT_PER_FETCH, lease_ids);
         if picks.is_empty() {
             return Ok(Vec::new());
         }
         let mut s = self.stmt();
         let arr = s.text(Value::from(picks).to_string());
-        let set = self.claim_set(&mut s, "(x.c2 = 1)", "x.c1", consumer, lease_for);
+        let set = self.claim_set(&mut s, "(x.c2 = '1')", "x.c1", consumer, lease_for);
         s.push(&format!(
             "UPDATE {dl} AS d SET {set} FROM {rows} AS x WHERE d.rowid = {rid} \
              RETURNING status = 'rejected', partition, sequence, lease_id, attempt, expires_at, event_id",
@@ -1249,20 +1214,15 @@ impl MaterializedFetch for SqlBackend {
 
     async fn claim(&self, stream: &str, group: &str, spec: &ClaimSpec<'_>, limit: usize) -> Result<Taken> {
         let lease_ids: Vec<LeaseId> = (0..limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id())).collect();
-        let (scope, consumer, lease_for) = (spec.scope, spec.consumer, spec.lease);
         let rows = match self.d {
-            Dialect::Postgres => super::retry_tx!(
-                self,
-                "fetch",
-                self.claim_pg(stream, group, scope, limit, consumer, lease_for, &lease_ids).await
-            )?,
-            Dialect::Sqlite => super::retry_tx!(
-                self,
-                "fetch",
-                self.claim_lite(stream, group, scope, limit, consumer, lease_for, &lease_ids).await
-            )?,
+            Dialect::Postgres => {
+                super::retry_tx!(self, "fetch", self.claim_pg(stream, group, spec, limit, &lease_ids).await)?
+            }
+            Dialect::Sqlite => {
+                super::retry_tx!(self, "fetch", self.claim_lite(stream, group, spec, limit, &lease_ids).await)?
+            }
         };
-        self.leases_of(stream, group, consumer, &rows, 0)
+        self.leases_of(stream, group, spec.consumer, &rows, 0)
     }
 
     async fn settled(&self, stream: &str, group: &str, dead: &[(u32, u64)]) -> Result<()> {
