@@ -307,6 +307,22 @@ pub(super) fn walk_candidates(
     (picks, fresh)
 }
 
+/// [`walk_candidates`] in SQL (PostgreSQL): the CTEs `w` and `w2` over the
+/// candidates `src` (columns `p`, `q` and `spent`), where `rn` counts the
+/// claims before a row, `spent_n` the spent rows up to it, and `stop` is
+/// the first spent row of its partition past `spent_max` (where it stops).
+pub(super) fn walk_sql(src: &str, p: &str, q: &str, spent_max: usize) -> String {
+    format!(
+        "w AS (SELECT {src}.*, \
+           COALESCE(sum(CASE WHEN {src}.spent THEN 0 ELSE 1 END) OVER (ORDER BY {src}.{p}, {src}.{q} \
+             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS rn, \
+           sum(CASE WHEN {src}.spent THEN 1 ELSE 0 END) OVER (ORDER BY {src}.{p}, {src}.{q} \
+             ROWS UNBOUNDED PRECEDING) AS spent_n FROM {src}), \
+         w2 AS (SELECT w.*, min(CASE WHEN w.spent AND w.spent_n > {spent_max} THEN w.{q} END) \
+           OVER (PARTITION BY w.{p}) AS stop FROM w)"
+    )
+}
+
 /// Moves each cursor past the fresh positions taken (past the rows met too
 /// when every free one was taken, or there was none); true when one moved.
 fn advance_cursors(
@@ -505,13 +521,7 @@ impl SqlBackend {
              cand AS (SELECT rc.p, rc.s, rc.tid, rc.event_id, rc.spent, false AS fresh FROM rc \
                    UNION ALL SELECT fa.p, gs.s, NULL::tid, NULL::text, false, true FROM fa \
                    CROSS JOIN LATERAL generate_series(fa.c, fa.c + LEAST(fa.avail, {lim}) - 1) AS gs(s)), \
-             w AS (SELECT cand.*, \
-                   COALESCE(sum(CASE WHEN cand.spent THEN 0 ELSE 1 END) OVER (ORDER BY cand.p, cand.s \
-                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS rn, \
-                   sum(CASE WHEN cand.spent THEN 1 ELSE 0 END) OVER (ORDER BY cand.p, cand.s \
-                     ROWS UNBOUNDED PRECEDING) AS spent_n FROM cand), \
-             w2 AS (SELECT w.*, min(CASE WHEN w.spent AND w.spent_n > {spent_max} THEN w.s END) \
-                   OVER (PARTITION BY w.p) AS stop FROM w), \
+             {walk}, \
              fq AS (SELECT fa.p, fa.c, LEAST(fa.avail, GREATEST(0, {lim} - COALESCE(sum(LEAST(fa.avail, {lim})) \
                    OVER (ORDER BY fa.p ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)))::bigint AS n FROM fa), \
              pick AS (SELECT w2.p, w2.s, w2.tid, w2.event_id, w2.spent, w2.fresh, w2.rn FROM w2 \
@@ -550,6 +560,7 @@ impl SqlBackend {
             ev = self.names.events(),
             sk = same("k"),
             sd = same("d"),
+            walk = walk_sql("cand", "p", "s", spent_max),
             cur_l = cur("l", "sc.p"),
             cur_lk = cur("lk", "sc.p"),
             cur_g = cur("g", "sc.p"),

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::claims::{Candidate, Split, claim_base, claim_lease, partition_base, walk_candidates};
+use super::claims::{Candidate, Split, claim_base, claim_lease, partition_base, walk_candidates, walk_sql};
 use super::db::{Phase, Row, Stmt, Tx};
 use super::dialect::Dialect;
 use super::streams::{EVENT_COLS, decode_event, event_cols, lease_rows, seq_arg};
@@ -506,15 +506,9 @@ impl SqlBackend {
                    d.lease_id, d.attempt FROM {dl} d \
                  WHERE d.stream = {st} AND d.group_name = {gr} AND d.partition = f.p AND d.sequence > f.fr \
                    AND {claimable} ORDER BY d.sequence LIMIT {per} FOR UPDATE SKIP LOCKED) y), \
-             r AS (SELECT c.*, \
-                 COALESCE(sum(CASE WHEN c.spent THEN 0 ELSE 1 END) OVER (ORDER BY c.partition, c.sequence \
-                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS rn, \
-                 sum(CASE WHEN c.spent THEN 1 ELSE 0 END) OVER (ORDER BY c.partition, c.sequence \
-                   ROWS UNBOUNDED PRECEDING) AS spent_n FROM c), \
-             r2 AS (SELECT r.*, min(CASE WHEN r.spent AND r.spent_n > {spent_max} THEN r.sequence END) \
-                 OVER (PARTITION BY r.partition) AS stop FROM r), \
-             pick AS (SELECT * FROM r2 WHERE r2.rn < {lim} AND (NOT r2.spent OR r2.spent_n <= {spent_max}) \
-               AND (r2.stop IS NULL OR r2.sequence < r2.stop) LIMIT {lim} + {spent_max}) \
+             {walk}, \
+             pick AS (SELECT * FROM w2 WHERE w2.rn < {lim} AND (NOT w2.spent OR w2.spent_n <= {spent_max}) \
+               AND (w2.stop IS NULL OR w2.sequence < w2.stop) LIMIT {lim} + {spent_max}) \
              UPDATE {dl} d SET {set} FROM pick LEFT JOIN LATERAL \
                (SELECT * FROM {ev} e1 WHERE e1.id = pick.event_id LIMIT 1) e ON true \
              WHERE d.ctid = pick.tid \
@@ -523,6 +517,7 @@ impl SqlBackend {
             dl = self.names.deliveries(),
             ev = self.names.events(),
             spent_max = limit + SPENT_PER_FETCH,
+            walk = walk_sql("c", "partition", "sequence", limit + SPENT_PER_FETCH),
             exp = self.d.ts_out("d.expires_at"),
             cols = event_cols(self.d, "e"),
         ));
