@@ -118,6 +118,68 @@ impl WakeupMap {
     }
 }
 
+/// A backend's notification task (PostgreSQL's `LISTEN`, MongoDB's change
+/// stream): started on the first subscription, stopped with the backend.
+#[cfg(any(feature = "postgres", feature = "mongo"))]
+#[derive(Debug, Default)]
+pub(crate) struct FeedTask(parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>);
+
+#[cfg(any(feature = "postgres", feature = "mongo"))]
+impl FeedTask {
+    /// Spawns `run` unless the task runs.
+    pub(crate) fn ensure_started(&self, run: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut task = self.0.lock();
+        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        *task = Some(tokio::spawn(run));
+    }
+
+    pub(crate) fn stop(&self) {
+        if let Some(t) = self.0.lock().take() {
+            t.abort();
+        }
+    }
+}
+
+/// Wakes subscribers from a database's notification feed, which may drop:
+/// `open` connects it (again after a failure, after a pause doubling from
+/// 100 ms to 5 s) and `read` takes its notifications until it is lost.
+/// Everyone is woken when it is lost and when it is back (notifications in
+/// between were missed); subscribers poll as well, so a lost wakeup costs
+/// at most a poll interval.
+#[cfg(any(feature = "postgres", feature = "mongo"))]
+pub(crate) async fn feed_wakeups<T, O, OF, R, RF>(wakeups: Arc<WakeupMap>, what: &'static str, mut open: O, mut read: R)
+where
+    O: FnMut() -> OF,
+    OF: std::future::Future<Output = std::result::Result<T, String>>,
+    R: FnMut(T, Arc<WakeupMap>) -> RF,
+    RF: std::future::Future<Output = ()>,
+{
+    const PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+    let mut pause = PAUSE;
+    let mut first = true;
+    loop {
+        let feed = match open().await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::debug!(error = %e, "{what} failed to open; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(5));
+                continue;
+            }
+        };
+        pause = PAUSE;
+        if !first {
+            wakeups.wake_all();
+        }
+        first = false;
+        read(feed, wakeups.clone()).await;
+        wakeups.wake_all();
+        tokio::time::sleep(pause).await;
+    }
+}
+
 /// What every backend is opened with, besides its URL.
 #[derive(Debug, Clone)]
 pub(crate) struct OpenContext {

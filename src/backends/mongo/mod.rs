@@ -308,7 +308,7 @@ pub struct MongoBackend {
     /// The wakeup source of each stream.
     wakeups: Arc<WakeupMap>,
     /// The change stream on `events` (started by the first subscription).
-    watcher: watch::Watcher,
+    watcher: crate::backends::FeedTask,
     /// How often the facade runs a background retention round.
     retention_interval: Duration,
 }
@@ -365,7 +365,7 @@ impl MongoBackend {
             clock,
             partition_counts: RwLock::new(HashMap::new()),
             wakeups: Arc::new(WakeupMap::default()),
-            watcher: watch::Watcher::default(),
+            watcher: crate::backends::FeedTask::default(),
             retention_interval: o.retention_interval,
         };
         backend.check_server(url).await?;
@@ -447,7 +447,7 @@ super::group_store::database_backend! {
 
         async fn subscribe(&self, stream: &str) -> Result<Subscription> {
             self.partition_count(stream).await?;
-            self.watcher.ensure_started(self.collection(EVENTS), self.wakeups.clone());
+            self.watcher.ensure_started(watch::run(self.collection(EVENTS), self.wakeups.clone()));
             Ok(self.wakeups.get(stream).subscribe())
         }
 

@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 use sqlx::postgres::{PgListener, PgPool};
 
 use super::WakeupMap;
+use crate::backends::FeedTask;
 
 /// The shortest time between two notification statements of one backend.
 pub(crate) const NOTIFY_EVERY: Duration = Duration::from_millis(5);
@@ -154,75 +155,55 @@ impl Filter {
 pub(crate) struct Listener {
     wakeups: Arc<WakeupMap>,
     filter: Filter,
-    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    task: FeedTask,
 }
 
 impl Listener {
     pub(crate) fn new(wakeups: Arc<WakeupMap>, filter: Filter) -> Self {
-        Listener { wakeups, filter, task: Mutex::new(None) }
+        Listener { wakeups, filter, task: FeedTask::default() }
     }
 
     /// Starts the listening task once (on the first subscription).
     pub(crate) fn ensure_started(&self, pool: &PgPool) {
-        let mut task = self.task.lock();
-        if task.as_ref().is_some_and(|t| !t.is_finished()) {
-            return;
-        }
-        let (pool, wakeups, filter) = (pool.clone(), self.wakeups.clone(), self.filter.clone());
-        *task = Some(tokio::spawn(run(pool, wakeups, filter)));
+        self.task.ensure_started(run(pool.clone(), self.wakeups.clone(), self.filter.clone()));
     }
 
     pub(crate) fn stop(&self) {
-        if let Some(t) = self.task.lock().take() {
-            t.abort();
-        }
+        self.task.stop();
     }
 }
 
 async fn run(pool: PgPool, wakeups: Arc<WakeupMap>, filter: Filter) {
-    let mut pause = Duration::from_millis(100);
-    let mut first = true;
-    loop {
-        let mut listener = match PgListener::connect_with(&pool).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::debug!(error = %e, "postgres LISTEN connection failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(5));
-                continue;
-            }
-        };
-        if let Err(e) = listener.listen(CHANNEL).await {
-            tracing::debug!(error = %e, "postgres LISTEN failed; retrying");
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(5));
-            continue;
+    let open = || {
+        let pool = pool.clone();
+        async move {
+            let mut listener = PgListener::connect_with(&pool).await.map_err(|e| e.to_string())?;
+            listener.listen(CHANNEL).await.map_err(|e| e.to_string())?;
+            Ok(listener)
         }
-        pause = Duration::from_millis(100);
-        if !first {
-            // Anything appended while no one listened.
-            wakeups.wake_all();
-        }
-        first = false;
-        loop {
-            match listener.try_recv().await {
-                Ok(Some(n)) => match filter.stream_of(n.payload()) {
-                    Some(Some(stream)) => wakeups.wake(&stream),
-                    Some(None) => wakeups.wake_all(),
-                    None => {}
-                },
-                // The connection was lost; the next call reconnects and
-                // re-listens. Notifications in between are lost: wake all.
-                Ok(None) => wakeups.wake_all(),
-                Err(e) => {
-                    tracing::debug!(error = %e, "postgres LISTEN connection lost; reconnecting");
-                    wakeups.wake_all();
-                    tokio::time::sleep(pause).await;
-                    break;
+    };
+    crate::backends::feed_wakeups(wakeups, "postgres LISTEN", open, |mut listener: PgListener, wakeups| {
+        let filter = filter.clone();
+        async move {
+            loop {
+                match listener.try_recv().await {
+                    Ok(Some(n)) => match filter.stream_of(n.payload()) {
+                        Some(Some(stream)) => wakeups.wake(&stream),
+                        Some(None) => wakeups.wake_all(),
+                        None => {}
+                    },
+                    // The connection was lost; the next call reconnects and
+                    // re-listens. Notifications in between are lost: wake all.
+                    Ok(None) => wakeups.wake_all(),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "postgres LISTEN connection lost; reconnecting");
+                        return;
+                    }
                 }
             }
         }
-    }
+    })
+    .await
 }
 
 #[cfg(test)]
