@@ -43,6 +43,15 @@ pub(crate) struct DeliveryCounts {
     pub dead_letters: u64,
 }
 
+/// A group to store: its attempts, its frontiers (each cursor one past
+/// its frontier) and its settings.
+#[derive(Clone, Copy)]
+pub(crate) struct NewGroup<'a> {
+    pub max_attempts: u32,
+    pub frontiers: &'a BTreeMap<u32, u64>,
+    pub settings: &'a GroupSettings,
+}
+
 /// The storage port of a database backend's groups: reads, and one atomic
 /// step per group operation. Each step is one transaction or script; it
 /// re-checks under its lock what the orchestration checked before it (a
@@ -77,12 +86,10 @@ pub(crate) trait GroupStore: QueryPages + Send + Sync {
         &self,
         stream: &str,
         group: &str,
-        max_attempts: u32,
-        frontiers: &BTreeMap<u32, u64>,
-        settings: &GroupSettings,
+        new: &NewGroup<'_>,
     ) -> impl Future<Output = Result<Timestamp>> + Send;
 
-    /// Dead-letters one position with `reason` (already prefixed), whatever
+    /// Dead-letters one position `at` (partition, sequence) with `reason` (already prefixed), whatever
     /// its state, and moves the frontier past it when it can. True when it
     /// did, false when it already was a dead letter; `already_settled`
     /// when it was acknowledged or is behind the frontier.
@@ -90,8 +97,7 @@ pub(crate) trait GroupStore: QueryPages + Send + Sync {
         &self,
         stream: &str,
         group: &str,
-        partition: u32,
-        sequence: u64,
+        at: (u32, u64),
         reason: &str,
     ) -> impl Future<Output = Result<bool>> + Send;
 
@@ -194,7 +200,8 @@ pub(crate) async fn create_group<S: GroupStore + ?Sized>(
     let frontiers = start_frontiers(store, stream, count, &opts.start, &parts, &hws).await?;
     let settings =
         GroupSettings { partitions: subset.clone(), retry_backoff: opts.retry_backoff, ..GroupSettings::default() };
-    let created_at = store.insert_group(stream, group, opts.max_attempts, &frontiers, &settings).await?;
+    let new = NewGroup { max_attempts: opts.max_attempts, frontiers: &frontiers, settings: &settings };
+    let created_at = store.insert_group(stream, group, &new).await?;
     Ok(GroupSummary { name: group.to_owned(), max_attempts: opts.max_attempts, partitions: subset, created_at })
 }
 
@@ -231,7 +238,7 @@ pub(crate) async fn skip<S: GroupStore + ?Sized>(
     if sequence < log_start {
         return Err(common::dropped_by_retention(stream, partition, sequence, log_start));
     }
-    store.skip_position(stream, group, partition, sequence, &rules::skipped(reason)).await
+    store.skip_position(stream, group, (partition, sequence), &rules::skipped(reason)).await
 }
 
 /// Reopens deliveries from a sequence, a time or a query's matches.
@@ -445,10 +452,13 @@ where
 /// The leases a claim took and the spent positions it dead-lettered.
 pub(crate) type Taken = (Vec<Lease>, Vec<(u32, u64)>);
 
-/// A claim a fetch makes: the partitions it takes from, the attempts a
+/// A claim a fetch makes: the group, the partitions it takes from, the attempts a
 /// delivery may have, for whom and for how long.
+#[derive(Clone, Copy)]
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
 pub(crate) struct ClaimSpec<'a> {
+    pub stream: &'a str,
+    pub group: &'a str,
     pub scope: &'a [u32],
     #[cfg_attr(not(feature = "mongo"), allow(dead_code))]
     pub max_attempts: u32,
@@ -480,13 +490,7 @@ pub(crate) trait MaterializedFetch: GroupStore {
 
     /// Claims up to `limit` delivery records; returns the leases and the
     /// spent positions it dead-lettered.
-    fn claim(
-        &self,
-        stream: &str,
-        group: &str,
-        spec: &ClaimSpec<'_>,
-        limit: usize,
-    ) -> impl Future<Output = Result<Taken>> + Send;
+    fn claim(&self, spec: &ClaimSpec<'_>, limit: usize) -> impl Future<Output = Result<Taken>> + Send;
 
     /// After positions were dead-lettered outside the group lock (spent
     /// leases a claim met): orders them and moves the frontier.
@@ -513,12 +517,12 @@ pub(crate) async fn fetch_materialized<S: MaterializedFetch + ?Sized>(
         store.materialize(stream, group, &near, chunk, true).await?;
     }
     let consumer = opts.consumer_id.as_deref().unwrap_or_default();
-    let spec = ClaimSpec { scope: &scope, max_attempts: g.max_attempts, consumer, lease: opts.lease };
-    let (mut leases, mut spent) = store.claim(stream, group, &spec, opts.limit).await?;
+    let spec = ClaimSpec { stream, group, scope: &scope, max_attempts: g.max_attempts, consumer, lease: opts.lease };
+    let (mut leases, mut spent) = store.claim(&spec, opts.limit).await?;
     let rest: Vec<u32> = behind.iter().copied().filter(|p| !near.contains(p)).collect();
     if leases.len() < opts.limit && !rest.is_empty() {
         store.materialize(stream, group, &rest, chunk, false).await?;
-        let (more, more_spent) = store.claim(stream, group, &spec, opts.limit - leases.len()).await?;
+        let (more, more_spent) = store.claim(&spec, opts.limit - leases.len()).await?;
         leases.extend(more);
         spent.extend(more_spent);
     }

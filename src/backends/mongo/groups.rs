@@ -32,7 +32,7 @@ use super::streams::{decode_event, get_map, get_u64};
 use super::{DELIVERIES, EVENTS, GROUPS, MongoBackend, Phase, SETTINGS, STREAMS, TxFailure, in_tx, map_err, txe};
 use crate::backends::common::{self, GroupRow, GroupSettings, frontier_cursor as fc};
 use crate::backends::group_store::{
-    self, ClaimSpec, DeadLetterAt, DeliveryCounts, GroupStore, MaterializedFetch, SettleStore, Taken,
+    self, ClaimSpec, DeadLetterAt, DeliveryCounts, GroupStore, MaterializedFetch, NewGroup, SettleStore, Taken,
 };
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
@@ -503,14 +503,8 @@ impl MongoBackend {
 
     /// One round of `claim`; `raced` is true when others took candidates
     /// this round wanted (another round may find more).
-    async fn claim_round(
-        &self,
-        stream: &str,
-        group: &str,
-        spec: &ClaimSpec<'_>,
-        limit: usize,
-    ) -> Result<(Vec<Lease>, Vec<(u32, u64)>, bool)> {
-        let (consumer, lease_for) = (spec.consumer, spec.lease);
+    async fn claim_round(&self, spec: &ClaimSpec<'_>, limit: usize) -> Result<(Vec<Lease>, Vec<(u32, u64)>, bool)> {
+        let (stream, group, consumer, lease_for) = (spec.stream, spec.group, spec.consumer, spec.lease);
         let now = self.now();
         let cands = self.claim_candidates(stream, group, spec.scope, limit, now).await?;
         let (mut claims, dead) = walk_candidates(cands, limit, spec.max_attempts);
@@ -883,14 +877,8 @@ impl GroupStore for MongoBackend {
         Ok(rows.iter().filter_map(|r| Some((u32::try_from(get_u64(r, "_id")?).ok()?, get_u64(r, "first")?))).collect())
     }
 
-    async fn insert_group(
-        &self,
-        stream: &str,
-        group: &str,
-        max_attempts: u32,
-        frontiers: &BTreeMap<u32, u64>,
-        settings: &GroupSettings,
-    ) -> Result<Timestamp> {
+    async fn insert_group(&self, stream: &str, group: &str, new: &NewGroup<'_>) -> Result<Timestamp> {
+        let NewGroup { max_attempts, frontiers, settings } = *new;
         let cursors: BTreeMap<u32, u64> = frontiers.iter().map(|(&p, &f)| (p, f.saturating_add(1))).collect();
         let text = serde_json::to_string(settings).map_err(|e| Error::failed("create_group", e.to_string()))?;
         let now = self.now();
@@ -926,14 +914,8 @@ impl GroupStore for MongoBackend {
         Ok(now)
     }
 
-    async fn skip_position(
-        &self,
-        stream: &str,
-        group: &str,
-        partition: u32,
-        sequence: u64,
-        reason: &str,
-    ) -> Result<bool> {
+    async fn skip_position(&self, stream: &str, group: &str, at: (u32, u64), reason: &str) -> Result<bool> {
+        let (partition, sequence) = at;
         const OP: &str = "skip";
         let now = self.now();
         in_tx!(self, OP, |s| {
@@ -1218,11 +1200,11 @@ impl MaterializedFetch for MongoBackend {
         in_tx!(self, "fetch", |s| self.materialize_in(s, stream, group, parts, chunk, only_near, now).await)
     }
 
-    async fn claim(&self, stream: &str, group: &str, spec: &ClaimSpec<'_>, limit: usize) -> Result<Taken> {
+    async fn claim(&self, spec: &ClaimSpec<'_>, limit: usize) -> Result<Taken> {
         let mut leases = Vec::new();
         let mut spent = Vec::new();
         for round in 0..CLAIM_ROUNDS {
-            let (won, dead, raced) = self.claim_round(stream, group, spec, limit - leases.len()).await?;
+            let (won, dead, raced) = self.claim_round(spec, limit - leases.len()).await?;
             leases.extend(won);
             spent.extend(dead);
             if !raced || leases.len() >= limit {

@@ -13,7 +13,7 @@ use redis::{AsyncCommands, Value};
 use super::streams::{decode_entry, entries};
 use super::{Core, Keys, bad_reply, key_name, map_err, missing_code, v_arr, v_int, v_text, v_u64};
 use crate::backends::common::{self, GroupRow, GroupSettings};
-use crate::backends::group_store::{DeliveryCounts, GroupStore};
+use crate::backends::group_store::{DeliveryCounts, GroupStore, NewGroup};
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
 use crate::ids::LeaseId;
@@ -473,14 +473,8 @@ impl GroupStore for Core {
         Core::first_at_or_after(self, stream, count, t).await
     }
 
-    async fn insert_group(
-        &self,
-        stream: &str,
-        group: &str,
-        max_attempts: u32,
-        frontiers: &BTreeMap<u32, u64>,
-        settings: &GroupSettings,
-    ) -> Result<Timestamp> {
+    async fn insert_group(&self, stream: &str, group: &str, new: &NewGroup<'_>) -> Result<Timestamp> {
+        let NewGroup { max_attempts, frontiers, settings } = *new;
         let text = serde_json::to_string(settings).map_err(|e| Error::failed("create_group", e.to_string()))?;
         let now = self.now();
         let [g, gn] = Self::gargs(group);
@@ -500,14 +494,8 @@ impl GroupStore for Core {
         Ok(now)
     }
 
-    async fn skip_position(
-        &self,
-        stream: &str,
-        group: &str,
-        partition: u32,
-        sequence: u64,
-        reason: &str,
-    ) -> Result<bool> {
+    async fn skip_position(&self, stream: &str, group: &str, at: (u32, u64), reason: &str) -> Result<bool> {
+        let (partition, sequence) = at;
         let v = self.range(stream, partition, sequence - 1, sequence, 1).await?;
         let eid = entries(&v)
             .first()

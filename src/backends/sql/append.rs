@@ -33,7 +33,7 @@ use serde_json::Value;
 use super::db::{Phase, Pool, Stmt};
 use super::dialect::Dialect;
 use super::schema::Names;
-use super::{Now, TxError};
+use super::{Now, TxError, TxResult};
 use crate::backends::WakeupMap;
 use crate::backends::combine::{Answers, Call, Combiner};
 use crate::error::{Error, Result};
@@ -75,6 +75,20 @@ pub(crate) struct Appender {
     #[cfg(feature = "postgres")]
     notifier: Option<(Arc<super::listen::Notifier>, sqlx::postgres::PgPool)>,
 }
+
+/// The rows of one atomic write: `ks` numbers each within its partition
+/// (from 1), `per` counts each partition's.
+#[derive(Clone, Copy)]
+struct Numbered<'a> {
+    stream: &'a str,
+    rows: &'a [&'a Row],
+    ks: &'a [u64],
+    per: &'a BTreeMap<u32, u64>,
+}
+
+/// Where a write went: each partition's base (its events are base + k),
+/// and the database's `now()` where the rows took it.
+type Written = (BTreeMap<u32, u64>, Option<Timestamp>);
 
 impl Appender {
     pub(crate) fn new(
@@ -228,7 +242,8 @@ impl Appender {
                 *k
             })
             .collect();
-        let (base, now) = super::retry_tx!(self, "append", self.write_once(stream, rows, &ks, &per).await)?;
+        let numbered = Numbered { stream, rows, ks: &ks, per: &per };
+        let (base, now) = super::retry_tx!(self, "append", self.write_once(&numbered).await)?;
         // Every partition's events are base + 1 ..= base + n.
         rows.iter()
             .zip(&ks)
@@ -247,13 +262,8 @@ impl Appender {
 
     /// One attempt: each partition's base (its events are base + k) and
     /// the database's `now()` where the rows took it.
-    async fn write_once(
-        &self,
-        stream: &str,
-        rows: &[&Row],
-        ks: &[u64],
-        per: &BTreeMap<u32, u64>,
-    ) -> std::result::Result<(BTreeMap<u32, u64>, Option<Timestamp>), TxError> {
+    async fn write_once(&self, w: &Numbered<'_>) -> TxResult<Written> {
+        let Numbered { stream, rows, ks, per } = *w;
         match self.d {
             Dialect::Postgres => {
                 let mut s = Stmt::new(self.d);
@@ -300,7 +310,7 @@ impl Appender {
                 Ok((base, now))
             }
             #[cfg(feature = "sqlite")]
-            Dialect::Sqlite => self.write_lite(stream, rows, ks, per).await,
+            Dialect::Sqlite => self.write_lite(w).await,
             #[cfg(not(feature = "sqlite"))]
             Dialect::Sqlite => Err(TxError::Rheo(Error::failed("append", "built without the sqlite feature"))),
         }
@@ -312,13 +322,8 @@ impl Appender {
     /// the flush, one hand-off to sqlx's SQLite thread instead of a
     /// statement's each.
     #[cfg(feature = "sqlite")]
-    async fn write_lite(
-        &self,
-        stream: &str,
-        rows: &[&Row],
-        ks: &[u64],
-        per: &BTreeMap<u32, u64>,
-    ) -> std::result::Result<(BTreeMap<u32, u64>, Option<Timestamp>), TxError> {
+    async fn write_lite(&self, w: &Numbered<'_>) -> TxResult<Written> {
+        let Numbered { stream, rows, ks, per } = *w;
         use super::db::lite_literal;
         let name = lite_literal(stream);
         let mut script = String::from("BEGIN IMMEDIATE;");

@@ -36,7 +36,7 @@ use serde_json::Value;
 use super::db::{Phase, Row, Tx, parse_map, sg};
 use super::dialect::Dialect;
 use super::streams::{EVENT_COLS, event_cols, seq_arg};
-use super::{Now, SqlBackend, TxError, at_commit, safe};
+use super::{Now, SqlBackend, TxError, TxResult, at_commit, safe};
 use crate::backends::common::frontier_cursor as fc;
 use crate::backends::group_store::ClaimSpec;
 use crate::error::{Error, Result};
@@ -361,14 +361,8 @@ impl SqlBackend {
     /// fresh positions start at its locked cursor and end at the
     /// snapshot's high watermark, and a partition whose cursor moved back
     /// since the snapshot takes nothing.
-    pub(super) async fn claim_fresh_pg(
-        &self,
-        stream: &str,
-        group: &str,
-        spec: &ClaimSpec<'_>,
-        limit: usize,
-    ) -> std::result::Result<Claimed, TxError> {
-        let (scope, consumer, lease_for) = (spec.scope, spec.consumer, spec.lease);
+    pub(super) async fn claim_fresh_pg(&self, spec: &ClaimSpec<'_>, limit: usize) -> TxResult<Claimed> {
+        let ClaimSpec { stream, group, scope, consumer, lease: lease_for, .. } = *spec;
         let base = new_claim_base();
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
@@ -462,13 +456,11 @@ impl SqlBackend {
     /// takes nothing fresh.
     pub(super) async fn claim_ranges_pg(
         &self,
-        stream: &str,
-        group: &str,
         spec: &ClaimSpec<'_>,
         limit: usize,
         lease_ids: &[LeaseId],
-    ) -> std::result::Result<Claimed, TxError> {
-        let (scope, consumer, lease_for) = (spec.scope, spec.consumer, spec.lease);
+    ) -> TxResult<Claimed> {
+        let ClaimSpec { stream, group, scope, consumer, lease: lease_for, .. } = *spec;
         let base = new_claim_base();
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
@@ -595,13 +587,11 @@ impl SqlBackend {
     /// the rows among them (a claim marks those `'1'`: their row decides).
     pub(super) async fn claim_ranges_tx(
         &self,
-        stream: &str,
-        group: &str,
         spec: &ClaimSpec<'_>,
         limit: usize,
         lease_ids: &[LeaseId],
-    ) -> std::result::Result<Claimed, TxError> {
-        let (scope, consumer, lease_for) = (spec.scope, spec.consumer, spec.lease);
+    ) -> TxResult<Claimed> {
+        let ClaimSpec { stream, group, scope, consumer, lease: lease_for, .. } = *spec;
         let base = new_claim_base();
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let Some((frontiers, mut cursors, max_attempts)) = self.lock_for_claim(&mut tx, stream, group).await? else {
@@ -654,7 +644,7 @@ impl SqlBackend {
         tx: &mut Tx,
         stream: &str,
         group: &str,
-    ) -> std::result::Result<Option<(BTreeMap<u32, u64>, BTreeMap<u32, u64>, i64)>, TxError> {
+    ) -> TxResult<Option<(BTreeMap<u32, u64>, BTreeMap<u32, u64>, i64)>> {
         let pg = self.d == Dialect::Postgres;
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
@@ -686,7 +676,7 @@ impl SqlBackend {
         spent_max: usize,
         (frontiers, cursors, max_attempts): (&BTreeMap<u32, u64>, &BTreeMap<u32, u64>, i64),
         seen: &Survey,
-    ) -> std::result::Result<(Vec<Candidate>, Offered), TxError> {
+    ) -> TxResult<(Vec<Candidate>, Offered)> {
         let pg = self.d == Dialect::Postgres;
         let hws = &seen.hws;
         let id = if pg { "d.ctid::text" } else { "CAST(d.rowid AS TEXT)" };
@@ -753,7 +743,7 @@ impl SqlBackend {
         picks: Vec<Value>,
         consumer: &str,
         lease_for: Duration,
-    ) -> std::result::Result<Vec<Value>, TxError> {
+    ) -> TxResult<Vec<Value>> {
         let pg = self.d == Dialect::Postgres;
         let mut keys: Vec<Value> = Vec::new();
         if picks.is_empty() {
@@ -772,21 +762,28 @@ impl SqlBackend {
             exp = self.d.ts_out("expires_at"),
         ));
         for r in &tx.all(&s).await.map_err(safe)? {
-            let exp = match self.d {
-                Dialect::Postgres => r.opt_i64(5)?.map_or(Value::Null, Value::from),
-                Dialect::Sqlite => r.opt_text(5)?.map_or(Value::Null, Value::from),
-            };
-            keys.push(Value::from(vec![
-                Value::from(r.i64(0)?),
-                Value::from(r.u32(1)?),
-                Value::from(r.u64(2)?),
-                r.opt_text(3)?.map_or(Value::Null, Value::from),
-                Value::from(r.i64(4)?),
-                exp,
-                Value::from(r.text(6)?),
-            ]));
+            keys.push(self.claimed_key(r)?);
         }
         Ok(keys)
+    }
+
+    /// A claimed delivery row as `UPDATE … RETURNING` gave it (spent as 1,
+    /// partition, sequence, lease id, attempt, expiry, event id), as JSON
+    /// for reading its event in the claim's column layout.
+    pub(super) fn claimed_key(&self, r: &Row) -> Result<Value> {
+        let exp = match self.d {
+            Dialect::Postgres => r.opt_i64(5)?.map_or(Value::Null, Value::from),
+            Dialect::Sqlite => r.opt_text(5)?.map_or(Value::Null, Value::from),
+        };
+        Ok(Value::from(vec![
+            Value::from(r.i64(0)?),
+            Value::from(r.u32(1)?),
+            Value::from(r.u64(2)?),
+            r.opt_text(3)?.map_or(Value::Null, Value::from),
+            Value::from(r.i64(4)?),
+            exp,
+            Value::from(r.text(6)?),
+        ]))
     }
 
     /// Inserts one claim row per span of the fresh positions taken; returns
@@ -799,7 +796,7 @@ impl SqlBackend {
         base: i64,
         consumer: &str,
         (now_ts, expires): (Timestamp, Timestamp),
-    ) -> std::result::Result<Vec<Value>, TxError> {
+    ) -> TxResult<Vec<Value>> {
         let mut ranges: Vec<Value> = Vec::new();
         let mut claims: Vec<Value> = Vec::new();
         for (&p, qs) in fresh {
@@ -845,7 +842,7 @@ impl SqlBackend {
         keys: Vec<Value>,
         ranges: Vec<Value>,
         expires: Timestamp,
-    ) -> std::result::Result<Vec<Row>, TxError> {
+    ) -> TxResult<Vec<Row>> {
         let mut s = self.stmt();
         let st = s.text(stream);
         let mut parts = Vec::new();
@@ -898,7 +895,7 @@ impl SqlBackend {
         frontiers: &BTreeMap<u32, u64>,
         cursors: &BTreeMap<u32, u64>,
         now: Timestamp,
-    ) -> std::result::Result<Survey, TxError> {
+    ) -> TxResult<Survey> {
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
         let rows: Vec<Value> = scope
@@ -949,7 +946,7 @@ impl SqlBackend {
         p: u32,
         from: u64,
         to: u64,
-    ) -> std::result::Result<BTreeSet<u64>, TxError> {
+    ) -> TxResult<BTreeSet<u64>> {
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
         let part = s.int(i64::from(p));
@@ -965,13 +962,7 @@ impl SqlBackend {
 
     /// Reads the claims of a group that `sel` touches (locking them on
     /// PostgreSQL).
-    async fn claims_for(
-        &self,
-        tx: &mut Tx,
-        stream: &str,
-        group: &str,
-        sel: &Split<'_>,
-    ) -> std::result::Result<Vec<Claim>, TxError> {
+    async fn claims_for(&self, tx: &mut Tx, stream: &str, group: &str, sel: &Split<'_>) -> TxResult<Vec<Claim>> {
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
         let cond = match sel {
@@ -1029,7 +1020,7 @@ impl SqlBackend {
         stream: &str,
         group: &str,
         sel: &Split<'_>,
-    ) -> std::result::Result<Vec<(u32, u64)>, TxError> {
+    ) -> TxResult<Vec<(u32, u64)>> {
         let claims = self.claims_for(tx, stream, group, sel).await?;
         if claims.is_empty() {
             return Ok(Vec::new());
@@ -1106,13 +1097,7 @@ impl SqlBackend {
 
     /// Writes claims back: their words and end, or deletes those with nothing
     /// open.
-    async fn write_claims(
-        &self,
-        tx: &mut Tx,
-        stream: &str,
-        group: &str,
-        claims: &[Claim],
-    ) -> std::result::Result<(), TxError> {
+    async fn write_claims(&self, tx: &mut Tx, stream: &str, group: &str, claims: &[Claim]) -> TxResult<()> {
         let (done, open): (Vec<&Claim>, Vec<&Claim>) = claims.iter().partition(|c| c.done());
         for chunk in done.chunks(1000) {
             let mut s = self.stmt();
@@ -1158,7 +1143,7 @@ impl SqlBackend {
         stream: &str,
         group: &str,
         parts: Option<&[u32]>,
-    ) -> std::result::Result<(), TxError> {
+    ) -> TxResult<()> {
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
         let cond = match parts {
@@ -1278,7 +1263,7 @@ impl SqlBackend {
         group: &str,
         leases: &[(u32, u64, i64)],
         d: Duration,
-    ) -> std::result::Result<HashMap<(u32, u64), Timestamp>, TxError> {
+    ) -> TxResult<HashMap<(u32, u64), Timestamp>> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let now = self.db_now(&mut tx).await?;
         let expires = now.saturating_add(d);
@@ -1345,7 +1330,7 @@ impl SqlBackend {
 
     /// "Now" for a write: the database's clock where the backend uses it
     /// (read in the transaction), else the handle's.
-    pub(super) async fn db_now(&self, tx: &mut Tx) -> std::result::Result<Timestamp, TxError> {
+    pub(super) async fn db_now(&self, tx: &mut Tx) -> TxResult<Timestamp> {
         match self.now() {
             Now::At(t) => Ok(t),
             Now::Db => {

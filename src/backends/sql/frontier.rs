@@ -25,7 +25,7 @@ use serde_json::Value;
 use super::db::{Pool, Stmt, Tx, map_text, parse_map, sg};
 use super::dialect::Dialect;
 use super::schema::Names;
-use super::{TxError, at_commit, safe};
+use super::{TxResult, at_commit, safe};
 use crate::backends::common::frontier_cursor as fc;
 use crate::error::{Error, Result};
 
@@ -133,7 +133,7 @@ impl Frontiers {
         super::retry_tx!(self, "frontier", self.flush_tx(stream, group, parts).await)
     }
 
-    async fn flush_tx(&self, stream: &str, group: &str, parts: &BTreeSet<u32>) -> std::result::Result<(), TxError> {
+    async fn flush_tx(&self, stream: &str, group: &str, parts: &BTreeSet<u32>) -> TxResult<()> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let (mut frontiers, cursors) = self.lock_group(&mut tx, stream, group).await?;
         self.advance(&mut tx, stream, group, &mut frontiers, &cursors, parts).await?;
@@ -160,7 +160,7 @@ impl Frontiers {
         tx: &mut Tx,
         stream: &str,
         group: &str,
-    ) -> std::result::Result<(BTreeMap<u32, u64>, BTreeMap<u32, u64>), TxError> {
+    ) -> TxResult<(BTreeMap<u32, u64>, BTreeMap<u32, u64>)> {
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
         s.push(&format!(
@@ -182,7 +182,7 @@ impl Frontiers {
         group: &str,
         frontiers: Option<&BTreeMap<u32, u64>>,
         cursors: Option<&BTreeMap<u32, u64>>,
-    ) -> std::result::Result<(), TxError> {
+    ) -> TxResult<()> {
         let mut s = self.stmt();
         let mut sets = Vec::new();
         if let Some(f) = frontiers {
@@ -212,7 +212,7 @@ impl Frontiers {
         frontiers: &mut BTreeMap<u32, u64>,
         cursors: &BTreeMap<u32, u64>,
         parts: &BTreeSet<u32>,
-    ) -> std::result::Result<(), TxError> {
+    ) -> TxResult<()> {
         if parts.is_empty() {
             return Ok(());
         }

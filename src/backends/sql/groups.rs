@@ -27,7 +27,7 @@ use super::claims::{Candidate, Split, claim_base, claim_lease, partition_base, w
 use super::db::{Phase, Row, Stmt, Tx};
 use super::dialect::Dialect;
 use super::streams::{EVENT_COLS, decode_event, event_cols, lease_rows, seq_arg};
-use super::{ClaimsMode, GroupScope, Now, SqlBackend, TxError, at_commit, safe};
+use super::{ClaimsMode, GroupScope, Now, SqlBackend, TxResult, at_commit, safe};
 
 /// Groups whose partitions a handle remembers for its fetches.
 const GROUP_SCOPES_MAX: usize = 4096;
@@ -45,7 +45,7 @@ type Settings = crate::backends::common::GroupSettings;
 
 use crate::backends::common::{self, GroupRow, frontier_cursor as fc};
 use crate::backends::group_store::{
-    self, ClaimSpec, DeadLetterAt, DeliveryCounts, GroupStore, MaterializedFetch, SettleStore, Taken,
+    self, ClaimSpec, DeadLetterAt, DeliveryCounts, GroupStore, MaterializedFetch, NewGroup, SettleStore, Taken,
 };
 
 use super::db::{map_text, parse_map, sg};
@@ -125,7 +125,7 @@ impl SqlBackend {
         group: &str,
         settings: &Settings,
         operation: &'static str,
-    ) -> std::result::Result<(), TxError> {
+    ) -> TxResult<()> {
         let js = serde_json::to_string(settings).map_err(|e| Error::failed(operation, e.to_string()))?;
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
@@ -142,13 +142,7 @@ impl SqlBackend {
 
     /// Gives dead letters their order (`rheo_rs_dead_letter_order`),
     /// after every earlier one of the group, in the order given.
-    async fn mark_dead(
-        &self,
-        tx: &mut Tx,
-        stream: &str,
-        group: &str,
-        positions: &[(u32, u64)],
-    ) -> std::result::Result<(), TxError> {
+    async fn mark_dead(&self, tx: &mut Tx, stream: &str, group: &str, positions: &[(u32, u64)]) -> TxResult<()> {
         if positions.is_empty() {
             return Ok(());
         }
@@ -176,14 +170,7 @@ impl SqlBackend {
     }
 
     /// Forgets the dead-letter order of positions reopened or reset.
-    async fn unmark(
-        &self,
-        tx: &mut Tx,
-        stream: &str,
-        group: &str,
-        partition: u32,
-        above: u64,
-    ) -> std::result::Result<(), TxError> {
+    async fn unmark(&self, tx: &mut Tx, stream: &str, group: &str, partition: u32, above: u64) -> TxResult<()> {
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
         let p = s.int(i64::from(partition));
@@ -206,7 +193,7 @@ impl SqlBackend {
         cursors: &BTreeMap<u32, u64>,
         settings: &Settings,
         now: Now,
-    ) -> std::result::Result<Timestamp, TxError> {
+    ) -> TxResult<Timestamp> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
@@ -284,19 +271,18 @@ impl SqlBackend {
         }
         let consumer = opts.consumer_id.as_deref().unwrap_or_default();
         // max_attempts: the claim reads the group's own.
-        let spec = ClaimSpec { scope: &scope, max_attempts: 0, consumer, lease: opts.lease };
+        let spec = ClaimSpec { stream, group, scope: &scope, max_attempts: 0, consumer, lease: opts.lease };
         let limit = opts.limit;
         // Lease ids of delivery rows, made only when a claim meets rows.
         let lease_ids =
             || -> Vec<LeaseId> { (0..limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id())).collect() };
-        let tx = || async { self.claim_ranges_tx(stream, group, &spec, limit, &lease_ids()).await };
+        let tx = || async { self.claim_ranges_tx(&spec, limit, &lease_ids()).await };
         let claimed = match self.d {
             Dialect::Postgres => {
-                let mut one = super::retry_tx!(self, "fetch", self.claim_fresh_pg(stream, group, &spec, limit).await)?;
+                let mut one = super::retry_tx!(self, "fetch", self.claim_fresh_pg(&spec, limit).await)?;
                 if one.flags.found && one.flags.rows && !one.flags.slow {
                     let ids = lease_ids();
-                    one =
-                        super::retry_tx!(self, "fetch", self.claim_ranges_pg(stream, group, &spec, limit, &ids).await)?;
+                    one = super::retry_tx!(self, "fetch", self.claim_ranges_pg(&spec, limit, &ids).await)?;
                 }
                 if one.flags.found && one.flags.slow { super::retry_tx!(self, "fetch", tx().await)? } else { one }
             }
@@ -374,13 +360,7 @@ impl SqlBackend {
 
     /// Adds delivery rows for the next `chunk` events of each partition of
     /// `parts` at or after its cursor, and moves the cursors past them.
-    async fn materialize_tx(
-        &self,
-        stream: &str,
-        group: &str,
-        parts: &[u32],
-        chunk: u64,
-    ) -> std::result::Result<(), TxError> {
+    async fn materialize_tx(&self, stream: &str, group: &str, parts: &[u32], chunk: u64) -> TxResult<()> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let (frontiers, mut cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         let mut s = self.stmt();
@@ -478,15 +458,8 @@ impl SqlBackend {
     /// The one-statement claim: candidates per partition bounded below by
     /// the frontier, locked with `SKIP LOCKED`, leased (or dead-lettered
     /// when spent) and returned with their events.
-    async fn claim_pg(
-        &self,
-        stream: &str,
-        group: &str,
-        spec: &ClaimSpec<'_>,
-        limit: usize,
-        lease_ids: &[LeaseId],
-    ) -> std::result::Result<Vec<Row>, TxError> {
-        let (scope, consumer, lease_for) = (spec.scope, spec.consumer, spec.lease);
+    async fn claim_pg(&self, spec: &ClaimSpec<'_>, limit: usize, lease_ids: &[LeaseId]) -> TxResult<Vec<Row>> {
+        let ClaimSpec { stream, group, scope, consumer, lease: lease_for, .. } = *spec;
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
         let parts = s.text(Value::from(scope.to_vec()).to_string());
@@ -529,15 +502,8 @@ impl SqlBackend {
 
     /// The SQLite claim, inside one `BEGIN IMMEDIATE`: candidates per
     /// partition, then one update and one read of their events.
-    async fn claim_lite(
-        &self,
-        stream: &str,
-        group: &str,
-        spec: &ClaimSpec<'_>,
-        limit: usize,
-        lease_ids: &[LeaseId],
-    ) -> std::result::Result<Vec<Row>, TxError> {
-        let (scope, consumer, lease_for) = (spec.scope, spec.consumer, spec.lease);
+    async fn claim_lite(&self, spec: &ClaimSpec<'_>, limit: usize, lease_ids: &[LeaseId]) -> TxResult<Vec<Row>> {
+        let ClaimSpec { stream, group, scope, consumer, lease: lease_for, .. } = *spec;
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
@@ -587,18 +553,7 @@ impl SqlBackend {
         ));
         let updated = tx.all(&s).await.map_err(safe)?;
         // Their events, in one read, returned in the claim's column layout.
-        let mut keys: Vec<Value> = Vec::new();
-        for r in &updated {
-            keys.push(Value::from(vec![
-                Value::from(r.i64(0)?),
-                Value::from(r.u32(1)?),
-                Value::from(r.u64(2)?),
-                r.opt_text(3)?.map_or(Value::Null, Value::from),
-                Value::from(r.i64(4)?),
-                r.opt_text(5)?.map_or(Value::Null, Value::from),
-                Value::from(r.text(6)?),
-            ]));
-        }
+        let keys: Vec<Value> = updated.iter().map(|r| self.claimed_key(r)).collect::<Result<_>>()?;
         let mut s = self.stmt();
         let arr = s.text(Value::from(keys).to_string());
         s.push(&format!(
@@ -615,7 +570,7 @@ impl SqlBackend {
 
     /// After positions were dead-lettered outside a group lock (spent
     /// leases met by a claim): orders them and moves the frontier.
-    async fn settled_tx(&self, stream: &str, group: &str, dead: &[(u32, u64)]) -> std::result::Result<(), TxError> {
+    async fn settled_tx(&self, stream: &str, group: &str, dead: &[(u32, u64)]) -> TxResult<()> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let (mut frontiers, cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         self.mark_dead(&mut tx, stream, group, dead).await?;
@@ -719,7 +674,7 @@ impl SqlBackend {
 
     /// Dead-letters the delivery a lease holds, with `reason`; false when
     /// the lease is stale.
-    async fn dead_letter_tx(&self, lease: &LeaseRef, reason: &str, now: Now) -> std::result::Result<bool, TxError> {
+    async fn dead_letter_tx(&self, lease: &LeaseRef, reason: &str, now: Now) -> TxResult<bool> {
         let (stream, group) = (&*lease.stream, &*lease.group);
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let (mut frontiers, cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
@@ -753,7 +708,7 @@ impl SqlBackend {
         sequence: u64,
         reason: &str,
         now: Now,
-    ) -> std::result::Result<bool, TxError> {
+    ) -> TxResult<bool> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let (mut frontiers, cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         // A claimed position becomes an ordinary leased row first.
@@ -820,7 +775,7 @@ impl SqlBackend {
         starts: &[(u32, u64)],
         hws: &[u64],
         now: Now,
-    ) -> std::result::Result<u64, TxError> {
+    ) -> TxResult<u64> {
         // The high watermarks were read before: events appended since are
         // above them, never settled, so nothing they change is counted.
         let mut tx = self.pool.begin().await.map_err(safe)?;
@@ -878,7 +833,7 @@ impl SqlBackend {
         group: &str,
         matched: &[(u32, u64, String)],
         now: Now,
-    ) -> std::result::Result<u64, TxError> {
+    ) -> TxResult<u64> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let (mut frontiers, cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         // Matched positions in flight under a claim become leased rows (not
@@ -952,12 +907,7 @@ impl SqlBackend {
         Ok(reopened)
     }
 
-    async fn reset_tx(
-        &self,
-        stream: &str,
-        group: &str,
-        starts: &BTreeMap<u32, u64>,
-    ) -> std::result::Result<(), TxError> {
+    async fn reset_tx(&self, stream: &str, group: &str, starts: &BTreeMap<u32, u64>) -> TxResult<()> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let (mut frontiers, mut cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         let parts: Vec<u32> = starts.keys().copied().collect();
@@ -1073,14 +1023,8 @@ impl GroupStore for SqlBackend {
         rows.iter().map(|r| Ok((r.u32(0)?, r.u64(1)?))).collect()
     }
 
-    async fn insert_group(
-        &self,
-        stream: &str,
-        group: &str,
-        max_attempts: u32,
-        frontiers: &BTreeMap<u32, u64>,
-        settings: &Settings,
-    ) -> Result<Timestamp> {
+    async fn insert_group(&self, stream: &str, group: &str, new: &NewGroup<'_>) -> Result<Timestamp> {
+        let NewGroup { max_attempts, frontiers, settings } = *new;
         let cursors: BTreeMap<u32, u64> = frontiers.iter().map(|(&p, &f)| (p, f.saturating_add(1))).collect();
         let now = self.now();
         super::retry_tx!(
@@ -1090,14 +1034,8 @@ impl GroupStore for SqlBackend {
         )
     }
 
-    async fn skip_position(
-        &self,
-        stream: &str,
-        group: &str,
-        partition: u32,
-        sequence: u64,
-        reason: &str,
-    ) -> Result<bool> {
+    async fn skip_position(&self, stream: &str, group: &str, at: (u32, u64), reason: &str) -> Result<bool> {
+        let (partition, sequence) = at;
         let now = self.now();
         super::retry_tx!(self, "skip", self.skip_tx(stream, group, partition, sequence, reason, now).await)
     }
@@ -1207,17 +1145,13 @@ impl MaterializedFetch for SqlBackend {
         super::retry_tx!(self, "fetch", self.materialize_tx(stream, group, parts, chunk).await)
     }
 
-    async fn claim(&self, stream: &str, group: &str, spec: &ClaimSpec<'_>, limit: usize) -> Result<Taken> {
+    async fn claim(&self, spec: &ClaimSpec<'_>, limit: usize) -> Result<Taken> {
         let lease_ids: Vec<LeaseId> = (0..limit).map(|_| LeaseId::from_u128(crate::ids::new_lease_id())).collect();
         let rows = match self.d {
-            Dialect::Postgres => {
-                super::retry_tx!(self, "fetch", self.claim_pg(stream, group, spec, limit, &lease_ids).await)?
-            }
-            Dialect::Sqlite => {
-                super::retry_tx!(self, "fetch", self.claim_lite(stream, group, spec, limit, &lease_ids).await)?
-            }
+            Dialect::Postgres => super::retry_tx!(self, "fetch", self.claim_pg(spec, limit, &lease_ids).await)?,
+            Dialect::Sqlite => super::retry_tx!(self, "fetch", self.claim_lite(spec, limit, &lease_ids).await)?,
         };
-        self.leases_of(stream, group, spec.consumer, &rows, 0)
+        self.leases_of(spec.stream, spec.group, spec.consumer, &rows, 0)
     }
 
     async fn settled(&self, stream: &str, group: &str, dead: &[(u32, u64)]) -> Result<()> {

@@ -340,34 +340,27 @@ impl SqlBackend {
         }
         let listen_pool =
             PgPoolOptions::new().max_connections(1).acquire_timeout(o.connect_timeout).connect_lazy_with(opts.clone());
+        // No ping before each use: a dead connection fails its statement,
+        // which is mapped like any other connection loss.
+        let pool_options = || {
+            PgPoolOptions::new()
+                .test_before_acquire(false)
+                .max_connections(o.pool)
+                .min_connections(0)
+                .acquire_timeout(o.connect_timeout)
+                .idle_timeout(Some(Duration::from_secs(600)))
+                .max_lifetime(Some(Duration::from_secs(1800)))
+        };
         // Claims, acks and append flushes: statements of a dozen CTEs that
         // take 1-3 ms to plan and about as long to run. Their generic plans (cached per
         // connection) are as good as custom ones once no sequential scan is
         // considered: every one of their scans walks an index and stops
         // early. Other calls keep custom plans (a user's query is planned
         // for its values). ADR 0021.
-        let hot_pool = PgPoolOptions::new()
-            .test_before_acquire(false)
-            .max_connections(o.pool)
-            .min_connections(0)
-            .acquire_timeout(o.connect_timeout)
-            .idle_timeout(Some(Duration::from_secs(600)))
-            .max_lifetime(Some(Duration::from_secs(1800)))
-            .connect_lazy_with(
-                opts.clone().options([("plan_cache_mode", "force_generic_plan"), ("enable_seqscan", "off")]),
-            );
-        // No ping before each use: a dead connection fails its statement,
-        // which is mapped like any other connection loss.
-        let pool = PgPoolOptions::new()
-            .test_before_acquire(false)
-            .max_connections(o.pool)
-            .min_connections(0)
-            .acquire_timeout(o.connect_timeout)
-            .idle_timeout(Some(Duration::from_secs(600)))
-            .max_lifetime(Some(Duration::from_secs(1800)))
-            .connect_with(opts)
-            .await
-            .map_err(|e| open_error("postgres", &redact_url(url), e))?;
+        let hot_pool = pool_options().connect_lazy_with(
+            opts.clone().options([("plan_cache_mode", "force_generic_plan"), ("enable_seqscan", "off")]),
+        );
+        let pool = pool_options().connect_with(opts).await.map_err(|e| open_error("postgres", &redact_url(url), e))?;
         let mut backend = Self::new(
             Dialect::Postgres,
             Pool::Pg(pool),
@@ -521,6 +514,9 @@ macro_rules! retry_tx {
     }};
 }
 pub(crate) use retry_tx;
+
+/// What a step of a transaction answers.
+pub(crate) type TxResult<T> = std::result::Result<T, TxError>;
 
 /// What a transaction body fails with: a rule of the crate, or a driver
 /// error and where it happened (so a conflict can be retried).

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::db::Phase;
 use super::db::sg;
-use super::{Now, SqlBackend, TxError, at_commit, safe};
+use super::{Now, SqlBackend, TxResult, at_commit, safe};
 use crate::backends::common::{self, GroupSettings};
 use crate::backends::group_store::{self, RetentionStore};
 use crate::error::{Error, Result};
@@ -110,12 +110,7 @@ impl SqlBackend {
     /// skipped, the deliveries below it go (dead letters stay), the
     /// frontier and cursor move up. Returns (partition, skipped) for each
     /// partition that skipped any.
-    async fn move_group_tx(
-        &self,
-        stream: &str,
-        group: &str,
-        plan: &BTreeMap<u32, u64>,
-    ) -> std::result::Result<Vec<(u32, u64)>, TxError> {
+    async fn move_group_tx(&self, stream: &str, group: &str, plan: &BTreeMap<u32, u64>) -> TxResult<Vec<(u32, u64)>> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let (mut frontiers, mut cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         // Claims of the partitions that move give every open position to

@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::db::{Arg, Phase, Row, Tx};
 use super::dialect::Dialect;
 use super::schema::{self, SCHEMA_VERSION, TABLES};
-use super::{IndexBuildState, Now, SqlBackend, TxError, at_commit, safe};
+use super::{IndexBuildState, Now, SqlBackend, TxError, TxResult, at_commit, safe};
 use crate::backends::dedupe::{Plan, dedupe_plan, resolve_plan};
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::append::NewEvent;
@@ -342,12 +342,7 @@ impl SqlBackend {
         ))
     }
 
-    async fn create_stream_tx(
-        &self,
-        stream: &str,
-        opts: &StreamOptions,
-        now: Now,
-    ) -> std::result::Result<Timestamp, TxError> {
+    async fn create_stream_tx(&self, stream: &str, opts: &StreamOptions, now: Now) -> TxResult<Timestamp> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let mut s = self.stmt();
         let name = s.text(stream);
@@ -398,7 +393,7 @@ impl SqlBackend {
         spelling: &str,
         at: Timestamp,
         i: usize,
-    ) -> std::result::Result<bool, TxError> {
+    ) -> TxResult<bool> {
         let mut s = self.stmt();
         let name = s.text(stream);
         let f = s.text(canonical);
@@ -433,13 +428,7 @@ impl SqlBackend {
         self.appends.submit((Arc::from(stream), one), rows, bytes).await
     }
 
-    async fn append_tx(
-        &self,
-        stream: &str,
-        events: &[NewEvent],
-        routed: &[u32],
-        now: Now,
-    ) -> std::result::Result<Vec<Position>, TxError> {
+    async fn append_tx(&self, stream: &str, events: &[NewEvent], routed: &[u32], now: Now) -> TxResult<Vec<Position>> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         // Producer-given ids already stored (the primary key keeps every id
         // forever): those events write nothing and answer their original.
@@ -544,19 +533,14 @@ impl SqlBackend {
                 })?;
                 Ok(Position::new(partition, sequence, timestamp))
             })
-            .collect::<std::result::Result<Vec<_>, TxError>>()?;
+            .collect::<TxResult<Vec<_>>>()?;
         resolve_plan(plan, &stored).map_err(TxError::Rheo)
     }
 
     /// Allocates the sequences of appends routed to `routed`, partition by
     /// partition in ascending order (the row locks serialize appenders; the
     /// order rules out deadlocks): each partition's first new sequence.
-    async fn allocate_sequences(
-        &self,
-        tx: &mut Tx,
-        stream: &str,
-        routed: &[u32],
-    ) -> std::result::Result<BTreeMap<u32, u64>, TxError> {
+    async fn allocate_sequences(&self, tx: &mut Tx, stream: &str, routed: &[u32]) -> TxResult<BTreeMap<u32, u64>> {
         let mut per: BTreeMap<u32, u64> = BTreeMap::new();
         for &p in routed {
             *per.entry(p).or_default() += 1;
@@ -587,12 +571,7 @@ impl SqlBackend {
     /// The stored position of each producer-given id of `events` already
     /// in the database, read in the append's transaction. An id stored in
     /// another stream is an error (ids are unique across the database).
-    async fn stored_ids(
-        &self,
-        tx: &mut Tx,
-        stream: &str,
-        events: &[NewEvent],
-    ) -> std::result::Result<BTreeMap<String, Position>, TxError> {
+    async fn stored_ids(&self, tx: &mut Tx, stream: &str, events: &[NewEvent]) -> TxResult<BTreeMap<String, Position>> {
         let ids: Vec<&str> = events.iter().filter(|e| e.id_given).map(|e| e.id.as_str()).collect();
         let mut s = self.stmt();
         let arr =
@@ -703,13 +682,7 @@ impl SqlBackend {
         Ok(())
     }
 
-    async fn declare_tx(
-        &self,
-        stream: &str,
-        canonical: &str,
-        spelling: &str,
-        now: Now,
-    ) -> std::result::Result<bool, TxError> {
+    async fn declare_tx(&self, stream: &str, canonical: &str, spelling: &str, now: Now) -> TxResult<bool> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let mut s = self.stmt();
         let name = s.text(stream);
