@@ -152,32 +152,31 @@ pub(crate) trait GroupStore: QueryPages + Send + Sync {
         scope: &[u32],
     ) -> impl Future<Output = Result<DeliveryCounts>> + Send;
 
-    /// The attempt a lease holds, and the time its settle decides by: None
-    /// when the lease is stale.
-    fn held_attempt(&self, lease: &LeaseRef) -> impl Future<Output = Result<Option<(u32, Timestamp)>>> + Send;
+    /// What a lease holds: None when it is stale.
+    fn held_attempt(&self, lease: &LeaseRef) -> impl Future<Output = Result<Option<Held>>> + Send;
 
-    /// Dead-letters a held delivery (`reason` already prefixed) at `now`;
-    /// `attempt` is the one the decision was made on. False when the lease
-    /// no longer holds it.
-    fn dead_letter(
-        &self,
-        lease: &LeaseRef,
-        attempt: u32,
-        reason: &str,
-        now: Timestamp,
-    ) -> impl Future<Output = Result<bool>> + Send;
+    /// Dead-letters a held delivery (`reason` already prefixed) at
+    /// `held.now`. False when the lease no longer holds it.
+    fn dead_letter(&self, lease: &LeaseRef, held: Held, reason: &str) -> impl Future<Output = Result<bool>> + Send;
 
-    /// Gives a held delivery at `attempt` back, claimable from
-    /// `available_at` (at once when that is not after `now`). False when
-    /// the lease no longer holds it at that attempt.
+    /// Gives a held delivery back, claimable from `available_at` (at once
+    /// when that is not after `held.now`). False when the lease no longer
+    /// holds it at `held.attempt`.
     fn reschedule(
         &self,
         lease: &LeaseRef,
-        attempt: u32,
+        held: Held,
         reason: &str,
         available_at: Timestamp,
-        now: Timestamp,
     ) -> impl Future<Output = Result<bool>> + Send;
+}
+
+/// What a lease holds when a retry decides: the delivery's attempt, and
+/// the time the decision is made at.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Held {
+    pub attempt: u32,
+    pub now: Timestamp,
 }
 
 /// Creates a group: checks its options against the stream, places its
@@ -320,16 +319,16 @@ pub(crate) async fn retry<S: GroupStore + ?Sized>(
     delay: Option<Duration>,
 ) -> Result<RetryOutcome> {
     let g = store.load_group(&lease.stream, &lease.group).await?;
-    let Some((attempt, now)) = store.held_attempt(lease).await? else { return Err(lease.stale()) };
-    let decision = rules::retry(attempt, g.max_attempts, reason, delay, &g.settings.retry_backoff, now);
+    let Some(held) = store.held_attempt(lease).await? else { return Err(lease.stale()) };
+    let decision = rules::retry(held.attempt, g.max_attempts, reason, delay, &g.settings.retry_backoff, held.now);
     let outcome = decision.outcome();
-    let held = match decision {
-        rules::RetryDecision::DeadLetter { reason } => store.dead_letter(lease, attempt, &reason, now).await?,
+    let done = match decision {
+        rules::RetryDecision::DeadLetter { reason } => store.dead_letter(lease, held, &reason).await?,
         rules::RetryDecision::Reschedule { available_at } => {
-            store.reschedule(lease, attempt, reason, available_at, now).await?
+            store.reschedule(lease, held, reason, available_at).await?
         }
     };
-    if held { Ok(outcome) } else { Err(lease.stale()) }
+    if done { Ok(outcome) } else { Err(lease.stale()) }
 }
 
 /// The batch settles of the transactional backends (SQL, MongoDB), a
@@ -597,6 +596,92 @@ impl RetentionPlan {
     #[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
     pub(crate) fn leaves_behind(&self, g: &GroupRow) -> bool {
         self.starts.iter().any(|(&p, &s)| g.frontiers.get(&p).is_some_and(|&f| f.saturating_add(1) < s))
+    }
+}
+
+/// One partition a retention pass moves a group in: its frontier goes from
+/// `frontier` to `start - 1`, its cursor to at least `start`; positions
+/// from `fresh_from` (the cursor) on were never handed out.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+pub(crate) struct PartitionMove {
+    pub partition: u32,
+    pub start: u64,
+    pub frontier: u64,
+    pub fresh_from: u64,
+}
+
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+impl PartitionMove {
+    /// The group's new frontier in the partition.
+    pub(crate) fn below(&self) -> u64 {
+        self.start.saturating_sub(1)
+    }
+
+    /// The positions never handed out among those the move passes.
+    pub(crate) fn fresh(&self) -> u64 {
+        self.start.saturating_sub(self.fresh_from)
+    }
+}
+
+/// A group's move past a retention plan's starts, under its lock (see
+/// [`RetentionStore::move_group`]): the partitions it moves in, and then
+/// its new maps and what each partition skipped.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+pub(crate) struct GroupMove {
+    pub frontiers: BTreeMap<u32, u64>,
+    pub cursors: BTreeMap<u32, u64>,
+    pub moved: std::collections::BTreeSet<u32>,
+    pub skipped: Vec<(u32, u64)>,
+}
+
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
+impl GroupMove {
+    pub(crate) fn new(frontiers: BTreeMap<u32, u64>, cursors: BTreeMap<u32, u64>) -> Self {
+        GroupMove { frontiers, cursors, moved: Default::default(), skipped: Vec::new() }
+    }
+
+    /// The partitions of `plan` (partition -> start) the group is behind.
+    pub(crate) fn steps(&self, plan: &BTreeMap<u32, u64>) -> Vec<PartitionMove> {
+        plan.iter()
+            .filter_map(|(&partition, &start)| {
+                let &frontier = self.frontiers.get(&partition)?;
+                if frontier >= start.saturating_sub(1) {
+                    return None;
+                }
+                let (_, c) = common::frontier_cursor(&self.frontiers, &self.cursors, partition);
+                Some(PartitionMove { partition, start, frontier, fresh_from: (frontier + 1).max(c) })
+            })
+            .collect()
+    }
+
+    /// Records a partition moved, with the unsettled positions it skipped.
+    pub(crate) fn record(&mut self, m: &PartitionMove, skipped: u64) {
+        let (_, c) = common::frontier_cursor(&self.frontiers, &self.cursors, m.partition);
+        self.frontiers.insert(m.partition, m.below());
+        self.cursors.insert(m.partition, c.max(m.start));
+        self.moved.insert(m.partition);
+        if skipped > 0 {
+            self.skipped.push((m.partition, skipped));
+        }
+    }
+
+    /// What it skipped in all.
+    pub(crate) fn total(&self) -> u64 {
+        self.skipped.iter().map(|(_, n)| n).sum()
+    }
+
+    /// The group's settings (as stored, `stored`) with what the move
+    /// skipped counted. Settings it cannot read are refused, not replaced:
+    /// writing defaults over them would lose them.
+    pub(crate) fn counted(&self, stream: &str, group: &str, stored: Option<&str>) -> Result<GroupSettings> {
+        let mut settings: GroupSettings = match stored {
+            Some(t) => serde_json::from_str(t).map_err(|e| {
+                Error::failed("enforce_retention", format!("group {stream:?}/{group:?}: settings: {e}"))
+            })?,
+            None => GroupSettings::default(),
+        };
+        settings.retention_skipped = settings.retention_skipped.saturating_add(self.total());
+        Ok(settings)
     }
 }
 

@@ -32,7 +32,7 @@ use super::streams::{decode_event, get_map, get_u64};
 use super::{DELIVERIES, EVENTS, GROUPS, MongoBackend, Phase, SETTINGS, STREAMS, TxFailure, in_tx, map_err, txe};
 use crate::backends::common::{self, GroupRow, GroupSettings, frontier_cursor as fc};
 use crate::backends::group_store::{
-    self, ClaimSpec, DeadLetterAt, DeliveryCounts, GroupStore, MaterializedFetch, NewGroup, SettleStore, Taken,
+    self, ClaimSpec, DeadLetterAt, DeliveryCounts, GroupStore, Held, MaterializedFetch, NewGroup, SettleStore, Taken,
 };
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
@@ -1135,23 +1135,18 @@ impl GroupStore for MongoBackend {
         Ok(DeliveryCounts { inflight: n("inflight"), retry_waiting: n("waiting"), dead_letters: n("dead") })
     }
 
-    async fn held_attempt(&self, lease: &LeaseRef) -> Result<Option<(u32, Timestamp)>> {
+    async fn held_attempt(&self, lease: &LeaseRef) -> Result<Option<Held>> {
         let d = self.deliveries().find_one(held(lease)).await.map_err(err("retry"))?;
-        Ok(d.map(|d| (u32_of(&d, "attempt"), self.now())))
+        Ok(d.map(|d| Held { attempt: u32_of(&d, "attempt"), now: self.now() }))
     }
 
-    async fn dead_letter(&self, lease: &LeaseRef, _attempt: u32, reason: &str, now: Timestamp) -> Result<bool> {
+    async fn dead_letter(&self, lease: &LeaseRef, held: Held, reason: &str) -> Result<bool> {
+        let now = held.now;
         self.dead_letter_held(lease, reason, now, "retry").await
     }
 
-    async fn reschedule(
-        &self,
-        lease: &LeaseRef,
-        attempt: u32,
-        reason: &str,
-        available_at: Timestamp,
-        now: Timestamp,
-    ) -> Result<bool> {
+    async fn reschedule(&self, lease: &LeaseRef, at: Held, reason: &str, available_at: Timestamp) -> Result<bool> {
+        let Held { attempt, now } = at;
         // Claimable at once: the reference's 'available'. Later: a lease
         // with no holder that expires when the backoff ends, which both
         // implementations' claims take once it passes.

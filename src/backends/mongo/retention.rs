@@ -6,7 +6,7 @@
 //! + 1 when it holds none), found through the `(stream, partition,
 //! sequence)` index.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::TryStreamExt;
@@ -15,8 +15,7 @@ use mongodb::bson::{Bson, DateTime, Document, doc};
 use super::groups::{REJECTED, int, int_of};
 use super::streams::get_u64;
 use super::{EVENTS, MongoBackend, Phase, SETTINGS, STREAM_SETTINGS, in_tx, map_err};
-use crate::backends::common::{self, GroupSettings};
-use crate::backends::group_store::{self, RetentionStore};
+use crate::backends::group_store::{self, GroupMove, RetentionStore};
 use crate::error::{Error, Result};
 use crate::model::retention::{PartitionInfo, Retention};
 use crate::model::stream::StreamInfo;
@@ -145,19 +144,12 @@ impl RetentionStore for MongoBackend {
     async fn move_group(&self, stream: &str, group: &str, plan: &BTreeMap<u32, u64>) -> Result<Vec<(u32, u64)>> {
         const OP: &str = "enforce_retention";
         in_tx!(self, OP, |s| {
-            let (mut frontiers, mut cursors) = self.lock_group(s, stream, group, OP).await?;
-            let mut out = Vec::new();
-            let mut moved = BTreeSet::new();
-            for (&p, &start) in plan {
-                let Some(&f) = frontiers.get(&p) else { continue };
-                let below = start.saturating_sub(1);
-                if f >= below {
-                    continue;
-                }
-                let (_, c) = common::frontier_cursor(&frontiers, &cursors, p);
-                let fresh_from = (f + 1).max(c);
-                let range = doc! { "stream": stream, "group": group, "partition": i64::from(p),
-                "sequence": { "$gt": int(f), "$lte": int(below) } };
+            let (frontiers, cursors) = self.lock_group(s, stream, group, OP).await?;
+            let mut mv = GroupMove::new(frontiers, cursors);
+            for m in mv.steps(plan) {
+                let (p, f) = (i64::from(m.partition), m.frontier);
+                let range = doc! { "stream": stream, "group": group, "partition": p,
+                "sequence": { "$gt": int(f), "$lte": int(m.below()) } };
                 let mut open = 0u64;
                 let mut rows_fresh = 0u64;
                 let mut cur = self
@@ -173,45 +165,32 @@ impl RetentionStore for MongoBackend {
                     if !settled {
                         open += 1;
                     }
-                    if int_of(&d, "sequence") >= fresh_from {
+                    if int_of(&d, "sequence") >= m.fresh_from {
                         rows_fresh += 1;
                     }
                 }
-                let skipped = open + (below + 1).saturating_sub(fresh_from).saturating_sub(rows_fresh);
                 self.deliveries()
-                    .delete_many(doc! { "stream": stream, "group": group, "partition": i64::from(p),
-                    "sequence": { "$lt": int(start) }, "status": { "$ne": REJECTED } })
+                    .delete_many(doc! { "stream": stream, "group": group, "partition": p,
+                    "sequence": { "$lt": int(m.start) }, "status": { "$ne": REJECTED } })
                     .session(&mut *s)
                     .await
                     .map_err(txe(OP))?;
-                frontiers.insert(p, below);
-                cursors.insert(p, c.max(start));
-                moved.insert(p);
-                if skipped > 0 {
-                    out.push((p, skipped));
-                }
+                mv.record(&m, open + m.fresh().saturating_sub(rows_fresh));
             }
-            if moved.is_empty() {
-                return Ok(out);
+            if mv.moved.is_empty() {
+                return Ok(mv.skipped);
             }
-            self.write_maps(s, stream, group, Some(&frontiers), Some(&cursors), OP).await?;
-            self.advance(s, stream, group, &mut frontiers, &cursors, &moved, OP).await?;
-            let total: u64 = out.iter().map(|(_, n)| n).sum();
-            if total > 0 {
+            self.write_maps(s, stream, group, Some(&mv.frontiers), Some(&mv.cursors), OP).await?;
+            self.advance(s, stream, group, &mut mv.frontiers, &mv.cursors, &mv.moved, OP).await?;
+            if mv.total() > 0 {
                 let found = self
                     .collection(SETTINGS)
                     .find_one(doc! { "stream": stream, "name": group })
                     .session(&mut *s)
                     .await
                     .map_err(txe(OP))?;
-                // Refused, not replaced: writing defaults over settings it
-                // cannot read would lose them.
-                let mut settings: GroupSettings = match found.as_ref().and_then(|d| d.get_str("settings").ok()) {
-                    Some(t) => serde_json::from_str(t)
-                        .map_err(|e| Error::failed(OP, format!("group {stream:?}/{group:?}: settings: {e}")))?,
-                    None => GroupSettings::default(),
-                };
-                settings.retention_skipped = settings.retention_skipped.saturating_add(total);
+                let stored = found.as_ref().and_then(|d| d.get_str("settings").ok());
+                let settings = mv.counted(stream, group, stored)?;
                 let text = serde_json::to_string(&settings).map_err(|e| Error::failed(OP, e.to_string()))?;
                 self.collection(SETTINGS)
                     .update_one(doc! { "stream": stream, "name": group }, doc! { "$set": { "settings": text } })
@@ -220,7 +199,7 @@ impl RetentionStore for MongoBackend {
                     .await
                     .map_err(txe(OP))?;
             }
-            Ok(out)
+            Ok(mv.skipped)
         })
     }
 

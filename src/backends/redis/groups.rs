@@ -13,7 +13,7 @@ use redis::{AsyncCommands, Value};
 use super::streams::{decode_entry, entries};
 use super::{Core, Keys, bad_reply, key_name, map_err, missing_code, v_arr, v_int, v_text, v_u64};
 use crate::backends::common::{self, GroupRow, GroupSettings};
-use crate::backends::group_store::{DeliveryCounts, GroupStore, NewGroup};
+use crate::backends::group_store::{DeliveryCounts, GroupStore, Held, NewGroup};
 use crate::error::{Error, ObjectKind, Result};
 use crate::groups::rules;
 use crate::ids::LeaseId;
@@ -573,7 +573,7 @@ impl GroupStore for Core {
         Ok(DeliveryCounts { inflight, retry_waiting: waiting, dead_letters: dead })
     }
 
-    async fn held_attempt(&self, lease: &LeaseRef) -> Result<Option<(u32, Timestamp)>> {
+    async fn held_attempt(&self, lease: &LeaseRef) -> Result<Option<Held>> {
         let mut conn = self.conn();
         let raw: Option<String> = conn
             .hget(
@@ -582,21 +582,19 @@ impl GroupStore for Core {
             )
             .await
             .map_err(|e| map_err("retry", false, &e))?;
-        Ok(raw.as_deref().and_then(|t| held_attempt(t, &lease.lease_id.to_string())).map(|a| (a, self.now())))
+        Ok(raw
+            .as_deref()
+            .and_then(|t| held_attempt(t, &lease.lease_id.to_string()))
+            .map(|attempt| Held { attempt, now: self.now() }))
     }
 
-    async fn dead_letter(&self, lease: &LeaseRef, attempt: u32, reason: &str, now: Timestamp) -> Result<bool> {
+    async fn dead_letter(&self, lease: &LeaseRef, held: Held, reason: &str) -> Result<bool> {
+        let Held { attempt, now } = held;
         self.settle_one(lease, Some(attempt), true, reason, now, now, "retry").await
     }
 
-    async fn reschedule(
-        &self,
-        lease: &LeaseRef,
-        attempt: u32,
-        reason: &str,
-        available_at: Timestamp,
-        now: Timestamp,
-    ) -> Result<bool> {
+    async fn reschedule(&self, lease: &LeaseRef, held: Held, reason: &str, available_at: Timestamp) -> Result<bool> {
+        let Held { attempt, now } = held;
         self.settle_one(lease, Some(attempt), false, reason, now, available_at.max(now), "retry").await
     }
 }

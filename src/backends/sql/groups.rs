@@ -45,7 +45,7 @@ type Settings = crate::backends::common::GroupSettings;
 
 use crate::backends::common::{self, GroupRow, frontier_cursor as fc};
 use crate::backends::group_store::{
-    self, ClaimSpec, DeadLetterAt, DeliveryCounts, GroupStore, MaterializedFetch, NewGroup, SettleStore, Taken,
+    self, ClaimSpec, DeadLetterAt, DeliveryCounts, GroupStore, Held, MaterializedFetch, NewGroup, SettleStore, Taken,
 };
 
 use super::db::{map_text, parse_map, sg};
@@ -1082,7 +1082,7 @@ impl GroupStore for SqlBackend {
         })
     }
 
-    async fn held_attempt(&self, lease: &LeaseRef) -> Result<Option<(u32, Timestamp)>> {
+    async fn held_attempt(&self, lease: &LeaseRef) -> Result<Option<Held>> {
         self.split_lease(lease).await?;
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, &lease.stream, &lease.group);
@@ -1101,21 +1101,16 @@ impl GroupStore for SqlBackend {
             dl = self.names.deliveries(),
         ));
         let rows = self.pool.all(&s).await.map_err(self.err("retry", Phase::Safe))?;
-        rows.first().map(|r| Ok((r.u32(0)?, r.ts(1)?))).transpose()
+        rows.first().map(|r| Ok(Held { attempt: r.u32(0)?, now: r.ts(1)? })).transpose()
     }
 
-    async fn dead_letter(&self, lease: &LeaseRef, _attempt: u32, reason: &str, now: Timestamp) -> Result<bool> {
+    async fn dead_letter(&self, lease: &LeaseRef, held: Held, reason: &str) -> Result<bool> {
+        let now = held.now;
         super::retry_tx!(self, "retry", self.dead_letter_tx(lease, reason, Now::At(now)).await)
     }
 
-    async fn reschedule(
-        &self,
-        lease: &LeaseRef,
-        attempt: u32,
-        reason: &str,
-        available_at: Timestamp,
-        now: Timestamp,
-    ) -> Result<bool> {
+    async fn reschedule(&self, lease: &LeaseRef, held: Held, reason: &str, available_at: Timestamp) -> Result<bool> {
+        let Held { attempt, now } = held;
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, &lease.stream, &lease.group);
         let arr = s.arg(lease_rows(std::iter::once((lease.partition, lease.sequence, lease.lease_id.to_string()))));

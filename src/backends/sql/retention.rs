@@ -13,8 +13,7 @@ use serde_json::Value;
 use super::db::Phase;
 use super::db::sg;
 use super::{Now, SqlBackend, TxResult, at_commit, safe};
-use crate::backends::common::{self, GroupSettings};
-use crate::backends::group_store::{self, RetentionStore};
+use crate::backends::group_store::{self, GroupMove, RetentionStore};
 use crate::error::{Error, Result};
 use crate::model::retention::{PartitionInfo, Retention};
 use crate::model::stream::StreamInfo;
@@ -112,35 +111,24 @@ impl SqlBackend {
     /// partition that skipped any.
     async fn move_group_tx(&self, stream: &str, group: &str, plan: &BTreeMap<u32, u64>) -> TxResult<Vec<(u32, u64)>> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
-        let (mut frontiers, mut cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
+        let (frontiers, cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
+        let mut mv = GroupMove::new(frontiers, cursors);
+        let steps = mv.steps(plan);
         // Claims of the partitions that move give every open position to
         // a row first (counted below as unsettled, deleted with the rest).
-        let cut: Vec<(u32, u64)> = plan
-            .iter()
-            .filter(|&(p, &start)| frontiers.get(p).is_some_and(|&f| f < start.saturating_sub(1)))
-            .map(|(&p, _)| (p, 0))
-            .collect();
+        let cut: Vec<(u32, u64)> = steps.iter().map(|m| (m.partition, 0)).collect();
         self.split_claims(&mut tx, stream, group, &super::claims::Split::After(&cut)).await?;
-        let mut out = Vec::new();
-        let mut moved = std::collections::BTreeSet::new();
-        for (&p, &start) in plan {
-            let Some(&f) = frontiers.get(&p) else { continue };
-            let below = start.saturating_sub(1);
-            if f >= below {
-                continue;
-            }
-            let (_, c) = common::frontier_cursor(&frontiers, &cursors, p);
+        for m in &steps {
             // Unsettled: rows not acked nor rejected, and positions from the
-            // cursor on (never materialized) without a row.
-            let fresh_from = (f + 1).max(c);
-            // The rows below the start go (dead letters stay), and what they
-            // held is counted from what the DELETE removed: an ack that
-            // commits meanwhile (acks take no group lock) is seen by it, so
-            // a position is never both acknowledged and counted as skipped.
+            // cursor on (never materialized) without a row. The rows below
+            // the start go (dead letters stay), and what they held is
+            // counted from what the DELETE removed: an ack that commits
+            // meanwhile (acks take no group lock) is seen by it, so a
+            // position is never both acknowledged and counted as skipped.
             let mut s = self.stmt();
             let (st, gr) = sg(&mut s, stream, group);
-            let part = s.int(i64::from(p));
-            let st_ = s.int(super::streams::seq_arg(start));
+            let part = s.int(i64::from(m.partition));
+            let st_ = s.int(super::streams::seq_arg(m.start));
             s.push(&format!(
                 "DELETE FROM {} WHERE stream = {st} AND group_name = {gr} AND partition = {part} \
                  AND sequence < {st_} AND status <> 'rejected' RETURNING sequence, status",
@@ -150,21 +138,21 @@ impl SqlBackend {
             let (mut open, mut rows_fresh) = (0u64, 0u64);
             for r in &gone {
                 let (q, status) = (r.u64(0)?, r.text(1)?);
-                if q <= f {
+                if q <= m.frontier {
                     continue;
                 }
                 if status != "acked" {
                     open += 1;
                 }
-                if q >= fresh_from {
+                if q >= m.fresh_from {
                     rows_fresh += 1;
                 }
             }
             let mut s = self.stmt();
             let (st, gr) = sg(&mut s, stream, group);
-            let part = s.int(i64::from(p));
-            let ff = s.int(super::streams::seq_arg(fresh_from));
-            let hi = s.int(super::streams::seq_arg(below));
+            let part = s.int(i64::from(m.partition));
+            let ff = s.int(super::streams::seq_arg(m.fresh_from));
+            let hi = s.int(super::streams::seq_arg(m.below()));
             s.push(&format!(
                 "SELECT count(*) FROM {} WHERE stream = {st} AND group_name = {gr} AND partition = {part} \
                  AND status = 'rejected' AND sequence >= {ff} AND sequence <= {hi}",
@@ -172,22 +160,14 @@ impl SqlBackend {
             ));
             let rows = tx.all(&s).await.map_err(safe)?;
             rows_fresh += rows.first().map(|r| r.u64(0)).transpose()?.unwrap_or(0);
-            let fresh = (below + 1).saturating_sub(fresh_from);
-            let skipped = open + fresh.saturating_sub(rows_fresh);
-            frontiers.insert(p, below);
-            cursors.insert(p, c.max(start));
-            moved.insert(p);
-            if skipped > 0 {
-                out.push((p, skipped));
-            }
+            mv.record(m, open + m.fresh().saturating_sub(rows_fresh));
         }
-        if moved.is_empty() {
-            return Ok(out);
+        if mv.moved.is_empty() {
+            return Ok(mv.skipped);
         }
-        self.frontier.write_maps(&mut tx, stream, group, Some(&frontiers), Some(&cursors)).await?;
-        self.frontier.advance(&mut tx, stream, group, &mut frontiers, &cursors, &moved).await?;
-        let total: u64 = out.iter().map(|(_, n)| n).sum();
-        if total > 0 {
+        self.frontier.write_maps(&mut tx, stream, group, Some(&mv.frontiers), Some(&mv.cursors)).await?;
+        self.frontier.advance(&mut tx, stream, group, &mut mv.frontiers, &mv.cursors, &mv.moved).await?;
+        if mv.total() > 0 {
             let mut s = self.stmt();
             let (st, gr) = sg(&mut s, stream, group);
             s.push(&format!(
@@ -196,19 +176,12 @@ impl SqlBackend {
                 self.names.settings()
             ));
             let rows = tx.all(&s).await.map_err(safe)?;
-            let mut settings: GroupSettings = match rows.first() {
-                // Refused, not replaced: writing defaults over settings it
-                // cannot read would lose them.
-                Some(r) => serde_json::from_str(&r.text(0)?).map_err(|e| {
-                    Error::failed("enforce_retention", format!("group {stream:?}/{group:?}: settings: {e}"))
-                })?,
-                None => GroupSettings::default(),
-            };
-            settings.retention_skipped = settings.retention_skipped.saturating_add(total);
+            let stored = rows.first().map(|r| r.text(0)).transpose()?;
+            let settings = mv.counted(stream, group, stored.as_deref())?;
             self.write_settings(&mut tx, stream, group, &settings, "enforce_retention").await?;
         }
         tx.commit().await.map_err(at_commit)?;
-        Ok(out)
+        Ok(mv.skipped)
     }
 }
 
