@@ -458,7 +458,7 @@ impl SqlBackend {
         &self,
         spec: &ClaimSpec<'_>,
         limit: usize,
-        lease_ids: &[LeaseId],
+        ids: &[LeaseId],
     ) -> TxResult<Claimed> {
         let ClaimSpec { stream, group, scope, consumer, lease: lease_for, .. } = *spec;
         let base = new_claim_base();
@@ -468,7 +468,7 @@ impl SqlBackend {
         let spent_max = limit + crate::groups::SPENT_PER_FETCH;
         let per = s.int(i64::try_from(spent_max).unwrap_or(i64::MAX));
         let lim = s.int(i64::try_from(limit).unwrap_or(i64::MAX));
-        let ids = s.text(Value::from(lease_ids.iter().map(ToString::to_string).collect::<Vec<_>>()).to_string());
+        let ids = s.text(Value::from(ids.iter().map(ToString::to_string).collect::<Vec<_>>()).to_string());
         let b = s.int(base);
         let cons = s.text(consumer);
         let claimable = self.claimable(&mut s);
@@ -589,7 +589,7 @@ impl SqlBackend {
         &self,
         spec: &ClaimSpec<'_>,
         limit: usize,
-        lease_ids: &[LeaseId],
+        ids: &[LeaseId],
     ) -> TxResult<Claimed> {
         let ClaimSpec { stream, group, scope, consumer, lease: lease_for, .. } = *spec;
         let base = new_claim_base();
@@ -615,7 +615,7 @@ impl SqlBackend {
         let marks = (&frontiers, &cursors, max_attempts);
         let (cands, offered) =
             self.claim_candidates(&mut tx, (stream, group), scope, limit, spent_max, marks, &seen).await?;
-        let (picks, fresh) = walk_candidates(cands, limit, spent_max, lease_ids);
+        let (picks, fresh) = walk_candidates(cands, limit, spent_max, ids);
         let keys = self.claim_rows(&mut tx, picks, consumer, lease_for).await?;
         let expires = now_ts.saturating_add(lease_for);
         let moved = advance_cursors(&offered, &fresh, &frontiers, &mut cursors);

@@ -700,15 +700,8 @@ impl SqlBackend {
         Ok(true)
     }
 
-    async fn skip_tx(
-        &self,
-        stream: &str,
-        group: &str,
-        partition: u32,
-        sequence: u64,
-        reason: &str,
-        now: Now,
-    ) -> TxResult<bool> {
+    async fn skip_tx(&self, stream: &str, group: &str, at: (u32, u64), reason: &str, now: Now) -> TxResult<bool> {
+        let (partition, sequence) = at;
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let (mut frontiers, cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         // A claimed position becomes an ordinary leased row first.
@@ -1035,9 +1028,8 @@ impl GroupStore for SqlBackend {
     }
 
     async fn skip_position(&self, stream: &str, group: &str, at: (u32, u64), reason: &str) -> Result<bool> {
-        let (partition, sequence) = at;
         let now = self.now();
-        super::retry_tx!(self, "skip", self.skip_tx(stream, group, partition, sequence, reason, now).await)
+        super::retry_tx!(self, "skip", self.skip_tx(stream, group, at, reason, now).await)
     }
 
     async fn reopen_after(&self, stream: &str, group: &str, starts: &[(u32, u64)], hws: &[u64]) -> Result<u64> {
