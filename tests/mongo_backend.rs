@@ -387,3 +387,27 @@ async fn mongo_a_counted_but_unstored_sequence_holds_the_group_until_stored_or_s
     let dead = rheo.dead_letters("s", "g", rheo::DeadLetterOptions::default()).await.expect("dead letters");
     assert_eq!((dead.len(), dead[0].sequence, dead[0].event.is_none()), (1, 3, true), "{dead:?}");
 }
+
+#[tokio::test]
+#[ignore = "needs a MongoDB-wire server: .ci/run starts one and runs these with RHEO_MONGO_URL set"]
+async fn mongo_settles_on_a_group_deleted_by_hand_say_the_group_is_gone() {
+    let (rheo, db, _drop) = open().await;
+    rheo.create_stream("s", StreamOptions::new().partitions(2)).await.expect("create");
+    rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+    for p in [0, 1, 0, 1] {
+        rheo.append("s", &json!({"p": p}), AppendOptions::new().partition(p)).await.expect("append");
+    }
+    let leases = rheo.fetch("s", "g", FetchOptions::new().limit(4)).await.expect("fetch");
+    assert_eq!(leases.len(), 4);
+    let d = client().await.database(&db);
+    d.collection::<Document>("groups").delete_many(doc! {"stream": "s", "name": "g"}).await.expect("delete");
+    d.collection::<Document>("deliveries").delete_many(doc! {"stream": "s", "group": "g"}).await.expect("delete");
+    for r in rheo.ack_many(&leases[..2]).await.expect("the call answers per lease") {
+        assert!(matches!(r, Err(Error::GroupNotFound { .. })), "{r:?}");
+    }
+    for r in rheo.renew_many(&leases[2..], Duration::from_secs(30)).await.expect("per lease") {
+        assert!(matches!(r, Err(Error::GroupNotFound { .. })), "{r:?}");
+    }
+    let e = rheo.reject(&leases[3], "bad").await.expect_err("the group is gone");
+    assert!(matches!(e, Error::GroupNotFound { .. }), "{e:?}");
+}

@@ -741,3 +741,69 @@ async fn postgres_index_build_is_left_alone_by_other_handles_and_opens_do_not_wa
     let found = b.query(&rheo::Query::new("s").eq("n", 1)).await.expect("query");
     assert_eq!(found.len(), 1);
 }
+
+/// A group deleted by hand (its row, its deliveries and claims) while its
+/// leases are out: every settle answers `GroupNotFound`, never a stale
+/// lease, and paging its dead letters does too.
+#[tokio::test]
+async fn sqlite_settles_on_a_group_deleted_by_hand_say_the_group_is_gone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("rheo.db");
+    let rheo = Rheo::open(&format!("sqlite:{}", path.display())).await.expect("open");
+    rheo.create_stream("s", StreamOptions::new().partitions(2)).await.expect("stream");
+    rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+    for i in 0..4 {
+        rheo.append("s", &json!({"n": i}), rheo::AppendOptions::new().partition(i % 2)).await.expect("append");
+    }
+    let leases = rheo.fetch("s", "g", FetchOptions::new().limit(4)).await.expect("fetch");
+    assert_eq!(leases.len(), 4);
+    let pool = sqlite_pool(&path).await;
+    for t in ["rheo_groups", "rheo_deliveries", "rheo_rs_claims"] {
+        let col = if t == "rheo_groups" { "name" } else { "group_name" };
+        sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {t} WHERE stream = 's' AND {col} = 'g'")))
+            .execute(&pool)
+            .await
+            .expect("delete by hand");
+    }
+    let acks = rheo.ack_many(&leases[..2]).await.expect("the call answers per lease");
+    assert_eq!(acks.len(), 2);
+    for r in acks {
+        assert!(matches!(r, Err(Error::GroupNotFound { .. })), "{r:?}");
+    }
+    let renewed = rheo.renew_many(&leases[2..], Duration::from_secs(30)).await.expect("per lease");
+    for r in renewed {
+        assert!(matches!(r, Err(Error::GroupNotFound { .. })), "{r:?}");
+    }
+    let e = rheo.reject(&leases[3], "bad").await.expect_err("the group is gone");
+    assert!(matches!(e, Error::GroupNotFound { .. }), "{e:?}");
+    let e = rheo.dead_letters("s", "g", rheo::DeadLetterOptions::new()).await.expect_err("the group is gone");
+    assert!(matches!(e, Error::GroupNotFound { .. }), "{e:?}");
+}
+
+/// Retention refuses a group whose settings it cannot read, and leaves
+/// them and the events as they were (it never writes defaults over them).
+#[tokio::test]
+async fn sqlite_retention_refuses_group_settings_it_cannot_read_and_keeps_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("rheo.db");
+    let rheo = Rheo::open(&format!("sqlite:{}", path.display())).await.expect("open");
+    rheo.create_stream("s", StreamOptions::new()).await.expect("stream");
+    rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+    for i in 0..5 {
+        rheo.append("s", &json!({"n": i}), rheo::AppendOptions::new()).await.expect("append");
+    }
+    rheo.set_retention("s", rheo::Retention::new().max_events(1)).await.expect("retention");
+    let pool = sqlite_pool(&path).await;
+    sqlx::query("UPDATE rheo_rs_group_settings SET settings = '{not json' WHERE name = 'g'")
+        .execute(&pool)
+        .await
+        .expect("damage the settings");
+    let e = rheo.enforce_retention("s").await.expect_err("unreadable settings");
+    assert!(e.to_string().contains("\"g\""), "names the group: {e}");
+    let kept: String = sqlx::query_scalar("SELECT settings FROM rheo_rs_group_settings WHERE name = 'g'")
+        .fetch_one(&pool)
+        .await
+        .expect("settings");
+    assert_eq!(kept, "{not json", "the settings are as they were");
+    assert_eq!(rheo.read("s", 0, 0, 10).await.expect("read").len(), 5, "no event was dropped");
+}
