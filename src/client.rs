@@ -84,6 +84,10 @@ type FetchKey = (Arc<str>, Arc<str>, Option<String>, Duration, Option<Vec<u32>>)
 /// The facade's fetch combiner: a call's one item is its limit.
 type FetchCombiner = crate::backends::combine::Combiner<FetchKey, usize, FetchReport>;
 
+/// The events of one append call: inline for one, so a single event's
+/// append allocates no list.
+type Events<T> = smallvec::SmallVec<[T; 1]>;
+
 /// A fetch combiner over `backend`: a flush is one fetch for the sum of
 /// the waiting calls' limits (at most [`MAX_LIMIT`]); each call gets the
 /// next leases in order, up to its limit (so the first calls are served
@@ -499,7 +503,7 @@ impl Rheo {
     pub async fn append_encoded(&self, stream: &str, payload: Payload, opts: AppendOptions) -> Result<Event> {
         check_stream(stream)?;
         let event = self.prepare(stream, payload, opts)?;
-        let mut out = self.store("append", stream, vec![event]).await?;
+        let mut out = self.store("append", stream, smallvec::smallvec![event]).await?;
         out.pop().ok_or_else(|| Error::failed("append", format!("stream {stream:?}: the backend stored no event")))
     }
 
@@ -520,7 +524,7 @@ impl Rheo {
         I: IntoIterator<Item = (T, AppendOptions)>,
     {
         check_stream(stream)?;
-        let mut events = Vec::new();
+        let mut events = Events::new();
         for (payload, opts) in items {
             if events.len() == MAX_BATCH_EVENTS {
                 return Err(Error::invalid(
@@ -533,12 +537,12 @@ impl Rheo {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        self.store("append_batch", stream, events).await
+        Ok(self.store("append_batch", stream, events).await?.into_vec())
     }
 
     /// Hands prepared events to the backend and builds the appended events
     /// from the positions it returns.
-    async fn store(&self, call: &'static str, stream: &str, events: Vec<NewEvent>) -> Result<Vec<Event>> {
+    async fn store(&self, call: &'static str, stream: &str, events: Events<NewEvent>) -> Result<Events<Event>> {
         let positions = observed(call, stream, "", self.inner.backend.append_batch(stream, &events)).await?;
         if positions.len() != events.len() {
             // The events are stored, but which went where is unknown.
@@ -552,9 +556,8 @@ impl Rheo {
             ));
         }
         let duplicates = positions.iter().filter(|p| p.duplicate).count();
-        observe::appended(stream, events.len() - duplicates);
-        let name: Arc<str> = Arc::from(stream);
-        let mut out = Vec::with_capacity(events.len());
+        let name = observe::appended(stream, events.len() - duplicates);
+        let mut out = Events::with_capacity(events.len());
         for (mut e, at) in events.into_iter().zip(positions) {
             if at.duplicate {
                 // The batch's new events are committed already: whatever

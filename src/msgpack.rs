@@ -218,7 +218,8 @@ pub(crate) fn walk_json(b: &[u8], max_depth: usize, mut out: Option<&mut Vec<u8>
     }
     let mut r = Reader::new(b);
     // The root is a frame of one value, without brackets.
-    let mut stack = vec![Frame { left: 1, done: 0, map: false }];
+    // Inline for the usual few levels: a check allocates nothing.
+    let mut stack: smallvec::SmallVec<[Frame; 16]> = smallvec::smallvec![Frame { left: 1, done: 0, map: false }];
     while let Some(top) = stack.last_mut() {
         if top.left == 0 {
             let map = top.map;

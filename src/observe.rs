@@ -48,18 +48,90 @@ fn sg(stream: &str, group: &str) -> [(&'static str, String); 2] {
     [("stream", stream.to_owned()), ("group", group.to_owned())]
 }
 
-pub(crate) fn appended(stream: &str, n: usize) {
-    metrics::counter!(APPENDED, "stream" => stream.to_owned()).increment(n as u64);
+/// The hot paths' counters (`append`, `fetch`, settles) by name, stream and
+/// group, with their keys built once per thread: counting an event then
+/// allocates nothing. A key does not depend on the recorder (which is
+/// looked up at each count, so local recorders see these too).
+mod hot {
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    use metrics::{Key, Label, Level, Metadata};
+
+    /// Entries kept per thread; the oldest goes first.
+    const ENTRIES: usize = 64;
+
+    static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+    struct Entry {
+        name: &'static str,
+        stream: Arc<str>,
+        group: Option<Arc<str>>,
+        key: Key,
+    }
+
+    thread_local! {
+        static KEYS: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// Runs `f` with the cached entry of (`name`, `stream`, `group`).
+    fn with_entry<T>(name: &'static str, stream: &str, group: Option<&str>, f: impl FnOnce(&Entry) -> T) -> T {
+        KEYS.with(|keys| {
+            let mut keys = keys.borrow_mut();
+            let found = keys.iter().position(|e| e.name == name && &*e.stream == stream && e.group.as_deref() == group);
+            let i = match found {
+                Some(i) => i,
+                None => {
+                    if keys.len() == ENTRIES {
+                        keys.remove(0);
+                    }
+                    let stream: Arc<str> = Arc::from(stream);
+                    let group: Option<Arc<str>> = group.map(Arc::from);
+                    let mut labels = vec![Label::new("stream", stream.clone())];
+                    if let Some(g) = &group {
+                        labels.push(Label::new("group", g.clone()));
+                    }
+                    keys.push(Entry { name, stream, group, key: Key::from_parts(name, labels) });
+                    keys.len() - 1
+                }
+            };
+            f(&keys[i])
+        })
+    }
+
+    /// Adds `n` to the counter `name` of `stream` (and `group`).
+    pub(super) fn count(name: &'static str, stream: &str, group: Option<&str>, n: u64) {
+        with_entry(name, stream, group, |e| {
+            metrics::with_recorder(|r| r.register_counter(&e.key, &METADATA).increment(n));
+        });
+    }
+
+    /// Adds `n` to the counter `name` of `stream`, and answers the stream's
+    /// name shared (what the appended events hold).
+    pub(super) fn count_named(name: &'static str, stream: &str, n: u64) -> Arc<str> {
+        with_entry(name, stream, None, |e| {
+            if n > 0 {
+                metrics::with_recorder(|r| r.register_counter(&e.key, &METADATA).increment(n));
+            }
+            e.stream.clone()
+        })
+    }
+}
+
+/// Counts `n` events appended to `stream`; answers the stream's name as
+/// the appended events share it.
+pub(crate) fn appended(stream: &str, n: usize) -> std::sync::Arc<str> {
+    hot::count_named(APPENDED, stream, n as u64)
 }
 
 pub(crate) fn leased(stream: &str, group: &str, leases: &[Lease]) {
     if leases.is_empty() {
         return;
     }
-    metrics::counter!(LEASED, &sg(stream, group)).increment(leases.len() as u64);
+    hot::count(LEASED, stream, Some(group), leases.len() as u64);
     let again = leases.iter().filter(|l| l.attempt > 1).count() as u64;
     if again > 0 {
-        metrics::counter!(REDELIVERED, &sg(stream, group)).increment(again);
+        hot::count(REDELIVERED, stream, Some(group), again);
     }
 }
 
@@ -71,7 +143,7 @@ pub(crate) fn damaged(group: &str, damaged: &[crate::model::damage::Damage]) {
 
 pub(crate) fn settled(name: &'static str, stream: &str, group: &str, n: usize) {
     if n > 0 {
-        metrics::counter!(name, &sg(stream, group)).increment(n as u64);
+        hot::count(name, stream, Some(group), n as u64);
     }
 }
 

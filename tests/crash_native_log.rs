@@ -254,8 +254,8 @@ fn append(engine: &Engine, stream: &str, events: &[Planned]) -> Outcome {
     match engine.append(&log, &routed) {
         Err(e) => failed(None, e),
         Ok((assigned, ticket)) => match ticket.wait() {
-            Ok(()) => Outcome::Acked(assigned),
-            Err(e) => failed(Some(assigned), e),
+            Ok(()) => Outcome::Acked(assigned.into_vec()),
+            Err(e) => failed(Some(assigned.into_vec()), e),
         },
     }
 }

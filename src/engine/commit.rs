@@ -106,17 +106,21 @@ pub trait TxnRecord: Send + Sync {
     fn commit(&self, txn: u64) -> Result<()>;
 }
 
+/// A job's list of files or partitions: inline for the usual one to
+/// four, so submitting an append's job allocates no list.
+pub type JobList<T> = smallvec::SmallVec<[T; 4]>;
+
 /// Something to make durable.
 #[derive(Default)]
 pub struct Job {
     /// Files to `fdatasync`.
-    pub files: Vec<Arc<dyn VfsFile>>,
+    pub files: JobList<Arc<dyn VfsFile>>,
     /// Writers whose deferred records to write (then sync their file).
-    pub flush: Vec<Arc<dyn Deferred>>,
+    pub flush: JobList<Arc<dyn Deferred>>,
     /// A multi-partition transaction to record as committed after the files.
     pub txn: Option<(Arc<dyn TxnRecord>, u64)>,
     /// Sequences to publish once durable.
-    pub publish: Vec<(Arc<dyn Deferred>, u64)>,
+    pub publish: JobList<(Arc<dyn Deferred>, u64)>,
 }
 
 /// The outcome of commit rounds, shared by the commit thread and tickets.
@@ -813,7 +817,8 @@ mod tests {
     fn a_panic_while_leading_fails_the_round_and_poisons_instead_of_hanging() {
         let committer = Committer::start(Durability::Sync, Arc::new(Poison::default())).expect("start");
         parked(&committer);
-        let job = Job { files: vec![TestFile::new(OnSync::Panic)], ..Job::default() };
+        let file: Arc<dyn VfsFile> = TestFile::new(OnSync::Panic);
+        let job = Job { files: smallvec::smallvec![file], ..Job::default() };
         let ticket = committer.submit(job);
         let led = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ticket.wait()));
         assert!(led.is_err(), "the leader's commit panicked");

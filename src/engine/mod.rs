@@ -309,7 +309,7 @@ impl Engine {
     }
 
     /// Appends events atomically (see [`log::stream::StreamLog::append`]).
-    pub fn append(&self, stream: &Stream, items: &[Routed<'_>]) -> Result<(Vec<(u32, u64)>, Ticket)> {
+    pub fn append(&self, stream: &Stream, items: &[Routed<'_>]) -> Result<(log::stream::Assigned, Ticket)> {
         let inner = &*self.inner;
         stream.log.append(items, &inner.opts, &inner.committer, &inner.poison)
     }
@@ -426,7 +426,7 @@ mod tests {
             events.iter().map(|e| Routed { partition: e.partition.unwrap_or(0), ts: 1, event: e }).collect();
         let (assigned, ticket) = engine.append(&stream, &routed)?;
         ticket.wait()?;
-        Ok(assigned)
+        Ok(assigned.into_vec())
     }
 
     /// An engine on a new `MemVfs` with stream "s" of `partitions` partitions.
@@ -464,6 +464,23 @@ mod tests {
         assert!(engine.recovery_report().is_empty(), "{:?}", engine.recovery_report());
         assert_eq!(seqs(&engine, "s", 1), (1..=200).collect::<Vec<_>>());
         assert_eq!(append(&engine, "s", &[1]).expect("append"), vec![(1, 201)]);
+    }
+
+    #[test]
+    fn an_append_marks_its_last_record_of_each_partition_as_the_end() {
+        use crate::engine::segment::format::{FLAG_END, FLAG_MULTI};
+        let (_mem, _vfs, engine) = fresh(2);
+        append(&engine, "s", &[0, 0, 0]).expect("one partition");
+        append(&engine, "s", &[0, 1, 0, 1]).expect("two partitions");
+        append(&engine, "s", &[1]).expect("one event");
+        let stream = engine.stream("s").expect("stream");
+        let flags = |p: u32| -> Vec<(u8, bool)> {
+            let records = stream.log.read(p, 0, 100).expect("read");
+            records.iter().map(|r| (r.header.flags, r.header.txn > 0)).collect()
+        };
+        let (end, multi_end) = (FLAG_END, FLAG_MULTI | FLAG_END);
+        assert_eq!(flags(0), vec![(0, false), (0, false), (end, false), (FLAG_MULTI, true), (multi_end, true)]);
+        assert_eq!(flags(1), vec![(FLAG_MULTI, true), (multi_end, true), (end, false)]);
     }
 
     #[test]

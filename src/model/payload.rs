@@ -117,21 +117,39 @@ impl Payload {
     /// a JSON document. `Error::Payload` when it can't be serialized.
     pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Payload> {
         let fail = |reason: String| Error::Payload { context: "encoding a payload".to_owned(), reason };
-        let mut buf = Vec::with_capacity(128);
-        // A JSON value or map writes its keys in its own order, which is
-        // insertion order when serde_json keeps it: through `Sorted` then.
-        let json = [std::any::type_name::<Value>(), std::any::type_name::<Map<String, Value>>()];
-        let unsorted_json = !maps_are_sorted() && json.contains(&std::any::type_name::<T>());
-        let direct = !unsorted_json && rmp_serde::encode::write_named(&mut buf, value).is_ok() && json_compatible(&buf);
-        if !direct {
-            let v = serde_json::to_value(value).map_err(|e| fail(e.to_string()))?;
+        // Encoded into this thread's scratch buffer, then copied once into
+        // a buffer of its exact size: one allocation per payload. (A
+        // `Serialize` that encodes a payload itself gets a buffer of its own.)
+        let encode_into = |buf: &mut Vec<u8>| -> Result<Bytes> {
             buf.clear();
-            rmp_serde::encode::write_named(&mut buf, &Sorted(&v)).map_err(|e| fail(e.to_string()))?;
-            if !json_compatible(&buf) {
-                return Err(fail(format!("nested deeper than {MAX_PAYLOAD_DEPTH} levels of arrays and objects")));
+            // A JSON value or map writes its keys in its own order, which is
+            // insertion order when serde_json keeps it: through `Sorted` then.
+            let json = [std::any::type_name::<Value>(), std::any::type_name::<Map<String, Value>>()];
+            let unsorted_json = !maps_are_sorted() && json.contains(&std::any::type_name::<T>());
+            let direct =
+                !unsorted_json && rmp_serde::encode::write_named(&mut *buf, value).is_ok() && json_compatible(buf);
+            if !direct {
+                let v = serde_json::to_value(value).map_err(|e| fail(e.to_string()))?;
+                buf.clear();
+                rmp_serde::encode::write_named(&mut *buf, &Sorted(&v)).map_err(|e| fail(e.to_string()))?;
+                if !json_compatible(buf) {
+                    return Err(fail(format!("nested deeper than {MAX_PAYLOAD_DEPTH} levels of arrays and objects")));
+                }
             }
-        }
-        Ok(Payload::from_checked_msgpack(Bytes::from(buf)))
+            Ok(Bytes::copy_from_slice(buf))
+        };
+        let bytes = SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+            Ok(mut buf) => {
+                let out = encode_into(&mut buf);
+                // A huge payload's buffer is not kept for the next one.
+                if buf.capacity() > SCRATCH_KEEP {
+                    *buf = Vec::new();
+                }
+                out
+            }
+            Err(_) => encode_into(&mut Vec::new()),
+        })?;
+        Ok(Payload::from_checked_msgpack(bytes))
     }
 
     /// A payload of JSON text (e.g. a line a pass-through producer read).
@@ -306,11 +324,11 @@ impl Payload {
         self.format
     }
 
-    /// The MessagePack encoding of the payload (shared when it is stored so).
-    pub(crate) fn to_msgpack(&self) -> Result<Bytes> {
+    /// The MessagePack encoding of the payload (borrowed when it is stored so).
+    pub(crate) fn to_msgpack(&self) -> Result<std::borrow::Cow<'_, [u8]>> {
         match self.format {
-            PayloadFormat::MessagePack => Ok(self.bytes.clone()),
-            PayloadFormat::Json => Ok(Payload::from_value(self.json()?).bytes),
+            PayloadFormat::MessagePack => Ok(std::borrow::Cow::Borrowed(&self.bytes)),
+            PayloadFormat::Json => Ok(std::borrow::Cow::Owned(Payload::from_value(self.json()?).bytes.into())),
         }
     }
 
@@ -383,6 +401,14 @@ impl From<&Value> for Payload {
 /// into a `Value` (recursive) fits any thread's stack. Appends refuse
 /// deeper payloads.
 pub const MAX_PAYLOAD_DEPTH: usize = 128;
+
+thread_local! {
+    /// Where [`Payload::encode`] encodes before copying out.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The largest scratch buffer a thread keeps between payloads.
+const SCRATCH_KEEP: usize = 64 * 1024;
 
 /// Whether `b` is exactly one MessagePack value that reads as JSON: map
 /// keys are strings, strings are UTF-8, no byte strings or extensions, at

@@ -333,7 +333,7 @@ impl NativeBackend {
             .map(|e| {
                 Ok(Routed { partition: route(stream, e, count)?, ts: e.timestamp.unwrap_or(now).as_millis(), event: e })
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<smallvec::SmallVec<[_; 1]>>>()?;
         let (assigned, ticket) = self.engine.append(&s, &routed)?;
         let out = events
             .iter()

@@ -450,7 +450,7 @@ impl DeliveryTable {
         t.wal.prealloc_end = t.wal.prealloc_end.max(t.wal.len);
         t.next_lsn += 1;
         t.buf = buf;
-        let job = || Job { files: vec![t.wal.file.clone()], ..Job::default() };
+        let job = || Job { files: smallvec::smallvec![t.wal.file.clone()], ..Job::default() };
         Ok(match ctx.opts.durability {
             Durability::Sync if sync => ctx.committer.submit(job()),
             Durability::Sync | Durability::None => Ticket::ready(),

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 
 use super::manifest::StreamEntry;
 use super::partition::{Location, Partition, StoredRecord, Truncation};
@@ -10,7 +11,7 @@ use super::txn::TxnLog;
 use crate::engine::commit::{Committer, Deferred, Job, Poison, Ticket, TxnRecord};
 use crate::engine::options::{Durability, EngineOptions};
 use crate::engine::segment::format::{FLAG_END, FLAG_MULTI};
-use crate::engine::segment::record::{DocRef, RecordHeader, encode_record, set_flags};
+use crate::engine::segment::record::{DocRef, RecordHeader, encode_record};
 use crate::engine::vfs::Vfs;
 use crate::error::{Error, Result};
 use crate::model::append::NewEvent;
@@ -24,6 +25,23 @@ pub struct Routed<'a> {
     pub ts: i64,
     /// The event.
     pub event: &'a NewEvent,
+}
+
+/// Where an append put each of its events: (partition, sequence), in the
+/// order given; inline for a single event.
+pub type Assigned = SmallVec<[(u32, u64); 1]>;
+
+/// One entry per partition an append touches: inline for the usual one to
+/// four, so a single event's append allocates none of these lists.
+type PerPartition<T> = SmallVec<[T; 4]>;
+
+/// Room for the records of `items` routed to partition `p`: their
+/// charged size plus each record's frame and header, so that encoding
+/// them does not grow the buffer (an estimate: the metadata is counted as
+/// JSON, stored as MessagePack).
+fn record_room(items: &[Routed<'_>], p: u32) -> usize {
+    use crate::engine::segment::record::RECORD_OVERHEAD;
+    items.iter().filter(|r| r.partition == p).map(|r| r.event.encoded_len() + RECORD_OVERHEAD).sum()
 }
 
 /// A stream's partitions and write path.
@@ -127,10 +145,10 @@ impl StreamLog {
         opts: &EngineOptions,
         committer: &Committer,
         poison: &Poison,
-    ) -> Result<(Vec<(u32, u64)>, Ticket)> {
+    ) -> Result<(Assigned, Ticket)> {
         let mut next_txn = self.write.lock();
         poison.check(&self.name)?;
-        let mut touched: Vec<u32> = items.iter().map(|r| r.partition).collect();
+        let mut touched: PerPartition<u32> = items.iter().map(|r| r.partition).collect();
         touched.sort_unstable();
         touched.dedup();
         let multi = touched.len() > 1;
@@ -139,25 +157,28 @@ impl StreamLog {
             // Room for the commit entry, before anything is written.
             self.txn.prepare().map_err(|e| poison.absorb(e))?;
         }
-        let mut writers = Vec::with_capacity(touched.len());
+        let mut writers: PerPartition<(u32, Arc<Partition>)> = SmallVec::with_capacity(touched.len());
         for &p in &touched {
             writers.push((p, self.partition(p)?.clone()));
         }
-        let mut guards: Vec<_> = writers.iter().map(|(_, part)| part.lock_writer()).collect();
+        let mut guards: PerPartition<_> = writers.iter().map(|(_, part)| part.lock_writer()).collect();
 
         // Encode each partition's records with their sequences.
-        let mut bufs: Vec<(Vec<u8>, u64, i64)> = Vec::with_capacity(touched.len());
-        let mut assigned = vec![(0u32, 0u64); items.len()];
+        let mut bufs: PerPartition<(Vec<u8>, u64, i64)> = SmallVec::with_capacity(touched.len());
+        let mut assigned: Assigned = smallvec::smallvec![(0u32, 0u64); items.len()];
         for (slot, &p) in touched.iter().enumerate() {
-            let mut buf = Vec::new();
+            // Sized for the records, so encoding does not grow it.
+            let mut buf = Vec::with_capacity(record_room(items, p));
             let mut max_ts = i64::MIN;
-            let mut last_start = 0;
             let mut count = 0;
             let first_seq = guards[slot].next_seq;
+            let last_seq = first_seq + items.iter().filter(|r| r.partition == p).count() as u64 - 1;
+            let multi_flag = if multi { FLAG_MULTI } else { 0 };
             for (seq, (i, r)) in (first_seq..).zip(items.iter().enumerate().filter(|(_, r)| r.partition == p)) {
                 let e = r.event;
-                let h = RecordHeader { seq, ts: r.ts, flags: if multi { FLAG_MULTI } else { 0 }, txn };
-                last_start = buf.len();
+                // The partition's last record of the append ends it.
+                let flags = multi_flag | if seq == last_seq { FLAG_END } else { 0 };
+                let h = RecordHeader { seq, ts: r.ts, flags, txn };
                 let payload = e.payload.to_msgpack()?;
                 let doc = DocRef(&e.id, e.key.as_deref(), e.event_type.as_deref(), &e.metadata, &payload);
                 encode_record(&mut buf, &h, &doc).map_err(|reason| Error::invalid("event", reason))?;
@@ -165,13 +186,11 @@ impl StreamLog {
                 max_ts = max_ts.max(r.ts);
                 count += 1;
             }
-            let flags = FLAG_END | if multi { FLAG_MULTI } else { 0 };
-            set_flags(&mut buf[last_start..], flags, txn);
             bufs.push((buf, count, max_ts));
         }
 
         // Segments seal only with every multi-partition batch in them committed.
-        let rolls: Vec<usize> =
+        let rolls: PerPartition<usize> =
             (0..touched.len()).filter(|&i| writers[i].1.needs_roll(&guards[i], bufs[i].0.len() as u64)).collect();
         if !rolls.is_empty() {
             self.commit_barrier(*next_txn - 1, &touched, &mut guards, poison)?;
@@ -186,8 +205,8 @@ impl StreamLog {
         // can still be undone and fail the append cleanly.
         let defer = matches!(opts.durability, Durability::Sync) && opts.preallocate_bytes > 0;
         // Write every partition; on failure undo the ones already written.
-        let mut files = Vec::with_capacity(touched.len());
-        let marks: Vec<_> = guards.iter().map(|g| Partition::mark(g)).collect();
+        let mut files: PerPartition<_> = SmallVec::with_capacity(touched.len());
+        let marks: PerPartition<_> = guards.iter().map(|g| Partition::mark(g)).collect();
         for i in 0..touched.len() {
             let (buf, count, max_ts) = &bufs[i];
             match writers[i].1.write(&mut guards[i], buf, *count, *max_ts, txn, defer) {
@@ -209,7 +228,7 @@ impl StreamLog {
         if multi {
             *next_txn += 1;
         }
-        let publish: Vec<(Arc<dyn Deferred>, u64)> = writers
+        let publish: PerPartition<(Arc<dyn Deferred>, u64)> = writers
             .iter()
             .zip(&guards)
             .map(|((_, part), g)| (part.clone() as Arc<dyn Deferred>, g.next_seq - 1))
@@ -218,9 +237,9 @@ impl StreamLog {
             Durability::Sync => {
                 let txn = multi.then(|| (self.txn.clone() as Arc<dyn TxnRecord>, txn));
                 let (files, flush) = if defer {
-                    (Vec::new(), writers.iter().map(|(_, part)| part.clone() as Arc<dyn Deferred>).collect())
+                    (SmallVec::new(), writers.iter().map(|(_, part)| part.clone() as Arc<dyn Deferred>).collect())
                 } else {
-                    (files, Vec::new())
+                    (files, SmallVec::new())
                 };
                 committer.submit(Job { files, flush, txn, publish })
             }
@@ -240,7 +259,8 @@ impl StreamLog {
                 }
                 if matches!(opts.durability, Durability::Batched { .. }) {
                     let txn_job = multi.then(|| (self.txn.clone() as Arc<dyn TxnRecord>, txn));
-                    let _ = committer.submit(Job { files, flush: Vec::new(), txn: txn_job, publish: Vec::new() });
+                    let _ =
+                        committer.submit(Job { files, flush: SmallVec::new(), txn: txn_job, publish: SmallVec::new() });
                 }
                 Ticket::ready()
             }

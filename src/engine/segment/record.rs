@@ -66,6 +66,12 @@ pub enum Decoded<'a> {
     Invalid(&'static str),
 }
 
+/// What a record takes beyond its event's charged size
+/// ([`NewEvent::encoded_len`](crate::model::append::NewEvent::encoded_len)):
+/// its frame, its header, and the MessagePack heads of its document's
+/// five parts.
+pub const RECORD_OVERHEAD: usize = FRAME_LEN + BODY_DOC + 16;
+
 /// Appends the record for one event to `out`. Fails only when the body would
 /// exceed [`MAX_BODY_LEN`] or the document can't be encoded.
 pub fn encode_record(out: &mut Vec<u8>, h: &RecordHeader, doc: &DocRef<'_>) -> Result<usize, String> {
@@ -93,18 +99,6 @@ pub fn encode_record(out: &mut Vec<u8>, h: &RecordHeader, doc: &DocRef<'_>) -> R
     out[start + REC_LEN..start + REC_LEN + 4].copy_from_slice(&body_len32.to_le_bytes());
     out[start + REC_CRC..start + REC_CRC + 4].copy_from_slice(&crc.to_le_bytes());
     Ok(out.len() - start)
-}
-
-/// Rewrites the flags and transaction id of an encoded record in place
-/// (recomputing its CRC). `record` is exactly one record as encoded.
-pub fn set_flags(record: &mut [u8], flags: u8, txn: u64) {
-    if record.len() < FRAME_LEN + BODY_DOC {
-        return;
-    }
-    record[FRAME_LEN + BODY_FLAGS] = flags;
-    record[FRAME_LEN + BODY_TXN..FRAME_LEN + BODY_TXN + 8].copy_from_slice(&txn.to_le_bytes());
-    let crc = crc32fast::hash(&record[FRAME_LEN..]);
-    record[REC_CRC..REC_CRC + 4].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Decodes the record starting at `buf[0]`.
@@ -245,13 +239,5 @@ mod tests {
     fn zeros_and_footers_end_the_records() {
         assert_eq!(decode_record(&[0u8; 16]), Decoded::End);
         assert_eq!(decode_record(&FOOTER_MAGIC), Decoded::Footer);
-    }
-
-    #[test]
-    fn set_flags_keeps_the_record_valid() {
-        let mut bytes = sample();
-        set_flags(&mut bytes, FLAG_MULTI, 42);
-        let Decoded::Record { header, .. } = decode_record(&bytes) else { panic!("not a record") };
-        assert_eq!((header.flags, header.txn), (FLAG_MULTI, 42));
     }
 }
