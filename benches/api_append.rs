@@ -5,6 +5,13 @@
 //! `cargo bench --bench api_append`. Cases: 1, 64 and 1,024 async producers
 //! appending one event per call under `durability=sync`; one producer under
 //! `durability=none`; `append_batch` of 1,000 under `sync` and `none`.
+//!
+//! The group `api_vs_engine` runs the same workloads twice in one run:
+//! through `Rheo::append` (serializing the struct, as a user calls it), and
+//! at the engine level (`Engine::append` of events prepared once, routed by
+//! hand, then the ticket awaited). The first's throughput divided by the
+//! second's is the facade's overhead as a ratio (issue 34's target is
+//! at least 0.8).
 //! Compare the `sync` figures with the raw fsync rate of the same disk
 //! (`cargo run --release -- bench --workload fsync --fsync-dir target`).
 
@@ -111,9 +118,68 @@ fn appends(c: &mut Criterion) {
     g.finish();
 }
 
+/// `producers` tasks each appending `per_producer` events one per call at
+/// the engine level: events prepared once per task (one per partition key),
+/// routed to the partition the facade would pick, the ticket awaited.
+fn engine_appends(
+    rt: &tokio::runtime::Runtime,
+    engine: &Arc<rheo::engine::Engine>,
+    producers: u64,
+    per_producer: u64,
+) -> Duration {
+    rt.block_on(async {
+        let stream = engine.stream("s").expect("stream");
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..producers)
+            .map(|p| {
+                let (engine, stream) = (engine.clone(), stream.clone());
+                tokio::spawn(async move {
+                    let key = format!("producer-{p}");
+                    let payload = rheo::Payload::encode(&order(p)).expect("payload");
+                    let event = rheo::NewEvent::prepare(payload, AppendOptions::new().key(key.as_str()));
+                    let partition = (p % 4) as u32;
+                    for _ in 0..per_producer {
+                        let routed = [rheo::engine::log::stream::Routed { partition, ts: 1, event: &event }];
+                        let (_, ticket) = engine.append(&stream, &routed).expect("append");
+                        ticket.resolved().await.expect("durable");
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("producer");
+        }
+        start.elapsed()
+    })
+}
+
+fn api_vs_engine(c: &mut Criterion) {
+    use rheo::engine::{Durability, Engine, EngineOptions};
+    let rt = runtime();
+    let mut g = c.benchmark_group("api_vs_engine");
+    for (name, durability, producers, per_producer) in
+        [("sync_1024_producers", "sync", 1024u64, 100u64), ("none_1_producer", "none", 1, 100_000)]
+    {
+        g.throughput(Throughput::Elements(producers * per_producer));
+        let (rheo, _dir) = open(&rt, durability);
+        g.bench_function(format!("facade/{name}"), |b| {
+            b.iter_custom(|iters| (0..iters).map(|_| single_appends(&rt, &rheo, producers, per_producer)).sum())
+        });
+        drop(rheo);
+        let dir = tempfile::tempdir_in(support::bench_dir()).expect("temporary directory");
+        let mode = if durability == "sync" { Durability::Sync } else { Durability::None };
+        let engine = Arc::new(Engine::open_dir(dir.path(), EngineOptions::default().durability(mode)).expect("open"));
+        engine.create_stream("s", 4, &[], 0).expect("stream");
+        g.bench_function(format!("engine/{name}"), |b| {
+            b.iter_custom(|iters| (0..iters).map(|_| engine_appends(&rt, &engine, producers, per_producer)).sum())
+        });
+    }
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(10).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
-    targets = appends
+    targets = appends, api_vs_engine
 }
 criterion_main!(benches);

@@ -151,4 +151,4 @@ fn allocations_per_event_on_the_hot_paths() {
 /// fetched and acked event: see `docs/benchmarks.md`.
 const APPEND_ONE: f64 = 8.1;
 const APPEND_BATCH: f64 = 4.1;
-const FETCH_ACK: f64 = 5.2;
+const FETCH_ACK: f64 = 4.2;

@@ -125,6 +125,16 @@ impl GroupState {
         self.journal.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
+    /// Logs one acked sequence: added to the last record when that acks the
+    /// same partition, so a batch of acks builds no list per lease.
+    pub(super) fn log_ack(&mut self, p: u32, seq: u64) {
+        let Some(journal) = self.journal.as_mut() else { return };
+        match journal.last_mut() {
+            Some(Transition::Ack { p: last, seqs }) if *last == p => seqs.push(seq),
+            _ => journal.push(Transition::Ack { p, seqs: vec![seq] }),
+        }
+    }
+
     /// Records a transition, merging claims and acks into the previous one
     /// where they extend it.
     pub(super) fn log(&mut self, op: Transition) {

@@ -374,9 +374,7 @@ impl GroupState {
         if let Some(part) = self.parts.get_mut(&lease.partition) {
             part.ack(lease.sequence);
         }
-        if self.journal.is_some() {
-            self.log(Transition::Ack { p: lease.partition, seqs: vec![lease.sequence] });
-        }
+        self.log_ack(lease.partition, lease.sequence);
         Ok(())
     }
 

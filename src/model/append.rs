@@ -116,10 +116,11 @@ impl NewEvent {
     /// decoded but them.
     pub fn prepare(payload: impl Into<Payload>, opts: AppendOptions) -> Self {
         let payload = payload.into();
-        let event_type = payload.top_str("type");
-        let key = opts.key.or_else(|| payload.top_str("key"));
+        let top = payload.top_fields();
+        let event_type = top.event_type;
+        let key = opts.key.or(top.key);
         let mut metadata = opts.metadata;
-        if let Some(m) = payload.top_metadata() {
+        if let Some(m) = top.metadata {
             metadata.extend(m);
         }
         let id_given = opts.id.is_some();

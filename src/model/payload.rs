@@ -348,38 +348,71 @@ impl Payload {
         rmp_serde::from_slice(self.bytes.get(start..r.pos())?).ok()
     }
 
-    /// The string value of a top-level field, when the payload is an object.
-    pub(super) fn top_str(&self, name: &str) -> Option<String> {
+    /// The top-level `type` and `key` strings and `metadata` object, when
+    /// the payload is an object: what an append reads from it. A stored
+    /// payload's map is walked once for the three (the last duplicate of a
+    /// key winning, as [`Event::field`](crate::Event::field) reads it).
+    pub(super) fn top_fields(&self) -> TopFields {
+        let text = |s: &[u8]| std::str::from_utf8(s).ok().map(str::to_owned);
         match self.format {
             PayloadFormat::MessagePack => {
                 let mut r = Reader::new(&self.bytes);
-                r.descend([name])?;
-                match r.scalar()? {
-                    Scalar::Str(s) => std::str::from_utf8(s).ok().map(str::to_owned),
+                let Some(Item::Map(n)) = r.item() else { return TopFields::default() };
+                let (mut event_type, mut key, mut metadata) = (None, None, None);
+                for _ in 0..n {
+                    let name = match r.item() {
+                        Some(Item::Scalar(Scalar::Str(k))) => Some(k),
+                        Some(_) => None,
+                        None => return TopFields::default(),
+                    };
+                    let at = r;
+                    match name {
+                        Some(b"type") => event_type = Some(at),
+                        Some(b"key") => key = Some(at),
+                        Some(b"metadata") => metadata = Some(at),
+                        _ => {}
+                    }
+                    if r.skip().is_none() {
+                        return TopFields::default();
+                    }
+                }
+                let string = |at: Option<Reader<'_>>| match at?.scalar()? {
+                    Scalar::Str(s) => text(s),
                     _ => None,
+                };
+                let object = |at: Option<Reader<'_>>| {
+                    let mut r = at?;
+                    let (start, mut probe) = (r.pos(), r);
+                    if !matches!(probe.item()?, Item::Map(_)) {
+                        return None;
+                    }
+                    r.skip()?;
+                    rmp_serde::from_slice(self.bytes.get(start..r.pos())?).ok()
+                };
+                TopFields { event_type: string(event_type), key: string(key), metadata: object(metadata) }
+            }
+            PayloadFormat::Json => {
+                let Some(map) = self.json().ok().and_then(Value::as_object) else { return TopFields::default() };
+                let string = |name: &str| map.get(name)?.as_str().map(str::to_owned);
+                TopFields {
+                    event_type: string("type"),
+                    key: string("key"),
+                    metadata: map.get("metadata").and_then(Value::as_object).cloned(),
                 }
             }
-            PayloadFormat::Json => self.json().ok()?.get(name)?.as_str().map(str::to_owned),
         }
     }
+}
 
-    /// The top-level `metadata` object, when there is one.
-    pub(super) fn top_metadata(&self) -> Option<Metadata> {
-        match self.format {
-            PayloadFormat::MessagePack => {
-                let mut r = Reader::new(&self.bytes);
-                r.descend(["metadata"])?;
-                let start = r.pos();
-                let mut probe = r;
-                if !matches!(probe.item()?, Item::Map(_)) {
-                    return None;
-                }
-                r.skip()?;
-                rmp_serde::from_slice(self.bytes.get(start..r.pos())?).ok()
-            }
-            PayloadFormat::Json => self.json().ok()?.get("metadata")?.as_object().cloned(),
-        }
-    }
+/// What an append reads from the top of a payload ([`Payload::top_fields`]).
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct TopFields {
+    /// The string at `type`.
+    pub(super) event_type: Option<String>,
+    /// The string at `key`.
+    pub(super) key: Option<String>,
+    /// The object at `metadata`.
+    pub(super) metadata: Option<Metadata>,
 }
 
 impl From<Value> for Payload {
@@ -485,6 +518,39 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// One walk reads what three lookups by path read, from stored
+    /// MessagePack and from JSON text alike, duplicates included.
+    #[test]
+    fn top_fields_read_type_key_and_metadata_as_field_lookups_do() {
+        let cases = [
+            json!({"type": "paid", "key": "k1", "metadata": {"a": 1}, "n": 5}),
+            json!({"n": [1, 2], "type": 7, "key": null, "metadata": "not a map"}),
+            json!({"metadata": {"nested": {"x": [1, {"y": 2}]}}, "type": "t"}),
+            json!([{"type": "inside an array"}]),
+            json!("a string"),
+            json!({}),
+        ];
+        let expected = |v: &Value| TopFields {
+            event_type: v.get("type").and_then(Value::as_str).map(str::to_owned),
+            key: v.get("key").and_then(Value::as_str).map(str::to_owned),
+            metadata: v.get("metadata").and_then(Value::as_object).cloned(),
+        };
+        for v in &cases {
+            assert_eq!(Payload::from_value(v).top_fields(), expected(v), "{v}");
+            let text = Payload::from_json(v.to_string()).expect("json");
+            assert_eq!(text.top_fields(), expected(v), "{v} as JSON text");
+        }
+        // A key given twice: the last one counts, as in a JSON object.
+        let mut buf = vec![0x83]; // a map of three (fixmap), short strings (fixstr)
+        for s in ["type", "first", "key", "k", "type", "last"] {
+            buf.push(0xa0 | u8::try_from(s.len()).expect("short"));
+            buf.extend_from_slice(s.as_bytes());
+        }
+        let p = Payload::from_msgpack(buf).expect("msgpack");
+        assert_eq!(p.top_fields().event_type.as_deref(), Some("last"));
+        assert_eq!(p.field("type"), Some(json!("last")), "the same value a path lookup reads");
+    }
 
     /// Maps are written with sorted keys whatever order they were built
     /// in, with or without serde_json's `preserve_order` (the `mongo`
