@@ -74,10 +74,30 @@ mod hot {
         static KEYS: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
     }
 
-    /// Runs `f` with the cached entry of (`name`, `stream`, `group`).
-    fn with_entry<T>(name: &'static str, stream: &str, group: Option<&str>, f: impl FnOnce(&Entry) -> T) -> T {
-        KEYS.with(|keys| {
-            let mut keys = keys.borrow_mut();
+    /// A new entry for (`name`, `stream`, `group`).
+    fn entry(name: &'static str, stream: &str, group: Option<&str>) -> Entry {
+        let stream: Arc<str> = Arc::from(stream);
+        let group: Option<Arc<str>> = group.map(Arc::from);
+        let mut labels = vec![Label::new("stream", stream.clone())];
+        if let Some(g) = &group {
+            labels.push(Label::new("group", g.clone()));
+        }
+        Entry { name, stream, group, key: Key::from_parts(name, labels) }
+    }
+
+    fn increment(e: &Entry, n: u64) {
+        if n > 0 {
+            metrics::with_recorder(|r| r.register_counter(&e.key, &METADATA).increment(n));
+        }
+    }
+
+    /// Adds `n` to the counter `name` of `stream` (and `group`); answers
+    /// the stream's name shared (what the appended events hold).
+    pub(super) fn count(name: &'static str, stream: &str, group: Option<&str>, n: u64) -> Arc<str> {
+        let cached = KEYS.try_with(|keys| {
+            // Busy (a recorder counting from inside a count) or gone (a
+            // thread being torn down): the count goes on uncached, below.
+            let mut keys = keys.try_borrow_mut().ok()?;
             let found = keys.iter().position(|e| e.name == name && &*e.stream == stream && e.group.as_deref() == group);
             let i = match found {
                 Some(i) => i,
@@ -85,43 +105,28 @@ mod hot {
                     if keys.len() == ENTRIES {
                         keys.remove(0);
                     }
-                    let stream: Arc<str> = Arc::from(stream);
-                    let group: Option<Arc<str>> = group.map(Arc::from);
-                    let mut labels = vec![Label::new("stream", stream.clone())];
-                    if let Some(g) = &group {
-                        labels.push(Label::new("group", g.clone()));
-                    }
-                    keys.push(Entry { name, stream, group, key: Key::from_parts(name, labels) });
+                    keys.push(entry(name, stream, group));
                     keys.len() - 1
                 }
             };
-            f(&keys[i])
-        })
-    }
-
-    /// Adds `n` to the counter `name` of `stream` (and `group`).
-    pub(super) fn count(name: &'static str, stream: &str, group: Option<&str>, n: u64) {
-        with_entry(name, stream, group, |e| {
-            metrics::with_recorder(|r| r.register_counter(&e.key, &METADATA).increment(n));
+            increment(&keys[i], n);
+            Some(keys[i].stream.clone())
         });
-    }
-
-    /// Adds `n` to the counter `name` of `stream`, and answers the stream's
-    /// name shared (what the appended events hold).
-    pub(super) fn count_named(name: &'static str, stream: &str, n: u64) -> Arc<str> {
-        with_entry(name, stream, None, |e| {
-            if n > 0 {
-                metrics::with_recorder(|r| r.register_counter(&e.key, &METADATA).increment(n));
+        match cached {
+            Ok(Some(shared)) => shared,
+            _ => {
+                let e = entry(name, stream, group);
+                increment(&e, n);
+                e.stream
             }
-            e.stream.clone()
-        })
+        }
     }
 }
 
 /// Counts `n` events appended to `stream`; answers the stream's name as
 /// the appended events share it.
 pub(crate) fn appended(stream: &str, n: usize) -> std::sync::Arc<str> {
-    hot::count_named(APPENDED, stream, n as u64)
+    hot::count(APPENDED, stream, None, n as u64)
 }
 
 pub(crate) fn leased(stream: &str, group: &str, leases: &[Lease]) {
@@ -174,5 +179,49 @@ pub(crate) fn retention(report: &crate::model::retention::RetentionReport) {
     }
     if report.ceiling_hit {
         tracing::warn!(stream = %report.stream, "interest retention hit its limits: events some group had not settled were dropped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+
+    /// Adds every counter into one total, and counts once more from inside
+    /// its registration of `ACKED` (as a recorder that itself reports
+    /// through code counting here could).
+    struct Reentrant(Arc<AtomicU64>);
+
+    impl Recorder for Reentrant {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            if key.name() == super::ACKED {
+                super::hot::count(super::RETRIED, "s", Some("g"), 1);
+            }
+            Counter::from_arc(self.0.clone())
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn a_count_made_while_counting_is_counted_uncached() {
+        let total = Arc::new(AtomicU64::new(0));
+        let recorder = Reentrant(total.clone());
+        metrics::with_local_recorder(&recorder, || {
+            let shared = super::hot::count(super::ACKED, "s", Some("g"), 2);
+            assert_eq!(&*shared, "s");
+            // Cached now: counted again, the same way.
+            super::hot::count(super::ACKED, "s", Some("g"), 2);
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 6, "2 acked and 1 retried, twice");
     }
 }

@@ -88,6 +88,52 @@ fn bench_counts_are_the_events_processed() {
     bench_counts(&format!("sqlite:{}", dir.path().join("s.db").display()), true);
 }
 
+/// The engine level beside the facade in one run: `engine:` runs the
+/// append workloads (and says it does not run the others), stores every
+/// event it counts, and its rows sit beside native's with a "vs native".
+#[test]
+fn the_engine_level_runs_beside_native_and_stores_what_it_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let native = format!("native:{}", dir.path().join("n").display());
+    let engine_dir = dir.path().join("e");
+    let engine = format!("engine:{}?durability=none", engine_dir.display());
+    let args = ["--json", "--events", "300", "--batch", "10", "--producers", "1,3", "--fsync-seconds", "0.05"];
+    let out = bench(&[&["--backend", &native, "--backend", &engine][..], &args[..]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cases = run["cases"].as_array().unwrap();
+    let on_engine: Vec<&Value> = cases.iter().filter(|c| c["backend"] == "engine (durability=none)").collect();
+    // append and append-batch, 1 and 3 producers each.
+    assert_eq!(on_engine.len(), 4, "{run}");
+    assert!(
+        run["skipped"].as_array().unwrap().iter().any(|s| s == "consume on engine (durability=none): not supported"),
+        "{run}"
+    );
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    for c in on_engine {
+        assert_eq!(c["events"].as_u64(), Some(300), "{c}");
+        assert!(c["events_per_sec"].as_f64().unwrap() > 0.0, "{c}");
+        // The directory is a native one: every event counted is stored.
+        let stream = c["stream"].as_str().unwrap().to_owned();
+        let url = format!("native:{}", engine_dir.display());
+        let stored: u64 = rt.block_on(async {
+            let rheo = rheo::Rheo::open(&url).await.unwrap();
+            let info = rheo.stream_info(&stream).await.unwrap();
+            let mut n = 0;
+            for p in 0..info.partition_count {
+                n += rheo.read(&stream, p, 0, 1000).await.unwrap().len() as u64;
+            }
+            n
+        });
+        assert_eq!(stored, 300, "{c}");
+    }
+    // The table names both, with a ratio to native.
+    let out = bench(&["--backend", &native, "--backend", &engine, "--events", "50", "--workload", "append"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("engine (durability=none)") && text.contains("native"), "{text}");
+}
+
 #[test]
 #[ignore = "needs PostgreSQL: RHEO_POSTGRES_URL (.ci/run starts one)"]
 fn bench_counts_on_postgres() {

@@ -2,6 +2,7 @@
 //! each case with its throughput, its latency percentiles and the raw
 //! fsync rate of the disk measured in the same run.
 
+mod engine;
 mod peer;
 mod probe;
 mod report;
@@ -196,8 +197,20 @@ struct Opened {
 
 enum Kind {
     Rheo(Rheo),
+    Engine(engine::EngineStore),
     #[cfg(feature = "peers")]
     Redis(peer::RedisPeer),
+}
+
+impl Kind {
+    /// Whether it is a peer: not this crate's code (its stream is one log).
+    fn is_peer(&self) -> bool {
+        match self {
+            Kind::Rheo(_) | Kind::Engine(_) => false,
+            #[cfg(feature = "peers")]
+            Kind::Redis(_) => true,
+        }
+    }
 }
 
 impl Opened {
@@ -223,6 +236,18 @@ impl Opened {
                 "{url}: bare Redis Streams is measured only by a build with the `peers` feature (scripts/bench-peers)"
             )));
         }
+        if url.starts_with(engine::SCHEME) {
+            let e = engine::EngineStore::open(url)?;
+            return Ok(Opened {
+                raw: given.to_owned(),
+                url: url.to_owned(),
+                label: if given.contains('#') { name } else { e.label() },
+                durable: true,
+                dir: engine::dir_of(url),
+                shared: false,
+                kind: Kind::Engine(e),
+            });
+        }
         let rheo = Rheo::open(url).await?;
         let durable = rheo.capabilities().durable;
         Ok(Opened {
@@ -242,6 +267,7 @@ impl Opened {
     fn target(&self, stream: &str, streams: u32) -> Target {
         match &self.kind {
             Kind::Rheo(r) => Target::Rheo(RheoTarget::new(r.clone(), stream, streams)),
+            Kind::Engine(e) => Target::Engine(e.target(RheoTarget::stream_names(stream, streams))),
             #[cfg(feature = "peers")]
             Kind::Redis(p) => Target::Redis(p.target(stream)),
         }
@@ -636,7 +662,7 @@ async fn run_case(
         backend: opened.label.clone(),
         url: opened.url.clone(),
         stream: stream.to_owned(),
-        peer: !matches!(opened.kind, Kind::Rheo(_)),
+        peer: opened.kind.is_peer(),
         tool: "rheo-bench".to_owned(),
         workload: w,
         processes,
@@ -645,8 +671,8 @@ async fn run_case(
         batch: if w == Workload::Append { 1 } else { a.batch },
         payload_bytes: a.payload_bytes,
         // A peer's stream is one log.
-        partitions: if matches!(opened.kind, Kind::Rheo(_)) { a.partitions } else { 1 },
-        streams: if matches!(opened.kind, Kind::Rheo(_)) { a.streams } else { 1 },
+        partitions: if opened.kind.is_peer() { 1 } else { a.partitions },
+        streams: if opened.kind.is_peer() { 1 } else { a.streams },
         events: out.events,
         ops: out.ops,
         secs,

@@ -146,7 +146,7 @@ pub struct Item {
 
 impl Item {
     /// Its append options.
-    fn options(self) -> (Value, AppendOptions) {
+    pub(super) fn options(self) -> (Value, AppendOptions) {
         let opts = AppendOptions::new().key(self.key);
         (self.payload, if let Some(id) = self.id { opts.id(id) } else { opts })
     }
@@ -219,12 +219,17 @@ pub struct RheoTarget {
 impl RheoTarget {
     /// The case's `count` streams named after `stream`, its group `bench`.
     pub fn new(rheo: Rheo, stream: &str, count: u32) -> RheoTarget {
-        let streams: Arc<[Arc<str>]> = if count <= 1 {
+        let streams = RheoTarget::stream_names(stream, count);
+        RheoTarget { rheo, stream: streams[0].clone(), group: "bench".into(), streams }
+    }
+
+    /// The case's `count` stream names: `stream` alone, or `stream-i`.
+    pub fn stream_names(stream: &str, count: u32) -> Arc<[Arc<str>]> {
+        if count <= 1 {
             Arc::from([Arc::from(stream)])
         } else {
             (0..count).map(|i| Arc::from(format!("{stream}-{i}"))).collect()
-        };
-        RheoTarget { rheo, stream: streams[0].clone(), group: "bench".into(), streams }
+        }
     }
 }
 
@@ -233,6 +238,8 @@ impl RheoTarget {
 pub enum Target {
     /// A backend of this crate.
     Rheo(RheoTarget),
+    /// The storage engine without the facade (`engine:DIR`).
+    Engine(super::engine::EngineTarget),
     /// Bare Redis Streams.
     #[cfg(feature = "peers")]
     Redis(super::peer::RedisTarget),
@@ -243,6 +250,7 @@ impl Target {
     pub fn stream_count(&self) -> usize {
         match self {
             Target::Rheo(t) => t.streams.len(),
+            Target::Engine(t) => t.streams.len(),
             #[cfg(feature = "peers")]
             Target::Redis(_) => 1,
         }
@@ -255,6 +263,11 @@ impl Target {
                 let mut t = t.clone();
                 t.stream = t.streams[i % t.streams.len()].clone();
                 Target::Rheo(t)
+            }
+            Target::Engine(t) => {
+                let mut t = t.clone();
+                t.stream = t.streams[i % t.streams.len()].clone();
+                Target::Engine(t)
             }
             #[cfg(feature = "peers")]
             Target::Redis(_) => self.clone(),
@@ -272,6 +285,7 @@ impl Target {
                 }
                 Ok(())
             }
+            Target::Engine(t) => t.setup(partitions),
             #[cfg(feature = "peers")]
             Target::Redis(t) => t.setup().await,
         }
@@ -281,6 +295,7 @@ impl Target {
     pub fn supports(&self, w: Workload) -> bool {
         match self {
             Target::Rheo(_) => w != Workload::Fsync,
+            Target::Engine(_) => matches!(w, Workload::Append | Workload::AppendBatch),
             #[cfg(feature = "peers")]
             Target::Redis(_) => !matches!(w, Workload::Query | Workload::Fsync),
         }
@@ -294,6 +309,7 @@ impl Target {
                 t.rheo.append(&t.stream, &payload, opts).await?;
                 Ok(())
             }
+            Target::Engine(t) => t.append(vec![item]).await,
             #[cfg(feature = "peers")]
             Target::Redis(t) => t.append(item).await,
         }
@@ -307,6 +323,7 @@ impl Target {
                 t.rheo.append_batch_with(&t.stream, items).await?;
                 Ok(())
             }
+            Target::Engine(t) => t.append(items).await,
             #[cfg(feature = "peers")]
             Target::Redis(t) => t.append_batch(items).await,
         }
@@ -337,6 +354,7 @@ impl Target {
                 }
                 Ok(out)
             }
+            Target::Engine(_) => Err(CliError::new("the engine level has no consumer groups (the facade's)")),
             #[cfg(feature = "peers")]
             Target::Redis(t) => t.consume(limit, stamps).await,
         }
@@ -346,6 +364,7 @@ impl Target {
     pub async fn query(&self, k: u64, limit: usize) -> Result<usize, CliError> {
         match self {
             Target::Rheo(t) => Ok(t.rheo.query(&Query::new(&*t.stream).eq("k", k).limit(limit)).await?.len()),
+            Target::Engine(_) => Err(CliError::new("the engine level has no query here (the facade's)")),
             #[cfg(feature = "peers")]
             Target::Redis(_) => Err(CliError::new("bare Redis Streams has no query")),
         }
@@ -363,6 +382,7 @@ impl Target {
                 }
                 Ok(b)
             }
+            Target::Engine(t) => t.backlog(),
             #[cfg(feature = "peers")]
             Target::Redis(t) => t.backlog().await,
         }
