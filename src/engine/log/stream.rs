@@ -35,13 +35,16 @@ pub type Assigned = SmallVec<[(u32, u64); 1]>;
 /// four, so a single event's append allocates none of these lists.
 type PerPartition<T> = SmallVec<[T; 4]>;
 
-/// Room for the records of `items` routed to partition `p`: their
-/// charged size plus each record's frame and header, so that encoding
-/// them does not grow the buffer (an estimate: the metadata is counted as
-/// JSON, stored as MessagePack).
-fn record_room(items: &[Routed<'_>], p: u32) -> usize {
+/// How many of `items` go to partition `p`, and room for their records:
+/// their charged size plus each record's frame and header, so that
+/// encoding them does not grow the buffer (an estimate: the metadata is
+/// counted as JSON, stored as MessagePack).
+fn records_of(items: &[Routed<'_>], p: u32) -> (u64, usize) {
     use crate::engine::segment::record::RECORD_OVERHEAD;
-    items.iter().filter(|r| r.partition == p).map(|r| r.event.encoded_len() + RECORD_OVERHEAD).sum()
+    items
+        .iter()
+        .filter(|r| r.partition == p)
+        .fold((0, 0), |(n, room), r| (n + 1, room + r.event.encoded_len() + RECORD_OVERHEAD))
 }
 
 /// A stream's partitions and write path.
@@ -167,12 +170,13 @@ impl StreamLog {
         let mut bufs: PerPartition<(Vec<u8>, u64, i64)> = SmallVec::with_capacity(touched.len());
         let mut assigned: Assigned = smallvec::smallvec![(0u32, 0u64); items.len()];
         for (slot, &p) in touched.iter().enumerate() {
+            let (records, room) = records_of(items, p);
             // Sized for the records, so encoding does not grow it.
-            let mut buf = Vec::with_capacity(record_room(items, p));
+            let mut buf = Vec::with_capacity(room);
             let mut max_ts = i64::MIN;
             let mut count = 0;
             let first_seq = guards[slot].next_seq;
-            let last_seq = first_seq + items.iter().filter(|r| r.partition == p).count() as u64 - 1;
+            let last_seq = first_seq + records - 1;
             let multi_flag = if multi { FLAG_MULTI } else { 0 };
             for (seq, (i, r)) in (first_seq..).zip(items.iter().enumerate().filter(|(_, r)| r.partition == p)) {
                 let e = r.event;
