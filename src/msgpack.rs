@@ -188,6 +188,86 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Whether `s` is UTF-8: an ASCII string (the usual case: keys, ids,
+/// types) is checked a word at a time, inline, before the full check.
+#[inline]
+pub(crate) fn is_utf8(s: &[u8]) -> bool {
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let (words, tail) = s.as_chunks::<8>();
+    let high = words.iter().fold(0, |acc, w| acc | u64::from_ne_bytes(*w)) & HIGH;
+    (high == 0 && tail.iter().all(u8::is_ascii)) || std::str::from_utf8(s).is_ok()
+}
+
+/// Whether the MessagePack value `b` reads as JSON: what
+/// `walk_json(b, max_depth, None).is_some()` answers, without its writer's
+/// bookkeeping (a read checks every document it returns: this is on the
+/// read path of every event).
+pub(crate) fn is_json(b: &[u8], max_depth: usize) -> bool {
+    /// An open array or map: values still to walk (a map's keys and values
+    /// counted apart, so a key is walked when an even number is left).
+    struct Open {
+        left: usize,
+        map: bool,
+    }
+    let mut r = Reader::new(b);
+    let mut stack: smallvec::SmallVec<[Open; 16]> = smallvec::SmallVec::new();
+    let mut cur = Open { left: 1, map: false };
+    loop {
+        if cur.left == 0 {
+            match stack.pop() {
+                Some(up) => {
+                    cur = up;
+                    continue;
+                }
+                None => return r.pos() == b.len(),
+            }
+        }
+        let is_key = cur.map && cur.left.is_multiple_of(2);
+        cur.left -= 1;
+        // The usual markers first, inline: short strings, small integers,
+        // null and booleans.
+        match b.get(r.pos) {
+            Some(&m @ 0xa0..=0xbf) => {
+                let start = r.pos + 1;
+                let end = start + usize::from(m & 0x1f);
+                match b.get(start..end) {
+                    Some(s) if is_utf8(s) => {
+                        r.pos = end;
+                        continue;
+                    }
+                    _ => return false,
+                }
+            }
+            Some(0x00..=0x7f | 0xc0 | 0xc2 | 0xc3 | 0xe0..=0xff) if !is_key => {
+                r.pos += 1;
+                continue;
+            }
+            _ => {}
+        }
+        match r.item() {
+            Some(Item::Scalar(Scalar::Str(s))) => {
+                if !is_utf8(s) {
+                    return false;
+                }
+            }
+            Some(Item::Scalar(Scalar::Other) | Item::Opaque) | None => return false,
+            Some(Item::Scalar(_)) => {
+                if is_key {
+                    return false;
+                }
+            }
+            Some(Item::Array(n) | Item::Map(n)) if is_key || stack.len() + 1 > max_depth || n > b.len() - r.pos() => {
+                return false;
+            }
+            Some(Item::Array(n)) => stack.push(std::mem::replace(&mut cur, Open { left: n, map: false })),
+            Some(Item::Map(n)) => {
+                let Some(n2) = n.checked_mul(2).filter(|&m| m <= b.len() - r.pos()) else { return false };
+                stack.push(std::mem::replace(&mut cur, Open { left: n2, map: true }));
+            }
+        }
+    }
+}
+
 fn float(f: f64) -> Scalar<'static> {
     if f.is_finite() { Scalar::Float(f) } else { Scalar::Null }
 }
@@ -238,8 +318,11 @@ pub(crate) fn walk_json(b: &[u8], max_depth: usize, mut out: Option<&mut Vec<u8>
         }
         match r.item()? {
             Item::Scalar(Scalar::Str(s)) => {
-                let s = std::str::from_utf8(s).ok()?;
-                put!(o => serde_json::to_writer(&mut *o, s).ok()?);
+                if !is_utf8(s) {
+                    return None;
+                }
+                // Checked just above.
+                put!(o => serde_json::to_writer(&mut *o, std::str::from_utf8(s).ok()?).ok()?);
             }
             Item::Scalar(_) if is_key => return None,
             Item::Scalar(Scalar::Null) => put!(o => o.extend_from_slice(b"null")),
@@ -264,4 +347,84 @@ pub(crate) fn walk_json(b: &[u8], max_depth: usize, mut out: Option<&mut Vec<u8>
         }
     }
     (r.pos() == b.len()).then_some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Bytes drawn mostly from markers that open and fill small arrays and
+    /// maps, so that many inputs are whole values, some nested deep, some
+    /// with a non-string key, bad UTF-8, bin/ext or trailing bytes.
+    fn msgpackish() -> impl Strategy<Value = Vec<u8>> {
+        let byte = prop_oneof![
+            Just(0x81u8),
+            Just(0x82),
+            Just(0x91),
+            Just(0x92),
+            Just(0x90),
+            Just(0x80),
+            Just(0xa1),
+            Just(0xa2),
+            Just(0x61),
+            Just(0xc3),
+            Just(0xc0),
+            Just(0x07),
+            Just(0xff),
+            Just(0xc4),
+            Just(0xd4),
+            Just(0xcb),
+            Just(0xdc),
+            Just(0xde),
+            Just(0x00),
+            any::<u8>(),
+        ];
+        proptest::collection::vec(byte, 0..48)
+    }
+
+    proptest! {
+        /// The read path's check answers what the writer's walk answers,
+        /// at every depth limit around the input's nesting.
+        #[test]
+        fn is_json_agrees_with_walk_json(b in msgpackish(), depth in 0usize..6) {
+            prop_assert_eq!(is_json(&b, depth), walk_json(&b, depth, None).is_some(), "{:02x?}", b);
+        }
+    }
+
+    proptest! {
+        /// The word-at-a-time check answers what `std::str::from_utf8` does.
+        #[test]
+        fn is_utf8_agrees_with_std(s in proptest::collection::vec(prop_oneof![0x20u8..0x7f, any::<u8>()], 0..40)) {
+            prop_assert_eq!(is_utf8(&s), std::str::from_utf8(&s).is_ok());
+        }
+    }
+
+    #[test]
+    fn is_utf8_finds_a_bad_byte_anywhere() {
+        for at in 0..20 {
+            let mut s = vec![b'x'; 19];
+            s.insert(at, 0xff);
+            assert!(!is_utf8(&s), "0xff at {at}");
+            let good = format!("{}é{}", "a".repeat(at), "b".repeat(19 - at));
+            assert!(is_utf8(good.as_bytes()), "é at {at}");
+        }
+    }
+
+    #[test]
+    fn is_json_takes_json_values_and_refuses_what_json_cannot_hold() {
+        let ok =
+            rmp_serde::to_vec_named(&serde_json::json!({"a": [1, "é", null, {"b": 2.5}], "c": true})).expect("encode");
+        assert!(is_json(&ok, 8));
+        assert!(!is_json(&ok, 2), "three levels deep, two allowed");
+        assert!(is_json(&ok, 3));
+        let mut trailing = ok.clone();
+        trailing.push(0xc0);
+        assert!(!is_json(&trailing, 8), "two values");
+        assert!(!is_json(&[0x81, 0x01, 0x02], 8), "an integer key");
+        assert!(!is_json(&[0xa2, 0xc3, 0x28], 8), "not UTF-8");
+        assert!(!is_json(&[0xc4, 0x01, 0x00], 8), "a byte string");
+        assert!(!is_json(&[0x92, 0x01], 8), "an array missing an element");
+        assert!(!is_json(&[], 8), "nothing");
+    }
 }

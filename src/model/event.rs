@@ -20,7 +20,12 @@ use crate::decode::DecodeError;
 use crate::error::Result;
 use crate::msgpack::{Item, Reader, Scalar};
 
-/// Text that shares the bytes it was read from (checked UTF-8).
+/// Text that shares the bytes it was read from.
+///
+/// Its bytes are UTF-8: it is made only here, from a `String` or from bytes
+/// checked by `msgpack::is_utf8` (the field is private to this module), so
+/// reading it as `&str` does not check again (an event's id, key and type
+/// are read on every event a consumer handles).
 #[derive(Clone, PartialEq, Eq)]
 pub(super) struct Text(Bytes);
 
@@ -28,9 +33,20 @@ impl Text {
     pub(super) fn from_string(s: String) -> Text {
         Text(Bytes::from(s))
     }
+    /// `Some` when `b` is UTF-8.
+    fn checked(b: Bytes) -> Option<Text> {
+        crate::msgpack::is_utf8(&b).then_some(Text(b))
+    }
     fn as_str(&self) -> &str {
-        // Checked when made; a failure here is impossible and reads empty.
-        std::str::from_utf8(&self.0).unwrap_or_default()
+        debug_assert!(std::str::from_utf8(&self.0).is_ok());
+        #[expect(unsafe_code, reason = "checked when made (see the type's doc); this is read on every event")]
+        // SAFETY: every `Text` is made by `from_string` (a `String`'s
+        // bytes) or `checked` (bytes `is_utf8` accepted, which accepts
+        // exactly what `std::str::from_utf8` does: a property test in
+        // `msgpack`), and its bytes never change (`Bytes` is immutable).
+        unsafe {
+            std::str::from_utf8_unchecked(&self.0)
+        }
     }
 }
 
@@ -77,6 +93,25 @@ impl Document {
     /// metadata are checked here, the payload when it is decoded. `Err`
     /// says what is wrong.
     pub fn parse(doc: Bytes) -> std::result::Result<Document, DecodeError> {
+        Document::parse_with(doc, |d| d)
+    }
+
+    /// As [`Document::parse`], the event of the record at once: of
+    /// `stream`, at `partition`/`sequence`, stored at `timestamp` (what a
+    /// read returns, built where it is parsed rather than moved there).
+    pub fn parse_event(
+        doc: Bytes,
+        stream: &Arc<str>,
+        partition: u32,
+        sequence: u64,
+        timestamp: Timestamp,
+    ) -> std::result::Result<Event, DecodeError> {
+        Document::parse_with(doc, |d| d.into_event(stream, partition, sequence, timestamp))
+    }
+
+    /// Parses `doc` and hands the document to `make`.
+    #[inline(always)]
+    fn parse_with<T>(doc: Bytes, make: impl FnOnce(Document) -> T) -> std::result::Result<T, DecodeError> {
         let mut r = Reader::new(&doc);
         if !matches!(r.item(), Some(Item::Array(5))) {
             return Err(DecodeError::invalid("record document: not an array of 5"));
@@ -85,10 +120,11 @@ impl Document {
             let start = r.pos();
             match r.item() {
                 Some(Item::Scalar(Scalar::Str(s))) => {
-                    std::str::from_utf8(s)
-                        .map_err(|_| DecodeError::invalid(format!("record document: {what} is not UTF-8")))?;
                     let end = r.pos();
-                    Ok(Some(Text(doc.slice(end - s.len()..end))))
+                    match Text::checked(doc.slice(end - s.len()..end)) {
+                        Some(t) => Ok(Some(t)),
+                        None => Err(DecodeError::invalid(format!("record document: {what} is not UTF-8"))),
+                    }
                 }
                 Some(Item::Scalar(Scalar::Null)) if optional => Ok(None),
                 _ => Err(DecodeError::invalid(format!("record document: bad {what} at byte {start}"))),
@@ -118,7 +154,7 @@ impl Document {
             ));
         }
         let payload = Payload::from_checked_msgpack(doc.slice(r.pos()..));
-        Ok(Document { id, key, event_type, metadata, payload })
+        Ok(make(Document { id, key, event_type, metadata, payload }))
     }
 
     /// The event id.

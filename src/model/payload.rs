@@ -447,7 +447,7 @@ const SCRATCH_KEEP: usize = 64 * 1024;
 /// keys are strings, strings are UTF-8, no byte strings or extensions, at
 /// most [`MAX_PAYLOAD_DEPTH`] levels of nesting.
 pub(crate) fn json_compatible(b: &[u8]) -> bool {
-    crate::msgpack::walk_json(b, MAX_PAYLOAD_DEPTH, None).is_some()
+    crate::msgpack::is_json(b, MAX_PAYLOAD_DEPTH)
 }
 
 impl PartialEq for Payload {

@@ -607,11 +607,7 @@ impl Backend for NativeBackend {
     async fn read(&self, stream: &str, partition: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
         let s = self.engine.stream(stream)?;
         // Disk reads and decoding run on the blocking pool, not on a worker.
-        self.blocking(move || {
-            let records = s.log.read(partition, after, limit)?;
-            Ok(records.into_iter().map(|r| r.into_event(s.name(), partition)).collect())
-        })
-        .await
+        self.blocking(move || s.log.read_events(s.name(), partition, after, limit)).await
     }
 
     async fn query(&self, query: &Query) -> Result<Page> {

@@ -197,7 +197,7 @@ impl MemIndex {
             if seg.base_seq != base || h.seq != self.upto + 1 {
                 return Ok(false);
             }
-            self.add(h.seq, off, doc, &mut key);
+            self.add(h.seq, off, &doc, &mut key);
             Ok(true)
         })
     }

@@ -383,7 +383,7 @@ impl Run<'_, '_> {
             }
             // Only records that can match become events.
             if q.matches_position(p, seq, Timestamp::from_millis(ts))
-                && prefilter.as_ref().is_none_or(|f| f.may_match(r.doc))
+                && prefilter.as_ref().is_none_or(|f| f.may_match(&r.doc))
             {
                 builder.offer(r.decode()?.into_event(stream, p));
             }

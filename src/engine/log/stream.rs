@@ -15,6 +15,7 @@ use crate::engine::segment::record::{DocRef, RecordHeader, encode_record};
 use crate::engine::vfs::Vfs;
 use crate::error::{Error, Result};
 use crate::model::append::NewEvent;
+use crate::model::event::Event;
 
 /// An event routed to a partition with its final timestamp.
 #[derive(Debug)]
@@ -138,6 +139,11 @@ impl StreamLog {
     /// Reads records of a partition after a sequence.
     pub fn read(&self, p: u32, after: u64, limit: usize) -> Result<Vec<StoredRecord>> {
         self.partition(p)?.read(after, limit)
+    }
+
+    /// As [`StreamLog::read`], as events of stream `name`.
+    pub fn read_events(&self, name: &Arc<str>, p: u32, after: u64, limit: usize) -> Result<Vec<Event>> {
+        self.partition(p)?.read_events(after, limit, name, p)
     }
 
     /// Appends events atomically. Returns the assigned (partition, sequence)

@@ -1,10 +1,14 @@
 //! Sequential, buffered, checksum-verifying reads of a segment's records.
 
 use std::io;
+use std::ops::Deref;
+
+use bytes::{Bytes, BytesMut};
 
 use super::format::{FRAME_LEN, MAX_BODY_LEN};
 use super::record::{Decoded, RecordHeader, decode_record};
 use crate::engine::vfs::VfsFile;
+use crate::model::event::Document;
 
 /// The read size of a scan.
 const CHUNK: usize = 256 << 10;
@@ -19,7 +23,7 @@ pub enum Step<'a> {
         /// Its fixed fields.
         header: RecordHeader,
         /// Its MessagePack document.
-        doc: &'a [u8],
+        doc: Doc<'a>,
     },
     /// No more records: zeros, a footer, or the end of the file, at `offset`.
     End {
@@ -42,15 +46,71 @@ pub enum Step<'a> {
     },
 }
 
+/// A record's document as a scan found it: its bytes in the scan's read
+/// buffer, which [`Doc::share`] hands out without copying.
+#[derive(Clone, Copy)]
+pub struct Doc<'a> {
+    chunk: &'a Bytes,
+    start: usize,
+    end: usize,
+}
+
+impl<'a> Doc<'a> {
+    /// The document's bytes, borrowed from the read buffer.
+    pub fn bytes(&self) -> &'a [u8] {
+        // In range by construction: `next_step` made it from a record it
+        // found whole in `chunk`.
+        self.chunk.get(self.start..self.end).unwrap_or_default()
+    }
+
+    /// The document as shared bytes: a reference to the scan's read buffer
+    /// (one buffer of at most the scan's chunk size, or one record when a
+    /// record is larger), not a copy. The buffer lives while any document
+    /// shared from it does, and the scan moves on to a new buffer.
+    pub fn share(&self) -> Bytes {
+        if self.end <= self.chunk.len() && self.start <= self.end {
+            self.chunk.slice(self.start..self.end)
+        } else {
+            Bytes::new()
+        }
+    }
+}
+
+impl Doc<'_> {
+    /// Reads the document (see [`Document::parse`]), sharing the read
+    /// buffer instead of copying (see [`Doc::share`]).
+    pub fn decode(&self) -> Result<Document, crate::decode::DecodeError> {
+        Document::parse(self.share())
+    }
+}
+
+impl Deref for Doc<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+impl std::fmt::Debug for Doc<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Doc({} bytes)", self.end - self.start)
+    }
+}
+
 /// Scans records from an offset, reading `CHUNK` bytes at a time and never
 /// more than one record's size beyond that.
+///
+/// Its read buffer is shared with the documents a caller keeps
+/// ([`Doc::share`]): a buffer no document holds is reused for the next
+/// read; one that is held stays with its documents, and the next read goes
+/// into a new buffer.
 pub struct Scanner<'f> {
     file: &'f dyn VfsFile,
     /// The end of readable data (the file length when the scan started, or
     /// a records_end).
     limit: u64,
     pos: u64,
-    buf: Vec<u8>,
+    buf: Bytes,
     buf_start: u64,
     chunk: usize,
 }
@@ -64,7 +124,7 @@ impl<'f> Scanner<'f> {
     /// As [`Scanner::new`], reading `chunk` bytes at a time (small for
     /// point reads, which would waste a large read).
     pub fn with_chunk(file: &'f dyn VfsFile, offset: u64, limit: u64, chunk: usize) -> Self {
-        Scanner { file, limit, pos: offset, buf: Vec::new(), buf_start: offset, chunk }
+        Scanner { file, limit, pos: offset, buf: Bytes::new(), buf_start: offset, chunk }
     }
 
     /// The offset of the next record.
@@ -82,9 +142,19 @@ impl<'f> Scanner<'f> {
         let available = self.limit.saturating_sub(self.pos);
         let want = u64::try_from(need.max(self.chunk)).unwrap_or(u64::MAX).min(available);
         let want = usize::try_from(want).unwrap_or(usize::MAX);
-        self.buf.resize(want, 0);
-        let n = self.file.read_at(&mut self.buf, self.pos)?;
-        self.buf.truncate(n);
+        // The old buffer back when no document holds it; else a new one.
+        let mut buf = match std::mem::take(&mut self.buf).try_into_mut() {
+            Ok(mut b) => {
+                b.clear();
+                b
+            }
+            // Zeroed by the allocator (fresh pages come zeroed).
+            Err(_) => BytesMut::zeroed(want),
+        };
+        buf.resize(want, 0);
+        let n = self.file.read_at(&mut buf, self.pos)?;
+        buf.truncate(n);
+        self.buf = buf.freeze();
         self.buf_start = self.pos;
         Ok(())
     }
@@ -113,7 +183,7 @@ impl<'f> Scanner<'f> {
                     self.pos += size as u64;
                     // Re-borrow the document from the buffer for the caller.
                     let at = usize::try_from(offset - self.buf_start).unwrap_or(usize::MAX);
-                    let doc = &self.buf[at + FRAME_LEN + super::format::BODY_DOC..at + size];
+                    let doc = Doc { chunk: &self.buf, start: at + FRAME_LEN + super::format::BODY_DOC, end: at + size };
                     return Ok(Step::Record { offset, header, doc });
                 }
             }

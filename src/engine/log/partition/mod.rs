@@ -19,8 +19,8 @@ use crate::engine::error::{DecodeError, corrupt, io_err, sync_err};
 use crate::engine::options::{EngineOptions, RecoveryMode};
 use crate::engine::segment::file::{Footer, IndexEntry, SegmentHeader, decode_index, encode_index_header};
 use crate::engine::segment::format::*;
-use crate::engine::segment::record::{PROBE, RecordHeader, decode_doc, plausible_frame};
-use crate::engine::segment::scan::{Scanner, Step};
+use crate::engine::segment::record::{PROBE, RecordHeader, plausible_frame};
+use crate::engine::segment::scan::{Doc, Scanner, Step};
 use crate::engine::vfs::{StickySync, Vfs, VfsFile};
 use crate::error::{Error, Result};
 use crate::model::event::{Document, Event};
@@ -47,7 +47,7 @@ pub struct LazyRecord<'a> {
     /// Its fixed fields.
     pub header: RecordHeader,
     /// Its MessagePack document, as stored.
-    pub doc: &'a [u8],
+    pub doc: Doc<'a>,
     offset: u64,
     path: &'a str,
     vfs: &'a dyn Vfs,
@@ -57,7 +57,7 @@ impl LazyRecord<'_> {
     /// The record, its document checked whole (`Error::Corrupt` naming the
     /// file and offset when it is not a valid document).
     pub fn decode(self) -> Result<StoredRecord> {
-        let doc = decode_doc(self.doc).map_err(|reason| corrupt(self.vfs, self.path, self.offset, reason))?;
+        let doc = self.doc.decode().map_err(|reason| corrupt(self.vfs, self.path, self.offset, reason))?;
         Ok(StoredRecord { header: self.header, doc })
     }
 }
@@ -100,10 +100,10 @@ impl Segment {
 
 /// What a raw scan calls per record: (offset, header, MessagePack document,
 /// segment) -> go on?
-type RawVisitor<'a> = dyn FnMut(u64, RecordHeader, &[u8], &Segment) -> Result<bool> + 'a;
+type RawVisitor<'a> = dyn FnMut(u64, RecordHeader, Doc<'_>, &Segment) -> Result<bool> + 'a;
 
 /// The read size of a scan through many records.
-const CHUNK_SCAN: usize = 256 << 10;
+const CHUNK_SCAN: usize = 64 << 10;
 /// The read size of a point read (a record and a few around it).
 const CHUNK_POINT: usize = 8 << 10;
 /// The first read of one record at a known offset (most fit).

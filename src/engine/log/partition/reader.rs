@@ -8,7 +8,7 @@ impl Partition {
     /// Events with sequence > `after`, ascending, at most `limit`, never above
     /// the visible sequence.
     pub fn read(&self, after: u64, limit: usize) -> Result<Vec<StoredRecord>> {
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(self.read_room(after, limit));
         self.scan(after, u64::MAX, |r| {
             out.push(r);
             out.len() < limit
@@ -16,11 +16,32 @@ impl Partition {
         Ok(out)
     }
 
+    /// As [`Partition::read`], each record made the event it holds as it is
+    /// read (of stream `stream`, this partition being `partition`).
+    pub fn read_events(&self, after: u64, limit: usize, stream: &Arc<str>, partition: u32) -> Result<Vec<Event>> {
+        let mut out = Vec::with_capacity(self.read_room(after, limit));
+        self.scan_raw(after, u64::MAX, |offset, header, doc, seg| {
+            let event =
+                Document::parse_event(doc.share(), stream, partition, header.seq, Timestamp::from_millis(header.ts))
+                    .map_err(|reason| corrupt(&*self.vfs, &seg.log_path, offset, reason))?;
+            out.push(event);
+            Ok(out.len() < limit)
+        })?;
+        Ok(out)
+    }
+
+    /// How many records a read of at most `limit` after `after` can return
+    /// (what is visible), bounded: the room to reserve for them at once.
+    fn read_room(&self, after: u64, limit: usize) -> usize {
+        let visible = usize::try_from(self.visible().saturating_sub(after)).unwrap_or(usize::MAX);
+        limit.min(visible).min(1 << 16)
+    }
+
     /// Calls `f` on each record with `after < seq <= until` (and visible), in
     /// order, until `f` returns false.
     pub fn scan(&self, after: u64, until: u64, mut f: impl FnMut(StoredRecord) -> bool) -> Result<()> {
         self.scan_raw(after, until, |offset, header, doc, seg| {
-            let doc = decode_doc(doc).map_err(|reason| corrupt(&*self.vfs, &seg.log_path, offset, reason))?;
+            let doc = doc.decode().map_err(|reason| corrupt(&*self.vfs, &seg.log_path, offset, reason))?;
             Ok(f(StoredRecord { header, doc }))
         })
     }
@@ -41,7 +62,7 @@ impl Partition {
         &self,
         after: u64,
         until: u64,
-        mut f: impl FnMut(u64, RecordHeader, &[u8], &Segment) -> Result<bool>,
+        mut f: impl FnMut(u64, RecordHeader, Doc<'_>, &Segment) -> Result<bool>,
     ) -> Result<()> {
         let visible = self.visible();
         let until = until.min(visible);
@@ -189,7 +210,7 @@ impl Partition {
                     expected += 1;
                     if header.seq == wanted[k] {
                         out.push(
-                            decode_doc(doc)
+                            doc.decode()
                                 .map(|doc| StoredRecord { header, doc })
                                 .map_err(|reason| corrupt(vfs, &seg.log_path, offset, reason)),
                         );
@@ -316,7 +337,7 @@ impl Partition {
                     return Ok(false);
                 }
                 if seqs[i] == header.seq {
-                    match decode_doc(doc) {
+                    match doc.decode() {
                         Ok(doc) => {
                             if !f(StoredRecord { header, doc }) {
                                 stop = true;
@@ -363,7 +384,7 @@ impl Partition {
         let mut scanner = Scanner::with_chunk(&*seg.log, offset, limit, CHUNK_RECORD);
         match scanner.next_step().map_err(|e| io_err(&*self.vfs, &seg.log_path, "read", e))? {
             Step::Record { header, doc, .. } if header.seq == seq => {
-                let doc = decode_doc(doc).map_err(|reason| corrupt(&*self.vfs, &seg.log_path, offset, reason))?;
+                let doc = doc.decode().map_err(|reason| corrupt(&*self.vfs, &seg.log_path, offset, reason))?;
                 Ok(Some(StoredRecord { header, doc }))
             }
             _ => Ok(None),
