@@ -135,6 +135,48 @@ fn fetch_ack(c: &mut Criterion) {
     g.finish();
 }
 
+/// The fetch and the ack of `delivery_fetch100_ack_many` timed apart (one
+/// consumer, `Sync`): `fetch(100)` is the time of the fetches only (each
+/// batch is acked outside the timed span), `ack_many(100)` the time of
+/// the acks only (each batch fetched outside it). Per element: one lease.
+fn fetch_and_ack_apart(c: &mut Criterion) {
+    let rt = runtime();
+    let mut g = c.benchmark_group("delivery_apart");
+    g.sample_size(10).measurement_time(Duration::from_secs(8));
+    g.throughput(Throughput::Elements(BATCH as u64));
+    let dir = tempfile::tempdir_in(bench_dir()).expect("temporary directory");
+    let rheo = rt.block_on(async {
+        let rheo = open(dir.path(), Durability::Sync).await;
+        rheo.create_stream("s", StreamOptions::new().partitions(8)).await.expect("stream");
+        rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+        rheo
+    });
+    for timed in ["fetch(100)", "ack_many(100)"] {
+        g.bench_function(format!("sync/{timed}"), |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let rheo = rheo.clone();
+                async move {
+                    fill(&rheo, iters * BATCH as u64).await;
+                    let opts = FetchOptions::new().limit(BATCH);
+                    let mut spent = Duration::ZERO;
+                    for _ in 0..iters {
+                        let start = Instant::now();
+                        let leases = rheo.fetch("s", "g", opts.clone()).await.expect("fetch");
+                        let fetched = Instant::now();
+                        assert_eq!(leases.len(), BATCH, "each fetch finds a full batch");
+                        for r in rheo.ack_many(&leases).await.expect("ack_many") {
+                            r.expect("ack");
+                        }
+                        spent += if timed.starts_with("fetch") { fetched - start } else { fetched.elapsed() };
+                    }
+                    spent
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
 const UNSETTLED: u64 = 1_000_000;
 
 /// Reopen with 1M claimed, unsettled deliveries (WAL of claims, with the
@@ -209,5 +251,5 @@ fn reopen_and_memory(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, fetch_ack, reopen_and_memory);
+criterion_group!(benches, fetch_ack, fetch_and_ack_apart, reopen_and_memory);
 criterion_main!(benches);
