@@ -82,6 +82,14 @@ impl Doc<'_> {
     pub fn decode(&self) -> Result<Document, crate::decode::DecodeError> {
         Document::parse(self.share())
     }
+
+    /// As [`Doc::decode`], from a copy of the document's bytes: for a read
+    /// that keeps few of the records it passes (a filtered scan, the
+    /// scattered records of a query), where sharing would keep a whole
+    /// buffer alive for each record kept.
+    pub fn decode_copy(&self) -> Result<Document, crate::decode::DecodeError> {
+        Document::parse(Bytes::copy_from_slice(self.bytes()))
+    }
 }
 
 impl Deref for Doc<'_> {
@@ -188,5 +196,69 @@ impl<'f> Scanner<'f> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::engine::segment::format::FLAG_END;
+    use crate::engine::segment::record::{DocRef, encode_record};
+    use crate::engine::vfs::MemVfs;
+    use crate::engine::vfs::Vfs;
+    use crate::model::payload::Metadata;
+
+    /// Records 1..=n, each with a payload of a different size, in one file.
+    fn file(n: u64) -> (Arc<dyn VfsFile>, Vec<Vec<u8>>, u64) {
+        let (mut bytes, mut docs) = (Vec::new(), Vec::new());
+        let meta = Metadata::new();
+        for seq in 1..=n {
+            let payload = rmp_serde::to_vec(&"x".repeat(usize::try_from(seq % 50).expect("small"))).expect("payload");
+            let id = format!("id-{seq}");
+            let start = bytes.len();
+            let h = RecordHeader { seq, ts: 1, flags: FLAG_END, txn: 0 };
+            encode_record(&mut bytes, &h, &DocRef(&id, None, Some("t"), &meta, &payload)).expect("encode");
+            docs.push(bytes[start + FRAME_LEN + super::super::format::BODY_DOC..].to_vec());
+        }
+        let vfs = MemVfs::new();
+        vfs.write_file("s.log", &bytes).expect("write");
+        let len = bytes.len() as u64;
+        (vfs.open("s.log", false).expect("open"), docs, len)
+    }
+
+    #[test]
+    fn a_shared_document_keeps_its_bytes_while_the_scan_reads_on() {
+        let (f, docs, len) = file(400);
+        // A small chunk: the scan refills its buffer many times, reusing it
+        // when no document holds it and moving to a new one when one does.
+        let mut scanner = Scanner::with_chunk(&*f, 0, len, 512);
+        let mut kept = Vec::new();
+        let mut copies = Vec::new();
+        while let Step::Record { header, doc, .. } = scanner.next_step().expect("read") {
+            if header.seq % 7 == 0 {
+                kept.push((header.seq, doc.share()));
+            } else {
+                copies.push((header.seq, doc.decode_copy().expect("a document")));
+            }
+        }
+        assert_eq!(kept.len() + copies.len(), 400, "every record was scanned");
+        for (seq, bytes) in &kept {
+            assert_eq!(&bytes[..], &docs[usize::try_from(*seq - 1).expect("small")][..], "record {seq}");
+        }
+        for (seq, d) in &copies {
+            assert_eq!(d.id(), format!("id-{seq}"));
+        }
+    }
+
+    #[test]
+    fn a_decoded_document_reads_as_the_record_wrote_it() {
+        let (f, _, len) = file(3);
+        let mut scanner = Scanner::new(&*f, 0, len);
+        let Step::Record { doc, .. } = scanner.next_step().expect("read") else { panic!("no record") };
+        let (shared, copied) = (doc.decode().expect("decode"), doc.decode_copy().expect("decode"));
+        assert_eq!(shared, copied);
+        assert_eq!((shared.id(), shared.event_type()), ("id-1", Some("t")));
     }
 }

@@ -57,7 +57,8 @@ impl LazyRecord<'_> {
     /// The record, its document checked whole (`Error::Corrupt` naming the
     /// file and offset when it is not a valid document).
     pub fn decode(self) -> Result<StoredRecord> {
-        let doc = self.doc.decode().map_err(|reason| corrupt(self.vfs, self.path, self.offset, reason))?;
+        // A filtered scan keeps few records: a copy, not the whole buffer.
+        let doc = self.doc.decode_copy().map_err(|reason| corrupt(self.vfs, self.path, self.offset, reason))?;
         Ok(StoredRecord { header: self.header, doc })
     }
 }

@@ -337,7 +337,9 @@ impl Partition {
                     return Ok(false);
                 }
                 if seqs[i] == header.seq {
-                    match doc.decode() {
+                    // A query's records are scattered: copied, so that
+                    // each keeps only its own bytes.
+                    match doc.decode_copy() {
                         Ok(doc) => {
                             if !f(StoredRecord { header, doc }) {
                                 stop = true;
