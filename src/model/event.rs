@@ -53,6 +53,12 @@ impl Text {
 /// One immutable event of a stream: cheap to clone (a reference count),
 /// its payload decoded only when asked.
 ///
+/// An event read or fetched from a native directory shares the buffer it
+/// was read into (at most 64 KiB, 8 KiB for a fetch) with the events read
+/// beside it, instead of holding a copy: keeping one event keeps that
+/// buffer. To keep a few events of a large read for long, keep what you
+/// need of them (`decode` the payload, copy the id) rather than the events.
+///
 /// ```
 /// # use rheo::{Event, EventParts, Payload, Timestamp};
 /// #[derive(serde::Deserialize)]
