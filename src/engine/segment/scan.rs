@@ -6,7 +6,7 @@ use std::ops::Deref;
 use bytes::{Bytes, BytesMut};
 
 use super::format::{FRAME_LEN, MAX_BODY_LEN};
-use super::record::{Decoded, RecordHeader, decode_record};
+use super::record::{Decoded, RecordHeader, decode_doc, decode_record};
 use crate::engine::vfs::VfsFile;
 use crate::model::event::Document;
 
@@ -74,9 +74,7 @@ impl<'a> Doc<'a> {
             Bytes::new()
         }
     }
-}
 
-impl Doc<'_> {
     /// Reads the document (see [`Document::parse`]), sharing the read
     /// buffer instead of copying (see [`Doc::share`]).
     pub fn decode(&self) -> Result<Document, crate::decode::DecodeError> {
@@ -88,7 +86,7 @@ impl Doc<'_> {
     /// scattered records of a query), where sharing would keep a whole
     /// buffer alive for each record kept.
     pub fn decode_copy(&self) -> Result<Document, crate::decode::DecodeError> {
-        Document::parse(Bytes::copy_from_slice(self.bytes()))
+        decode_doc(self.bytes())
     }
 }
 
