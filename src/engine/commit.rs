@@ -181,7 +181,16 @@ impl Ticket {
     /// always when the committer is inline (which may also wait there for
     /// an earlier round to finish).
     pub fn resolved(mut self) -> TicketFuture {
-        TicketFuture { ticket: self.0.take(), waiter: None }
+        TicketFuture { ticket: self.0.take(), waiter: None, lead: true }
+    }
+
+    /// As [`Ticket::resolved`], but a round left to this waiter is handed
+    /// to the commit thread instead of being committed on the polling
+    /// thread (an inline committer still commits there). For a waiter on an
+    /// async worker that must not block it for a sync: a consumer's batched
+    /// settles, whose worker goes on handing out the next batch meanwhile.
+    pub fn resolved_unled(mut self) -> TicketFuture {
+        TicketFuture { ticket: self.0.take(), waiter: None, lead: false }
     }
 }
 
@@ -216,6 +225,9 @@ pub struct TicketFuture {
     /// Set once registered, so a re-poll replaces its waker instead of
     /// adding another.
     waiter: Option<u64>,
+    /// May commit a round left to it on the polling thread (see
+    /// [`Ticket::resolved_unled`]).
+    lead: bool,
 }
 
 impl Drop for TicketFuture {
@@ -236,7 +248,12 @@ impl Future for TicketFuture {
         if shared.inline {
             commit_inline(shared, *round);
         } else if this.waiter.is_none() {
-            lead(shared, *round);
+            if this.lead {
+                lead(shared, *round);
+            } else if shared.leads() {
+                // The submit may have left the round to this waiter.
+                shared.wake.notify_one();
+            }
         }
         let mut r = shared.rounds.lock();
         if let Some(outcome) = r.outcome(*round) {
@@ -810,6 +827,26 @@ mod tests {
         assert!(committer.shared.queue.lock().crowded, "a round of 3 jobs marks the queue crowded");
         let t = committer.submit(Job::default());
         assert!(t.wait().is_ok(), "a crowded queue's round is committed by the commit thread");
+        committer.shutdown();
+    }
+
+    #[test]
+    fn an_unled_waiter_hands_its_round_to_the_commit_thread() {
+        let committer = Committer::start(Durability::Sync, Arc::new(Poison::default())).expect("start");
+        let file = TestFile::new(OnSync::Succeed);
+        let job = || Job { files: smallvec::smallvec![file.clone() as Arc<dyn VfsFile>], ..Job::default() };
+        let mut cx = Context::from_waker(Waker::noop());
+        // A lone waiter that leads syncs (5 ms) within its first poll.
+        parked(&committer);
+        let mut led = committer.submit(job()).resolved();
+        assert!(matches!(Pin::new(&mut led).poll(&mut cx), Poll::Ready(Ok(()))), "a leader commits in its poll");
+        // One that may not lead returns at once; the commit thread syncs.
+        parked(&committer);
+        let mut unled = committer.submit(job()).resolved_unled();
+        assert!(Pin::new(&mut unled).poll(&mut cx).is_pending(), "an unled waiter does not sync in its poll");
+        futures::executor::block_on(unled).expect("durable");
+        assert_eq!(committer.shared.rounds.lock().durable, 2);
+        assert_eq!(file.syncs.load(Ordering::SeqCst), 2, "one sync per round");
         committer.shutdown();
     }
 

@@ -280,11 +280,18 @@ impl NativeBackend {
             }
         }
         for (stream, group, idx) in runs {
-            let results = self
-                .group_op(stream, group, room(idx.len()), |g, _| {
+            // The sync is the commit thread's, never this task's worker's: a
+            // batch settles while its consumer hands out the next batch on
+            // that worker (a lone settle leading its round would block it).
+            let results = async {
+                let s = self.engine.stream(stream)?;
+                let (out, ticket) = s.with_group(&self.engine.ctx(), group, room(idx.len()), |g, _| {
                     Ok(idx.iter().map(|&i| settle(g, &leases[i])).collect::<Vec<_>>())
-                })
-                .await;
+                })?;
+                ticket.resolved_unled().await?;
+                Ok::<_, Error>(out)
+            }
+            .await;
             match results {
                 Ok(rs) => idx.iter().zip(rs).for_each(|(&i, r)| out[i] = Some(r)),
                 Err(e) => idx.iter().for_each(|&i| out[i] = Some(Err(e.clone()))),
