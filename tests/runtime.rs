@@ -32,6 +32,8 @@ struct Spy {
     /// Fetch calls with these indexes (0-based) fail with `BackendUnavailable`.
     failing_fetches: Vec<usize>,
     fetch_times: Mutex<Vec<Instant>>,
+    /// The limit of each fetch call.
+    fetch_limits: Mutex<Vec<usize>>,
     ack_calls: AtomicUsize,
     ack_many_calls: AtomicUsize,
     ack_many_leases: AtomicUsize,
@@ -49,6 +51,7 @@ impl Spy {
             inner,
             failing_fetches,
             fetch_times: Mutex::new(Vec::new()),
+            fetch_limits: Mutex::new(Vec::new()),
             ack_calls: AtomicUsize::new(0),
             ack_many_calls: AtomicUsize::new(0),
             ack_many_leases: AtomicUsize::new(0),
@@ -93,6 +96,7 @@ impl Backend for Spy {
         let call = {
             let mut times = self.fetch_times.lock();
             times.push(Instant::now());
+            self.fetch_limits.lock().push(opts.limit);
             times.len() - 1
         };
         if self.failing_fetches.contains(&call) {
@@ -615,7 +619,8 @@ async fn lease_stream_retries_a_failed_renewal_soon(f: Fixture) {
 async fn lease_stream_renews_leases_it_has_not_yielded_yet(f: Fixture) {
     setup(&f, 3, GroupOptions::new()).await;
     let (rheo, spy) = spied(&f, vec![]);
-    let opts = LeaseStreamOptions::new().max_demand(3).lease(Duration::from_secs(1));
+    // A fetch asks for at most half the demand: 3 of 6.
+    let opts = LeaseStreamOptions::new().max_demand(6).lease(Duration::from_secs(1));
     let mut leases = rheo.lease_stream(S, G, opts).expect("lease stream");
     let first = leases.next().await.expect("item").expect("lease");
     assert_eq!(leases.outstanding(), 3, "all three fetched at once");
@@ -634,6 +639,30 @@ async fn lease_stream_renews_leases_it_has_not_yielded_yet(f: Fixture) {
     // renewed them together.
     assert!(sizes.len() >= 3 && sizes[..3].iter().all(|&n| n == 3), "one renew_many of all 3 per tick: {sizes:?}");
     assert_eq!(spy.renew_calls.load(Ordering::SeqCst), 0, "no single renews");
+}
+
+/// A fetch asks for at most half of `max_demand`, so that one batch is
+/// handled while the other's settles are being made; the stream still
+/// holds up to `max_demand`.
+async fn lease_stream_keeps_two_batches_in_flight(f: Fixture) {
+    setup(&f, 20, GroupOptions::new()).await;
+    let (rheo, spy) = spied(&f, vec![]);
+    let mut leases = rheo.lease_stream(S, G, LeaseStreamOptions::new().max_demand(8)).expect("lease stream");
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(leases.next().await.expect("item").expect("lease"));
+    }
+    assert_eq!(*spy.fetch_limits.lock(), vec![4, 4], "two fetches of half the demand");
+    assert_eq!(leases.outstanding(), 8);
+    // Settling the first batch frees room for the next half at once.
+    for lease in held.drain(..4) {
+        lease.ack().await.expect("ack");
+    }
+    held.push(leases.next().await.expect("item").expect("lease"));
+    assert_eq!(*spy.fetch_limits.lock(), vec![4, 4, 4]);
+    for lease in held {
+        lease.ack().await.expect("ack");
+    }
 }
 
 /// A consumer renews every lease its handlers hold with one `renew_many`
@@ -829,6 +858,7 @@ macro_rules! cases {
             case!(spawn_checks_the_group_exists);
             case!(consumer_and_lease_stream_refuse_the_same_settings);
             case!(lease_stream_renews_leases_it_has_not_yielded_yet);
+            case!(lease_stream_keeps_two_batches_in_flight);
             case!(consumer_renews_its_leases_together);
             #[tokio::test]
             async fn shutdown_releases_leases_fetched_ahead() {

@@ -2,11 +2,11 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -71,7 +71,8 @@ impl ConsumerBuilder {
     }
     /// Leases held at once, fetched and not yet settled (default 10): the
     /// runtime fetches ahead up to this many while `concurrency` handlers
-    /// run, so a fetch (and its sync) is shared by many events. Leases
+    /// run, so a fetch (and its sync) is shared by many events; a fetch asks
+    /// for at most half, so one batch is handled while the other settles. Leases
     /// waiting for a handler are renewed like running ones.
     pub fn max_demand(self, n: usize) -> Self {
         self.with_leases(|o| o.max_demand(n))
@@ -149,7 +150,7 @@ impl ConsumerBuilder {
         let settler = tokio::spawn(run_settler(self.rheo.clone(), settle_rx, stats.clone(), SETTLE_BATCH_MAX));
         let (stop_tx, stop_rx) = watch::channel(false);
         let ctx = Arc::new(Running {
-            running: Arc::new(Semaphore::new(self.concurrency)),
+            handling: AtomicUsize::new(0),
             stop: stop_rx.clone(),
             handler: Arc::new(handler),
             settle_tx,
@@ -234,8 +235,8 @@ impl ConsumerHandle {
 }
 
 struct Running {
-    /// Permits to run a handler (`concurrency` of them).
-    running: Arc<Semaphore>,
+    /// Handlers running now.
+    handling: AtomicUsize,
     /// Set when a shutdown is asked.
     stop: watch::Receiver<bool>,
     config: ConsumerBuilder,
@@ -250,17 +251,27 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// Hands each lease the stream yields to a handler task until a stop is
-/// asked, then releases what was fetched and not yet handed out, and drains.
+/// The fetch loop hands each lease the stream yields to `concurrency`
+/// handler workers until a stop is asked; then what was fetched and not yet
+/// handed out is released, and the rest drained.
 async fn run(
     ctx: Arc<Running>,
     mut leases: LeaseStream,
     mut stop: watch::Receiver<bool>,
     settler: tokio::task::JoinHandle<()>,
 ) -> RunSummary {
+    // Workers take leases from one queue: a lease goes to a worker that is
+    // free, with no task spawned per lease. The stream bounds what is held
+    // to `max_demand`, so the queue never fills. More workers than
+    // `max_demand` would only wait.
+    let (tx, rx) = mpsc::channel(ctx.config.leases.max_demand);
+    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    let workers = ctx.config.concurrency.min(ctx.config.leases.max_demand);
     let mut tasks = JoinSet::new();
+    for _ in 0..workers {
+        tasks.spawn(worker(ctx.clone(), rx.clone()));
+    }
     loop {
-        while tasks.try_join_next().is_some() {}
         let next = tokio::select! {
             biased;
             // A fetch in flight is abandoned: what it leased expires.
@@ -269,7 +280,11 @@ async fn run(
         };
         match next {
             Some(Ok(lease)) => {
-                tasks.spawn(run_handler(ctx.clone(), lease));
+                if let Err(mpsc::error::SendError(lease)) = tx.send(lease).await {
+                    // No worker left (they stop only at a stop): give it back.
+                    release_all(vec![lease]).await;
+                    break;
+                }
             }
             // Counted and logged by the stream, which backs off and goes on.
             Some(Err(_)) => {}
@@ -277,8 +292,18 @@ async fn run(
         }
     }
     let deadline = Instant::now() + ctx.config.drain_timeout;
-    let unstarted = leases.take_buffered();
+    // Workers take no lease after the stop: what is queued or buffered
+    // never started.
+    drop(tx);
+    let mut unstarted = leases.take_buffered();
     drop(leases);
+    {
+        let mut rx = rx.lock().await;
+        rx.close();
+        while let Ok(lease) = rx.try_recv() {
+            unstarted.push(lease);
+        }
+    }
     Stats::add(&ctx.stats.left_to_expiry, unstarted.len() as u64);
     // One `renew_many` gives them back; a backend that does not answer by
     // the drain's deadline leaves them to expire.
@@ -287,6 +312,23 @@ async fn run(
             "drain timeout: leases fetched ahead were left to expire, not released");
     }
     drain(ctx, deadline, tasks, settler).await
+}
+
+/// Takes the next lease from the queue and handles it, until a stop is
+/// asked or the queue closes.
+async fn worker(ctx: Arc<Running>, leases: Arc<tokio::sync::Mutex<mpsc::Receiver<StreamLease>>>) {
+    let mut stop = ctx.stop.clone();
+    loop {
+        let next = tokio::select! {
+            biased;
+            _ = stopped(&mut stop) => return,
+            next = async { leases.lock().await.recv().await } => next,
+        };
+        let Some(lease) = next else { return };
+        ctx.handling.fetch_add(1, Ordering::AcqRel);
+        run_handler(&ctx, lease).await;
+        ctx.handling.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// How long queued settles may still run once the drain timeout is spent.
@@ -299,16 +341,16 @@ async fn drain(
     mut settler: tokio::task::JoinHandle<()>,
 ) -> RunSummary {
     let stats = ctx.stats.clone();
-    // The settler ends once every sender (ours and the handler tasks') is gone.
-    drop(ctx);
     let handlers_done = tokio::time::timeout_at(deadline, async { while tasks.join_next().await.is_some() {} }).await;
     if handlers_done.is_err() {
-        let abandoned = tasks.len() as u64;
+        let abandoned = ctx.handling.load(Ordering::Acquire) as u64;
         tracing::warn!("drain timeout: {abandoned} handlers still running; their leases are left to expire");
         Stats::add(&stats.left_to_expiry, abandoned);
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
     }
+    // The settler ends once every sender (this one and the workers') is gone.
+    drop(ctx);
     // Settles already queued get a moment even when the handlers used up
     // the drain timeout: they are finished work.
     let settle_deadline = deadline.max(Instant::now() + SETTLE_GRACE);
@@ -323,24 +365,17 @@ async fn drain(
 
 /// Runs the handler on one lease (renewed by the stream meanwhile), then
 /// queues its settle; the lease keeps its demand slot and its renewal until
-/// the settle is done. A lease that has not started when a shutdown comes is
-/// released; one lost before it starts is not handled, one lost while it
-/// runs is not settled (another consumer has it).
-async fn run_handler(ctx: Arc<Running>, mut lease: StreamLease) {
+/// the settle is done. A lease lost before it starts is not handled, one
+/// lost while it runs is not settled (another consumer has it).
+async fn run_handler(ctx: &Running, mut lease: StreamLease) {
     let cfg = &ctx.config;
     let started = AtomicBool::new(false);
     let mut lost = lease.take_lost_notice();
-    let mut stop = ctx.stop.clone();
     let result = {
         let lease = &*lease;
         let handling = AssertUnwindSafe(async {
-            let _running = tokio::select! {
-                biased;
-                p = ctx.running.acquire() => p.ok(),
-                _ = stopped(&mut stop) => return None,
-            };
             started.store(true, Ordering::Release);
-            Some(ctx.handler.handle(lease).await)
+            ctx.handler.handle(lease).await
         })
         .catch_unwind();
         tokio::pin!(handling);
@@ -373,17 +408,11 @@ async fn run_handler(ctx: Arc<Running>, mut lease: StreamLease) {
         result
     };
     let outcome = match result {
-        Ok(None) => {
-            // Shut down before its handler started: let it go at once.
-            Stats::add(&ctx.stats.left_to_expiry, 1);
-            lease.release().await;
-            return;
-        }
-        Ok(Some(Outcome::Retry(reason))) => match cfg.retry_backoff {
+        Ok(Outcome::Retry(reason)) => match cfg.retry_backoff {
             Some(d) => Outcome::RetryAfter(reason, d),
             None => Outcome::Retry(reason),
         },
-        Ok(Some(outcome)) => outcome,
+        Ok(outcome) => outcome,
         Err(panic) => {
             Stats::add(&ctx.stats.panicked, 1);
             let reason = format!("handler_panic: {}", panic_message(&*panic));

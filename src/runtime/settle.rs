@@ -1,5 +1,5 @@
 //! Settling an [`Outcome`]: the one settle call, and the settler — one task
-//! that settles what a consumer's handler tasks decided, coalescing acks
+//! that settles what a consumer's handler workers decided, coalescing acks
 //! into `ack_many` batches.
 
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::model::lease::{LeaseRef, RetryOutcome};
 use crate::model::limits::MAX_LEASE;
 
-/// A settle decided by a handler task: the lease (which keeps its demand
+/// A settle decided by a handler worker: the lease (which keeps its demand
 /// slot, and its renewal, until the settle is done) and what to do.
 #[derive(Debug)]
 pub(crate) struct SettleOp {
@@ -38,7 +38,7 @@ pub(crate) async fn settle(rheo: &Rheo, lease: &LeaseRef, outcome: &Outcome) -> 
     }
 }
 
-/// Counters shared by the fetch loop, the handler tasks and the settler.
+/// Counters shared by the fetch loop, the handler workers and the settler.
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
     pub(crate) fetched: AtomicU64,

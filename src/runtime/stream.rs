@@ -28,7 +28,8 @@ use crate::model::limits::{MAX_BATCH_EVENTS, MAX_LEASE, MAX_LIMIT, validate_name
 #[non_exhaustive]
 pub struct LeaseStreamOptions {
     /// Leases outstanding (yielded or buffered, not yet settled or dropped)
-    /// at most (default 10).
+    /// at most (default 10). A fetch asks for at most half of it, so that
+    /// one batch is handled while the settles of the other are made.
     pub max_demand: usize,
     /// Lease duration of each fetch (default 30 s); renewed every half.
     pub lease: Duration,
@@ -421,7 +422,10 @@ impl Stream for LeaseStream {
                             return Poll::Pending;
                         }
                     }
-                    this.start_fetch(this.max_demand - out);
+                    // At most half the demand per fetch, so that two
+                    // batches are in flight: one handed out and handled
+                    // while the other's settles sync.
+                    this.start_fetch((this.max_demand - out).min(this.max_demand.div_ceil(2)));
                 }
             }
         }
@@ -550,11 +554,6 @@ impl StreamLease {
     /// The notice a renewal gives when it finds the lease lost (once).
     pub(crate) fn take_lost_notice(&mut self) -> Option<LostNotice> {
         self.lost.take()
-    }
-
-    /// Gives the delivery back at once, unhandled (see [`release_all`]).
-    pub(crate) async fn release(self) {
-        release_all(vec![self]).await;
     }
 }
 
