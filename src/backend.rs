@@ -38,6 +38,27 @@ use crate::model::retention::{Retention, RetentionReport};
 use crate::model::stream::{IndexStatus, StreamInfo, StreamOptions};
 use crate::model::time::Timestamp;
 
+tokio::task_local! {
+    /// Set on a task whose worker must not block on a sync (see
+    /// [`keeping_the_worker_free`]).
+    static KEEP_WORKER_FREE: ();
+}
+
+/// Runs `call` as a task whose worker must not block on a sync: a native
+/// backend hands the commit of a round left to this caller to its commit
+/// thread instead of syncing on the caller's thread. For a caller that
+/// other tasks of its worker wait behind (the consumer runtime's settler
+/// and renewer, while handlers run); a lone caller is faster leading its
+/// own sync (two thread switches fewer).
+pub(crate) async fn keeping_the_worker_free<F: std::future::Future>(call: F) -> F::Output {
+    KEEP_WORKER_FREE.scope((), call).await
+}
+
+/// True inside [`keeping_the_worker_free`].
+pub(crate) fn worker_kept_free() -> bool {
+    KEEP_WORKER_FREE.try_with(|()| ()).is_ok()
+}
+
 /// A storage backend. Object-safe; see the module docs for the shared rules.
 #[async_trait]
 pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
@@ -328,5 +349,22 @@ impl Subscription {
             }
             Err(_) => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{keeping_the_worker_free, worker_kept_free};
+
+    #[tokio::test]
+    async fn the_worker_is_kept_free_only_inside_the_scope() {
+        assert!(!worker_kept_free());
+        let inside = keeping_the_worker_free(async {
+            tokio::task::yield_now().await;
+            worker_kept_free()
+        })
+        .await;
+        assert!(inside, "set across an await inside the scope");
+        assert!(!worker_kept_free(), "cleared after it");
     }
 }

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::renew_interval;
 use super::settle::{Failure, classify};
+use crate::backend::keeping_the_worker_free;
 use crate::client::Rheo;
 use crate::model::lease::LeaseRef;
 use crate::model::limits::MAX_BATCH_EVENTS;
@@ -102,7 +103,8 @@ pub(crate) async fn run_renewer(rheo: Rheo, renewals: Weak<Renewals>, lease: Dur
             let held: Vec<(u64, LeaseRef)> =
                 renewals.held.lock().iter().map(|(id, (lease, _))| (*id, lease.clone())).collect();
             for batch in held.chunks(MAX_BATCH_EVENTS) {
-                let results = match rheo.renew_many(batch.iter().map(|(_, l)| l), lease).await {
+                let renewing = rheo.renew_many(batch.iter().map(|(_, l)| l), lease);
+                let results = match keeping_the_worker_free(renewing).await {
                     Ok(results) => results,
                     Err(e) => {
                         failed = true;

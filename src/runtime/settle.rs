@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
 
 use super::{Outcome, Settled, StreamLease, clip_reason};
+use crate::backend::keeping_the_worker_free;
 use crate::client::Rheo;
 use crate::error::{Error, Result};
 use crate::model::lease::{LeaseRef, RetryOutcome};
@@ -117,7 +118,9 @@ pub(crate) async fn run_settler(rheo: Rheo, mut rx: mpsc::Receiver<SettleOp>, st
 
 async fn settle_acks(rheo: &Rheo, stats: &Stats, acks: Vec<LeaseRef>) {
     Stats::add(&stats.ack_batches, 1);
-    match rheo.ack_many(acks.iter()).await {
+    // Handlers share this worker: a sync must not hold them up (on
+    // `native:`, the commit thread syncs while the next batch is handled).
+    match keeping_the_worker_free(rheo.ack_many(acks.iter())).await {
         Ok(results) => {
             for (lease, r) in acks.iter().zip(results) {
                 match r {

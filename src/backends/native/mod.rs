@@ -240,7 +240,7 @@ impl NativeBackend {
     ) -> Result<T> {
         let s = self.engine.stream(stream)?;
         let (out, ticket) = s.with_group(&self.engine.ctx(), group, room, f)?;
-        ticket.resolved().await?;
+        durable(ticket).await?;
         Ok(out)
     }
 
@@ -257,7 +257,7 @@ impl NativeBackend {
         let engine = self.engine.clone();
         let group = group.to_owned();
         let (out, ticket) = self.blocking(move || s.with_group(&engine.ctx(), &group, room, f)).await?;
-        ticket.resolved().await?;
+        durable(ticket).await?;
         Ok(out)
     }
 
@@ -280,18 +280,11 @@ impl NativeBackend {
             }
         }
         for (stream, group, idx) in runs {
-            // The sync is the commit thread's, never this task's worker's: a
-            // batch settles while its consumer hands out the next batch on
-            // that worker (a lone settle leading its round would block it).
-            let results = async {
-                let s = self.engine.stream(stream)?;
-                let (out, ticket) = s.with_group(&self.engine.ctx(), group, room(idx.len()), |g, _| {
+            let results = self
+                .group_op(stream, group, room(idx.len()), |g, _| {
                     Ok(idx.iter().map(|&i| settle(g, &leases[i])).collect::<Vec<_>>())
-                })?;
-                ticket.resolved_unled().await?;
-                Ok::<_, Error>(out)
-            }
-            .await;
+                })
+                .await;
             match results {
                 Ok(rs) => idx.iter().zip(rs).for_each(|(&i, r)| out[i] = Some(r)),
                 Err(e) => idx.iter().for_each(|&i| out[i] = Some(Err(e.clone()))),
@@ -545,6 +538,12 @@ fn replay_steps(matched: Vec<(u32, Vec<u64>)>) -> Vec<Vec<(u32, Vec<u64>)>> {
         }
     }
     steps
+}
+
+/// The wait for a group operation's ticket: led on this thread unless the
+/// caller keeps its worker free ([`crate::backend::keeping_the_worker_free`]).
+fn durable(ticket: crate::engine::commit::Ticket) -> crate::engine::commit::TicketFuture {
+    if crate::backend::worker_kept_free() { ticket.resolved_unled() } else { ticket.resolved() }
 }
 
 /// Runs blocking engine work off the async workers.
