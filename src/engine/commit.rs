@@ -17,7 +17,9 @@
 //! switches per call. The commit thread takes the rounds queued while a
 //! leader commits, and every round while the queue is crowded, so
 //! concurrent writers still share syncs. One round is committed at a time,
-//! in order.
+//! in order. A waiter that must not block its thread for a sync (an async
+//! task others wait behind) hands a round left to it to the commit thread
+//! instead ([`Ticket::resolved_unled`]).
 //!
 //! A failed sync poisons the engine: the kernel may have dropped the dirty
 //! pages, so nothing written since the last good sync can be trusted, and
@@ -844,7 +846,14 @@ mod tests {
         parked(&committer);
         let mut unled = committer.submit(job()).resolved_unled();
         assert!(Pin::new(&mut unled).poll(&mut cx).is_pending(), "an unled waiter does not sync in its poll");
-        futures::executor::block_on(unled).expect("durable");
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Pin::new(&mut unled).poll(&mut cx) {
+                Poll::Ready(r) => break r.expect("durable"),
+                Poll::Pending => assert!(Instant::now() < until, "the commit thread never committed the round"),
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert_eq!(committer.shared.rounds.lock().durable, 2);
         assert_eq!(file.syncs.load(Ordering::SeqCst), 2, "one sync per round");
         committer.shutdown();

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use super::settle::{SettleOp, Stats, run_settler};
 use super::stream::{LeaseStream, LeaseStreamOptions, StreamLease, release_all};
 use super::{DEFAULT_CONCURRENCY, DEFAULT_DRAIN_TIMEOUT, Handler, Outcome, SETTLE_BATCH_MAX, panic_message};
+use crate::backend::keeping_the_worker_free;
 use crate::client::Rheo;
 use crate::error::{Error, Result};
 use crate::model::limits::MAX_LIMIT;
@@ -143,11 +144,11 @@ impl ConsumerBuilder {
         let stats = Arc::new(Stats::default());
         // The fetch loop: the lease stream holds at most `max_demand` leases
         // (fetched ahead, running, or waiting for their settle) and renews
-        // them; `running` bounds the handlers running at once (a
-        // `concurrency` above `max_demand` acts as `max_demand`).
+        // them; `concurrency` workers (at most `max_demand`) run handlers.
         let leases = LeaseStream::counted(&self.rheo, &self.stream, &self.group, self.leases.clone(), stats.clone())?;
         let (settle_tx, settle_rx) = mpsc::channel(SETTLE_BATCH_MAX * 4);
-        let settler = tokio::spawn(run_settler(self.rheo.clone(), settle_rx, stats.clone(), SETTLE_BATCH_MAX));
+        let settling = run_settler(self.rheo.clone(), settle_rx, stats.clone(), SETTLE_BATCH_MAX);
+        let settler = tokio::spawn(keeping_the_worker_free(settling));
         let (stop_tx, stop_rx) = watch::channel(false);
         let ctx = Arc::new(Running {
             handling: AtomicUsize::new(0),
@@ -235,7 +236,8 @@ impl ConsumerHandle {
 }
 
 struct Running {
-    /// Handlers running now.
+    /// Handlers running now (a handler whose lease was found lost, or
+    /// that returned and waits to queue its settle, is not counted).
     handling: AtomicUsize,
     /// Set when a shutdown is asked.
     stop: watch::Receiver<bool>,
@@ -280,8 +282,10 @@ async fn run(
         };
         match next {
             Some(Ok(lease)) => {
+                // The queue holds at most what the stream holds, so this
+                // waits only for a free slot, and fails only once the queue
+                // is closed, which `run` does after this loop.
                 if let Err(mpsc::error::SendError(lease)) = tx.send(lease).await {
-                    // No worker left (they stop only at a stop): give it back.
                     release_all(vec![lease]).await;
                     break;
                 }
@@ -304,6 +308,10 @@ async fn run(
             unstarted.push(lease);
         }
     }
+    // One found lost while it waited is another consumer's: not released.
+    let before = unstarted.len();
+    let unstarted: Vec<_> = unstarted.into_iter().filter_map(|mut l| (!l.is_lost()).then_some(l)).collect();
+    Stats::add(&ctx.stats.lost, (before - unstarted.len()) as u64);
     Stats::add(&ctx.stats.left_to_expiry, unstarted.len() as u64);
     // One `renew_many` gives them back; a backend that does not answer by
     // the drain's deadline leaves them to expire.
@@ -325,9 +333,32 @@ async fn worker(ctx: Arc<Running>, leases: Arc<tokio::sync::Mutex<mpsc::Receiver
             next = async { leases.lock().await.recv().await } => next,
         };
         let Some(lease) = next else { return };
-        ctx.handling.fetch_add(1, Ordering::AcqRel);
         run_handler(&ctx, lease).await;
-        ctx.handling.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A handler counted in [`Running::handling`] until [`Handling::stop`] (or
+/// its drop).
+struct Handling<'a> {
+    count: &'a AtomicUsize,
+    stopped: AtomicBool,
+}
+
+impl<'a> Handling<'a> {
+    fn start(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Handling { count, stopped: AtomicBool::new(false) }
+    }
+    fn stop(&self) {
+        if !self.stopped.swap(true, Ordering::AcqRel) {
+            self.count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Handling<'_> {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -370,6 +401,9 @@ async fn drain(
 async fn run_handler(ctx: &Running, mut lease: StreamLease) {
     let cfg = &ctx.config;
     let started = AtomicBool::new(false);
+    // Counted as running (for the drain) until its handler returns or its
+    // lease is found lost, whichever comes first.
+    let running = Handling::start(&ctx.handling);
     let mut lost = lease.take_lost_notice();
     let result = {
         let lease = &*lease;
@@ -394,6 +428,7 @@ async fn run_handler(ctx: &Running, mut lease: StreamLease) {
                 biased;
                 () = &mut renewing, if held => {
                     held = false;
+                    running.stop();
                     Stats::add(&ctx.stats.lost, 1);
                     if !started.load(Ordering::Acquire) {
                         return; // another consumer has it: do not run the handler
@@ -402,6 +437,7 @@ async fn run_handler(ctx: &Running, mut lease: StreamLease) {
                 r = &mut handling => break r,
             }
         };
+        running.stop();
         if !held {
             return;
         }

@@ -7,7 +7,7 @@
 //! 2`), backs off on backend errors and waits for appends when idle. A
 //! managed consumer ([`Rheo::consumer`](crate::Rheo::consumer)) is that
 //! stream plus a [`Handler`] run on each lease by `concurrency` worker
-//! tasks (a lease goes to a free worker; no task is spawned per lease), the handler's [`Outcome`] settled in batches
+//! tasks (at most `max_demand`) (a lease goes to a free worker; no task is spawned per lease), the handler's [`Outcome`] settled in batches
 //! (`ack_many`), and a graceful drain on [`ConsumerHandle::shutdown`]. Both
 //! settle through one call taking an outcome ([`StreamLease::settle`]).
 //! Defaults follow `docs/semantics.md` ("Consumer runtime").

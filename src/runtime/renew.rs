@@ -13,7 +13,6 @@ use tokio::time::Instant;
 
 use super::renew_interval;
 use super::settle::{Failure, classify};
-use crate::backend::keeping_the_worker_free;
 use crate::client::Rheo;
 use crate::model::lease::LeaseRef;
 use crate::model::limits::MAX_BATCH_EVENTS;
@@ -45,6 +44,11 @@ impl LostNotice {
         if (&mut self.0).await.is_err() {
             std::future::pending::<()>().await;
         }
+    }
+
+    /// True when a renewal has said the lease is no longer held.
+    pub(crate) fn is_lost(&mut self) -> bool {
+        self.0.try_recv().is_ok()
     }
 }
 
@@ -103,8 +107,7 @@ pub(crate) async fn run_renewer(rheo: Rheo, renewals: Weak<Renewals>, lease: Dur
             let held: Vec<(u64, LeaseRef)> =
                 renewals.held.lock().iter().map(|(id, (lease, _))| (*id, lease.clone())).collect();
             for batch in held.chunks(MAX_BATCH_EVENTS) {
-                let renewing = rheo.renew_many(batch.iter().map(|(_, l)| l), lease);
-                let results = match keeping_the_worker_free(renewing).await {
+                let results = match rheo.renew_many(batch.iter().map(|(_, l)| l), lease).await {
                     Ok(results) => results,
                     Err(e) => {
                         failed = true;

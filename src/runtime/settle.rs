@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
 
 use super::{Outcome, Settled, StreamLease, clip_reason};
-use crate::backend::keeping_the_worker_free;
 use crate::client::Rheo;
 use crate::error::{Error, Result};
 use crate::model::lease::{LeaseRef, RetryOutcome};
@@ -83,7 +82,10 @@ pub(crate) fn classify(e: &Error) -> Failure {
     }
 }
 
-/// Runs until every sender is dropped and the channel is empty.
+/// Runs until every sender is dropped and the channel is empty. Spawn it
+/// inside [`keeping_the_worker_free`](crate::backend::keeping_the_worker_free):
+/// handlers share its worker, and a sync must not hold them up (on
+/// `native:`, the commit thread syncs while the next batch is handled).
 pub(crate) async fn run_settler(rheo: Rheo, mut rx: mpsc::Receiver<SettleOp>, stats: Arc<Stats>, batch_max: usize) {
     let mut buf = Vec::with_capacity(batch_max);
     loop {
@@ -118,9 +120,7 @@ pub(crate) async fn run_settler(rheo: Rheo, mut rx: mpsc::Receiver<SettleOp>, st
 
 async fn settle_acks(rheo: &Rheo, stats: &Stats, acks: Vec<LeaseRef>) {
     Stats::add(&stats.ack_batches, 1);
-    // Handlers share this worker: a sync must not hold them up (on
-    // `native:`, the commit thread syncs while the next batch is handled).
-    match keeping_the_worker_free(rheo.ack_many(acks.iter())).await {
+    match rheo.ack_many(acks.iter()).await {
         Ok(results) => {
             for (lease, r) in acks.iter().zip(results) {
                 match r {

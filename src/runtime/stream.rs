@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::renew::{AbortOnDrop, LostNotice, Renewals, run_renewer};
 use super::settle::{Stats, settle};
 use super::{DEFAULT_LEASE, DEFAULT_MAX_DEMAND, DEFAULT_POLL, ErrorBackoff, MIN_RENEW_INTERVAL, Outcome, Settled};
-use crate::backend::Subscription;
+use crate::backend::{Subscription, keeping_the_worker_free};
 use crate::client::Rheo;
 use crate::error::{Error, ObjectKind, Result};
 use crate::model::group::FetchOptions;
@@ -239,13 +239,14 @@ impl LeaseStream {
             Error::failed("lease_stream", format!("{stream:?}/{group:?}: must be created inside a Tokio runtime"))
         })?;
         let renewals = Arc::<Renewals>::default();
-        let renewer = runtime.spawn(run_renewer(
+        // Its syncs must not hold up the tasks of the worker it runs on.
+        let renewer = runtime.spawn(keeping_the_worker_free(run_renewer(
             rheo.clone(),
             Arc::downgrade(&renewals),
             opts.lease,
             stream.to_owned(),
             group.to_owned(),
-        ));
+        )));
         let shared = Arc::new(Shared {
             rheo: rheo.clone(),
             outstanding: AtomicUsize::new(0),
@@ -554,6 +555,12 @@ impl StreamLease {
     /// The notice a renewal gives when it finds the lease lost (once).
     pub(crate) fn take_lost_notice(&mut self) -> Option<LostNotice> {
         self.lost.take()
+    }
+
+    /// True when a renewal has found the lease lost (another consumer may
+    /// have it).
+    pub(crate) fn is_lost(&mut self) -> bool {
+        self.lost.as_mut().is_some_and(LostNotice::is_lost)
     }
 }
 
