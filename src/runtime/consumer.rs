@@ -341,16 +341,16 @@ async fn worker(ctx: Arc<Running>, leases: Arc<tokio::sync::Mutex<mpsc::Receiver
 /// its drop).
 struct Handling<'a> {
     count: &'a AtomicUsize,
-    stopped: AtomicBool,
+    stopped: bool,
 }
 
 impl<'a> Handling<'a> {
     fn start(count: &'a AtomicUsize) -> Self {
         count.fetch_add(1, Ordering::AcqRel);
-        Handling { count, stopped: AtomicBool::new(false) }
+        Handling { count, stopped: false }
     }
-    fn stop(&self) {
-        if !self.stopped.swap(true, Ordering::AcqRel) {
+    fn stop(&mut self) {
+        if !std::mem::replace(&mut self.stopped, true) {
             self.count.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -403,7 +403,7 @@ async fn run_handler(ctx: &Running, mut lease: StreamLease) {
     let started = AtomicBool::new(false);
     // Counted as running (for the drain) until its handler returns or its
     // lease is found lost, whichever comes first.
-    let running = Handling::start(&ctx.handling);
+    let mut running = Handling::start(&ctx.handling);
     let mut lost = lease.take_lost_notice();
     let result = {
         let lease = &*lease;
