@@ -70,7 +70,7 @@ async fn fill(rheo: &Rheo, n: u64) {
     let mut done = 0;
     while done < n {
         let k = (n - done).min(1000);
-        let batch: Vec<_> = (done..done + k).map(|i| event(i).payload).collect();
+        let batch: Vec<_> = (done..done + k).map(|i| event(i).payload().clone()).collect();
         rheo.append_batch("s", batch).await.expect("append");
         done += k;
     }

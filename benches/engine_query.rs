@@ -51,8 +51,10 @@ fn create(dir: &Path, background: bool) -> (Engine, Arc<Stream>) {
 
 /// Appends one batch (to the partitions its events name) and waits.
 fn append(engine: &Engine, log: &Stream, batch: &[NewEvent]) {
-    let routed: Vec<Routed<'_>> =
-        batch.iter().map(|e| Routed { partition: e.partition.unwrap_or(0), ts: 1_700_000_000_000, event: e }).collect();
+    let routed: Vec<Routed<'_>> = batch
+        .iter()
+        .map(|e| Routed { partition: e.partition().unwrap_or(0), ts: 1_700_000_000_000, event: e })
+        .collect();
     let (_, ticket) = engine.append(log, &routed).expect("append");
     ticket.wait().expect("durable");
 }
@@ -64,7 +66,7 @@ fn fill(dir: &Path) -> Vec<String> {
     let mut done = 0;
     while done < EVENTS {
         let batch: Vec<NewEvent> = (done..(done + 1000).min(EVENTS)).map(event).collect();
-        ids.push(batch[0].id.clone());
+        ids.push(batch[0].id().to_owned());
         append(&engine, &log, &batch);
         done += batch.len() as u64;
     }

@@ -50,7 +50,7 @@ fn api_read(c: &mut Criterion) {
         rheo.create_stream("s", rheo::StreamOptions::new().partitions(1)).await.expect("stream");
         let mut done = 0;
         while done < EVENTS {
-            let batch: Vec<_> = (done..done + 1000).map(|n| event(n).payload).collect();
+            let batch: Vec<_> = (done..done + 1000).map(|n| event(n).payload().clone()).collect();
             rheo.append_batch("s", batch).await.expect("append");
             done += 1000;
         }

@@ -488,14 +488,14 @@ fn check_recovered(engine: &Engine, model: &Model) -> Result<(), String> {
     }
     let mut known = 0;
     for (i, a) in model.attempts.iter().enumerate() {
-        let present: Vec<_> = a.events.iter().map(|e| found.get(&e.event.id)).collect();
+        let present: Vec<_> = a.events.iter().map(|e| found.get(e.event.id())).collect();
         let n = present.iter().flatten().count();
         known += n;
         if let Outcome::Acked(_) = a.outcome
             && n < a.events.len()
         {
             let missing: Vec<_> =
-                a.events.iter().zip(&present).filter(|(_, f)| f.is_none()).map(|(e, _)| &e.event.id).collect();
+                a.events.iter().zip(&present).filter(|(_, f)| f.is_none()).map(|(e, _)| e.event.id()).collect();
             return Err(format!("(a) acknowledged append #{i} lost events {missing:?}"));
         }
         if n != 0 && n != a.events.len() {
@@ -513,7 +513,7 @@ fn check_recovered(engine: &Engine, model: &Model) -> Result<(), String> {
     if known != found.len() {
         let phantom: Vec<_> = found
             .keys()
-            .filter(|id| !model.attempts.iter().any(|a| a.events.iter().any(|e| &&e.event.id == id)))
+            .filter(|id| !model.attempts.iter().any(|a| a.events.iter().any(|e| e.event.id() == id.as_str())))
             .collect();
         return Err(format!("(b) events that were never appended: {phantom:?}"));
     }
@@ -533,13 +533,9 @@ fn check_append(i: usize, a: &Attempt, present: &[&Found]) -> Result<(), String>
     let mut last_seq: HashMap<u32, u64> = HashMap::new();
     let mut txns = Vec::new();
     for (k, (e, (stream, p, r))) in a.events.iter().zip(present).enumerate() {
-        let want = (&e.event.id, &e.event.key, &e.event.event_type, &e.event.metadata, &e.event.payload);
+        let want = (e.event.id(), e.event.key(), e.event.event_type(), e.event.metadata(), e.event.payload());
         let got = (r.doc.id(), r.doc.key(), r.doc.event_type(), r.doc.metadata(), r.doc.payload());
-        let same = got.0 == want.0
-            && got.1 == want.1.as_deref()
-            && got.2 == want.2.as_deref()
-            && got.3 == want.3
-            && got.4 == want.4;
+        let same = got == want;
         if *stream != a.stream || *p != e.partition || !same || r.header.ts != e.ts {
             return Err(format!(
                 "(a) append #{i} event {k} differs: stored in {stream}/{p} {:?} ts {}, appended to {}/{} {want:?} ts {}",
@@ -640,7 +636,7 @@ fn present_failed(engine: &Engine, model: &Model) -> u64 {
         }
     }
     let failed = model.attempts.iter().filter(|a| matches!(a.outcome, Outcome::Failed { .. }));
-    failed.filter(|a| ids.contains(&a.events[0].event.id)).count() as u64
+    failed.filter(|a| ids.contains(a.events[0].event.id())).count() as u64
 }
 
 // ------------------------------------------------------------------ torn tails

@@ -19,8 +19,8 @@ use super::time::Timestamp;
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct AppendOptions {
-    pub(crate) id: Option<String>,
-    pub(crate) key: Option<String>,
+    pub(crate) id: Option<Text>,
+    pub(crate) key: Option<Text>,
     pub(crate) partition: Option<u32>,
     pub(crate) metadata: Metadata,
     pub(crate) timestamp: Option<Timestamp>,
@@ -32,13 +32,13 @@ impl AppendOptions {
         Self::default()
     }
     /// Sets the event id (default: a new UUIDv7).
-    pub fn id(mut self, id: impl Into<String>) -> Self {
-        self.id = Some(id.into());
+    pub fn id(mut self, id: impl AsRef<str>) -> Self {
+        self.id = Some(Text::copied(id.as_ref()));
         self
     }
     /// Sets the routing key (default: the payload's `"key"` field).
-    pub fn key(mut self, key: impl Into<String>) -> Self {
-        self.key = Some(key.into());
+    pub fn key(mut self, key: impl AsRef<str>) -> Self {
+        self.key = Some(Text::copied(key.as_ref()));
         self
     }
     /// Sends the event to this partition, bypassing key routing.
@@ -86,26 +86,30 @@ impl AppendOptions {
 
 /// An event ready to be written: normalized from a payload and its
 /// [`AppendOptions`], but not yet given a partition, sequence or timestamp.
+///
+/// Its strings and payload share one small buffer of the appending thread
+/// with the events appended beside it, and the [`Event`] an append
+/// returns shares them too: an append allocates once for the event, not
+/// once per part.
+///
+/// ```
+/// use rheo::{AppendOptions, NewEvent, Payload};
+/// let payload = Payload::from_json(r#"{"type": "paid", "amount": 5}"#)?;
+/// let e = NewEvent::prepare(payload, AppendOptions::new().key("customer-7"));
+/// assert_eq!((e.event_type(), e.key()), (Some("paid"), Some("customer-7")));
+/// assert!(!e.id_given() && e.id().len() == 36);
+/// # Ok::<(), rheo::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEvent {
-    /// The id.
-    pub id: String,
-    /// The routing key.
-    pub key: Option<String>,
-    /// The type, from the payload.
-    pub event_type: Option<String>,
-    /// The explicit partition, if any.
-    pub partition: Option<u32>,
-    /// The merged metadata.
-    pub metadata: Metadata,
-    /// The payload, encoded once.
-    pub payload: Payload,
-    /// The producer's timestamp, if any.
-    pub timestamp: Option<Timestamp>,
-    /// True when the producer gave the id ([`AppendOptions::id`]): only
-    /// such events can be duplicates (a generated id is new), so backends
-    /// that keep a window of recent ids keep only these.
-    pub id_given: bool,
+    pub(crate) id: Text,
+    pub(crate) key: Option<Text>,
+    pub(crate) event_type: Option<Text>,
+    pub(crate) partition: Option<u32>,
+    pub(crate) metadata: Metadata,
+    pub(crate) payload: Payload,
+    pub(crate) timestamp: Option<Timestamp>,
+    pub(crate) id_given: bool,
 }
 
 impl NewEvent {
@@ -126,7 +130,10 @@ impl NewEvent {
         let id_given = opts.id.is_some();
         NewEvent {
             id_given,
-            id: opts.id.unwrap_or_else(|| crate::ids::new_event_id().to_string()),
+            id: opts.id.unwrap_or_else(|| {
+                let mut text = uuid::Uuid::encode_buffer();
+                Text::copied(crate::ids::new_event_id().hyphenated().encode_lower(&mut text))
+            }),
             key,
             event_type,
             partition: opts.partition,
@@ -136,13 +143,48 @@ impl NewEvent {
         }
     }
 
+    /// The id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+    /// True when the producer gave the id ([`AppendOptions::id`]): only
+    /// such events can be duplicates (a generated id is new), so backends
+    /// that keep a window of recent ids keep only these.
+    pub fn id_given(&self) -> bool {
+        self.id_given
+    }
+    /// The routing key.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+    /// The type, from the payload.
+    pub fn event_type(&self) -> Option<&str> {
+        self.event_type.as_deref()
+    }
+    /// The explicit partition, if any.
+    pub fn partition(&self) -> Option<u32> {
+        self.partition
+    }
+    /// The merged metadata.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+    /// The payload, encoded once.
+    pub fn payload(&self) -> &Payload {
+        &self.payload
+    }
+    /// The producer's timestamp, if any.
+    pub fn timestamp(&self) -> Option<Timestamp> {
+        self.timestamp
+    }
+
     /// The size this event is charged against the event size limit: its
     /// payload's encoded length (MessagePack, as stored), its metadata's
     /// JSON length, and its id, key and type.
     pub fn encoded_len(&self) -> usize {
         self.id.len()
-            + self.key.as_ref().map_or(0, String::len)
-            + self.event_type.as_ref().map_or(0, String::len)
+            + self.key.as_ref().map_or(0, |k| k.len())
+            + self.event_type.as_ref().map_or(0, |t| t.len())
             + self.payload.as_bytes().len()
             + if self.metadata.is_empty() { 2 } else { json_len(&self.metadata) }
     }
@@ -150,9 +192,9 @@ impl NewEvent {
     /// Turns it into a stored event.
     pub fn into_event(self, stream: &Arc<str>, partition: u32, sequence: u64, now: Timestamp) -> Event {
         let doc = Document {
-            id: Text::from_string(self.id),
-            key: self.key.map(Text::from_string),
-            event_type: self.event_type.map(Text::from_string),
+            id: self.id,
+            key: self.key,
+            event_type: self.event_type,
             metadata: self.metadata,
             payload: self.payload,
         };

@@ -15,40 +15,11 @@ use serde_json::Value;
 
 use super::path::LINEAGE_FIELDS;
 use super::payload::{Metadata, Payload, json_compatible, lookup};
+pub(crate) use super::text::Text;
 use super::time::Timestamp;
 use crate::decode::DecodeError;
 use crate::error::Result;
 use crate::msgpack::{Item, Reader, Scalar};
-
-/// Text that shares the bytes it was read from.
-///
-/// Its bytes are UTF-8: it is made only here, from a `String` or from bytes
-/// checked by `msgpack::is_utf8` (the field is private to this module), so
-/// reading it as `&str` does not check again (an event's id, key and type
-/// are read on every event a consumer handles).
-#[derive(Clone, PartialEq, Eq)]
-pub(super) struct Text(Bytes);
-
-impl Text {
-    pub(super) fn from_string(s: String) -> Text {
-        Text(Bytes::from(s))
-    }
-    /// `Some` when `b` is UTF-8.
-    fn checked(b: Bytes) -> Option<Text> {
-        crate::msgpack::is_utf8(&b).then_some(Text(b))
-    }
-    fn as_str(&self) -> &str {
-        debug_assert!(std::str::from_utf8(&self.0).is_ok());
-        #[expect(unsafe_code, reason = "checked when made (see the type's doc); this is read on every event")]
-        // SAFETY: every `Text` is made by `from_string` (a `String`'s
-        // bytes) or `checked` (bytes `is_utf8` accepted, which accepts
-        // exactly what `std::str::from_utf8` does: a property test in
-        // `msgpack`), and its bytes never change (`Bytes` is immutable).
-        unsafe {
-            std::str::from_utf8_unchecked(&self.0)
-        }
-    }
-}
 
 /// One immutable event of a stream: cheap to clone (a reference count),
 /// its payload decoded only when asked.
@@ -136,7 +107,7 @@ impl Document {
                 _ => Err(DecodeError::invalid(format!("record document: bad {what} at byte {start}"))),
             }
         };
-        let id = text("id", false)?.unwrap_or(Text(Bytes::new()));
+        let id = text("id", false)?.unwrap_or_else(|| Text::copied(""));
         let key = text("key", true)?;
         let event_type = text("type", true)?;
         let start = r.pos();

@@ -13,4 +13,5 @@ pub mod query;
 pub mod retention;
 pub mod routing;
 pub mod stream;
+pub mod text;
 pub mod time;

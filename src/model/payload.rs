@@ -5,6 +5,8 @@
 use std::sync::OnceLock;
 
 use bytes::Bytes;
+
+use super::text::{Text, shared_copy};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
@@ -118,8 +120,9 @@ impl Payload {
     pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Payload> {
         let fail = |reason: String| Error::Payload { context: "encoding a payload".to_owned(), reason };
         // Encoded into this thread's scratch buffer, then copied once into
-        // a buffer of its exact size: one allocation per payload. (A
-        // `Serialize` that encodes a payload itself gets a buffer of its own.)
+        // this thread's shared chunk (`shared_copy`): no allocation of its
+        // own unless it is large. (A `Serialize` that encodes a payload
+        // itself gets a scratch buffer of its own.)
         let encode_into = |buf: &mut Vec<u8>| -> Result<Bytes> {
             buf.clear();
             // A JSON value or map writes its keys in its own order, which is
@@ -136,7 +139,7 @@ impl Payload {
                     return Err(fail(format!("nested deeper than {MAX_PAYLOAD_DEPTH} levels of arrays and objects")));
                 }
             }
-            Ok(Bytes::copy_from_slice(buf))
+            Ok(shared_copy(buf))
         };
         let bytes = SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
             Ok(mut buf) => {
@@ -353,7 +356,8 @@ impl Payload {
     /// payload's map is walked once for the three (the last duplicate of a
     /// key winning, as [`Event::field`](crate::Event::field) reads it).
     pub(super) fn top_fields(&self) -> TopFields {
-        let text = |s: &[u8]| std::str::from_utf8(s).ok().map(str::to_owned);
+        // The strings share the payload's bytes.
+        let text = |s: &[u8]| Text::checked(self.bytes.slice_ref(s));
         match self.format {
             PayloadFormat::MessagePack => {
                 let mut r = Reader::new(&self.bytes);
@@ -393,7 +397,7 @@ impl Payload {
             }
             PayloadFormat::Json => {
                 let Some(map) = self.json().ok().and_then(Value::as_object) else { return TopFields::default() };
-                let string = |name: &str| map.get(name)?.as_str().map(str::to_owned);
+                let string = |name: &str| map.get(name)?.as_str().map(Text::copied);
                 TopFields {
                     event_type: string("type"),
                     key: string("key"),
@@ -408,9 +412,9 @@ impl Payload {
 #[derive(Debug, Default, PartialEq)]
 pub(super) struct TopFields {
     /// The string at `type`.
-    pub(super) event_type: Option<String>,
+    pub(super) event_type: Option<Text>,
     /// The string at `key`.
-    pub(super) key: Option<String>,
+    pub(super) key: Option<Text>,
     /// The object at `metadata`.
     pub(super) metadata: Option<Metadata>,
 }
@@ -532,8 +536,8 @@ mod tests {
             json!({}),
         ];
         let expected = |v: &Value| TopFields {
-            event_type: v.get("type").and_then(Value::as_str).map(str::to_owned),
-            key: v.get("key").and_then(Value::as_str).map(str::to_owned),
+            event_type: v.get("type").and_then(Value::as_str).map(Text::copied),
+            key: v.get("key").and_then(Value::as_str).map(Text::copied),
             metadata: v.get("metadata").and_then(Value::as_object).cloned(),
         };
         for v in &cases {

@@ -231,7 +231,7 @@ impl MemoryBackend {
             // An id already in the stream (appended before, or earlier in
             // this batch): nothing is written, the original is answered.
             // The memory backend keeps every id, so its window is forever.
-            if let Some(&(op, oseq)) = log.ids.get(&e.id) {
+            if let Some(&(op, oseq)) = log.ids.get(e.id()) {
                 let at = log.partitions.get(op as usize).and_then(|part| part.get(oseq));
                 out.push(Position::duplicate_of(op, oseq, at.map_or(now, Event::timestamp)));
                 continue;

@@ -430,7 +430,7 @@ impl NativeBackend {
                     }
                     // A hash is a hint: the stored record must have the id.
                     match s.log.read(seen.partition, seen.sequence - 1, 1) {
-                        Ok(r) if r.first().is_some_and(|r| r.doc.id() == events[i].id) => {}
+                        Ok(r) if r.first().is_some_and(|r| r.doc.id() == events[i].id()) => {}
                         // Written, not yet published (its append is still
                         // waiting for its sync): wait for it like a reservation.
                         Ok(r) if r.is_empty() => {

@@ -231,11 +231,11 @@ impl Core {
             };
             let args = [
                 p.to_string().into_bytes(),
-                e.id.clone().into_bytes(),
+                e.id().as_bytes().to_vec(),
                 if e.id_given { b"1".to_vec() } else { b"0".to_vec() },
                 ts.as_millis().to_string().into_bytes(),
-                e.key.clone().unwrap_or_default().into_bytes(),
-                e.event_type.clone().unwrap_or_default().into_bytes(),
+                e.key().unwrap_or_default().as_bytes().to_vec(),
+                e.event_type().unwrap_or_default().as_bytes().to_vec(),
                 has.into_bytes(),
                 metadata,
                 field.as_bytes().to_vec(),

@@ -48,6 +48,50 @@ fn records_of(items: &[Routed<'_>], p: u32) -> (u64, usize) {
         .fold((0, 0), |(n, room), r| (n + 1, room + r.event.encoded_len() + RECORD_OVERHEAD))
 }
 
+thread_local! {
+    /// The record buffer an append encodes into ([`RecordBuffer`]).
+    static RECORDS: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The largest record buffer a thread keeps between appends.
+const RECORDS_KEEP: usize = 256 * 1024;
+
+/// This thread's record buffer, taken for one append and given back when
+/// dropped (emptied; unless huge), so that an append does not allocate
+/// one. A nested take (none today) would get an empty buffer of its own.
+struct RecordBuffer(Vec<u8>);
+
+impl RecordBuffer {
+    fn take() -> RecordBuffer {
+        let mut buf = RECORDS.try_with(std::cell::Cell::take).unwrap_or_default();
+        buf.clear();
+        RecordBuffer(buf)
+    }
+}
+
+impl std::ops::Deref for RecordBuffer {
+    type Target = Vec<u8>;
+    fn deref(&self) -> &Vec<u8> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for RecordBuffer {
+    fn deref_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.0
+    }
+}
+
+impl Drop for RecordBuffer {
+    fn drop(&mut self) {
+        if self.0.capacity() <= RECORDS_KEEP {
+            let buf = std::mem::take(&mut self.0);
+            // A thread being torn down keeps nothing.
+            let _ = RECORDS.try_with(|cell| cell.set(buf));
+        }
+    }
+}
+
 /// A stream's partitions and write path.
 #[derive(Debug)]
 pub struct StreamLog {
@@ -172,13 +216,17 @@ impl StreamLog {
         }
         let mut guards: PerPartition<_> = writers.iter().map(|(_, part)| part.lock_writer()).collect();
 
-        // Encode each partition's records with their sequences.
-        let mut bufs: PerPartition<(Vec<u8>, u64, i64)> = SmallVec::with_capacity(touched.len());
+        // Encode each partition's records with their sequences, one
+        // partition after the other, into this thread's record buffer
+        // (sized for the records, so encoding does not grow it).
+        let mut buf = RecordBuffer::take();
+        buf.reserve(touched.iter().map(|&p| records_of(items, p).1).sum());
+        // Each partition's records: where in `buf`, how many, their largest timestamp.
+        let mut bufs: PerPartition<(std::ops::Range<usize>, u64, i64)> = SmallVec::with_capacity(touched.len());
         let mut assigned: Assigned = smallvec::smallvec![(0u32, 0u64); items.len()];
         for (slot, &p) in touched.iter().enumerate() {
-            let (records, room) = records_of(items, p);
-            // Sized for the records, so encoding does not grow it.
-            let mut buf = Vec::with_capacity(room);
+            let start = buf.len();
+            let (records, _) = records_of(items, p);
             let mut max_ts = i64::MIN;
             let mut count = 0;
             let first_seq = guards[slot].next_seq;
@@ -196,7 +244,7 @@ impl StreamLog {
                 max_ts = max_ts.max(r.ts);
                 count += 1;
             }
-            bufs.push((buf, count, max_ts));
+            bufs.push((start..buf.len(), count, max_ts));
         }
 
         // Segments seal only with every multi-partition batch in them committed.
@@ -218,8 +266,8 @@ impl StreamLog {
         let mut files: PerPartition<_> = SmallVec::with_capacity(touched.len());
         let marks: PerPartition<_> = guards.iter().map(|g| Partition::mark(g)).collect();
         for i in 0..touched.len() {
-            let (buf, count, max_ts) = &bufs[i];
-            match writers[i].1.write(&mut guards[i], buf, *count, *max_ts, txn, defer) {
+            let (range, count, max_ts) = &bufs[i];
+            match writers[i].1.write(&mut guards[i], &buf[range.clone()], *count, *max_ts, txn, defer) {
                 Ok(f) => files.push(f),
                 Err(e) => {
                     // Never reuse the id of a batch that may have left bytes behind.
