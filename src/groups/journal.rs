@@ -128,10 +128,18 @@ impl GroupState {
     /// Logs one acked sequence: added to the last record when that acks the
     /// same partition, so a batch of acks builds no list per lease.
     pub(super) fn log_ack(&mut self, p: u32, seq: u64) {
+        /// The acks of one partition a journal entry is sized for.
+        const ACKS_AHEAD: usize = 32;
         let Some(journal) = self.journal.as_mut() else { return };
         match journal.last_mut() {
             Some(Transition::Ack { p: last, seqs }) if *last == p => seqs.push(seq),
-            _ => journal.push(Transition::Ack { p, seqs: vec![seq] }),
+            _ => {
+                // Sized for a batch's acks of one partition, so that they
+                // do not grow one reallocation at a time.
+                let mut seqs = Vec::with_capacity(ACKS_AHEAD);
+                seqs.push(seq);
+                journal.push(Transition::Ack { p, seqs });
+            }
         }
     }
 

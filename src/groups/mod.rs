@@ -220,6 +220,9 @@ impl GroupState {
     /// A fresh position passed over is materialized (claimable, attempt 0)
     /// so the cursor can move past it.
     pub(crate) fn fetch(&mut self, src: &dyn EventSource, opts: &FetchOptions, now: Timestamp) -> Result<FetchReport> {
+        /// The most positions a fetch's per-partition lists are sized for
+        /// ahead (they grow past it when a partition has more).
+        const PLAN_ROOM: usize = 256;
         let scope = self.scope(src, opts.partitions.as_deref())?;
         let max_attempts = self.summary.max_attempts;
         let mut plans = Vec::new();
@@ -234,17 +237,24 @@ impl GroupState {
             part.fire_timers(now);
             let part = &*part;
             let hw = src.high_watermark(p);
-            let mut plan = PartPlan { p, items: Vec::new(), walked: 0 };
+            // The lists are sized for what this fetch may still claim (up
+            // to a bound: one partition may hold little), so that they do
+            // not grow one reallocation at a time.
+            let room = (opts.limit - claims).min(PLAN_ROOM);
+            let mut plan = PartPlan { p, items: Vec::with_capacity(room), walked: 0 };
             let mut after = 0;
+            let (mut listed, mut reads) = (Vec::new(), Vec::new());
             'part: while claims < opts.limit {
-                let mut listed = Vec::new();
+                listed.clear();
+                listed.reserve(room);
                 let walked = part.plan(hw, after, opts.limit - claims, max_attempts, &mut spent_left, &mut listed);
                 plan.walked = plan.walked.max(walked);
                 let Some(&(last, _)) = listed.last() else { break };
                 after = last;
-                let reads: Vec<u64> = listed.iter().filter(|(_, spent)| !spent).map(|&(seq, _)| seq).collect();
+                reads.clear();
+                reads.extend(listed.iter().filter(|(_, spent)| !spent).map(|&(seq, _)| seq));
                 let mut read = src.read_each(p, &reads)?.into_iter();
-                for (seq, spent) in listed {
+                for &(seq, spent) in &listed {
                     if spent {
                         plan.items.push((seq, Planned::Spent));
                         continue;
@@ -287,8 +297,9 @@ impl GroupState {
         let consumer_id = opts.consumer_id.clone().unwrap_or_default();
         let consumer: Arc<str> = Arc::from(consumer_id.as_str());
         let mut report = FetchReport::default();
+        report.leases.reserve(plans.iter().map(|plan| plan.items.len()).sum());
         for PartPlan { p, items, walked } in plans {
-            let mut leased = Vec::new();
+            let mut leased = Vec::with_capacity(items.len());
             let mut passed = Vec::new();
             for (seq, planned) in items {
                 match planned {

@@ -276,7 +276,13 @@ impl NativeBackend {
         for (i, l) in leases.iter().enumerate() {
             match runs.iter_mut().find(|(s, g, _)| *s == &*l.stream && *g == &*l.group) {
                 Some(run) => run.2.push(i),
-                None => runs.push((&l.stream, &l.group, vec![i])),
+                None => {
+                    // The first run is sized for every lease (the common
+                    // case: all of one group), the others grow.
+                    let mut idx = Vec::with_capacity(if runs.is_empty() { leases.len() } else { 1 });
+                    idx.push(i);
+                    runs.push((&l.stream, &l.group, idx));
+                }
             }
         }
         for (stream, group, idx) in runs {

@@ -101,18 +101,32 @@ pub fn check_header(b: &[u8]) -> Result<u64, DecodeError> {
 /// Appends one framed record to `out`.
 pub(crate) fn encode(out: &mut Vec<u8>, lsn: u64, group: &str, body: &Body) -> Result<(), String> {
     let start = out.len();
+    let encoded = encode_at(out, start, lsn, group, body);
+    if encoded.is_err() {
+        // Nothing of a record that failed stays behind.
+        out.truncate(start);
+    }
+    encoded
+}
+
+/// [`encode`], leaving what it wrote on failure.
+fn encode_at(out: &mut Vec<u8>, start: usize, lsn: u64, group: &str, body: &Body) -> Result<(), String> {
     out.extend_from_slice(&[0u8; WAL_FRAME_LEN]);
     out.extend_from_slice(&lsn.to_le_bytes());
-    let (kind, payload) = match body {
-        Body::Create(snap) => (KIND_CREATE, rmp_serde::to_vec(snap)),
-        Body::Ops(ops) => (KIND_OPS, rmp_serde::to_vec(ops)),
+    let kind = match body {
+        Body::Create(_) => KIND_CREATE,
+        Body::Ops(_) => KIND_OPS,
     };
-    let payload = payload.map_err(|e| format!("encoding a delivery record of group {group:?}: {e}"))?;
     out.push(kind);
     let name_len = u16::try_from(group.len()).map_err(|_| format!("group name of {} bytes", group.len()))?;
     out.extend_from_slice(&name_len.to_le_bytes());
     out.extend_from_slice(group.as_bytes());
-    out.extend_from_slice(&payload);
+    // Serialized in place, after the name (no buffer of its own).
+    let written = match body {
+        Body::Create(snap) => rmp_serde::encode::write(out, snap),
+        Body::Ops(ops) => rmp_serde::encode::write(out, ops),
+    };
+    written.map_err(|e| format!("encoding a delivery record of group {group:?}: {e}"))?;
     let body_len = out.len() - start - WAL_FRAME_LEN;
     let len = u32::try_from(body_len)
         .ok()
