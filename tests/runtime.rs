@@ -368,6 +368,46 @@ async fn a_lease_lost_to_another_consumer_is_dropped(f: Fixture) {
     f.rheo.ack(&stolen[0]).await.expect("the intruder acks");
 }
 
+/// Leases queued for a handler (never started) that another consumer took
+/// meanwhile are counted lost at shutdown, not released or left to expiry.
+async fn a_queued_lease_lost_to_another_consumer_is_counted_lost_at_shutdown(f: Fixture) {
+    setup(&f, 3, GroupOptions::new()).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let started = Arc::new(AtomicUsize::new(0));
+    let (r, s) = (release.clone(), started.clone());
+    let handle = f
+        .rheo
+        .consumer(S, G)
+        .concurrency(1)
+        .max_demand(6)
+        .lease(Duration::from_secs(1))
+        .spawn(handler_fn(move |_lease| {
+            let (r, s) = (r.clone(), s.clone());
+            async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                r.notified().await;
+                Outcome::Ack
+            }
+        }))
+        .await
+        .expect("spawn");
+    until("the first handler to start", || started.load(Ordering::SeqCst) == 1).await;
+    // All three leases expire before a renewal, and another consumer takes them.
+    f.clock.advance(Duration::from_secs(2));
+    let stolen = f.rheo.fetch(S, G, FetchOptions::new().limit(10).consumer("intruder")).await.expect("fetch");
+    assert_eq!(stolen.len(), 3, "the running lease and the two queued ones");
+    // One renewal round finds all three lost; the running one is counted now.
+    until("the renewal to find the running lease lost", || handle.summary().lost == 1).await;
+    release.notify_one();
+    let summary = handle.shutdown().await.expect("shutdown");
+    assert_eq!(started.load(Ordering::SeqCst), 1, "no queued lease starts after it was lost or after the stop");
+    assert_eq!((summary.acked, summary.lost, summary.left_to_expiry), (0, 3, 0), "{summary:?}");
+    // Nothing of the runtime's touched the intruder's leases.
+    for r in f.rheo.ack_many(&stolen).await.expect("the intruder acks") {
+        r.expect("ack");
+    }
+}
+
 async fn a_definite_ack_failure_is_a_nack_and_an_ambiguous_one_is_left_to_expiry(f: Fixture) {
     setup(&f, 1, GroupOptions::new().max_attempts(2)).await;
     let (rheo, spy) = spied(&f, vec![]);
@@ -845,6 +885,7 @@ macro_rules! cases {
             case!(drain_timeout_leaves_stuck_handlers_to_expiry);
             case!(a_panicking_handler_is_a_retry_with_the_reason);
             case!(a_lease_lost_to_another_consumer_is_dropped);
+            case!(a_queued_lease_lost_to_another_consumer_is_counted_lost_at_shutdown);
             case!(a_definite_ack_failure_is_a_nack_and_an_ambiguous_one_is_left_to_expiry);
             case!(reject_dead_letters_and_retry_redelivers);
             case!(fetch_errors_back_off_doubling_and_reset_on_success);
