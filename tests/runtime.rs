@@ -34,6 +34,12 @@ struct Spy {
     fetch_times: Mutex<Vec<Instant>>,
     /// The limit of each fetch call.
     fetch_limits: Mutex<Vec<usize>>,
+    /// `ack_many` calls made outside the runtime's
+    /// `keeping_the_worker_free` scope (a native commit would then sync on
+    /// the worker other tasks wait behind).
+    acks_holding_the_worker: AtomicUsize,
+    /// The same for `renew_many`.
+    renewals_holding_the_worker: AtomicUsize,
     ack_calls: AtomicUsize,
     ack_many_calls: AtomicUsize,
     ack_many_leases: AtomicUsize,
@@ -52,6 +58,8 @@ impl Spy {
             failing_fetches,
             fetch_times: Mutex::new(Vec::new()),
             fetch_limits: Mutex::new(Vec::new()),
+            acks_holding_the_worker: AtomicUsize::new(0),
+            renewals_holding_the_worker: AtomicUsize::new(0),
             ack_calls: AtomicUsize::new(0),
             ack_many_calls: AtomicUsize::new(0),
             ack_many_leases: AtomicUsize::new(0),
@@ -110,6 +118,9 @@ impl Backend for Spy {
     }
     async fn renew_many(&self, leases: &[LeaseRef], d: Duration) -> Result<Vec<Result<Timestamp>>> {
         self.renew_many_sizes.lock().push(leases.len());
+        if !rheo::engine::worker_kept_free() {
+            self.renewals_holding_the_worker.fetch_add(1, Ordering::SeqCst);
+        }
         if self.failing_renews.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
             return Err(rheo::Error::unavailable("spy", "renew_many", "injected failure"));
         }
@@ -122,6 +133,9 @@ impl Backend for Spy {
     async fn ack_many(&self, leases: &[LeaseRef]) -> Result<Vec<Result<()>>> {
         self.ack_many_calls.fetch_add(1, Ordering::SeqCst);
         self.ack_many_leases.fetch_add(leases.len(), Ordering::SeqCst);
+        if !rheo::engine::worker_kept_free() {
+            self.acks_holding_the_worker.fetch_add(1, Ordering::SeqCst);
+        }
         if let Some(e) = self.failing_acks.lock().clone() {
             return Err(e);
         }
@@ -506,6 +520,12 @@ async fn settles_are_batched_into_ack_many(f: Fixture) {
     let calls = spy.ack_many_calls.load(Ordering::SeqCst);
     assert_eq!(summary.ack_batches, calls as u64);
     assert!(calls < 100, "{calls} ack_many calls for 200 acks: not coalesced");
+    assert_eq!(spy.acks_holding_the_worker.load(Ordering::SeqCst), 0, "the settler keeps its worker free");
+    // A caller of its own is not marked (and the spy sees it).
+    append(&f.rheo, 1).await;
+    let leases = rheo.fetch(S, G, FetchOptions::new()).await.expect("fetch");
+    rheo.ack_many(&leases).await.expect("ack_many");
+    assert_eq!(spy.acks_holding_the_worker.load(Ordering::SeqCst), 1);
 }
 
 async fn lease_stream_bounds_outstanding_and_settles_through_the_item(f: Fixture) {
@@ -679,6 +699,7 @@ async fn lease_stream_renews_leases_it_has_not_yielded_yet(f: Fixture) {
     // renewed them together.
     assert!(sizes.len() >= 3 && sizes[..3].iter().all(|&n| n == 3), "one renew_many of all 3 per tick: {sizes:?}");
     assert_eq!(spy.renew_calls.load(Ordering::SeqCst), 0, "no single renews");
+    assert_eq!(spy.renewals_holding_the_worker.load(Ordering::SeqCst), 0, "the renewer keeps its worker free");
 }
 
 /// A fetch asks for at most half of `max_demand`, so that one batch is
@@ -738,6 +759,7 @@ async fn consumer_renews_its_leases_together(f: Fixture) {
     let sizes = spy.renew_many_sizes.lock().clone();
     assert!(sizes.len() >= 3 && sizes[..3].iter().all(|&n| n == 3), "one renew_many of all 3 per tick: {sizes:?}");
     assert_eq!(spy.renew_calls.load(Ordering::SeqCst), 0, "no single renews");
+    assert_eq!(spy.renewals_holding_the_worker.load(Ordering::SeqCst), 0, "the renewer keeps its worker free");
 }
 
 /// A shutdown lets go of leases fetched ahead whose handler never started

@@ -9,6 +9,10 @@
 //! `format/` and mirrored by the constants in [`segment::format`].
 
 pub mod commit;
+/// Whether the calling task runs as one whose worker must not block on a
+/// sync (the consumer runtime's settler and renewer): for tests.
+#[cfg(feature = "internals")]
+pub use crate::backend::worker_kept_free;
 pub mod delivery;
 pub mod error;
 pub mod index;
