@@ -202,5 +202,5 @@ fn allocations_per_event_on_the_hot_paths() {
 /// event read: the event (its document shares the read buffer).
 const APPEND_ONE: f64 = 3.1;
 const APPEND_BATCH: f64 = 1.1;
-const FETCH_ACK: f64 = 1.7;
+const FETCH_ACK: f64 = 1.75;
 const READ: f64 = 1.1;

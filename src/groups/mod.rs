@@ -227,6 +227,10 @@ impl GroupState {
         let max_attempts = self.summary.max_attempts;
         let mut plans = Vec::new();
         let (mut claims, mut spent_left) = (0, spent_budget(opts.limit));
+        // Reused for every partition, sized once for what a fetch claims (up
+        // to a bound), so that they do not grow one reallocation at a time.
+        let room = opts.limit.min(PLAN_ROOM);
+        let (mut listed, mut reads) = (Vec::with_capacity(room), Vec::with_capacity(room));
         for p in scope {
             if claims >= opts.limit {
                 break;
@@ -237,20 +241,16 @@ impl GroupState {
             part.fire_timers(now);
             let part = &*part;
             let hw = src.high_watermark(p);
-            // The lists are sized for what this fetch may still claim (up
-            // to a bound: one partition may hold little), so that they do
-            // not grow one reallocation at a time.
-            let room = (opts.limit - claims).min(PLAN_ROOM);
-            let mut plan = PartPlan { p, items: Vec::with_capacity(room), walked: 0 };
+            let mut plan = PartPlan { p, items: Vec::new(), walked: 0 };
             let mut after = 0;
-            let (mut listed, mut reads) = (Vec::new(), Vec::new());
             'part: while claims < opts.limit {
                 listed.clear();
-                listed.reserve(room);
                 let walked = part.plan(hw, after, opts.limit - claims, max_attempts, &mut spent_left, &mut listed);
                 plan.walked = plan.walked.max(walked);
                 let Some(&(last, _)) = listed.last() else { break };
                 after = last;
+                // Sized once for what was found (an idle partition allocates nothing).
+                plan.items.reserve(listed.len());
                 reads.clear();
                 reads.extend(listed.iter().filter(|(_, spent)| !spent).map(|&(seq, _)| seq));
                 let mut read = src.read_each(p, &reads)?.into_iter();

@@ -87,10 +87,11 @@ impl AppendOptions {
 /// An event ready to be written: normalized from a payload and its
 /// [`AppendOptions`], but not yet given a partition, sequence or timestamp.
 ///
-/// Its strings and payload share one small buffer of the appending thread
-/// with the events appended beside it, and the [`Event`] an append
-/// returns shares them too: an append allocates once for the event, not
-/// once per part.
+/// Its id, key, type and encoded payload are views of shared memory: a
+/// payload encoded by [`Payload::encode`] and the strings an append makes
+/// or copies are cut from the thread's shared chunk (a part over 1 KiB,
+/// or a payload given already encoded, keeps its own bytes), and the
+/// [`Event`] an append returns shares them too.
 ///
 /// ```
 /// use rheo::{AppendOptions, NewEvent, Payload};

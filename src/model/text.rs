@@ -77,8 +77,10 @@ const CHUNK_MAX_COPY: usize = 1024;
 /// An appended event's id, payload and strings come from here, so an
 /// append allocates for its event once, not once per part.
 ///
-/// The price: a copy kept alive keeps its chunk (at most 8 KiB) alive, as
-/// an event read keeps its read buffer.
+/// The price: a copy kept alive keeps its whole chunk alive, as an event
+/// read keeps its read buffer. An event's parts are copied at different
+/// moments (its key when the options are built, its payload when encoded,
+/// its id at the append), so one kept event may hold up to three chunks.
 pub(crate) fn shared_copy(b: &[u8]) -> Bytes {
     if b.len() > CHUNK_MAX_COPY {
         return Bytes::copy_from_slice(b);

@@ -36,16 +36,12 @@ pub type Assigned = SmallVec<[(u32, u64); 1]>;
 /// four, so a single event's append allocates none of these lists.
 type PerPartition<T> = SmallVec<[T; 4]>;
 
-/// How many of `items` go to partition `p`, and room for their records:
-/// their charged size plus each record's frame and header, so that
-/// encoding them does not grow the buffer (an estimate: the metadata is
-/// counted as JSON, stored as MessagePack).
-fn records_of(items: &[Routed<'_>], p: u32) -> (u64, usize) {
+/// Room for the records of `items`: their charged size plus each record's
+/// frame and header, so that encoding them does not grow the buffer (an
+/// estimate: the metadata is counted as JSON, stored as MessagePack).
+fn room_for(items: &[Routed<'_>]) -> usize {
     use crate::engine::segment::record::RECORD_OVERHEAD;
-    items
-        .iter()
-        .filter(|r| r.partition == p)
-        .fold((0, 0), |(n, room), r| (n + 1, room + r.event.encoded_len() + RECORD_OVERHEAD))
+    items.iter().map(|r| r.event.encoded_len() + RECORD_OVERHEAD).sum()
 }
 
 thread_local! {
@@ -220,13 +216,13 @@ impl StreamLog {
         // partition after the other, into this thread's record buffer
         // (sized for the records, so encoding does not grow it).
         let mut buf = RecordBuffer::take();
-        buf.reserve(touched.iter().map(|&p| records_of(items, p).1).sum());
+        buf.reserve(room_for(items));
         // Each partition's records: where in `buf`, how many, their largest timestamp.
         let mut bufs: PerPartition<(std::ops::Range<usize>, u64, i64)> = SmallVec::with_capacity(touched.len());
         let mut assigned: Assigned = smallvec::smallvec![(0u32, 0u64); items.len()];
         for (slot, &p) in touched.iter().enumerate() {
             let start = buf.len();
-            let (records, _) = records_of(items, p);
+            let records = items.iter().filter(|r| r.partition == p).count() as u64;
             let mut max_ts = i64::MIN;
             let mut count = 0;
             let first_seq = guards[slot].next_seq;
