@@ -54,7 +54,7 @@ pub(crate) async fn keeping_the_worker_free<F: std::future::Future>(call: F) -> 
     KEEP_WORKER_FREE.scope((), call).await
 }
 
-/// True inside [`keeping_the_worker_free`]. (Public only through the
+/// True inside `keeping_the_worker_free`. (Public only through the
 /// `internals` feature's `engine` module, for the runtime's tests.)
 pub fn worker_kept_free() -> bool {
     KEEP_WORKER_FREE.try_with(|()| ()).is_ok()
