@@ -3,7 +3,9 @@
 //!
 //! The test re-runs its own binary as a child (`--exact <this test>`, told
 //! by `RHEO_KILL_CHILD_URL` to be the child). The child opens
-//! `Rheo::open("native:DIR")` (default `Durability::Sync`) and appends in a
+//! `Rheo::open("native:DIR")` (a third of the rounds each under `Sync`,
+//! `None` and `Batched`: the last two copy records into a mapping of the
+//! segment, ADR 0035) and appends in a
 //! loop to a 3-partition stream — single keyed appends and keyed batches of
 //! 2–4 events — printing `ack <partition> <sequence> <id> <batch>` for every
 //! acknowledged event (flushed before the next append). The parent kills it
@@ -137,6 +139,8 @@ struct Stats {
     /// Batches in the log at the end that were never acknowledged.
     unacked_but_present_batches: usize,
     max_round_ms: u128,
+    /// Rounds under `Sync`, `None` and `Batched`.
+    rounds_by_durability: [u64; 3],
 }
 
 fn parent() {
@@ -150,8 +154,21 @@ fn parent() {
     for round in 0..rounds {
         let started = Instant::now();
         let fail = |msg: String| -> ! { panic!("seed {seed} round {round}: {msg}\n  replay: RHEO_KILL_SEED={seed}") };
-        let query = if rng.chance(1, 4) { "" } else { "?segment_bytes=16384&preallocate_bytes=4096" };
-        let url = format!("native:{}{query}", dir.path().display());
+        let segments = if rng.chance(1, 4) { "" } else { "segment_bytes=16384&preallocate_bytes=4096" };
+        // A third of the rounds each under `None` and `Batched`, whose
+        // appends are copied into a mapping of the segment (ADR 0035): what
+        // they acknowledged is in the page cache, so it survives the kill.
+        let durability =
+            ["", "durability=none", "durability=batched"][usize::try_from(rng.range(0, 2)).expect("index")];
+        let query: Vec<&str> = [segments, durability].into_iter().filter(|q| !q.is_empty()).collect();
+        let url = format!("native:{}?{}", dir.path().display(), query.join("&"));
+        stats.rounds_by_durability[if durability.is_empty() {
+            0
+        } else if durability.ends_with("none") {
+            1
+        } else {
+            2
+        }] += 1;
         let early = rng.chance(1, 5);
         let delay = Duration::from_millis(if early { rng.range(1, 20) } else { rng.range(20, 200) });
 

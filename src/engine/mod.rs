@@ -414,7 +414,7 @@ mod tests {
     use super::*;
     use crate::model::append::{AppendOptions, NewEvent};
     use serde_json::json;
-    use vfs::MemVfs;
+    use vfs::{MemVfs, VfsFile};
 
     fn small() -> EngineOptions {
         EngineOptions::default().segment_bytes(4096).preallocate_bytes(1024).background_indexing(false)
@@ -446,6 +446,200 @@ mod tests {
         let stream = engine.stream(stream).expect("stream");
         let log = &stream.log;
         log.read(p, 0, 100_000).expect("read").iter().map(|r| r.header.seq).collect()
+    }
+
+    /// Under `None` and `Batched` on a real directory, records are copied
+    /// into mapped windows of the segment (ADR 0035) where the file system
+    /// allows it: across window boundaries, with records too large for a
+    /// window written instead, through segment rolls, and with nothing
+    /// lost or changed when the directory is reopened, as records or as
+    /// file bytes.
+    #[test]
+    fn mapped_writes_cross_windows_and_rolls_and_read_back_the_same() {
+        for durability in [Durability::None, Durability::Batched { max_delay: std::time::Duration::from_millis(2) }] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let opts =
+                EngineOptions::default().durability(durability).segment_bytes(6 << 20).background_indexing(false);
+            let engine = Engine::open_dir(dir.path(), opts.clone()).expect("open");
+            engine.create_stream("s", 1, &[], 0).expect("create");
+            let stream = engine.stream("s").expect("stream");
+            let mut sizes = Vec::new();
+            // 12 MiB of records of 200 B to 300 KiB, a few over a window's
+            // 4 MiB: two rolls, and records straddling window ends.
+            let mut total = 0usize;
+            let mut i = 0usize;
+            while total < 12 << 20 {
+                let pad = match i % 50 {
+                    7 => 300_000,
+                    31 if i % 150 == 31 => 4_500_000,
+                    n => 200 + n * 37,
+                };
+                let event = NewEvent::prepare(json!({"i": i, "pad": "y".repeat(pad)}), AppendOptions::new());
+                let (_, ticket) =
+                    engine.append(&stream, &[Routed { partition: 0, ts: 1, event: &event }]).expect("append");
+                ticket.wait().expect("durable");
+                sizes.push(pad);
+                total += pad;
+                i += 1;
+                if i == 1 {
+                    let mapped = stream.log.partition(0).expect("partition").writes_mapped();
+                    let fs_maps = vfs::std_maps_writes(dir.path());
+                    assert_eq!(
+                        mapped, fs_maps,
+                        "the first append is copied into a mapping where the file system allows it"
+                    );
+                }
+            }
+            let read = |engine: &Engine| -> Vec<(u64, usize)> {
+                let stream = engine.stream("s").expect("stream");
+                let recs = stream.log.read(0, 0, 100_000).expect("read");
+                recs.iter()
+                    .map(|r| {
+                        let payload: serde_json::Value = r.doc.payload().decode().expect("payload");
+                        assert_eq!(payload["i"], json!(r.header.seq - 1), "record {}", r.header.seq);
+                        (r.header.seq, payload["pad"].as_str().map_or(0, str::len))
+                    })
+                    .collect()
+            };
+            let want: Vec<(u64, usize)> = sizes.iter().enumerate().map(|(i, &n)| (i as u64 + 1, n)).collect();
+            assert_eq!(read(&engine), want);
+            assert!(stream.log.partition(0).expect("partition").segments().len() >= 2, "segments rolled");
+            drop(stream);
+            drop(engine);
+            let engine = Engine::open_dir(dir.path(), opts).expect("reopen");
+            assert!(engine.recovery_report().is_empty(), "{:?}", engine.recovery_report());
+            assert_eq!(read(&engine), want, "{durability:?}");
+        }
+    }
+
+    /// A real directory whose segment files refuse to reserve space while
+    /// `full` is set (a full disk as `fallocate` reports it).
+    #[derive(Debug)]
+    struct FullWhenAsked {
+        inner: vfs::StdVfs,
+        full: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    #[derive(Debug)]
+    struct FullFile {
+        inner: Arc<dyn VfsFile>,
+        full: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl VfsFile for FullFile {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            self.inner.write_all_at(buf, offset)
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            self.inner.len()
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.inner.set_len(len)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.inner.sync_data()
+        }
+        fn map_window(&self, offset: u64, len: u64) -> std::io::Result<Option<vfs::WriteWindow>> {
+            self.inner.map_window(offset, len)
+        }
+        fn reserve(&self, from: u64, to: u64) -> std::io::Result<bool> {
+            if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(std::io::Error::from(std::io::ErrorKind::StorageFull));
+            }
+            self.inner.reserve(from, to)
+        }
+    }
+
+    impl Vfs for FullWhenAsked {
+        fn open(&self, path: &str, create: bool) -> std::io::Result<Arc<dyn VfsFile>> {
+            let inner = self.inner.open(path, create)?;
+            Ok(Arc::new(FullFile { inner, full: self.full.clone() }))
+        }
+        fn exists(&self, path: &str) -> std::io::Result<bool> {
+            self.inner.exists(path)
+        }
+        fn create_dir_all(&self, path: &str) -> std::io::Result<()> {
+            self.inner.create_dir_all(path)
+        }
+        fn list(&self, dir: &str) -> std::io::Result<Vec<String>> {
+            self.inner.list(dir)
+        }
+        fn rename(&self, from: &str, to: &str) -> std::io::Result<()> {
+            self.inner.rename(from, to)
+        }
+        fn remove_file(&self, path: &str) -> std::io::Result<()> {
+            self.inner.remove_file(path)
+        }
+        fn remove_dir_all(&self, path: &str) -> std::io::Result<()> {
+            self.inner.remove_dir_all(path)
+        }
+        fn sync_dir(&self, dir: &str) -> std::io::Result<()> {
+            self.inner.sync_dir(dir)
+        }
+        fn lock(&self, path: &str) -> std::io::Result<Box<dyn vfs::VfsLock>> {
+            self.inner.lock(path)
+        }
+        fn describe(&self, path: &str) -> std::path::PathBuf {
+            self.inner.describe(path)
+        }
+    }
+
+    /// A mapped append that cannot reserve its space fails with `NoSpace`
+    /// naming the segment, having changed nothing; appends work again once
+    /// space is back, and a reopen finds exactly the acknowledged events.
+    #[test]
+    fn a_mapped_append_on_a_full_disk_fails_cleanly_and_changes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        if !vfs::std_maps_writes(dir.path()) {
+            eprintln!("skipped: {} cannot be written through mappings", dir.path().display());
+            return;
+        }
+        let full = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let vfs: Arc<dyn Vfs> =
+            Arc::new(FullWhenAsked { inner: vfs::StdVfs::new(dir.path()).expect("vfs"), full: full.clone() });
+        let opts = EngineOptions::default().durability(Durability::None).background_indexing(false);
+        let engine = Engine::open(vfs.clone(), opts.clone()).expect("open");
+        engine.create_stream("s", 1, &[], 0).expect("create");
+        let stream = engine.stream("s").expect("stream");
+        let append_one = |i: usize, pad: usize| {
+            let event = NewEvent::prepare(json!({"i": i, "pad": "z".repeat(pad)}), AppendOptions::new());
+            engine.append(&stream, &[Routed { partition: 0, ts: 1, event: &event }]).map(|(a, _)| a.into_vec())
+        };
+        // The first step reserved is 64 KiB: fill most of it, then ask for more.
+        let mut acked = 0u64;
+        for i in 0..200 {
+            assert_eq!(append_one(i, 200).expect("append"), vec![(0, acked + 1)]);
+            acked += 1;
+        }
+        assert!(stream.log.partition(0).expect("partition").writes_mapped());
+        full.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut refused = 0;
+        for i in 200..400 {
+            match append_one(i, 200) {
+                Ok(a) => {
+                    assert_eq!(a, vec![(0, acked + 1)], "an append inside the reserved space still lands");
+                    acked += 1;
+                }
+                Err(e) => {
+                    assert!(e.is_no_space(), "{e}");
+                    assert!(e.to_string().contains(".log"), "the error names the segment: {e}");
+                    refused += 1;
+                }
+            }
+        }
+        assert!(refused > 0, "the disk filled up");
+        full.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(append_one(400, 200).expect("append after space is back"), vec![(0, acked + 1)]);
+        acked += 1;
+        assert_eq!(seqs(&engine, "s", 0), (1..=acked).collect::<Vec<_>>());
+        drop(stream);
+        drop(engine);
+        let engine = Engine::open(vfs, opts).expect("reopen");
+        assert!(engine.recovery_report().is_empty(), "{:?}", engine.recovery_report());
+        assert_eq!(seqs(&engine, "s", 0), (1..=acked).collect::<Vec<_>>());
     }
 
     #[test]

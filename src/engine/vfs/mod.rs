@@ -22,6 +22,8 @@ mod std_fs;
 pub use faulty::{Fault, FaultyVfs};
 pub use mem::MemVfs;
 pub use std_fs::StdVfs;
+#[cfg(test)]
+pub(crate) use std_fs::std_maps_writes;
 
 /// A file opened through a [`Vfs`]. Shared between threads; every method
 /// takes `&self` and positions are explicit.
@@ -51,6 +53,78 @@ pub trait VfsFile: Send + Sync + fmt::Debug {
     /// since the last successful sync, even if a later sync succeeds (the
     /// kernel may have dropped the dirty pages): callers must poison.
     fn sync_data(&self) -> io::Result<()>;
+
+    /// A writable window of `len` bytes at `offset` (a multiple of
+    /// [`WINDOW_ALIGN`]) mapped into memory and shared with the file: what
+    /// is copied into it is part of the file as a `write_all_at` there
+    /// would be (seen by `read_at` at once, made durable by `sync_data`,
+    /// kept when the process dies). `Ok(None)` when this file cannot be
+    /// written that way (the default; the real file system only on Linux,
+    /// on file systems that do not allocate when a mapped page is written:
+    /// ext2/3/4, XFS, tmpfs). The caller copies only into space that
+    /// [`VfsFile::reserve`] reserved.
+    fn map_window(&self, offset: u64, len: u64) -> io::Result<Option<WriteWindow>> {
+        let _ = (offset, len);
+        Ok(None)
+    }
+
+    /// Reserves the disk space of `from..to` (extending the file to `to`
+    /// when shorter; new space reads as zeros) without writing it, so that
+    /// copying into a [`WriteWindow`] there cannot run out of space.
+    /// `Ok(false)` when this file cannot (the default); a full disk is an
+    /// error and changes nothing.
+    fn reserve(&self, from: u64, to: u64) -> io::Result<bool> {
+        let _ = (from, to);
+        Ok(false)
+    }
+}
+
+/// What a [`WriteWindow`]'s offset is a multiple of (larger than any page
+/// size Linux uses for file mappings).
+pub const WINDOW_ALIGN: u64 = 64 << 10;
+
+/// A writable window of a file mapped into memory ([`VfsFile::map_window`]).
+pub struct WriteWindow {
+    offset: u64,
+    #[cfg(target_os = "linux")]
+    map: memmap2::MmapMut,
+}
+
+impl fmt::Debug for WriteWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WriteWindow").field("offset", &self.offset).field("end", &self.end()).finish()
+    }
+}
+
+impl WriteWindow {
+    /// The file offset of its first byte.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The file offset just past its last byte.
+    pub fn end(&self) -> u64 {
+        #[cfg(target_os = "linux")]
+        return self.offset + self.map.len() as u64;
+        #[cfg(not(target_os = "linux"))]
+        return self.offset;
+    }
+
+    /// Copies `bytes` to file offset `at`; false, copying nothing, when
+    /// they do not fit in the window.
+    pub fn write(&mut self, at: u64, bytes: &[u8]) -> bool {
+        if at < self.offset || at.saturating_add(bytes.len() as u64) > self.end() {
+            return false;
+        }
+        #[cfg(target_os = "linux")]
+        {
+            let Ok(start) = usize::try_from(at - self.offset) else { return false };
+            self.map[start..start + bytes.len()].copy_from_slice(bytes);
+            true
+        }
+        #[cfg(not(target_os = "linux"))]
+        false
+    }
 }
 
 /// A held exclusive lock; released when dropped.
@@ -139,6 +213,12 @@ impl VfsFile for StickySync {
             return Err(io::Error::other(format!("an earlier fsync of this file failed: {reason}")));
         }
         self.inner.sync_data().inspect_err(|e| *failed = Some(e.to_string()))
+    }
+    fn map_window(&self, offset: u64, len: u64) -> io::Result<Option<WriteWindow>> {
+        self.inner.map_window(offset, len)
+    }
+    fn reserve(&self, from: u64, to: u64) -> io::Result<bool> {
+        self.inner.reserve(from, to)
     }
 }
 

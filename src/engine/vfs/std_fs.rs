@@ -68,6 +68,57 @@ impl VfsFile for StdFile {
     fn sync_data(&self) -> io::Result<()> {
         self.0.sync_data()
     }
+    #[cfg(target_os = "linux")]
+    fn map_window(&self, offset: u64, len: u64) -> io::Result<Option<super::WriteWindow>> {
+        if !maps_without_allocating(&self.0)? || !offset.is_multiple_of(super::WINDOW_ALIGN) {
+            return Ok(None);
+        }
+        let Ok(len) = usize::try_from(len) else { return Ok(None) };
+        #[expect(unsafe_code, reason = "a shared mapping of the active segment (ADR 0035)")]
+        // SAFETY: the mapped bytes are only ever touched through
+        // `WriteWindow::write`, a copy into a fresh `&mut` slice under the
+        // partition's writer lock, into space that nothing else writes
+        // (readers of the same pages use `pread` and read only published
+        // records; the engine's own zeroing `pwrite`s of a rollback run under
+        // the same lock). The directory's lock keeps other Rheo processes
+        // from writing the file; a foreign process truncating it would make
+        // the copy fault with SIGBUS, which is the documented cost.
+        let map = unsafe { memmap2::MmapOptions::new().offset(offset).len(len).map_mut(&self.0)? };
+        Ok(Some(super::WriteWindow { offset, map }))
+    }
+    #[cfg(target_os = "linux")]
+    fn reserve(&self, from: u64, to: u64) -> io::Result<bool> {
+        if to <= from || !maps_without_allocating(&self.0)? {
+            return Ok(false);
+        }
+        rustix::fs::fallocate(&self.0, rustix::fs::FallocateFlags::empty(), from, to - from)?;
+        Ok(true)
+    }
+}
+
+/// True when files in `dir` can be written through mapped windows.
+#[cfg(test)]
+pub(crate) fn std_maps_writes(dir: &Path) -> bool {
+    #[cfg(target_os = "linux")]
+    return std::fs::File::open(dir).and_then(|f| maps_without_allocating(&f)).unwrap_or(false);
+    #[cfg(not(target_os = "linux"))]
+    return false;
+}
+
+/// True on the file systems where writing a mapped page of reserved space
+/// never allocates (so it cannot fail for want of space, which a mapping
+/// could only report as SIGBUS): ext2/3/4, XFS and tmpfs. Copy-on-write
+/// file systems (Btrfs, ZFS) and network ones allocate then: their files are
+/// written with `pwrite`.
+#[cfg(target_os = "linux")]
+fn maps_without_allocating(f: &std::fs::File) -> io::Result<bool> {
+    const EXT4: u64 = 0xEF53;
+    const XFS: u64 = 0x5846_5342;
+    const TMPFS: u64 = 0x0102_1994;
+    let st = rustix::fs::fstatfs(f)?;
+    #[allow(clippy::unnecessary_cast, reason = "f_type's width differs between targets")]
+    let kind = st.f_type as u64;
+    Ok(matches!(kind, EXT4 | XFS | TMPFS))
 }
 
 /// The lock files this process holds (canonical paths), so that a second

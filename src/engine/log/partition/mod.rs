@@ -21,7 +21,7 @@ use crate::engine::segment::file::{Footer, IndexEntry, SegmentHeader, decode_ind
 use crate::engine::segment::format::*;
 use crate::engine::segment::record::{PROBE, RecordHeader, plausible_frame};
 use crate::engine::segment::scan::{Doc, Scanner, Step};
-use crate::engine::vfs::{StickySync, Vfs, VfsFile};
+use crate::engine::vfs::{StickySync, Vfs, VfsFile, WriteWindow};
 use crate::error::{Error, Result};
 use crate::model::event::{Document, Event};
 use crate::model::time::Timestamp;
@@ -143,6 +143,11 @@ pub struct Writer {
     /// writes them, one write per partition per round); they start at file
     /// offset `end - pending.len()`.
     pending: Vec<u8>,
+    /// Where records are copied instead of written, when the file can be
+    /// mapped (ADR 0035): a window of the active segment at `end`.
+    window: Option<WriteWindow>,
+    /// Mapping failed or the file cannot be mapped: records are written.
+    unmapped: bool,
 }
 
 /// What a write changed, so that it can be rolled back.

@@ -463,6 +463,8 @@ pub(super) fn recover_active(
             max_txn,
             active: seg,
             pending: Vec::new(),
+            window: None,
+            unmapped: false,
         },
         truncation,
     ))

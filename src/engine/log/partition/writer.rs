@@ -3,6 +3,10 @@
 //! segment rolls.
 
 use super::*;
+use crate::engine::vfs::WINDOW_ALIGN;
+
+/// The length of a mapped window of the active segment (ADR 0035).
+const MAP_WINDOW: u64 = 4 << 20;
 
 impl Partition {
     /// The current write state, for rolling back a failed batch.
@@ -63,7 +67,9 @@ impl Partition {
             w.pending.extend_from_slice(bytes);
         } else {
             self.write_pending(w)?;
-            if let Err(e) = w.active.log.write_all_at(bytes, w.end) {
+            if !self.copy_mapped(w, bytes)?
+                && let Err(e) = w.active.log.write_all_at(bytes, w.end)
+            {
                 return Err(self.undo_partial_write(w, len, e));
             }
         }
@@ -87,6 +93,64 @@ impl Partition {
         w.max_ts = w.max_ts.max(max_ts);
         w.max_txn = w.max_txn.max(txn);
         Ok(w.active.log.clone())
+    }
+
+    /// Copies records to the end of the active segment through a mapped
+    /// window of it instead of writing them (ADR 0035), under `Batched` and
+    /// `None`, reserving space ahead first (in steps growing from 64 KiB to
+    /// [`MAP_WINDOW`], as zero-filling does). False when they are to be
+    /// written instead: the option is off, the file cannot be mapped (then
+    /// not tried again in this segment), or the records do not fit in one
+    /// window. Fails, changing nothing, only when the disk is full.
+    fn copy_mapped(&self, w: &mut Writer, bytes: &[u8]) -> Result<bool> {
+        let syncs = matches!(self.opts.durability, crate::engine::Durability::Sync);
+        if w.unmapped || syncs || !self.opts.map_writes {
+            return Ok(false);
+        }
+        let (at, end) = (w.end, w.end + bytes.len() as u64);
+        let offset = at - at % WINDOW_ALIGN;
+        if end > offset + MAP_WINDOW {
+            return Ok(false);
+        }
+        if end > w.prealloc_end {
+            let step = MAP_WINDOW.min(w.prealloc_end.max(64 << 10));
+            let target = end.div_ceil(step) * step;
+            match w.active.log.reserve(w.prealloc_end.max(at), target) {
+                Ok(true) => w.prealloc_end = target,
+                Ok(false) => return Ok(self.unmap(w, None)),
+                Err(e) if crate::engine::error::is_no_space(&e) => {
+                    return Err(io_err(&*self.vfs, &w.active.log_path, "reserve space in", e));
+                }
+                Err(e) => return Ok(self.unmap(w, Some(e))),
+            }
+        }
+        if w.window.as_ref().is_none_or(|win| at < win.offset() || end > win.end()) {
+            w.window = None;
+            match w.active.log.map_window(offset, MAP_WINDOW) {
+                Ok(Some(win)) => w.window = Some(win),
+                Ok(None) => return Ok(self.unmap(w, None)),
+                Err(e) => return Ok(self.unmap(w, Some(e))),
+            }
+        }
+        Ok(w.window.as_mut().is_some_and(|win| win.write(at, bytes)))
+    }
+
+    /// Stops copying into mapped windows until the next segment (records
+    /// are written instead); a failure that made it stop is logged. False.
+    fn unmap(&self, w: &mut Writer, failure: Option<std::io::Error>) -> bool {
+        if let Some(e) = failure {
+            let file = self.vfs.describe(&w.active.log_path);
+            tracing::warn!(file = %file.display(), error = %e, "mapping the segment failed; its records are written instead");
+        }
+        w.window = None;
+        w.unmapped = true;
+        false
+    }
+
+    /// True while records are copied into a mapped window of the active
+    /// segment rather than written (ADR 0035).
+    pub fn writes_mapped(&self) -> bool {
+        self.writer.lock().window.is_some()
     }
 
     /// Writes the deferred records to the file (under the writer lock).
@@ -209,6 +273,7 @@ impl Partition {
             crate::engine::error::poisoned(scope, &format!("sealing the segment failed at {what}"), e)
         };
         self.write_pending(w)?;
+        w.window = None;
         let footer = Footer {
             records_end: w.end,
             first_seq: seg.base_seq,
@@ -312,5 +377,7 @@ pub(super) fn create_segment(
         max_ts: i64::MIN,
         max_txn: 0,
         pending: Vec::new(),
+        window: None,
+        unmapped: false,
     })
 }
