@@ -448,67 +448,106 @@ mod tests {
         log.read(p, 0, 100_000).expect("read").iter().map(|r| r.header.seq).collect()
     }
 
-    /// Under `None` and `Batched` on a real directory, records are copied
-    /// into mapped windows of the segment (ADR 0035) where the file system
-    /// allows it: across window boundaries, with records too large for a
-    /// window written instead, through segment rolls, and with nothing
-    /// lost or changed when the directory is reopened, as records or as
-    /// file bytes.
-    #[test]
-    fn mapped_writes_cross_windows_and_rolls_and_read_back_the_same() {
-        for durability in [Durability::None, Durability::Batched { max_delay: std::time::Duration::from_millis(2) }] {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let opts =
-                EngineOptions::default().durability(durability).segment_bytes(6 << 20).background_indexing(false);
-            let engine = Engine::open_dir(dir.path(), opts.clone()).expect("open");
-            engine.create_stream("s", 1, &[], 0).expect("create");
-            let stream = engine.stream("s").expect("stream");
-            let mut sizes = Vec::new();
-            // 12 MiB of records of 200 B to 300 KiB, a few over a window's
-            // 4 MiB: two rolls, and records straddling window ends.
-            let mut total = 0usize;
-            let mut i = 0usize;
-            while total < 12 << 20 {
-                let pad = match i % 50 {
-                    7 => 300_000,
-                    31 if i % 150 == 31 => 4_500_000,
-                    n => 200 + n * 37,
-                };
-                let event = NewEvent::prepare(json!({"i": i, "pad": "y".repeat(pad)}), AppendOptions::new());
-                let (_, ticket) =
-                    engine.append(&stream, &[Routed { partition: 0, ts: 1, event: &event }]).expect("append");
-                ticket.wait().expect("durable");
-                sizes.push(pad);
-                total += pad;
-                i += 1;
-                if i == 1 {
-                    let mapped = stream.log.partition(0).expect("partition").writes_mapped();
-                    let fs_maps = vfs::std_maps_writes(dir.path());
-                    assert_eq!(
-                        mapped, fs_maps,
-                        "the first append is copied into a mapping where the file system allows it"
-                    );
+    /// Appends 12 MiB of records of 200 B to 4.5 MiB to a one-partition
+    /// stream (records straddling window ends, a few larger than a window,
+    /// two segment rolls); the sizes and whether the first append was
+    /// copied into a mapping.
+    fn fill_for_mapping(dir: &std::path::Path, opts: &EngineOptions) -> (Vec<usize>, bool) {
+        let engine = Engine::open_dir(dir, opts.clone()).expect("open");
+        engine.create_stream("s", 1, &[], 0).expect("create");
+        let stream = engine.stream("s").expect("stream");
+        let (mut sizes, mut total, mut mapped) = (Vec::new(), 0usize, false);
+        while total < 12 << 20 {
+            let i = sizes.len();
+            let pad = match i % 50 {
+                7 => 300_000,
+                31 if i % 150 == 31 => 4_500_000,
+                n => 200 + n * 37,
+            };
+            let opts = AppendOptions::new().id(format!("event-{i}"));
+            let event = NewEvent::prepare(json!({"i": i, "pad": "y".repeat(pad)}), opts);
+            let (_, ticket) = engine.append(&stream, &[Routed { partition: 0, ts: 1, event: &event }]).expect("append");
+            ticket.wait().expect("durable");
+            if i == 0 {
+                mapped = stream.log.partition(0).expect("partition").writes_mapped();
+            }
+            sizes.push(pad);
+            total += pad;
+        }
+        assert!(stream.log.partition(0).expect("partition").segments().len() >= 3, "segments rolled");
+        (sizes, mapped)
+    }
+
+    /// Every segment file under `dir` (by path), without its header (which
+    /// holds its creation time) and without the zeros after its data.
+    fn segment_bytes_of(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut todo = vec![dir.to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for entry in std::fs::read_dir(&d).expect("list") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    todo.push(path);
+                } else if path.extension().is_some_and(|e| e == "log") {
+                    let bytes = std::fs::read(&path).expect("read");
+                    let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+                    let body = bytes[segment::format::HEADER_LEN.min(end)..end].to_vec();
+                    out.push((path.strip_prefix(dir).expect("under dir").to_path_buf(), body));
                 }
             }
-            let read = |engine: &Engine| -> Vec<(u64, usize)> {
-                let stream = engine.stream("s").expect("stream");
-                let recs = stream.log.read(0, 0, 100_000).expect("read");
-                recs.iter()
-                    .map(|r| {
-                        let payload: serde_json::Value = r.doc.payload().decode().expect("payload");
-                        assert_eq!(payload["i"], json!(r.header.seq - 1), "record {}", r.header.seq);
-                        (r.header.seq, payload["pad"].as_str().map_or(0, str::len))
-                    })
-                    .collect()
-            };
-            let want: Vec<(u64, usize)> = sizes.iter().enumerate().map(|(i, &n)| (i as u64 + 1, n)).collect();
-            assert_eq!(read(&engine), want);
-            assert!(stream.log.partition(0).expect("partition").segments().len() >= 2, "segments rolled");
-            drop(stream);
-            drop(engine);
-            let engine = Engine::open_dir(dir.path(), opts).expect("reopen");
+        }
+        out.sort();
+        out
+    }
+
+    /// Under `None` and `Batched` on a real directory, records are copied
+    /// into mapped windows of the segment (ADR 0035) where the file system
+    /// allows it (always on tmpfs: `/dev/shm` is used when there is one):
+    /// across window boundaries, with records too large for a window
+    /// written instead, through segment rolls. The segment files hold the
+    /// same bytes as when every record is written with `pwrite`, and a
+    /// reopen reads every record back.
+    #[test]
+    fn mapped_writes_cross_windows_and_rolls_and_leave_the_bytes_writes_would() {
+        let shm = std::path::Path::new("/dev/shm");
+        for durability in [Durability::None, Durability::Batched { max_delay: std::time::Duration::from_millis(2) }] {
+            let on_shm = cfg!(target_os = "linux") && shm.is_dir();
+            let mapped_dir =
+                if on_shm { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.expect("temporary directory");
+            let opts =
+                EngineOptions::default().durability(durability).segment_bytes(6 << 20).background_indexing(false);
+            let (sizes, mapped) = fill_for_mapping(mapped_dir.path(), &opts);
+            if on_shm {
+                assert!(mapped, "appends under {durability:?} on tmpfs are copied into a mapping");
+            } else {
+                assert_eq!(mapped, vfs::std_maps_writes(mapped_dir.path()));
+            }
+            let written_dir = tempfile::tempdir().expect("temporary directory");
+            let (same_sizes, written) = fill_for_mapping(written_dir.path(), &opts.clone().map_writes(false));
+            assert!(!written, "map_writes(false) writes");
+            assert_eq!(sizes, same_sizes);
+            let (a, b) = (segment_bytes_of(mapped_dir.path()), segment_bytes_of(written_dir.path()));
+            assert_eq!(a.len(), b.len(), "as many segments");
+            for ((pa, ba), (pb, bb)) in a.iter().zip(&b) {
+                assert_eq!(pa, pb);
+                assert!(ba == bb, "{} differs: {} bytes mapped, {} written", pa.display(), ba.len(), bb.len());
+            }
+            let engine = Engine::open_dir(mapped_dir.path(), opts).expect("reopen");
             assert!(engine.recovery_report().is_empty(), "{:?}", engine.recovery_report());
-            assert_eq!(read(&engine), want, "{durability:?}");
+            let stream = engine.stream("s").expect("stream");
+            let read: Vec<(u64, usize)> = stream
+                .log
+                .read(0, 0, 100_000)
+                .expect("read")
+                .iter()
+                .map(|r| {
+                    let payload: serde_json::Value = r.doc.payload().decode().expect("payload");
+                    assert_eq!(payload["i"], json!(r.header.seq - 1), "record {}", r.header.seq);
+                    (r.header.seq, payload["pad"].as_str().map_or(0, str::len))
+                })
+                .collect();
+            let want: Vec<(u64, usize)> = sizes.iter().enumerate().map(|(i, &n)| (i as u64 + 1, n)).collect();
+            assert_eq!(read, want, "{durability:?}");
         }
     }
 
@@ -640,6 +679,18 @@ mod tests {
         let engine = Engine::open(vfs, opts).expect("reopen");
         assert!(engine.recovery_report().is_empty(), "{:?}", engine.recovery_report());
         assert_eq!(seqs(&engine, "s", 0), (1..=acked).collect::<Vec<_>>());
+        // The reopened file is longer than its records (reserved space, or a
+        // hole where recovery cut a tail), but only a reservation made by
+        // this writer counts: on a full disk the first append fails.
+        let stream = engine.stream("s").expect("stream");
+        full.store(true, std::sync::atomic::Ordering::SeqCst);
+        let event = NewEvent::prepare(json!({"i": 401}), AppendOptions::new());
+        let refused = engine.append(&stream, &[Routed { partition: 0, ts: 1, event: &event }]).expect_err("full");
+        assert!(refused.is_no_space(), "{refused}");
+        full.store(false, std::sync::atomic::Ordering::SeqCst);
+        let (assigned, _) = engine.append(&stream, &[Routed { partition: 0, ts: 1, event: &event }]).expect("append");
+        assert_eq!(assigned.into_vec(), vec![(0, acked + 1)]);
+        assert_eq!(seqs(&engine, "s", 0), (1..=acked + 1).collect::<Vec<_>>());
     }
 
     #[test]

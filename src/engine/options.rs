@@ -75,12 +75,14 @@ pub struct EngineOptions {
     /// Under `Batched` and `None`, copy appended records into a shared
     /// mapping of the active segment instead of one `pwrite` per append
     /// (default true; ADR 0035). Used on Linux where writing a mapped page
-    /// of reserved space cannot fail for want of space (ext2/3/4, XFS,
-    /// tmpfs); elsewhere, or when mapping fails, records are written as
-    /// with false. Space is reserved ahead with `fallocate` in steps of up
-    /// to 4 MiB. The cost: a process that truncates a segment file from
-    /// outside (the directory's lock keeps other Rheo processes out) makes
-    /// the writing process die of `SIGBUS` instead of failing the append.
+    /// of reserved space cannot fail for want of space (ext2/3/4, tmpfs);
+    /// elsewhere, or when mapping fails, records are written as with false.
+    /// Space is reserved ahead with `fallocate` in steps of up to 4 MiB.
+    /// The cost: what a mapping cannot report as an error kills the process
+    /// with `SIGBUS` instead of failing the append: a segment file truncated
+    /// from outside (the directory's lock keeps other Rheo processes out),
+    /// or a disk read error while the page being written is brought in.
+    /// Turn it off where those must be errors.
     pub map_writes: bool,
     /// A stream's consumer-group state is checkpointed once its delivery
     /// WAL holds this many bytes (default 16 MiB). Bounds reopen time.

@@ -135,6 +135,9 @@ const _: () = assert!(IDX_HEADER_LEN == 32);
 const _: () = assert!(ENTRY_LEN == 40);
 const _: () = assert!(FRAME_LEN == 8);
 const _: () = assert!(BODY_DOC == 28);
+// A copy into a mapped segment stores whole chunks in order: the torn part
+// of one chunk must not be able to hold a whole record (ADR 0035).
+const _: () = assert!(crate::engine::vfs::COPY_CHUNK < FRAME_LEN + BODY_MIN);
 
 /// Reads a little-endian u16 at `at` (callers check bounds).
 pub(crate) fn get_u16(b: &[u8], at: usize) -> u16 {

@@ -61,7 +61,7 @@ pub trait VfsFile: Send + Sync + fmt::Debug {
     /// kept when the process dies). `Ok(None)` when this file cannot be
     /// written that way (the default; the real file system only on Linux,
     /// on file systems that do not allocate when a mapped page is written:
-    /// ext2/3/4, XFS, tmpfs). The caller copies only into space that
+    /// ext2/3/4, tmpfs). The caller copies only into space that
     /// [`VfsFile::reserve`] reserved.
     fn map_window(&self, offset: u64, len: u64) -> io::Result<Option<WriteWindow>> {
         let _ = (offset, len);
@@ -82,6 +82,12 @@ pub trait VfsFile: Send + Sync + fmt::Debug {
 /// What a [`WriteWindow`]'s offset is a multiple of (larger than any page
 /// size Linux uses for file mappings).
 pub const WINDOW_ALIGN: u64 = 64 << 10;
+
+/// The unit in which [`WriteWindow::write`] stores bytes in order: smaller
+/// than the smallest record (a frame and a header, 37 bytes; asserted in
+/// `segment::format`), so the torn part of one chunk can never hold a
+/// whole record.
+pub const COPY_CHUNK: usize = 32;
 
 /// A writable window of a file mapped into memory ([`VfsFile::map_window`]).
 pub struct WriteWindow {
@@ -111,15 +117,46 @@ impl WriteWindow {
     }
 
     /// Copies `bytes` to file offset `at`; false, copying nothing, when
-    /// they do not fit in the window.
+    /// they do not fit in the window. The caller copies only into space the
+    /// file holds ([`VfsFile::reserve`]): a page past the file's end faults.
+    ///
+    /// The bytes are stored front to back, [`COPY_CHUNK`] at a time, so a
+    /// process killed during the copy leaves a prefix of them (and a torn
+    /// chunk) in the file, as a `pwrite` cut short does: never a later
+    /// record of the copy complete behind a torn earlier one, which
+    /// recovery would take for damage in the middle of the log. (`memcpy`
+    /// promises no order; glibc's copies store the last bytes first for
+    /// some sizes.) No record fits in the torn part of one chunk.
     pub fn write(&mut self, at: u64, bytes: &[u8]) -> bool {
         if at < self.offset || at.saturating_add(bytes.len() as u64) > self.end() {
             return false;
         }
         #[cfg(target_os = "linux")]
         {
+            use std::sync::atomic::{Ordering, compiler_fence};
             let Ok(start) = usize::try_from(at - self.offset) else { return false };
-            self.map[start..start + bytes.len()].copy_from_slice(bytes);
+            let dst = self.map.as_mut_ptr();
+            let mut chunks = bytes.chunks_exact(COPY_CHUNK);
+            let mut done = start;
+            for chunk in chunks.by_ref() {
+                #[expect(unsafe_code, reason = "a copy into the mapped window (ADR 0035)")]
+                // SAFETY: `start + bytes.len()` is within the mapping (checked
+                // above against `end()`), so every chunk's destination is; the
+                // source is a separate Rust slice, so they do not overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(chunk.as_ptr(), dst.add(done), COPY_CHUNK);
+                }
+                // Keeps the compiler from merging or reordering the chunks'
+                // stores (the CPU executes stores in program order).
+                compiler_fence(Ordering::Release);
+                done += COPY_CHUNK;
+            }
+            let rest = chunks.remainder();
+            #[expect(unsafe_code, reason = "a copy into the mapped window (ADR 0035)")]
+            // SAFETY: as above, for the last bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(rest.as_ptr(), dst.add(done), rest.len());
+            }
             true
         }
         #[cfg(not(target_os = "linux"))]

@@ -75,14 +75,17 @@ impl VfsFile for StdFile {
         }
         let Ok(len) = usize::try_from(len) else { return Ok(None) };
         #[expect(unsafe_code, reason = "a shared mapping of the active segment (ADR 0035)")]
-        // SAFETY: the mapped bytes are only ever touched through
-        // `WriteWindow::write`, a copy into a fresh `&mut` slice under the
-        // partition's writer lock, into space that nothing else writes
-        // (readers of the same pages use `pread` and read only published
-        // records; the engine's own zeroing `pwrite`s of a rollback run under
-        // the same lock). The directory's lock keeps other Rheo processes
-        // from writing the file; a foreign process truncating it would make
-        // the copy fault with SIGBUS, which is the documented cost.
+        // SAFETY: no Rust reference into the mapping is ever made: its bytes
+        // are only stored to, through raw pointers, by `WriteWindow::write`
+        // under the partition's writer lock, into reserved space past the
+        // published records that nothing else writes (the engine's own
+        // zeroing `pwrite`s of a rollback run under the same lock; readers
+        // use `pread`, which copies whatever the page holds and keeps only
+        // published records). The directory's lock keeps other Rheo
+        // processes from writing the file. What a mapping cannot report as
+        // an error kills the process with SIGBUS instead: a foreign process
+        // truncating the file, or a read error (or a file system shut down
+        // after errors) when the page being written is brought in; ADR 0035.
         let map = unsafe { memmap2::MmapOptions::new().offset(offset).len(len).map_mut(&self.0)? };
         Ok(Some(super::WriteWindow { offset, map }))
     }
@@ -107,18 +110,18 @@ pub(crate) fn std_maps_writes(dir: &Path) -> bool {
 
 /// True on the file systems where writing a mapped page of reserved space
 /// never allocates (so it cannot fail for want of space, which a mapping
-/// could only report as SIGBUS): ext2/3/4, XFS and tmpfs. Copy-on-write
-/// file systems (Btrfs, ZFS) and network ones allocate then: their files are
-/// written with `pwrite`.
+/// could only report as SIGBUS): ext2/3/4 and tmpfs. Not XFS, whose
+/// reflinked extents (a `cp` of the file shares them by default) are copied
+/// when written, nor Btrfs or ZFS (copy on write) or network file systems:
+/// their files are written with `pwrite`.
 #[cfg(target_os = "linux")]
 fn maps_without_allocating(f: &std::fs::File) -> io::Result<bool> {
     const EXT4: u64 = 0xEF53;
-    const XFS: u64 = 0x5846_5342;
     const TMPFS: u64 = 0x0102_1994;
     let st = rustix::fs::fstatfs(f)?;
     #[allow(clippy::unnecessary_cast, reason = "f_type's width differs between targets")]
     let kind = st.f_type as u64;
-    Ok(matches!(kind, EXT4 | XFS | TMPFS))
+    Ok(matches!(kind, EXT4 | TMPFS))
 }
 
 /// The lock files this process holds (canonical paths), so that a second

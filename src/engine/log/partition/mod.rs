@@ -148,6 +148,10 @@ pub struct Writer {
     window: Option<WriteWindow>,
     /// Mapping failed or the file cannot be mapped: records are written.
     unmapped: bool,
+    /// The end of the space reserved for copies into a mapping (0: none
+    /// yet). Kept apart from `prealloc_end`, which only says how long the
+    /// file is: space past the records may be a hole.
+    reserved_end: u64,
 }
 
 /// What a write changed, so that it can be rolled back.

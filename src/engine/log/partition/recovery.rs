@@ -465,6 +465,7 @@ pub(super) fn recover_active(
             pending: Vec::new(),
             window: None,
             unmapped: false,
+            reserved_end: 0,
         },
         truncation,
     ))

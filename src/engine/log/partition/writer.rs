@@ -112,17 +112,8 @@ impl Partition {
         if end > offset + MAP_WINDOW {
             return Ok(false);
         }
-        if end > w.prealloc_end {
-            let step = MAP_WINDOW.min(w.prealloc_end.max(64 << 10));
-            let target = end.div_ceil(step) * step;
-            match w.active.log.reserve(w.prealloc_end.max(at), target) {
-                Ok(true) => w.prealloc_end = target,
-                Ok(false) => return Ok(self.unmap(w, None)),
-                Err(e) if crate::engine::error::is_no_space(&e) => {
-                    return Err(io_err(&*self.vfs, &w.active.log_path, "reserve space in", e));
-                }
-                Err(e) => return Ok(self.unmap(w, Some(e))),
-            }
+        if end > w.reserved_end && !self.reserve_mapped(w, at, end)? {
+            return Ok(false);
         }
         if w.window.as_ref().is_none_or(|win| at < win.offset() || end > win.end()) {
             w.window = None;
@@ -133,6 +124,45 @@ impl Partition {
             }
         }
         Ok(w.window.as_mut().is_some_and(|win| win.write(at, bytes)))
+    }
+
+    /// Reserves the space from `at` through at least `end` for copies into
+    /// a mapping. A reservation is never taken from the file's length: a
+    /// file's tail may be a hole (recovery cuts a torn tail by truncating
+    /// and extending; a sparse copy of the directory does the same), and a
+    /// mapped page over a hole is allocated when written, which on a full
+    /// disk is `SIGBUS`. A full disk fails with `NoSpace` after trying the
+    /// bare `at..end`, and leaves the file's length as it was. False when
+    /// the file cannot reserve (the records are written instead).
+    fn reserve_mapped(&self, w: &mut Writer, at: u64, end: u64) -> Result<bool> {
+        let step = MAP_WINDOW.min(w.reserved_end.max(64 << 10));
+        let mut target = end.div_ceil(step) * step;
+        let log = &*w.active.log;
+        let old_len = w.prealloc_end.max(w.end);
+        let mut result = log.reserve(at, target);
+        if result.as_ref().is_err_and(crate::engine::error::is_no_space) {
+            target = end;
+            result = log.reserve(at, target);
+        }
+        match result {
+            Ok(true) => {
+                w.reserved_end = target;
+                w.prealloc_end = w.prealloc_end.max(target);
+                Ok(true)
+            }
+            Ok(false) => Ok(self.unmap(w, None)),
+            Err(e) if crate::engine::error::is_no_space(&e) => {
+                // A reservation cut short may have grown the file.
+                if log.len().is_ok_and(|len| len > old_len)
+                    && let Err(e2) = log.set_len(old_len)
+                {
+                    let file = self.vfs.describe(&w.active.log_path);
+                    tracing::warn!(file = %file.display(), error = %e2, "a failed reservation's space could not be given back");
+                }
+                Err(io_err(&*self.vfs, &w.active.log_path, "reserve space in", e))
+            }
+            Err(e) => Ok(self.unmap(w, Some(e))),
+        }
     }
 
     /// Stops copying into mapped windows until the next segment (records
@@ -291,6 +321,7 @@ impl Partition {
             // The zero-filled space past the records is gone: fill it again
             // before the next append (which fails cleanly if it can't).
             w.prealloc_end = w.end;
+            w.reserved_end = 0;
             match seg.log.set_len(w.end).and_then(|()| seg.log.sync_data()) {
                 Ok(()) => e,
                 Err(e2) => Error::Poisoned {
@@ -379,5 +410,6 @@ pub(super) fn create_segment(
         pending: Vec::new(),
         window: None,
         unmapped: false,
+        reserved_end: 0,
     })
 }
