@@ -481,23 +481,15 @@ mod tests {
     /// Every segment file under `dir` (by path), without its header (which
     /// holds its creation time) and without the zeros after its data.
     fn segment_bytes_of(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
-        let mut out = Vec::new();
-        let mut todo = vec![dir.to_path_buf()];
-        while let Some(d) = todo.pop() {
-            for entry in std::fs::read_dir(&d).expect("list") {
-                let path = entry.expect("entry").path();
-                if path.is_dir() {
-                    todo.push(path);
-                } else if path.extension().is_some_and(|e| e == "log") {
-                    let bytes = std::fs::read(&path).expect("read");
-                    let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-                    let body = bytes[segment::format::HEADER_LEN.min(end)..end].to_vec();
-                    out.push((path.strip_prefix(dir).expect("under dir").to_path_buf(), body));
-                }
-            }
-        }
-        out.sort();
-        out
+        segment_paths(dir)
+            .into_iter()
+            .map(|path| {
+                let bytes = std::fs::read(&path).expect("read");
+                let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+                let body = bytes[segment::format::HEADER_LEN.min(end)..end].to_vec();
+                (path.strip_prefix(dir).expect("under dir").to_path_buf(), body)
+            })
+            .collect()
     }
 
     /// Under `None` and `Batched` on a real directory, records are copied
@@ -691,6 +683,57 @@ mod tests {
         let (assigned, _) = engine.append(&stream, &[Routed { partition: 0, ts: 1, event: &event }]).expect("append");
         assert_eq!(assigned.into_vec(), vec![(0, acked + 1)]);
         assert_eq!(seqs(&engine, "s", 0), (1..=acked + 1).collect::<Vec<_>>());
+    }
+
+    /// Recovery cuts a torn tail by truncating and extending the file back:
+    /// a hole. Reopened under `Sync`, the writer zero-fills (allocates) the
+    /// hole again before writing there, so a full disk fails an append
+    /// cleanly instead of poisoning on the commit thread's write.
+    #[test]
+    fn a_tail_cut_by_recovery_is_filled_again_before_sync_writes_there() {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let none = EngineOptions::default().durability(Durability::None).background_indexing(false);
+        let engine = Engine::open_dir(dir.path(), none).expect("open");
+        engine.create_stream("s", 1, &[], 0).expect("create");
+        append(&engine, "s", &[0, 0, 0]).expect("append");
+        drop(engine);
+        let log = segment_paths(dir.path()).pop().expect("a segment");
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&log).expect("segment");
+        let bytes = std::fs::read(&log).expect("read");
+        let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1) as u64;
+        // A torn append: junk after the records, and the file 256 KiB long.
+        file.write_all_at(&[0xAB; 100], end).expect("junk");
+        file.set_len(256 << 10).expect("extend");
+        file.sync_all().expect("sync");
+        let engine = Engine::open_dir(dir.path(), EngineOptions::default().background_indexing(false)).expect("reopen");
+        assert_eq!(engine.recovery_report().len(), 1, "the torn tail was cut: {:?}", engine.recovery_report());
+        append(&engine, "s", &[0]).expect("append under Sync");
+        // The first zero-fill step is 64 KiB: without it, the records alone
+        // (under 4 KiB) would be allocated.
+        let allocated = std::fs::metadata(&log).expect("stat").blocks() * 512;
+        assert!(allocated >= 64 << 10, "the hole after the cut is filled before Sync writes there: {allocated} bytes");
+        assert_eq!(seqs(&engine, "s", 0), vec![1, 2, 3, 4]);
+    }
+
+    /// The segment files under `dir` (`<base:020>.log`), by path.
+    fn segment_paths(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        let mut todo = vec![dir.to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for entry in std::fs::read_dir(&d).expect("list") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    todo.push(path);
+                } else if path.extension().is_some_and(|e| e == "log")
+                    && path.file_stem().and_then(|s| s.to_str()).is_some_and(|s| s.len() == 20)
+                {
+                    out.push(path);
+                }
+            }
+        }
+        out.sort();
+        out
     }
 
     #[test]

@@ -75,7 +75,7 @@ pub struct EngineOptions {
     /// Under `Batched` and `None`, copy appended records into a shared
     /// mapping of the active segment instead of one `pwrite` per append
     /// (default true; ADR 0035). Used on Linux where writing a mapped page
-    /// of reserved space cannot fail for want of space (ext2/3/4, tmpfs);
+    /// of reserved space cannot fail for want of space (ext4, tmpfs);
     /// elsewhere, or when mapping fails, records are written as with false.
     /// Space is reserved ahead with `fallocate` in steps of up to 4 MiB.
     /// The cost: what a mapping cannot report as an error kills the process

@@ -61,7 +61,7 @@ pub trait VfsFile: Send + Sync + fmt::Debug {
     /// kept when the process dies). `Ok(None)` when this file cannot be
     /// written that way (the default; the real file system only on Linux,
     /// on file systems that do not allocate when a mapped page is written:
-    /// ext2/3/4, tmpfs). The caller copies only into space that
+    /// ext4, tmpfs). The caller copies only into space that
     /// [`VfsFile::reserve`] reserved.
     fn map_window(&self, offset: u64, len: u64) -> io::Result<Option<WriteWindow>> {
         let _ = (offset, len);
@@ -147,7 +147,8 @@ impl WriteWindow {
                     std::ptr::copy_nonoverlapping(chunk.as_ptr(), dst.add(done), COPY_CHUNK);
                 }
                 // Keeps the compiler from merging or reordering the chunks'
-                // stores (the CPU executes stores in program order).
+                // stores: a kill takes effect between instructions, and every
+                // store executed before it reaches the page.
                 compiler_fence(Ordering::Release);
                 done += COPY_CHUNK;
             }

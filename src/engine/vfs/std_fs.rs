@@ -94,8 +94,12 @@ impl VfsFile for StdFile {
         if to <= from || !maps_without_allocating(&self.0)? {
             return Ok(false);
         }
-        rustix::fs::fallocate(&self.0, rustix::fs::FallocateFlags::empty(), from, to - from)?;
-        Ok(true)
+        match rustix::fs::fallocate(&self.0, rustix::fs::FallocateFlags::empty(), from, to - from) {
+            Ok(()) => Ok(true),
+            // ext2/3 files without extents cannot reserve: they are written.
+            Err(rustix::io::Errno::OPNOTSUPP) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
@@ -110,7 +114,8 @@ pub(crate) fn std_maps_writes(dir: &Path) -> bool {
 
 /// True on the file systems where writing a mapped page of reserved space
 /// never allocates (so it cannot fail for want of space, which a mapping
-/// could only report as SIGBUS): ext2/3/4 and tmpfs. Not XFS, whose
+/// could only report as SIGBUS): ext4 (files with extents; others cannot
+/// reserve and are written) and tmpfs. Not XFS, whose
 /// reflinked extents (a `cp` of the file shares them by default) are copied
 /// when written, nor Btrfs or ZFS (copy on write) or network file systems:
 /// their files are written with `pwrite`.

@@ -131,7 +131,11 @@ pub struct Writer {
     /// The end of the zero-filled region; the file's length is
     /// `max(prealloc_end, end)` (deferred records not yet written aside).
     prealloc_end: u64,
+    /// The length of the index file written so far.
     idx_len: u64,
+    /// Index entries not written to the index file yet (written together,
+    /// at a roll, or never: a reopen rebuilds the active segment's index).
+    idx_pending: Vec<u8>,
     last_index_offset: u64,
     /// The next sequence to assign.
     pub next_seq: u64,
@@ -163,6 +167,7 @@ pub struct Mark {
     max_ts: i64,
     max_txn: u64,
     idx_len: u64,
+    idx_pending: usize,
     last_index_offset: u64,
     index_len: usize,
     base_seq: u64,

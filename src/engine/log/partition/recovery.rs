@@ -447,7 +447,11 @@ pub(super) fn recover_active(
     }
     write_index(vfs, &seg.idx_path, seg.base_seq, &entries);
     let idx_len = (IDX_HEADER_LEN + entries.len() * ENTRY_LEN) as u64;
-    let prealloc_end = seg.log.len().map_err(|e| io_err(vfs, &seg.log_path, "stat", e))?;
+    // A cut tail is a hole (truncated, then extended back): only the space
+    // up to the cut counts as filled, so that `Sync` zero-fills (allocates)
+    // it again before writing there, and a full disk fails cleanly.
+    let prealloc_end =
+        if truncation.is_some() { cut } else { seg.log.len().map_err(|e| io_err(vfs, &seg.log_path, "stat", e))? };
     *seg.index.write() = Some(entries);
     let next_seq = seg.base_seq + count;
     Ok((
@@ -466,6 +470,7 @@ pub(super) fn recover_active(
             window: None,
             unmapped: false,
             reserved_end: 0,
+            idx_pending: Vec::new(),
         },
         truncation,
     ))

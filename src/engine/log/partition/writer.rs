@@ -8,6 +8,11 @@ use crate::engine::vfs::WINDOW_ALIGN;
 /// The length of a mapped window of the active segment (ADR 0035).
 const MAP_WINDOW: u64 = 4 << 20;
 
+/// Index entries are kept in the writer until this many bytes of them (32
+/// entries, one per 4 KiB of records) are written together: one `pwrite`
+/// per 128 KiB of records instead of one per 4 KiB.
+const IDX_WRITE_BYTES: usize = 32 * ENTRY_LEN;
+
 impl Partition {
     /// The current write state, for rolling back a failed batch.
     pub fn mark(w: &Writer) -> Mark {
@@ -18,6 +23,7 @@ impl Partition {
             max_ts: w.max_ts,
             max_txn: w.max_txn,
             idx_len: w.idx_len,
+            idx_pending: w.idx_pending.len(),
             last_index_offset: w.last_index_offset,
             index_len: w.active.index.read().as_ref().map_or(0, Vec::len),
             base_seq: w.active.base_seq,
@@ -59,7 +65,6 @@ impl Partition {
         defer: bool,
     ) -> Result<Arc<dyn VfsFile>> {
         let len = bytes.len() as u64;
-        let vfs = &*self.vfs;
         // Zero-filling ahead is what can run out of space; it happens here,
         // before anything is appended, so a full disk fails cleanly.
         self.preallocate(w, w.end + len)?;
@@ -76,11 +81,9 @@ impl Partition {
         if w.count == 0 || w.end - w.last_index_offset >= INDEX_INTERVAL_BYTES {
             let entry =
                 IndexEntry { seq: w.next_seq, offset: w.end, max_ts_before: w.max_ts, max_txn_before: w.max_txn };
-            // The index is derived data: a failed write only costs a rebuild.
-            if w.idx.write_all_at(&entry.encode(), w.idx_len).is_ok() {
-                w.idx_len += ENTRY_LEN as u64;
-            } else {
-                tracing::warn!(file = %vfs.describe(&w.active.idx_path).display(), "index write failed; it will be rebuilt");
+            w.idx_pending.extend_from_slice(&entry.encode());
+            if w.idx_pending.len() >= IDX_WRITE_BYTES {
+                self.write_idx_pending(w);
             }
             w.last_index_offset = w.end;
             if let Some(ix) = w.active.index.write().as_mut() {
@@ -141,7 +144,11 @@ impl Partition {
         let old_len = w.prealloc_end.max(w.end);
         let mut result = log.reserve(at, target);
         if result.as_ref().is_err_and(crate::engine::error::is_no_space) {
-            target = end;
+            // The bare need, to a whole window alignment: a mapped page must
+            // be reserved whole (file system blocks may be smaller than a
+            // page, and a page's unreserved blocks would allocate when it is
+            // written).
+            target = end.next_multiple_of(WINDOW_ALIGN);
             result = log.reserve(at, target);
         }
         match result {
@@ -181,6 +188,24 @@ impl Partition {
     /// segment rather than written (ADR 0035).
     pub fn writes_mapped(&self) -> bool {
         self.writer.lock().window.is_some()
+    }
+
+    /// Writes the index entries kept in the writer to the segment's index
+    /// file. The index is derived data: a failed write is logged and its
+    /// entries dropped (seeks in their range scan a little further; a
+    /// reopen rebuilds the active segment's index anyway), and entries not
+    /// written when the process dies are rebuilt the same way.
+    fn write_idx_pending(&self, w: &mut Writer) {
+        if w.idx_pending.is_empty() {
+            return;
+        }
+        if w.idx.write_all_at(&w.idx_pending, w.idx_len).is_ok() {
+            w.idx_len += w.idx_pending.len() as u64;
+        } else {
+            let file = self.vfs.describe(&w.active.idx_path);
+            tracing::warn!(file = %file.display(), "index write failed; it will be rebuilt");
+        }
+        w.idx_pending.clear();
     }
 
     /// Writes the deferred records to the file (under the writer lock).
@@ -265,7 +290,15 @@ impl Partition {
         w.count = mark.count;
         w.max_ts = mark.max_ts;
         w.max_txn = mark.max_txn;
-        w.idx_len = mark.idx_len;
+        if w.idx_len == mark.idx_len {
+            w.idx_pending.truncate(mark.idx_pending);
+        } else {
+            // Entries kept at the mark were written since, with later ones:
+            // they go (the index only gets sparser), and the later ones are
+            // overwritten by what follows.
+            w.idx_len = mark.idx_len;
+            w.idx_pending.clear();
+        }
         w.last_index_offset = mark.last_index_offset;
         if let Some(ix) = w.active.index.write().as_mut() {
             ix.truncate(mark.index_len);
@@ -303,6 +336,7 @@ impl Partition {
             crate::engine::error::poisoned(scope, &format!("sealing the segment failed at {what}"), e)
         };
         self.write_pending(w)?;
+        self.write_idx_pending(w);
         w.window = None;
         let footer = Footer {
             records_end: w.end,
@@ -411,5 +445,6 @@ pub(super) fn create_segment(
         window: None,
         unmapped: false,
         reserved_end: 0,
+        idx_pending: Vec::new(),
     })
 }
