@@ -128,8 +128,10 @@ pub struct Writer {
     idx: Arc<dyn VfsFile>,
     /// The end of the written records in the active segment.
     end: u64,
-    /// The end of the zero-filled region; the file's length is
-    /// `max(prealloc_end, end)` (deferred records not yet written aside).
+    /// The end of the zero-filled region; the file's length is at least
+    /// `max(prealloc_end, end)` (deferred records not yet written aside),
+    /// and longer only by a hole: a tail recovery cut (truncated, then
+    /// extended back), which is not counted as filled.
     prealloc_end: u64,
     /// The length of the index file written so far.
     idx_len: u64,

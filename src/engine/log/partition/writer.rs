@@ -290,13 +290,14 @@ impl Partition {
         w.count = mark.count;
         w.max_ts = mark.max_ts;
         w.max_txn = mark.max_txn;
+        // A batch's partition gets one write after its mark, so at most one
+        // entry came since, and at most one write of the kept entries.
         if w.idx_len == mark.idx_len {
             w.idx_pending.truncate(mark.idx_pending);
         } else {
-            // Entries kept at the mark were written since, with later ones:
-            // they go (the index only gets sparser), and the later ones are
-            // overwritten by what follows.
-            w.idx_len = mark.idx_len;
+            // The entries kept at the mark were written since, with the new
+            // one after them: that one is overwritten by what follows.
+            w.idx_len = mark.idx_len + mark.idx_pending as u64;
             w.idx_pending.clear();
         }
         w.last_index_offset = mark.last_index_offset;
