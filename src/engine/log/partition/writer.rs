@@ -138,8 +138,7 @@ impl Partition {
     /// bare `at..end`, and leaves the file's length as it was. False when
     /// the file cannot reserve (the records are written instead).
     fn reserve_mapped(&self, w: &mut Writer, at: u64, end: u64) -> Result<bool> {
-        let step = MAP_WINDOW.min(w.reserved_end.max(64 << 10));
-        let mut target = end.div_ceil(step) * step;
+        let mut target = step_target(w.reserved_end, end, MAP_WINDOW);
         let log = &*w.active.log;
         let old_len = w.prealloc_end.max(w.end);
         let mut result = log.reserve(at, target);
@@ -186,7 +185,8 @@ impl Partition {
 
     /// True while records are copied into a mapped window of the active
     /// segment rather than written (ADR 0035).
-    pub fn writes_mapped(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn writes_mapped(&self) -> bool {
         self.writer.lock().window.is_some()
     }
 
@@ -316,10 +316,7 @@ impl Partition {
         if chunk == 0 || !syncs || upto <= w.prealloc_end {
             return Ok(());
         }
-        // Grow geometrically from 64 KiB up to `chunk`, so that thousands of
-        // small partitions do not each reserve a whole chunk.
-        let step = chunk.min(w.prealloc_end.max(64 << 10));
-        let target = upto.div_ceil(step) * step;
+        let target = step_target(w.prealloc_end, upto, chunk);
         let from = w.prealloc_end.max(w.end);
         write_zeros(&*w.active.log, from, target)
             .map_err(|e| io_err(&*self.vfs, &w.active.log_path, "preallocate", e))?;
@@ -399,6 +396,14 @@ impl Partition {
         *w = next;
         Ok(())
     }
+}
+
+/// Where space filled (or reserved) ahead of writes up to `done` must end to
+/// cover `upto`: in steps that grow geometrically from 64 KiB up to `most`,
+/// so that thousands of small partitions do not each take a whole `most`.
+fn step_target(done: u64, upto: u64, most: u64) -> u64 {
+    let step = most.min(done.max(64 << 10));
+    upto.div_ceil(step) * step
 }
 
 /// Creates a new, empty active segment (header synced, directory synced).
