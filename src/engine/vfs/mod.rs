@@ -92,6 +92,9 @@ pub const COPY_CHUNK: usize = 32;
 /// A writable window of a file mapped into memory ([`VfsFile::map_window`]).
 pub struct WriteWindow {
     offset: u64,
+    /// The file offset up to which its pages were brought in writable
+    /// ([`WriteWindow::populate`]).
+    populated: u64,
     #[cfg(target_os = "linux")]
     map: memmap2::MmapMut,
 }
@@ -103,6 +106,44 @@ impl fmt::Debug for WriteWindow {
 }
 
 impl WriteWindow {
+    /// A window of `map` at file offset `offset`.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn new(offset: u64, map: memmap2::MmapMut) -> Self {
+        WriteWindow { offset, populated: offset, map }
+    }
+
+    /// Brings the window's pages from file offset `from` (or from where the
+    /// last call stopped, when further) up to `upto` into memory, writable,
+    /// in one call (`MADV_POPULATE_WRITE`): a page first stored to
+    /// otherwise faults once for each 4 KiB, which costs more than the
+    /// copies into it. The caller passes
+    /// only space the file holds reserved ([`VfsFile::reserve`]), so
+    /// nothing is allocated. Best effort: where the kernel cannot (before
+    /// Linux 5.14), the pages fault in as they are written, as without it.
+    pub fn populate(&mut self, from: u64, upto: u64) {
+        let upto = upto.min(self.end());
+        self.populated = self.populated.max(from.min(upto));
+        if upto <= self.populated {
+            return;
+        }
+        #[cfg(target_os = "linux")]
+        if let (Ok(from), Ok(len)) =
+            (usize::try_from(self.populated - self.offset), usize::try_from(upto - self.populated))
+        {
+            // Either way the pages are written next: an error is left to
+            // the copy (a page that cannot be brought in fails there as it
+            // would have without this).
+            let _ = self.map.advise_range(memmap2::Advice::PopulateWrite, from, len);
+        }
+        self.populated = upto;
+    }
+
+    /// The file offset up to which its pages were brought in
+    /// ([`WriteWindow::populate`]).
+    pub fn populated(&self) -> u64 {
+        self.populated
+    }
+
     /// The file offset of its first byte.
     pub fn offset(&self) -> u64 {
         self.offset

@@ -87,7 +87,7 @@ impl VfsFile for StdFile {
         // truncating the file, or a read error (or a file system shut down
         // after errors) when the page being written is brought in; ADR 0035.
         let map = unsafe { memmap2::MmapOptions::new().offset(offset).len(len).map_mut(&self.0)? };
-        Ok(Some(super::WriteWindow { offset, map }))
+        Ok(Some(super::WriteWindow::new(offset, map)))
     }
     #[cfg(target_os = "linux")]
     fn reserve(&self, from: u64, to: u64) -> io::Result<bool> {

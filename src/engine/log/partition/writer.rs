@@ -5,6 +5,10 @@
 use super::*;
 use crate::engine::vfs::WINDOW_ALIGN;
 
+/// How far ahead of a copy into a mapped window its pages are brought in
+/// at once ([`WriteWindow::populate`]).
+const POPULATE_AHEAD: u64 = 256 << 10;
+
 /// The length of a mapped window of the active segment (ADR 0035).
 const MAP_WINDOW: u64 = 4 << 20;
 
@@ -126,7 +130,12 @@ impl Partition {
                 Err(e) => return Ok(self.unmap(w, Some(e))),
             }
         }
-        Ok(w.window.as_mut().is_some_and(|win| win.write(at, bytes)))
+        let Some(win) = w.window.as_mut() else { return Ok(false) };
+        // Pages ahead brought in writable in one call, within the reserved space.
+        if end > win.populated() {
+            win.populate(at, end.max(at + POPULATE_AHEAD).next_multiple_of(WINDOW_ALIGN).min(w.reserved_end));
+        }
+        Ok(win.write(at, bytes))
     }
 
     /// Reserves the space from `at` through at least `end` for copies into
