@@ -21,6 +21,8 @@
 //!   freely), `Failed` (definitely not done) or `Ambiguous` (unknown);
 //! - [`Capabilities`] are honest.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -287,24 +289,46 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
 /// The source of one stream's wakeups, kept by a backend: every append
 /// (seen by this process, or reported by the database) calls
 /// [`Wakeups::appended`], and every subscriber's [`Subscription`] sees it.
-#[derive(Debug)]
-pub struct Wakeups(tokio::sync::watch::Sender<u64>);
+///
+/// An append with nobody waiting costs one atomic increment and one load:
+/// subscribers are woken only while one of them waits.
+#[derive(Debug, Default)]
+pub struct Wakeups(Arc<WakeState>);
 
-impl Default for Wakeups {
-    fn default() -> Self {
-        Wakeups(tokio::sync::watch::Sender::new(0))
-    }
+/// What a [`Wakeups`] shares with its subscriptions.
+#[derive(Debug, Default)]
+struct WakeState {
+    /// Appends seen so far.
+    appends: AtomicU64,
+    /// Subscriptions waiting now.
+    waiting: AtomicUsize,
+    /// Set when the source is dropped: its subscriptions poll from then on.
+    closed: AtomicBool,
+    notify: tokio::sync::Notify,
 }
 
 impl Wakeups {
     /// Tells every subscriber that events were appended.
     pub fn appended(&self) {
-        self.0.send_modify(|n| *n = n.wrapping_add(1));
+        // SeqCst on both sides: either this load sees a waiter, which was
+        // registered with `notify` before it counted itself, or that
+        // waiter's load of `appends` sees this increment (wait()).
+        self.0.appends.fetch_add(1, Ordering::SeqCst);
+        if self.0.waiting.load(Ordering::SeqCst) > 0 {
+            self.0.notify.notify_waiters();
+        }
     }
 
     /// A new subscriber: it sees the appends from now on.
     pub fn subscribe(&self) -> Subscription {
-        Subscription { rx: Some(self.0.subscribe()) }
+        Subscription { state: Some(self.0.clone()), seen: self.0.appends.load(Ordering::SeqCst) }
+    }
+}
+
+impl Drop for Wakeups {
+    fn drop(&mut self) {
+        self.0.closed.store(true, Ordering::SeqCst);
+        self.0.notify.notify_waiters();
     }
 }
 
@@ -317,45 +341,121 @@ impl Wakeups {
 #[derive(Debug)]
 pub struct Subscription {
     /// None: polling (the backend has no wakeups, or its source is gone).
-    rx: Option<tokio::sync::watch::Receiver<u64>>,
+    state: Option<Arc<WakeState>>,
+    /// The appends counted when the last wait returned.
+    seen: u64,
 }
 
 impl Subscription {
     /// A subscription that never wakes early: each wait sleeps its timeout.
     pub fn polling() -> Self {
-        Subscription { rx: None }
+        Subscription { state: None, seen: 0 }
     }
 
     /// True when appends wake it (false: it polls).
     pub fn wakes(&self) -> bool {
-        self.rx.is_some()
+        self.state.is_some()
     }
 
     /// Returns when events were appended since the last wait (true), or
     /// after `timeout` (false).
     pub async fn wait(&mut self, timeout: Duration) -> bool {
-        let Some(rx) = &mut self.rx else {
+        let Some(state) = self.state.clone() else {
             tokio::time::sleep(timeout).await;
             return false;
         };
-        match tokio::time::timeout(timeout, rx.changed()).await {
-            Ok(Ok(())) => {
-                rx.borrow_and_update();
-                true
+        /// Uncounts a waiter however its wait ends (a wakeup, a timeout,
+        /// or the caller dropping the future).
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
             }
-            // The backend dropped its source (it was closed): poll from now.
-            Ok(Err(_)) => {
-                self.rx = None;
-                false
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            // Registered before counting itself as waiting (see
+            // `appended`): a `notify_waiters` from then on wakes it.
+            let notified = state.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            state.waiting.fetch_add(1, Ordering::SeqCst);
+            let _waiting = Waiting(&state.waiting);
+            let now = state.appends.load(Ordering::SeqCst);
+            if now != self.seen {
+                self.seen = now;
+                return true;
             }
-            Err(_) => false,
+            if state.closed.load(Ordering::SeqCst) {
+                // The backend dropped its source (it was closed): poll from now.
+                self.state = None;
+                return false;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
+            // Woken: by an append counted since (or one already seen, whose
+            // wakeup came late), or by the source closing. Look again.
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{keeping_the_worker_free, worker_kept_free};
+    use super::{Wakeups, keeping_the_worker_free, worker_kept_free};
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    #[tokio::test]
+    async fn a_subscription_sees_appends_made_before_and_during_its_wait() {
+        let source = Wakeups::default();
+        let mut sub = source.subscribe();
+        assert!(sub.wakes());
+        assert!(!sub.wait(Duration::from_millis(20)).await, "nothing appended yet");
+        source.appended();
+        source.appended();
+        assert!(sub.wait(Duration::from_secs(5)).await, "appended between two waits");
+        assert!(!sub.wait(Duration::from_millis(20)).await, "both were seen by the last wait");
+        let late = source.subscribe();
+        drop(late);
+
+        let source = std::sync::Arc::new(source);
+        let appender = source.clone();
+        let started = Instant::now();
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            appender.appended();
+        });
+        assert!(sub.wait(Duration::from_secs(10)).await, "woken by an append during the wait");
+        assert!(started.elapsed() < Duration::from_secs(5), "woken, not timed out: {:?}", started.elapsed());
+        task.await.expect("appender");
+        assert_eq!(source.0.waiting.load(Ordering::SeqCst), 0, "no waiter counted after the wait");
+    }
+
+    #[tokio::test]
+    async fn a_dropped_wait_uncounts_itself_and_a_dropped_source_turns_subscriptions_to_polling() {
+        let source = Wakeups::default();
+        let mut sub = source.subscribe();
+        {
+            let wait = sub.wait(Duration::from_secs(10));
+            tokio::pin!(wait);
+            assert!(futures::poll!(wait.as_mut()).is_pending());
+            assert_eq!(source.0.waiting.load(Ordering::SeqCst), 1, "counted while it waits");
+        }
+        assert_eq!(source.0.waiting.load(Ordering::SeqCst), 0, "uncounted when the wait is dropped");
+
+        let waiting = tokio::spawn(async move {
+            let woke = sub.wait(Duration::from_secs(10)).await;
+            (woke, sub.wakes())
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let started = Instant::now();
+        drop(source);
+        let (woke, wakes) = waiting.await.expect("waiter");
+        assert!(!woke, "a closed source is not an append");
+        assert!(!wakes, "the subscription polls from then on");
+        assert!(started.elapsed() < Duration::from_secs(5), "the drop ended the wait");
+    }
 
     #[tokio::test]
     async fn the_worker_is_kept_free_only_inside_the_scope() {

@@ -29,6 +29,9 @@ pub struct Stream {
     pub(crate) groups: DeliveryTable,
     /// Held by a retention pass: one at a time per stream.
     pub(crate) retention: parking_lot::Mutex<()>,
+    /// The native backend's wakeups of this stream's name, found once
+    /// rather than looked up by name on every append.
+    pub(crate) wakeups: std::sync::OnceLock<Arc<crate::backend::Wakeups>>,
 }
 
 impl Stream {
@@ -44,7 +47,7 @@ impl Stream {
         let log = StreamLog::open(vfs.clone(), opts, entry, now_ms, truncations)?;
         let (groups, report) = DeliveryTable::open(vfs, opts, &log)?;
         let index = StreamIndex::new(entry.partition_count, &entry.indexes);
-        Ok((Stream { log, index, groups, retention: parking_lot::Mutex::new(()) }, report))
+        Ok((Stream { log, index, groups, retention: parking_lot::Mutex::new(()), wakeups: Default::default() }, report))
     }
 
     /// The stream's name.

@@ -73,9 +73,10 @@ const INLINE_FETCH: usize = 256;
 pub struct NativeBackend {
     engine: Engine,
     clock: Arc<dyn Clock>,
-    /// One wakeup source per stream (created on first use, at most one per stream
-    /// the engine has): appends bump it, `subscribe` hands out receivers.
-    /// The engine stays free of any async runtime.
+    /// One wakeup source per stream name (created on first use, at most one
+    /// per stream the engine has; each engine stream keeps its own after
+    /// the first look-up): appends bump it, `subscribe` hands out
+    /// subscriptions. The engine runs no async runtime of its own.
     wakeups: Arc<parking_lot::Mutex<HashMap<Arc<str>, Arc<Wakeups>>>>,
     /// One dedupe window per stream (created on its first append with a
     /// producer-given id).
@@ -207,9 +208,11 @@ impl NativeBackend {
         NativeBackend::from_engine(engine, clock)
     }
 
-    /// The wakeup of a stream the engine has (see `wakeups`).
-    fn wakeup(&self, s: &Stream) -> Arc<Wakeups> {
-        self.wakeups.lock().entry(s.name().clone()).or_default().clone()
+    /// The wakeup of a stream the engine has (see `wakeups`; kept by the
+    /// stream after the first look-up, and the same for a stream
+    /// created again under the name).
+    fn wakeup<'s>(&self, s: &'s Stream) -> &'s Wakeups {
+        s.wakeups.get_or_init(|| self.wakeups.lock().entry(s.name().clone()).or_default().clone())
     }
 
     /// The engine underneath.
