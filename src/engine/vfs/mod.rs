@@ -95,8 +95,19 @@ pub struct WriteWindow {
     /// The file offset up to which its pages were brought in writable
     /// ([`WriteWindow::populate`]).
     populated: u64,
+    /// Shared with the populating thread while it brings pages in: the
+    /// mapping outlives its jobs.
     #[cfg(target_os = "linux")]
-    map: memmap2::MmapMut,
+    map: std::sync::Arc<memmap2::MmapRaw>,
+}
+
+/// Unmapping a window of brought-in pages takes as long as many copies:
+/// the populating thread does it, when its queue has room.
+#[cfg(target_os = "linux")]
+impl Drop for WriteWindow {
+    fn drop(&mut self) {
+        populator::retire(self.map.clone());
+    }
 }
 
 impl fmt::Debug for WriteWindow {
@@ -108,18 +119,22 @@ impl fmt::Debug for WriteWindow {
 impl WriteWindow {
     /// A window of `map` at file offset `offset`.
     #[cfg(target_os = "linux")]
-    pub(crate) fn new(offset: u64, map: memmap2::MmapMut) -> Self {
-        WriteWindow { offset, populated: offset, map }
+    pub(crate) fn new(offset: u64, map: memmap2::MmapRaw) -> Self {
+        WriteWindow { offset, populated: offset, map: std::sync::Arc::new(map) }
     }
 
-    /// Brings the window's pages from file offset `from` (or from where the
-    /// last call stopped, when further) up to `upto` into memory, writable,
-    /// in one call (`MADV_POPULATE_WRITE`): a page first stored to
-    /// otherwise faults once for each 4 KiB, which costs more than the
-    /// copies into it. The caller passes
-    /// only space the file holds reserved ([`VfsFile::reserve`]), so
-    /// nothing is allocated. Best effort: where the kernel cannot (before
-    /// Linux 5.14), the pages fault in as they are written, as without it.
+    /// Has the window's pages from file offset `from` (or from where the
+    /// last call stopped, when further) up to `upto` brought into memory,
+    /// writable (`MADV_POPULATE_WRITE`), by a background thread when it
+    /// keeps up, else here: a page first stored to otherwise faults once
+    /// for each 4 KiB, and the kernel's work for each page (a page-cache
+    /// page, its buffers, marking it dirty) costs more than the copies into
+    /// it. The caller passes only space the file holds reserved
+    /// ([`VfsFile::reserve`]), so nothing is allocated. Best effort and
+    /// never needed: a page not brought in yet (the thread is behind, or
+    /// the kernel is older than Linux 5.14) faults in when written, as
+    /// without it; a page the file no longer holds (a segment cut back
+    /// while the thread works) fails the call, never the process.
     pub fn populate(&mut self, from: u64, upto: u64) {
         let upto = upto.min(self.end());
         self.populated = self.populated.max(from.min(upto));
@@ -130,10 +145,7 @@ impl WriteWindow {
         if let (Ok(from), Ok(len)) =
             (usize::try_from(self.populated - self.offset), usize::try_from(upto - self.populated))
         {
-            // Either way the pages are written next: an error is left to
-            // the copy (a page that cannot be brought in fails there as it
-            // would have without this).
-            let _ = self.map.advise_range(memmap2::Advice::PopulateWrite, from, len);
+            populator::populate(&self.map, from, len);
         }
         self.populated = upto;
     }
@@ -182,8 +194,11 @@ impl WriteWindow {
             for chunk in chunks.by_ref() {
                 #[expect(unsafe_code, reason = "a copy into the mapped window (ADR 0035)")]
                 // SAFETY: `start + bytes.len()` is within the mapping (checked
-                // above against `end()`), so every chunk's destination is; the
-                // source is a separate Rust slice, so they do not overlap.
+                // above against `end()`), so every chunk's destination is, and
+                // the mapping lives while `self.map` does (the populating
+                // thread's jobs hold it too, and only advise it); no Rust
+                // reference to its bytes exists (a raw mapping); the source is
+                // a separate Rust slice, so they do not overlap.
                 unsafe {
                     std::ptr::copy_nonoverlapping(chunk.as_ptr(), dst.add(done), COPY_CHUNK);
                 }
@@ -298,6 +313,98 @@ impl VfsFile for StickySync {
     }
     fn reserve(&self, from: u64, to: u64) -> io::Result<bool> {
         self.inner.reserve(from, to)
+    }
+}
+
+/// The thread that brings mapped pages in ahead of the copies
+/// ([`WriteWindow::populate`]): one per process, started on first use, its
+/// queue bounded (a full queue, or a thread that could not start, makes
+/// the caller do the job itself).
+#[cfg(target_os = "linux")]
+mod populator {
+    use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
+    use std::sync::{Arc, OnceLock};
+
+    /// Pages of a mapping to bring in: offset and length in it.
+    struct Job(Arc<memmap2::MmapRaw>, usize, usize);
+
+    impl Job {
+        fn run(self) {
+            if self.2 == 0 {
+                return;
+            }
+            // Best effort (see `WriteWindow::populate`): on an error the
+            // pages fault in when written.
+            let _ = self.0.advise_range(memmap2::Advice::PopulateWrite, self.1, self.2);
+        }
+    }
+
+    /// Jobs queued at most: a window's worth of steps ahead.
+    const QUEUED: usize = 16;
+
+    fn queue() -> Option<&'static SyncSender<Job>> {
+        static QUEUE: OnceLock<Option<SyncSender<Job>>> = OnceLock::new();
+        QUEUE
+            .get_or_init(|| {
+                let (tx, rx) = sync_channel::<Job>(QUEUED);
+                let started = std::thread::Builder::new()
+                    .name("rheo-populate".to_owned())
+                    .spawn(move || rx.into_iter().for_each(Job::run));
+                started.is_ok().then_some(tx)
+            })
+            .as_ref()
+    }
+
+    pub(super) fn populate(map: &Arc<memmap2::MmapRaw>, from: usize, len: usize) {
+        queue_or_run(Job(map.clone(), from, len));
+    }
+
+    /// Has the thread drop a reference to a mapping (the last one of a
+    /// window being let go, which unmaps it).
+    pub(super) fn retire(map: Arc<memmap2::MmapRaw>) {
+        queue_or_run(Job(map, 0, 0));
+    }
+
+    fn queue_or_run(job: Job) {
+        match queue() {
+            Some(tx) => match tx.try_send(job) {
+                Ok(()) => {}
+                Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => job.run(),
+            },
+            None => job.run(),
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::Job;
+        use std::os::unix::fs::FileExt;
+        use std::sync::Arc;
+
+        /// Bringing in pages the file does not hold (a segment cut back
+        /// while the thread works) fails quietly, never with SIGBUS, and
+        /// bringing pages in changes neither the file's bytes nor its length.
+        #[test]
+        fn populating_past_the_end_fails_quietly_and_changes_nothing() {
+            let dir = tempfile::tempdir().expect("dir");
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.path().join("f"))
+                .expect("create");
+            file.write_all_at(&[7u8; 100], 0).expect("write");
+            file.set_len(64 << 10).expect("extend");
+            let map = Arc::new(memmap2::MmapOptions::new().len(1 << 20).map_raw(&file).expect("map"));
+            Job(map.clone(), 0, 1 << 20).run();
+            Job(map.clone(), 4096, 8192).run();
+            Job(map, 0, 0).run();
+            assert_eq!(file.metadata().expect("stat").len(), 64 << 10, "the length is the file's");
+            let mut back = vec![0u8; 64 << 10];
+            file.read_exact_at(&mut back, 0).expect("read");
+            assert!(back[..100].iter().all(|&b| b == 7) && back[100..].iter().all(|&b| b == 0), "bytes unchanged");
+        }
     }
 }
 

@@ -74,19 +74,18 @@ impl VfsFile for StdFile {
             return Ok(None);
         }
         let Ok(len) = usize::try_from(len) else { return Ok(None) };
-        #[expect(unsafe_code, reason = "a shared mapping of the active segment (ADR 0035)")]
-        // SAFETY: no Rust reference into the mapping is ever made: its bytes
-        // are only stored to, through raw pointers, by `WriteWindow::write`
-        // under the partition's writer lock, into reserved space past the
-        // published records that nothing else writes (the engine's own
-        // zeroing `pwrite`s of a rollback run under the same lock; readers
-        // use `pread`, which copies whatever the page holds and keeps only
+        // A raw mapping: nothing can reach its bytes but through raw
+        // pointers, and `WriteWindow::write` only stores to them, under the
+        // partition's writer lock, into reserved space past the published
+        // records that nothing else writes (the engine's own zeroing
+        // `pwrite`s of a rollback run under the same lock; readers use
+        // `pread`, which copies whatever the page holds and keeps only
         // published records). The directory's lock keeps other Rheo
         // processes from writing the file. What a mapping cannot report as
         // an error kills the process with SIGBUS instead: a foreign process
         // truncating the file, or a read error (or a file system shut down
         // after errors) when the page being written is brought in; ADR 0035.
-        let map = unsafe { memmap2::MmapOptions::new().offset(offset).len(len).map_mut(&self.0)? };
+        let map = memmap2::MmapOptions::new().offset(offset).len(len).map_raw(&self.0)?;
         Ok(Some(super::WriteWindow::new(offset, map)))
     }
     #[cfg(target_os = "linux")]

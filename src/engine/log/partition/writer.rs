@@ -5,8 +5,9 @@
 use super::*;
 use crate::engine::vfs::WINDOW_ALIGN;
 
-/// How far ahead of a copy into a mapped window its pages are brought in
-/// at once ([`WriteWindow::populate`]).
+/// How far ahead of the copies into a mapped window its pages are brought
+/// in ([`WriteWindow::populate`]): asked for again when the copies are
+/// half of it from the end of what was asked.
 const POPULATE_AHEAD: u64 = 256 << 10;
 
 /// The length of a mapped window of the active segment (ADR 0035).
@@ -131,9 +132,10 @@ impl Partition {
             }
         }
         let Some(win) = w.window.as_mut() else { return Ok(false) };
-        // Pages ahead brought in writable in one call, within the reserved space.
-        if end > win.populated() {
-            win.populate(at, end.max(at + POPULATE_AHEAD).next_multiple_of(WINDOW_ALIGN).min(w.reserved_end));
+        // Pages ahead brought in writable by the populating thread, within
+        // the reserved space, a step before the copies reach them.
+        if end + POPULATE_AHEAD / 2 > win.populated() {
+            win.populate(at, (end + POPULATE_AHEAD).next_multiple_of(WINDOW_ALIGN).min(w.reserved_end));
         }
         Ok(win.write(at, bytes))
     }
