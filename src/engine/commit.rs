@@ -313,6 +313,9 @@ pub struct Shared {
     /// No commit thread: rounds are committed by the threads that wait on
     /// (or drop) their tickets (`EngineOptions::inline_io`).
     inline: bool,
+    /// The threads that sync a round's other files (see [`sync_all`]),
+    /// started with its first round of several files.
+    syncers: std::sync::OnceLock<Syncers>,
 }
 
 impl Shared {
@@ -366,6 +369,7 @@ impl Committer {
             poison,
             durability,
             inline,
+            syncers: std::sync::OnceLock::new(),
         });
         if inline {
             return Ok(Committer { shared, thread: Mutex::new(None) });
@@ -606,7 +610,7 @@ fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
         seen.push(key);
         to_sync.push(f);
     }
-    sync_all(&to_sync).map_err(|e| poisoned(s, crate::engine::error::poisoned("storage", "fdatasync failed", e)))?;
+    sync_all(&s.syncers, &to_sync).map_err(|e| poisoned(s, crate::engine::error::poisoned("storage", "fdatasync failed", e)))?;
     let mut txns: Vec<(&Arc<dyn TxnRecord>, u64)> = Vec::new();
     for (log, txn) in jobs.iter().filter_map(|j| j.txn.as_ref()) {
         match txns.iter_mut().find(|(l, _)| std::ptr::addr_eq(Arc::as_ptr(l), Arc::as_ptr(log))) {
@@ -634,42 +638,77 @@ fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
 /// The most files synced at once (one thread each beyond the first).
 const PARALLEL_SYNCS: usize = 8;
 
+/// A file to sync, and where to answer.
+type SyncJob = (Arc<dyn VfsFile>, std::sync::mpsc::Sender<std::io::Result<()>>);
+
+/// The threads that sync files beside the committing thread: kept for the
+/// committer's life (a round of several files used to start a thread for
+/// each, ~3 thread starts per round under many writers); they stop when
+/// the committer's state is dropped. The queue is bounded by the callers:
+/// one round at a time, at most `PARALLEL_SYNCS - 1` files each.
+struct Syncers {
+    /// None when no thread could be started: every file is synced by the
+    /// committing thread.
+    jobs: Option<std::sync::mpsc::Sender<SyncJob>>,
+}
+
+impl Syncers {
+    fn start() -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<SyncJob>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut started = 0;
+        for _ in 1..PARALLEL_SYNCS {
+            let rx = rx.clone();
+            let spawned = std::thread::Builder::new().name("rheo-sync".into()).spawn(move || {
+                loop {
+                    let next = rx.lock().recv();
+                    let Ok((file, answer)) = next else { return };
+                    let _ = answer.send(file.sync_data());
+                }
+            });
+            started += usize::from(spawned.is_ok());
+        }
+        Syncers { jobs: (started > 0).then_some(tx) }
+    }
+}
+
 /// Syncs the files, several at once: a round that wrote to several
 /// partitions (a multi-partition batch, or writers of several partitions)
 /// waits for about one device flush instead of one per file, as the block
 /// layer merges flushes that are pending together. The first error is
 /// returned after every sync has finished (none is left running).
-fn sync_all(files: &[&Arc<dyn VfsFile>]) -> std::io::Result<()> {
+fn sync_all(syncers: &std::sync::OnceLock<Syncers>, files: &[&Arc<dyn VfsFile>]) -> std::io::Result<()> {
     match files {
         [] => Ok(()),
         [one] => one.sync_data(),
         _ => {
+            let syncers = syncers.get_or_init(Syncers::start);
             let mut first_err = None;
             for chunk in files.chunks(PARALLEL_SYNCS) {
                 let Some((head, rest)) = chunk.split_first() else { continue };
-                std::thread::scope(|scope| {
-                    // A thread the OS refuses: that file is synced here.
-                    let mut results = Vec::with_capacity(chunk.len());
-                    let mut others = Vec::with_capacity(rest.len());
-                    for f in rest {
-                        match std::thread::Builder::new()
-                            .name("rheo-sync".into())
-                            .spawn_scoped(scope, move || f.sync_data())
-                        {
-                            Ok(h) => others.push(h),
-                            Err(_) => results.push(f.sync_data()),
-                        }
+                let (tx, rx) = std::sync::mpsc::channel();
+                let mut handed = 0;
+                let mut results = Vec::with_capacity(chunk.len());
+                for f in rest {
+                    let sent = syncers.jobs.as_ref().is_some_and(|jobs| jobs.send(((*f).clone(), tx.clone())).is_ok());
+                    if sent {
+                        handed += 1;
+                    } else {
+                        // No thread to take it: synced here.
+                        results.push(f.sync_data());
                     }
-                    results.push(head.sync_data());
-                    for h in others {
-                        results.push(h.join().unwrap_or_else(|_| Err(std::io::Error::other("a sync thread panicked"))));
+                }
+                drop(tx);
+                results.push(head.sync_data());
+                for _ in 0..handed {
+                    // A sync thread that died (a panic) dropped its answer.
+                    results.push(rx.recv().unwrap_or_else(|_| Err(std::io::Error::other("a sync thread stopped"))));
+                }
+                for r in results {
+                    if let Err(e) = r {
+                        first_err.get_or_insert(e);
                     }
-                    for r in results {
-                        if let Err(e) = r {
-                            first_err.get_or_insert(e);
-                        }
-                    }
-                });
+                }
             }
             first_err.map_or(Ok(()), Err)
         }
