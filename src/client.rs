@@ -500,7 +500,7 @@ impl Rheo {
         stream: &'a str,
         payload: &T,
         opts: AppendOptions,
-    ) -> impl Future<Output = Result<Event>> + Send + 'a {
+    ) -> impl Future<Output = Result<Event>> + Send + use<'a, T> {
         let event = check_stream(stream)
             .and_then(|()| encode(stream, payload))
             .and_then(|payload| self.prepare(stream, payload, opts));
@@ -1187,5 +1187,18 @@ mod future_size {
         for (call, size) in [("append", std::mem::size_of_val(&append)), ("append_encoded", std::mem::size_of_val(&encoded))] {
             assert!(size <= 1024, "{call}'s future is {size} bytes");
         }
+    }
+
+    /// The payload is serialized when `append` is called: its future does
+    /// not borrow it (this compiles only so).
+    #[tokio::test]
+    async fn an_append_future_outlives_its_payload() {
+        let rheo = super::Rheo::open("memory:").await.expect("open");
+        rheo.create_stream("s", crate::StreamOptions::new()).await.expect("stream");
+        let append = {
+            let payload = serde_json::json!({"n": 1});
+            rheo.append("s", &payload, crate::AppendOptions::new())
+        };
+        assert_eq!(append.await.expect("append").sequence(), 1);
     }
 }

@@ -663,7 +663,10 @@ impl Syncers {
                 loop {
                     let next = rx.lock().recv();
                     let Ok((file, answer)) = next else { return };
-                    let _ = answer.send(file.sync_data());
+                    // A panic (a bug below) is an answer, and the thread stays.
+                    let synced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| file.sync_data()))
+                        .unwrap_or_else(|_| Err(std::io::Error::other("a sync thread panicked")));
+                    let _ = answer.send(synced);
                 }
             });
             started += usize::from(spawned.is_ok());
@@ -793,13 +796,15 @@ mod tests {
 
     #[test]
     fn several_files_are_all_synced_once_and_a_failure_is_reported_after_all() {
+        // One set of sync threads for every round, as a committer keeps.
+        let syncers = std::sync::OnceLock::new();
         for failing in [None, Some(0), Some(3), Some(11)] {
             let files: Vec<Arc<TestFile>> = (0..12)
                 .map(|i| TestFile::new(if Some(i) == failing { OnSync::Fail } else { OnSync::Succeed }))
                 .collect();
             let dyns: Vec<Arc<dyn VfsFile>> = files.iter().map(|f| f.clone() as Arc<dyn VfsFile>).collect();
             let refs: Vec<&Arc<dyn VfsFile>> = dyns.iter().collect();
-            let result = sync_all(&refs);
+            let result = sync_all(&syncers, &refs);
             assert_eq!(result.is_err(), failing.is_some(), "{failing:?}");
             if let Err(e) = result {
                 assert_eq!(e.raw_os_error(), Some(5));
@@ -809,7 +814,18 @@ mod tests {
                 assert_eq!(f.syncs.load(Ordering::SeqCst), 1, "{failing:?}: file {i}");
             }
         }
-        assert!(sync_all(&[]).is_ok());
+        assert!(sync_all(&syncers, &[]).is_ok());
+        // A sync that panics on a sync thread fails the round after the
+        // others finished, and the threads go on syncing later rounds.
+        for round in 0..2 {
+            let files: Vec<Arc<TestFile>> =
+                (0..4).map(|i| TestFile::new(if i == 2 && round == 0 { OnSync::Panic } else { OnSync::Succeed })).collect();
+            let dyns: Vec<Arc<dyn VfsFile>> = files.iter().map(|f| f.clone() as Arc<dyn VfsFile>).collect();
+            let refs: Vec<&Arc<dyn VfsFile>> = dyns.iter().collect();
+            let result = sync_all(&syncers, &refs);
+            assert_eq!(result.is_err(), round == 0, "round {round}: {result:?}");
+            assert!(files.iter().all(|f| f.syncs.load(Ordering::SeqCst) == 1), "round {round}: every file synced once");
+        }
     }
 
     #[test]

@@ -618,6 +618,54 @@ mod tests {
         }
     }
 
+    /// A copy into a page already written sets no modification time by
+    /// itself; the writer sets it (at most every 500 ms), so that a
+    /// read-only view, which looks for changed files by their times, sees
+    /// the append.
+    #[test]
+    fn copies_into_a_mapping_keep_the_segments_modification_time_moving() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        if !vfs::std_maps_writes(dir.path()) {
+            eprintln!("skipped: {} cannot be written through mappings", dir.path().display());
+            return;
+        }
+        let opts = EngineOptions::default().durability(Durability::None).background_indexing(false);
+        let engine = Engine::open_dir(dir.path(), opts).expect("open");
+        engine.create_stream("s", 1, &[], 0).expect("create");
+        let stream = engine.stream("s").expect("stream");
+        let append_one = |i: usize| {
+            let event = NewEvent::prepare(json!({"i": i}), AppendOptions::new());
+            let (_, ticket) = engine.append(&stream, &[Routed { partition: 0, ts: 1, event: &event }]).expect("append");
+            ticket.wait().expect("written");
+        };
+        append_one(0);
+        assert!(stream.log.partition(0).expect("partition").writes_mapped());
+        let mut dirs = vec![dir.path().to_path_buf()];
+        let mut segments = Vec::new();
+        while let Some(d) = dirs.pop() {
+            for entry in std::fs::read_dir(&d).expect("list").flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|x| x == "log") && !d.ends_with("groups") {
+                    segments.push(path);
+                }
+            }
+        }
+        let [segment] = &segments[..] else { panic!("one segment: {segments:?}") };
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        let set_old = || {
+            let f = std::fs::OpenOptions::new().write(true).open(segment).expect("open segment");
+            f.set_modified(old).expect("set time");
+        };
+        set_old();
+        std::thread::sleep(std::time::Duration::from_millis(600));
+        // Lands in the page the first append wrote: no fault.
+        append_one(1);
+        let modified = std::fs::metadata(segment).expect("stat").modified().expect("mtime");
+        assert!(modified > old, "{} still shows {modified:?}", segment.display());
+    }
+
     /// A mapped append that cannot reserve its space fails with `NoSpace`
     /// naming the segment, having changed nothing; appends work again once
     /// space is back, and a reopen finds exactly the acknowledged events.

@@ -68,6 +68,14 @@ pub trait VfsFile: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
+    /// Sets the file's modification time to now, as a write does. Copies
+    /// into a [`WriteWindow`] change it only when they first store to a
+    /// page, and a read-only view of a live directory looks for changes by
+    /// modification times. The default does nothing.
+    fn touch(&self) -> io::Result<()> {
+        Ok(())
+    }
+
     /// Reserves the disk space of `from..to` (extending the file to `to`
     /// when shorter; new space reads as zeros) without writing it, so that
     /// copying into a [`WriteWindow`] there cannot run out of space.
@@ -96,9 +104,9 @@ pub struct WriteWindow {
     /// ([`WriteWindow::populate`]).
     populated: u64,
     /// Shared with the populating thread while it brings pages in: the
-    /// mapping outlives its jobs.
+    /// mapping outlives its jobs. Taken out only when the window is dropped.
     #[cfg(target_os = "linux")]
-    map: std::sync::Arc<memmap2::MmapRaw>,
+    map: Option<std::sync::Arc<populator::Mapped>>,
 }
 
 /// Unmapping a window of brought-in pages takes as long as many copies:
@@ -106,7 +114,9 @@ pub struct WriteWindow {
 #[cfg(target_os = "linux")]
 impl Drop for WriteWindow {
     fn drop(&mut self) {
-        populator::retire(self.map.clone());
+        if let Some(map) = self.map.take() {
+            populator::retire(map);
+        }
     }
 }
 
@@ -120,7 +130,7 @@ impl WriteWindow {
     /// A window of `map` at file offset `offset`.
     #[cfg(target_os = "linux")]
     pub(crate) fn new(offset: u64, map: memmap2::MmapRaw) -> Self {
-        WriteWindow { offset, populated: offset, map: std::sync::Arc::new(map) }
+        WriteWindow { offset, populated: offset, map: Some(std::sync::Arc::new(populator::Mapped::new(map))) }
     }
 
     /// Has the window's pages from file offset `from` (or from where the
@@ -142,10 +152,10 @@ impl WriteWindow {
             return;
         }
         #[cfg(target_os = "linux")]
-        if let (Ok(from), Ok(len)) =
-            (usize::try_from(self.populated - self.offset), usize::try_from(upto - self.populated))
+        if let (Some(map), Ok(from), Ok(len)) =
+            (&self.map, usize::try_from(self.populated - self.offset), usize::try_from(upto - self.populated))
         {
-            populator::populate(&self.map, from, len);
+            populator::populate(map, from, len);
         }
         self.populated = upto;
     }
@@ -164,7 +174,7 @@ impl WriteWindow {
     /// The file offset just past its last byte.
     pub fn end(&self) -> u64 {
         #[cfg(target_os = "linux")]
-        return self.offset + self.map.len() as u64;
+        return self.offset + self.map.as_ref().map_or(0, |m| m.map.len() as u64);
         #[cfg(not(target_os = "linux"))]
         return self.offset;
     }
@@ -188,7 +198,8 @@ impl WriteWindow {
         {
             use std::sync::atomic::{Ordering, compiler_fence};
             let Ok(start) = usize::try_from(at - self.offset) else { return false };
-            let dst = self.map.as_mut_ptr();
+            let Some(map) = &self.map else { return false };
+            let dst = map.map.as_mut_ptr();
             let mut chunks = bytes.chunks_exact(COPY_CHUNK);
             let mut done = start;
             for chunk in chunks.by_ref() {
@@ -314,6 +325,9 @@ impl VfsFile for StickySync {
     fn reserve(&self, from: u64, to: u64) -> io::Result<bool> {
         self.inner.reserve(from, to)
     }
+    fn touch(&self) -> io::Result<()> {
+        self.inner.touch()
+    }
 }
 
 /// The thread that brings mapped pages in ahead of the copies
@@ -322,20 +336,36 @@ impl VfsFile for StickySync {
 /// the caller do the job itself).
 #[cfg(target_os = "linux")]
 mod populator {
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
     use std::sync::{Arc, OnceLock};
 
+    /// A window's mapping, and whether the window let it go.
+    pub(super) struct Mapped {
+        pub(super) map: memmap2::MmapRaw,
+        /// Set when its window is dropped: its queued jobs are skipped (the
+        /// segment may be rolled, cut back, or reopened by another engine
+        /// since, and a page brought in over a hole there would allocate).
+        retired: AtomicBool,
+    }
+
+    impl Mapped {
+        pub(super) fn new(map: memmap2::MmapRaw) -> Self {
+            Mapped { map, retired: AtomicBool::new(false) }
+        }
+    }
+
     /// Pages of a mapping to bring in: offset and length in it.
-    struct Job(Arc<memmap2::MmapRaw>, usize, usize);
+    struct Job(Arc<Mapped>, usize, usize);
 
     impl Job {
         fn run(self) {
-            if self.2 == 0 {
+            if self.2 == 0 || self.0.retired.load(Ordering::Acquire) {
                 return;
             }
             // Best effort (see `WriteWindow::populate`): on an error the
             // pages fault in when written.
-            let _ = self.0.advise_range(memmap2::Advice::PopulateWrite, self.1, self.2);
+            let _ = self.0.map.advise_range(memmap2::Advice::PopulateWrite, self.1, self.2);
         }
     }
 
@@ -355,13 +385,14 @@ mod populator {
             .as_ref()
     }
 
-    pub(super) fn populate(map: &Arc<memmap2::MmapRaw>, from: usize, len: usize) {
+    pub(super) fn populate(map: &Arc<Mapped>, from: usize, len: usize) {
         queue_or_run(Job(map.clone(), from, len));
     }
 
-    /// Has the thread drop a reference to a mapping (the last one of a
-    /// window being let go, which unmaps it).
-    pub(super) fn retire(map: Arc<memmap2::MmapRaw>) {
+    /// Has the thread drop a window's mapping (unmapping it, once its
+    /// queued jobs, now skipped, are gone).
+    pub(super) fn retire(map: Arc<Mapped>) {
+        map.retired.store(true, Ordering::Release);
         queue_or_run(Job(map, 0, 0));
     }
 
@@ -377,7 +408,7 @@ mod populator {
 
     #[cfg(test)]
     mod tests {
-        use super::Job;
+        use super::{Job, Mapped};
         use std::os::unix::fs::FileExt;
         use std::sync::Arc;
 
@@ -396,7 +427,7 @@ mod populator {
                 .expect("create");
             file.write_all_at(&[7u8; 100], 0).expect("write");
             file.set_len(64 << 10).expect("extend");
-            let map = Arc::new(memmap2::MmapOptions::new().len(1 << 20).map_raw(&file).expect("map"));
+            let map = Arc::new(Mapped::new(memmap2::MmapOptions::new().len(1 << 20).map_raw(&file).expect("map")));
             Job(map.clone(), 0, 1 << 20).run();
             Job(map.clone(), 4096, 8192).run();
             Job(map, 0, 0).run();
@@ -404,6 +435,35 @@ mod populator {
             let mut back = vec![0u8; 64 << 10];
             file.read_exact_at(&mut back, 0).expect("read");
             assert!(back[..100].iter().all(|&b| b == 7) && back[100..].iter().all(|&b| b == 0), "bytes unchanged");
+        }
+
+        /// A job queued for a window that was dropped since does nothing:
+        /// bringing in a page over a hole would allocate it.
+        #[test]
+        fn a_retired_windows_jobs_are_skipped() {
+            use std::os::unix::fs::MetadataExt;
+            let dir = tempfile::tempdir().expect("dir");
+            let blocks_after = |retired: bool| {
+                let path = dir.path().join(format!("hole-{retired}"));
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&path)
+                    .expect("create");
+                file.set_len(256 << 10).expect("a hole");
+                let map = Arc::new(Mapped::new(memmap2::MmapOptions::new().map_raw(&file).expect("map")));
+                let job = Job(map.clone(), 0, 256 << 10);
+                if retired {
+                    super::retire(map);
+                }
+                job.run();
+                file.sync_all().expect("sync");
+                std::fs::metadata(&path).expect("stat").blocks()
+            };
+            assert!(blocks_after(false) > 0, "a live window's job brings the pages in (allocating the hole)");
+            assert_eq!(blocks_after(true), 0, "a retired window's job does nothing");
         }
     }
 }

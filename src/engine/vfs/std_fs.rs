@@ -88,6 +88,9 @@ impl VfsFile for StdFile {
         let map = memmap2::MmapOptions::new().offset(offset).len(len).map_raw(&self.0)?;
         Ok(Some(super::WriteWindow::new(offset, map)))
     }
+    fn touch(&self) -> io::Result<()> {
+        self.0.set_modified(std::time::SystemTime::now())
+    }
     #[cfg(target_os = "linux")]
     fn reserve(&self, from: u64, to: u64) -> io::Result<bool> {
         if to <= from || !maps_without_allocating(&self.0)? {

@@ -158,6 +158,9 @@ pub struct Writer {
     /// yet). Kept apart from `prealloc_end`, which only says how long the
     /// file is: space past the records may be a hole.
     reserved_end: u64,
+    /// When the active segment's modification time was last set after a
+    /// copy into a mapping (see `VfsFile::touch`).
+    touched: Option<std::time::Instant>,
 }
 
 /// What a write changed, so that it can be rolled back.

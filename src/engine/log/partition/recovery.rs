@@ -470,6 +470,7 @@ pub(super) fn recover_active(
             window: None,
             unmapped: false,
             reserved_end: 0,
+            touched: None,
             idx_pending: Vec::new(),
         },
         truncation,

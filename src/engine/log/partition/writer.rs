@@ -10,6 +10,12 @@ use crate::engine::vfs::WINDOW_ALIGN;
 /// half of it from the end of what was asked.
 const POPULATE_AHEAD: u64 = 256 << 10;
 
+/// How often, at most, a partition copying into a mapping sets its active
+/// segment's modification time (`VfsFile::touch`): well inside the time a
+/// read-only view keeps reopening a recently changed directory
+/// (`backends::native::readonly`'s racy window, 3 s).
+const TOUCH_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The length of a mapped window of the active segment (ADR 0035).
 const MAP_WINDOW: u64 = 4 << 20;
 
@@ -132,12 +138,29 @@ impl Partition {
             }
         }
         let Some(win) = w.window.as_mut() else { return Ok(false) };
-        // Pages ahead brought in writable by the populating thread, within
-        // the reserved space, a step before the copies reach them.
-        if end + POPULATE_AHEAD / 2 > win.populated() {
+        // Under `None`, pages ahead are brought in writable by the
+        // populating thread, within the reserved space, a step before the
+        // copies reach them. Not under `Batched`: each of its syncs would
+        // write the pages brought in ahead (zeros), and leave them to fault
+        // again when written.
+        let none = matches!(self.opts.durability, crate::engine::Durability::None);
+        if none && end + POPULATE_AHEAD / 2 > win.populated() {
             win.populate(at, (end + POPULATE_AHEAD).next_multiple_of(WINDOW_ALIGN).min(w.reserved_end));
         }
-        Ok(win.write(at, bytes))
+        if !win.write(at, bytes) {
+            return Ok(false);
+        }
+        // A copy into a page already written changes no modification time:
+        // set it, at most every `TOUCH_EVERY`, for read-only views.
+        let now = std::time::Instant::now();
+        if w.touched.is_none_or(|t| now.saturating_duration_since(t) >= TOUCH_EVERY) {
+            if let Err(e) = w.active.log.touch() {
+                let file = self.vfs.describe(&w.active.log_path);
+                tracing::debug!(file = %file.display(), error = %e, "setting the segment's modification time failed");
+            }
+            w.touched = Some(now);
+        }
+        Ok(true)
     }
 
     /// Reserves the space from `at` through at least `end` for copies into
@@ -462,6 +485,7 @@ pub(super) fn create_segment(
         window: None,
         unmapped: false,
         reserved_end: 0,
+        touched: None,
         idx_pending: Vec::new(),
     })
 }
