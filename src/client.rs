@@ -1184,7 +1184,9 @@ mod future_size {
         let payload = serde_json::json!({"n": 1});
         let append = rheo.append("s", &payload, crate::AppendOptions::new());
         let encoded = rheo.append_encoded("s", crate::Payload::from_value(&payload), crate::AppendOptions::new());
-        for (call, size) in [("append", std::mem::size_of_val(&append)), ("append_encoded", std::mem::size_of_val(&encoded))] {
+        for (call, size) in
+            [("append", std::mem::size_of_val(&append)), ("append_encoded", std::mem::size_of_val(&encoded))]
+        {
             assert!(size <= 1024, "{call}'s future is {size} bytes");
         }
     }

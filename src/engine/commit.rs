@@ -610,7 +610,8 @@ fn commit(s: &Shared, jobs: &[Job]) -> Result<()> {
         seen.push(key);
         to_sync.push(f);
     }
-    sync_all(&s.syncers, &to_sync).map_err(|e| poisoned(s, crate::engine::error::poisoned("storage", "fdatasync failed", e)))?;
+    sync_all(&s.syncers, &to_sync)
+        .map_err(|e| poisoned(s, crate::engine::error::poisoned("storage", "fdatasync failed", e)))?;
     let mut txns: Vec<(&Arc<dyn TxnRecord>, u64)> = Vec::new();
     for (log, txn) in jobs.iter().filter_map(|j| j.txn.as_ref()) {
         match txns.iter_mut().find(|(l, _)| std::ptr::addr_eq(Arc::as_ptr(l), Arc::as_ptr(log))) {
@@ -818,8 +819,9 @@ mod tests {
         // A sync that panics on a sync thread fails the round after the
         // others finished, and the threads go on syncing later rounds.
         for round in 0..2 {
-            let files: Vec<Arc<TestFile>> =
-                (0..4).map(|i| TestFile::new(if i == 2 && round == 0 { OnSync::Panic } else { OnSync::Succeed })).collect();
+            let files: Vec<Arc<TestFile>> = (0..4)
+                .map(|i| TestFile::new(if i == 2 && round == 0 { OnSync::Panic } else { OnSync::Succeed }))
+                .collect();
             let dyns: Vec<Arc<dyn VfsFile>> = files.iter().map(|f| f.clone() as Arc<dyn VfsFile>).collect();
             let refs: Vec<&Arc<dyn VfsFile>> = dyns.iter().collect();
             let result = sync_all(&syncers, &refs);
