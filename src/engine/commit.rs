@@ -667,6 +667,8 @@ impl Syncers {
                     // A panic (a bug below) is an answer, and the thread stays.
                     let synced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| file.sync_data()))
                         .unwrap_or_else(|_| Err(std::io::Error::other("a sync thread panicked")));
+                    // The file is let go before the round hears it is done.
+                    drop(file);
                     let _ = answer.send(synced);
                 }
             });
@@ -693,20 +695,36 @@ fn sync_all(syncers: &std::sync::OnceLock<Syncers>, files: &[&Arc<dyn VfsFile>])
                 let (tx, rx) = std::sync::mpsc::channel();
                 let mut handed = 0;
                 let mut results = Vec::with_capacity(chunk.len());
+                // A panic here (a bug below) unwinds only after the syncs
+                // handed out have answered: none is left running.
+                let mut panicked = None;
+                let mut here =
+                    |f: &Arc<dyn VfsFile>| match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        f.sync_data()
+                    })) {
+                        Ok(r) => Some(r),
+                        Err(payload) => {
+                            panicked.get_or_insert(payload);
+                            None
+                        }
+                    };
                 for f in rest {
                     let sent = syncers.jobs.as_ref().is_some_and(|jobs| jobs.send(((*f).clone(), tx.clone())).is_ok());
                     if sent {
                         handed += 1;
                     } else {
                         // No thread to take it: synced here.
-                        results.push(f.sync_data());
+                        results.extend(here(f));
                     }
                 }
                 drop(tx);
-                results.push(head.sync_data());
+                results.extend(here(head));
                 for _ in 0..handed {
-                    // A sync thread that died (a panic) dropped its answer.
+                    // A sync thread that died dropped its answer.
                     results.push(rx.recv().unwrap_or_else(|_| Err(std::io::Error::other("a sync thread stopped"))));
+                }
+                if let Some(payload) = panicked {
+                    std::panic::resume_unwind(payload);
                 }
                 for r in results {
                     if let Err(e) = r {
@@ -758,11 +776,20 @@ mod tests {
     struct TestFile {
         syncs: std::sync::atomic::AtomicU32,
         on_sync: OnSync,
+        /// The name of the thread that synced it last.
+        synced_on: Mutex<Option<String>>,
+        /// Syncs that returned.
+        finished: std::sync::atomic::AtomicU32,
     }
 
     impl TestFile {
         fn new(on_sync: OnSync) -> Arc<TestFile> {
-            Arc::new(TestFile { syncs: std::sync::atomic::AtomicU32::new(0), on_sync })
+            Arc::new(TestFile {
+                syncs: std::sync::atomic::AtomicU32::new(0),
+                on_sync,
+                synced_on: Mutex::new(None),
+                finished: std::sync::atomic::AtomicU32::new(0),
+            })
         }
     }
 
@@ -781,14 +808,17 @@ mod tests {
         }
         fn sync_data(&self) -> std::io::Result<()> {
             self.syncs.fetch_add(1, Ordering::SeqCst);
+            *self.synced_on.lock() = std::thread::current().name().map(str::to_owned);
             match self.on_sync {
                 OnSync::Panic => panic!("sync_data panicked"),
                 OnSync::Fail => {
                     std::thread::sleep(Duration::from_millis(5));
+                    self.finished.fetch_add(1, Ordering::SeqCst);
                     Err(std::io::Error::from_raw_os_error(5))
                 }
                 OnSync::Succeed => {
                     std::thread::sleep(Duration::from_millis(5));
+                    self.finished.fetch_add(1, Ordering::SeqCst);
                     Ok(())
                 }
             }
@@ -816,18 +846,35 @@ mod tests {
             }
         }
         assert!(sync_all(&syncers, &[]).is_ok());
-        // A sync that panics on a sync thread fails the round after the
-        // others finished, and the threads go on syncing later rounds.
+        // Syncs that panic on the sync threads (every one of them) fail
+        // the round after the others finished, and the threads stay to
+        // sync the next round.
         for round in 0..2 {
-            let files: Vec<Arc<TestFile>> = (0..4)
-                .map(|i| TestFile::new(if i == 2 && round == 0 { OnSync::Panic } else { OnSync::Succeed }))
+            let files: Vec<Arc<TestFile>> = (0..PARALLEL_SYNCS)
+                .map(|i| TestFile::new(if i > 0 && round == 0 { OnSync::Panic } else { OnSync::Succeed }))
                 .collect();
             let dyns: Vec<Arc<dyn VfsFile>> = files.iter().map(|f| f.clone() as Arc<dyn VfsFile>).collect();
             let refs: Vec<&Arc<dyn VfsFile>> = dyns.iter().collect();
             let result = sync_all(&syncers, &refs);
             assert_eq!(result.is_err(), round == 0, "round {round}: {result:?}");
             assert!(files.iter().all(|f| f.syncs.load(Ordering::SeqCst) == 1), "round {round}: every file synced once");
+            let on_threads =
+                files.iter().skip(1).filter(|f| f.synced_on.lock().as_deref() == Some("rheo-sync")).count();
+            assert_eq!(
+                on_threads,
+                PARALLEL_SYNCS - 1,
+                "round {round}: the other files were synced by the kept threads"
+            );
         }
+        // A panic while syncing on the committing thread unwinds only
+        // after the syncs handed out have answered.
+        let files: Vec<Arc<TestFile>> =
+            (0..3).map(|i| TestFile::new(if i == 0 { OnSync::Panic } else { OnSync::Succeed })).collect();
+        let dyns: Vec<Arc<dyn VfsFile>> = files.iter().map(|f| f.clone() as Arc<dyn VfsFile>).collect();
+        let refs: Vec<&Arc<dyn VfsFile>> = dyns.iter().collect();
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sync_all(&syncers, &refs)));
+        assert!(unwound.is_err(), "the panic reaches the caller");
+        assert!(files.iter().skip(1).all(|f| f.finished.load(Ordering::SeqCst) == 1), "the others finished first");
     }
 
     #[test]

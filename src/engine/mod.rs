@@ -576,6 +576,9 @@ mod tests {
         fn map_window(&self, offset: u64, len: u64) -> std::io::Result<Option<vfs::WriteWindow>> {
             self.inner.map_window(offset, len)
         }
+        fn touch(&self) -> std::io::Result<()> {
+            self.inner.touch()
+        }
         fn reserve(&self, from: u64, to: u64) -> std::io::Result<bool> {
             if self.full.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(std::io::Error::from(std::io::ErrorKind::StorageFull));
