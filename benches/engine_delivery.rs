@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use rheo::engine::{Durability, EngineOptions};
-use rheo::{FetchOptions, GroupOptions, Rheo, StreamOptions};
+use rheo::{AppendOptions, FetchOptions, GroupOptions, Rheo, StreamOptions};
 use support::{bench_dir, event};
 
 /// Counts live heap bytes.
@@ -95,42 +95,95 @@ fn fetch_ack(c: &mut Criterion) {
             g.bench_function(format!("{mode}/{consumers}_consumers"), |b| {
                 b.to_async(&rt).iter_custom(|iters| {
                     let rheo = rheo.clone();
-                    async move {
-                        let total = iters * (BATCH * consumers) as u64;
-                        fill(&rheo, total).await;
-                        // Let a Batched background sync of the fill finish
-                        // outside the measured time.
-                        tokio::time::sleep(Duration::from_millis(300)).await;
-                        let left = Arc::new(AtomicU64::new(total));
-                        let start = Instant::now();
-                        let tasks: Vec<_> = (0..consumers)
-                            .map(|i| {
-                                let (rheo, left) = (rheo.clone(), left.clone());
-                                tokio::spawn(async move {
-                                    let opts = FetchOptions::new().limit(BATCH).consumer(format!("c{i}"));
-                                    while left.load(Ordering::Relaxed) > 0 {
-                                        let leases = rheo.fetch("s", "g", opts.clone()).await.expect("fetch");
-                                        if leases.is_empty() {
-                                            tokio::task::yield_now().await;
-                                            continue;
-                                        }
-                                        let n = leases.len() as u64;
-                                        for r in rheo.ack_many(&leases).await.expect("ack_many") {
-                                            r.expect("ack");
-                                        }
-                                        left.fetch_sub(n, Ordering::Relaxed);
-                                    }
-                                })
-                            })
-                            .collect();
-                        for t in tasks {
-                            t.await.expect("consumer");
-                        }
-                        start.elapsed()
-                    }
+                    async move { fill_and_consume(&rheo, iters * (BATCH * consumers) as u64, consumers).await }
                 })
             });
         }
+    }
+    g.finish();
+}
+
+/// Appends `total` events, then times `consumers` competing consumers
+/// draining them with `fetch(BATCH)` + `ack_many`.
+async fn fill_and_consume(rheo: &Rheo, total: u64, consumers: usize) -> Duration {
+    fill(rheo, total).await;
+    // Let a Batched background sync of the fill finish outside the
+    // measured time.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let left = Arc::new(AtomicU64::new(total));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..consumers)
+        .map(|i| {
+            let (rheo, left) = (rheo.clone(), left.clone());
+            tokio::spawn(async move {
+                let opts = FetchOptions::new().limit(BATCH).consumer(format!("c{i}"));
+                while left.load(Ordering::Relaxed) > 0 {
+                    let leases = rheo.fetch("s", "g", opts.clone()).await.expect("fetch");
+                    if leases.is_empty() {
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    let n = leases.len() as u64;
+                    for r in rheo.ack_many(&leases).await.expect("ack_many") {
+                        r.expect("ack");
+                    }
+                    left.fetch_sub(n, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("consumer");
+    }
+    start.elapsed()
+}
+
+/// Issue 35's target: `delivery_fetch100_ack_many/sync/1_consumers` of due
+/// events, on a stream without scheduled events and on one holding 1M
+/// events scheduled a day ahead (appended, and met once by the group's
+/// fetches, before the measured runs: they wait as set-aside deliveries).
+fn fetch_ack_with_scheduled_ahead(c: &mut Criterion) {
+    const AHEAD: u64 = 1_000_000;
+    let rt = runtime();
+    let mut g = c.benchmark_group("delivery_scheduled_ahead");
+    g.sample_size(10).measurement_time(Duration::from_secs(10));
+    for ahead in [0, AHEAD] {
+        let dir = tempfile::tempdir_in(bench_dir()).expect("temporary directory");
+        let rheo = rt.block_on(async {
+            let rheo = open(dir.path(), Durability::Sync).await;
+            rheo.create_stream("s", StreamOptions::new().partitions(8)).await.expect("stream");
+            rheo.create_group("s", "g", GroupOptions::new()).await.expect("group");
+            let later = rheo::Timestamp::now().saturating_add(Duration::from_secs(86_400));
+            let mut done = 0;
+            while done < ahead {
+                let batch: Vec<_> = (done..done + 1000)
+                    .map(|i| {
+                        (event(i).payload().clone(), AppendOptions::new().partition((i % 8) as u32).deliver_at(later))
+                    })
+                    .collect();
+                rheo.append_batch_with("s", batch).await.expect("append");
+                done += 1000;
+            }
+            let mut set_aside = 0;
+            loop {
+                let report = rheo.fetch_report("s", "g", FetchOptions::new().limit(BATCH)).await.expect("fetch");
+                assert!(report.leases.is_empty(), "nothing is due");
+                if report.scheduled == 0 {
+                    break;
+                }
+                set_aside += report.scheduled;
+            }
+            assert_eq!(set_aside, ahead);
+            rheo
+        });
+        g.throughput(Throughput::Elements(BATCH as u64));
+        let name = if ahead == 0 { "sync/none_ahead".to_owned() } else { format!("sync/{}M_ahead", ahead / 1_000_000) };
+        g.bench_function(name, |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let rheo = rheo.clone();
+                async move { fill_and_consume(&rheo, iters * BATCH as u64, 1).await }
+            })
+        });
     }
     g.finish();
 }
@@ -251,5 +304,5 @@ fn reopen_and_memory(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, fetch_ack, fetch_and_ack_apart, reopen_and_memory);
+criterion_group!(benches, fetch_ack, fetch_and_ack_apart, reopen_and_memory, fetch_ack_with_scheduled_ahead);
 criterion_main!(benches);

@@ -21,6 +21,7 @@ use crate::model::limits::{
     DEFAULT_MAX_EVENT_BYTES, MAX_BATCH_EVENTS, MAX_LIMIT, MAX_NAME_BYTES, MAX_REASON_BYTES, validate_lease,
     validate_limit, validate_name,
 };
+use crate::model::path::DELIVER_AT;
 use crate::model::payload::Payload;
 use crate::model::query::{Page, Query};
 use crate::model::retention::{Retention, RetentionReport};
@@ -61,6 +62,10 @@ pub struct Rheo {
 #[derive(Debug)]
 struct Inner {
     backend: Arc<dyn Backend>,
+    /// What an append's delay is measured from (the builder's clock).
+    clock: Arc<dyn Clock>,
+    /// Whether the backend honours scheduled delivery times.
+    schedules: bool,
     consumer_id: String,
     max_event_bytes: usize,
     /// Damaged positions already logged by this handle's fetches:
@@ -91,7 +96,8 @@ type Events<T> = smallvec::SmallVec<[T; 1]>;
 /// A fetch combiner over `backend`: a flush is one fetch for the sum of
 /// the waiting calls' limits (at most [`MAX_LIMIT`]); each call gets the
 /// next leases in order, up to its limit (so the first calls are served
-/// first when fewer are due), and the first call the damage report.
+/// first when fewer are due), the first call the damage report, and every
+/// call the count of events set aside until their scheduled time.
 fn fetch_combiner(backend: &Arc<dyn Backend>) -> Option<FetchCombiner> {
     if !backend.combines_calls() {
         return None;
@@ -117,12 +123,15 @@ fn fetch_combiner(backend: &Arc<dyn Backend>) -> Option<FetchCombiner> {
                     Ok(report) => {
                         let mut leases = report.leases.into_iter();
                         let mut damaged = Some(report.damaged);
+                        // Each call hears that the fetch set events aside
+                        // (a consumer fetches again at once after one).
                         limits
                             .iter()
                             .map(|&n| {
                                 Ok(vec![FetchReport {
                                     leases: leases.by_ref().take(n).collect(),
                                     damaged: damaged.take().unwrap_or_default(),
+                                    scheduled: report.scheduled,
                                 }])
                             })
                             .collect()
@@ -270,9 +279,12 @@ impl RheoBuilder {
         let retainer = start_retainer(&backend);
         let acks = ack_combiner(&backend);
         let fetches = fetch_combiner(&backend);
+        let schedules = backend.capabilities().scheduled_delivery;
         Ok(Rheo {
             inner: Arc::new(Inner {
                 backend,
+                clock: self.clock,
+                schedules,
                 consumer_id,
                 max_event_bytes: self.max_event_bytes,
                 damage_seen: Default::default(),
@@ -466,9 +478,15 @@ impl Rheo {
         observed("create_group", stream, group, self.inner.backend.create_group(stream, group, &opts)).await
     }
 
-    fn prepare(&self, stream: &str, payload: Payload, opts: AppendOptions) -> Result<NewEvent> {
+    fn prepare(&self, stream: &str, payload: Payload, mut opts: AppendOptions) -> Result<NewEvent> {
         payload.check().map_err(|e| e.payload_context(|| format!("appended to stream {stream:?}")))?;
+        if opts.delay.is_some() {
+            opts.resolve_delay(self.inner.clock.now());
+        }
         let event = NewEvent::prepare(payload, opts);
+        if let Some(at) = event.metadata.get(DELIVER_AT) {
+            self.check_schedule(stream, at)?;
+        }
         if event.id.is_empty() || event.id.len() > MAX_NAME_BYTES {
             return Err(Error::invalid(
                 "id",
@@ -484,6 +502,28 @@ impl Rheo {
             });
         }
         Ok(event)
+    }
+
+    /// An event's `deliver_at` entry: an integer, on a backend that
+    /// schedules.
+    #[cold]
+    fn check_schedule(&self, stream: &str, at: &serde_json::Value) -> Result<()> {
+        if !at.is_i64() {
+            return Err(Error::invalid(
+                DELIVER_AT,
+                format!(
+                    "stream {stream:?}: the metadata entry {DELIVER_AT:?} is a scheduled delivery time, \
+                     milliseconds since the Unix epoch (an integer); got {at}"
+                ),
+            ));
+        }
+        if !self.inner.schedules {
+            return Err(Error::Unsupported {
+                backend: self.inner.backend.name(),
+                operation: "scheduled delivery (an event with a deliver_at time)",
+            });
+        }
+        Ok(())
     }
 
     /// Appends one event: any serializable payload (your own type, or a

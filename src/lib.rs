@@ -76,7 +76,7 @@ pub use model::limits::{
     DEFAULT_MAX_EVENT_BYTES, MAX_ATTEMPTS, MAX_BATCH_EVENTS, MAX_LEASE, MAX_LIMIT, MAX_NAME_BYTES, MAX_PARTITIONS,
     MAX_QUERY_TERMS, MAX_REASON_BYTES, validate_name,
 };
-pub use model::path::LINEAGE_FIELDS;
+pub use model::path::{DELIVER_AT, LINEAGE_FIELDS};
 pub use model::path::{canonical_path, is_valid_path};
 pub use model::payload::{MAX_PAYLOAD_DEPTH, Metadata, Payload, PayloadFormat};
 pub use model::query::{Access, Cursor, Explain, Filter, Op, OrderBy, Page, Query, compare_values};

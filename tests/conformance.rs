@@ -61,6 +61,8 @@ mod reset;
 mod retention;
 #[path = "conformance/retry.rs"]
 mod retry;
+#[path = "conformance/scheduled.rs"]
+mod scheduled;
 #[path = "conformance/settle.rs"]
 mod settle;
 #[path = "conformance/skip.rs"]
@@ -234,6 +236,13 @@ macro_rules! suite {
                     settle::renew_of_stale_lease_is_stale_lease,
                     settle::ack_many_returns_one_result_per_lease_and_a_stale_one_fails_alone,
                     settle::renew_many_extends_each_lease_and_a_stale_one_fails_alone,
+                    scheduled::a_scheduled_event_is_readable_at_once_and_claimed_only_at_its_time,
+                    scheduled::due_events_behind_a_scheduled_one_are_claimed_in_order,
+                    scheduled::a_time_already_past_is_due_at_once,
+                    scheduled::append_batch_schedules_each_event_by_its_options,
+                    scheduled::a_deliver_at_that_is_not_a_time_is_invalid_argument,
+                    scheduled::replay_and_reset_keep_the_schedule,
+                    scheduled::each_group_keeps_the_schedule_and_retries_follow_the_backoff,
                     retry::retry_makes_delivery_claimable_again_with_next_attempt,
                     retry::retry_at_max_attempts_dead_letters_with_reason,
                     retry::retry_with_max_attempts_one_dead_letters_at_once,

@@ -281,11 +281,15 @@ fn a_full_disk_while_reserving_wal_space_fails_the_call_cleanly() {
             rheo.create_stream(STREAM, StreamOptions::new()).await.expect("stream");
             rheo.create_group(STREAM, "g", GroupOptions::new()).await.expect("group");
             // Enough acks that some reserve room (each reserves a settle's
-            // bound, about 4.5 KiB, for records of about 60 bytes).
-            let batch: Vec<_> = (0..1000).map(|i| json!({"i": i})).collect();
-            rheo.append_batch(STREAM, batch).await.expect("append");
+            // bound, about 4.5 KiB, for records of about 60 bytes; a fetch
+            // reserves about 25 KiB for what it may set aside, and grows the
+            // zeroed tail by twice that).
             let mut leases = Vec::new();
-            while leases.len() < 1000 {
+            for _ in 0..4 {
+                let batch: Vec<_> = (0..1000).map(|i| json!({"i": i})).collect();
+                rheo.append_batch(STREAM, batch).await.expect("append");
+            }
+            while leases.len() < 4000 {
                 leases.extend(rheo.fetch(STREAM, "g", FetchOptions::new().limit(10)).await.expect("fetch"));
             }
             for (i, l) in leases.iter().enumerate() {
@@ -326,7 +330,7 @@ fn a_full_disk_while_reserving_wal_space_fails_the_call_cleanly() {
     let b = NativeBackend::with_engine(engine, Arc::new(clock.clone()));
     let rheo = Rheo::builder().clock(Arc::new(clock.clone())).with_backend(Arc::new(b)).expect("rheo");
     let lag = rt.block_on(rheo.lag(STREAM, "g")).expect("lag");
-    assert_eq!((lag.partitions[0].frontier, lag.total), (1000, 0), "every ack that returned Ok survives");
+    assert_eq!((lag.partitions[0].frontier, lag.total), (4000, 0), "every ack that returned Ok survives");
 }
 
 /// Regression (recovery time; fixed: the search after damage rejects a zero

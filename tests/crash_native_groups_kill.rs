@@ -1,6 +1,7 @@
 //! Crash tests of the native consumer groups with real processes: SIGKILL a
 //! child running producers and competing consumers, after
-//! `crash_native_kill.rs`.
+//! `crash_native_kill.rs`. One appended event in four is scheduled up to
+//! 400 ms ahead: no consumer may get it before its time, across kills.
 //!
 //! The test re-runs its own binary as a child (`--exact <this test>`, told
 //! by `RHEO_GKILL_CHILD_URL` to be the child). The child opens
@@ -68,7 +69,7 @@ use rheo::backends::native::EngineOptions;
 use rheo::backends::native::NativeBackend;
 use rheo::{
     AppendOptions, DeadLetterOptions, Error, FetchOptions, GroupOptions, Lease, LeaseRef, Rheo, StreamOptions,
-    SystemClock,
+    SystemClock, Timestamp,
 };
 use serde_json::{Value, json};
 
@@ -99,6 +100,8 @@ const CONSUMERS: u64 = 4;
 /// than a child lives after it is ready (see `parent`).
 const MIN_LEASE_MS: u64 = 500;
 const MAX_LEASE_MS: u64 = 900;
+/// One event in four is scheduled up to this far ahead (`AppendOptions::delay`).
+const MAX_DELAY_MS: u64 = 400;
 
 #[test]
 fn sigkill_during_producers_and_competing_consumers_keeps_every_settle() {
@@ -182,7 +185,11 @@ async fn producer(rheo: &Rheo, side: &Side, round: u64, w: u64, mut rng: Rng) {
             .map(|i| {
                 let key = format!("k{}", rng.range(0, 9));
                 let pad = "p".repeat(usize::try_from(rng.range(0, 200)).expect("pad"));
-                (json!({"n": n, "pad": pad}), AppendOptions::new().id(format!("r{round}w{w}n{n}i{i}")).key(key))
+                let mut opts = AppendOptions::new().id(format!("r{round}w{w}n{n}i{i}")).key(key);
+                if rng.chance(1, 4) {
+                    opts = opts.delay(Duration::from_millis(rng.range(1, MAX_DELAY_MS)));
+                }
+                (json!({"n": n, "pad": pad}), opts)
             })
             .collect();
         match rheo.append_batch_with(STREAM, items).await {
@@ -213,6 +220,14 @@ async fn consumer(rheo: &Rheo, side: &Side, g: &str, id: &str, mut rng: Rng) {
         if leases.is_empty() {
             tokio::time::sleep(Duration::from_millis(rng.range(2, 8))).await;
             continue;
+        }
+        let now = Timestamp::now();
+        if let Some(early) = leases.iter().find(|l| l.event.deliver_at().is_some_and(|t| t > now)) {
+            let at = early.event.deliver_at().map(|t| t.to_string()).unwrap_or_default();
+            side.fail(
+                "fetch",
+                &Error::failed("fetch", format!("{} delivered at {now}, before its time {at}", key_of(early))),
+            );
         }
         side.log(
             &leases
@@ -373,8 +388,10 @@ fn parent() {
         stats.rounds += 1;
         stats.max_round_ms = stats.max_round_ms.max(round_started.elapsed().as_millis());
     }
-    // Wait until every lease a child took has expired.
-    while kill::now_ms() <= ledger.latest_expiry {
+    // Wait until every lease a child took has expired, and every
+    // scheduled event is due.
+    let due = ledger.latest_expiry.max(ledger.dead_at_ms + i64::try_from(MAX_DELAY_MS).expect("ms"));
+    while kill::now_ms() <= due {
         std::thread::sleep(Duration::from_millis(50));
     }
     match rt.block_on(guarded(&format!("seed {seed} final drain"), drain(&url, &ledger))) {

@@ -378,6 +378,7 @@ fn build_vectors() -> BTreeMap<&'static str, Vec<u8>> {
     build_delivery_wal_torn(&mut files);
     build_delivery_wal_v2(&mut files);
     build_delivery_wal_v3(&mut files);
+    build_delivery_wal_v4(&mut files);
     build_delivery_wal_corrupt(&mut files);
     build_checkpoint(&mut files);
     build_checkpoint_corrupt(&mut files);
@@ -1620,7 +1621,7 @@ fn the_stated_sizes_hold() {
     assert_eq!(format::MAX_BODY_LEN, 16 << 20);
     assert_eq!(INDEX_INTERVAL_BYTES, 4096);
     assert_eq!(manifest::MAX_MANIFEST_BODY, 64 << 20);
-    assert_eq!((wal::WAL_MIN_VERSION, wal::WAL_VERSION, checkpoint::CKPT_VERSION), (1, 3, 2));
+    assert_eq!((wal::WAL_MIN_VERSION, wal::WAL_VERSION, checkpoint::CKPT_VERSION), (1, 4, 2));
     assert_eq!(checkpoint::CKPT_MIN_VERSION, 1);
     assert_eq!((manifest::MANIFEST_MIN_VERSION, manifest::MANIFEST_VERSION), (1, 2));
     assert_eq!((wal::WAL_MAGIC, checkpoint::CKPT_MAGIC), (*b"RHEOWAL\0", *b"RHEOCKP\0"));
@@ -1945,6 +1946,7 @@ fn ty_op() -> Ty {
         ("Reset", Variant::Struct(vec![("p", Ty::U32), ("frontier", Ty::U64)])),
         ("Pass", Variant::Struct(vec![("p", Ty::U32), ("seqs", list(Ty::U64))])),
         ("Drop", Variant::Struct(vec![("p", Ty::U32), ("start", Ty::U64)])),
+        ("Park", Variant::Struct(vec![("p", Ty::U32), ("seqs", list(Ty::Tuple(vec![Ty::U64, Ty::I64])))])),
     ])
 }
 
@@ -2212,7 +2214,7 @@ fn shipping_records() -> Vec<Value> {
 
 /// A delivery WAL header of the current version.
 fn spec_wal_header(generation: u64) -> Vec<u8> {
-    spec_wal_header_v(generation, 3)
+    spec_wal_header_v(generation, 4)
 }
 
 /// A delivery WAL header, byte by byte (`format/delivery-wal.md#header`).
@@ -2254,7 +2256,7 @@ fn spec_wal_record(r: &Value, version: u16) -> Vec<u8> {
 /// A WAL file of the current version: the header, then `records`; and
 /// each record's offset.
 fn spec_wal(generation: u64, records: &[Value]) -> (Vec<u8>, Vec<usize>) {
-    spec_wal_v(generation, 3, records)
+    spec_wal_v(generation, 4, records)
 }
 
 /// A WAL file of `version`.
@@ -2401,10 +2403,55 @@ fn shipping_dropped() -> Value {
 /// `delivery-wal-v3.log`: version 3, `shipping` created, a claim of 1 and
 /// 2, an ack of 1, retention's `Drop` of everything below 3.
 fn build_delivery_wal_v3(files: &mut BTreeMap<&'static str, Vec<u8>>) {
-    let records = shipping_records_v3();
-    let (bytes, offsets) = spec_wal(1, &records);
+    let description = "Delivery WAL version 3, generation 1: group shipping created, a claim of sequences 1 and 2, an ack of 1, and a Drop with start 3 (retention deleted sequences 1 and 2): the frontier moves to 2, the lease of 2 is gone and counted as skipped. The file ends after the last record.";
+    build_shipping_wal(files, 3, &shipping_records_v3(), description, shipping_dropped());
+}
+
+/// The records of the version 4 vector: `shipping` created, two claims,
+/// an ack of 1, and a fetch that met sequence 3 before its scheduled time
+/// (a `Park` until T0 + 120 s).
+fn shipping_records_v4() -> Vec<Value> {
+    let mut records = shipping_records();
+    records.push(json!({"lsn": 4, "group": "shipping", "ops": [
+        {"Park": {"p": 0, "seqs": [[3, T0 + 120_000]]}},
+        {"Cursor": {"p": 0, "cursor": 4}},
+    ]}));
+    records
+}
+
+/// `shipping` after the version 4 vector: 1 acked, 2 leased, 3 waiting
+/// for its time with no attempt used, the cursor past 4.
+fn shipping_parked() -> Value {
+    let mut state = shipping_claimed();
+    let part = &mut state["parts"][0];
+    part["frontier"] = json!(1);
+    part["cursor"] = json!(4);
+    let leased_2 = part["deliveries"][1].clone();
+    part["deliveries"] =
+        json!([leased_2, {"seq": 3, "attempt": 0, "holding": {"Waiting": {"ready_at": T0 + 120_000}}}]);
+    state
+}
+
+/// `delivery-wal-v4.log`: version 4, `shipping` created, a claim of 1 and
+/// 2, an ack of 1, a fetch that set 3 aside until its scheduled time.
+fn build_delivery_wal_v4(files: &mut BTreeMap<&'static str, Vec<u8>>) {
+    let description = "Delivery WAL version 4, generation 1: group shipping created, a claim of sequences 1 and 2, an ack of 1, and a fetch that met sequence 3 before its scheduled delivery time (a Park until T0 + 120 s: a waiting delivery with no attempt used) and moved its cursor over 4. The file ends after the last record.";
+    build_shipping_wal(files, 4, &shipping_records_v4(), description, shipping_parked());
+}
+
+/// `delivery-wal-v<version>.log` holding `records` (generation 1, four
+/// records, the file ending after the last), and its JSON: opened, it
+/// leaves `shipping` as `state_after`.
+fn build_shipping_wal(
+    files: &mut BTreeMap<&'static str, Vec<u8>>,
+    version: u16,
+    records: &[Value],
+    description: &str,
+    state_after: Value,
+) {
+    let (bytes, offsets) = spec_wal_v(1, version, records);
     let expected = json!({
-        "description": "Delivery WAL version 3, generation 1: group shipping created, a claim of sequences 1 and 2, an ack of 1, and a Drop with start 3 (retention deleted sequences 1 and 2): the frontier moves to 2, the lease of 2 is gone and counted as skipped. The file ends after the last record.",
+        "description": description,
         "path": wal_path(1),
         "length": bytes.len(),
         "header": wal_header_json(&bytes, 1),
@@ -2414,11 +2461,16 @@ fn build_delivery_wal_v3(files: &mut BTreeMap<&'static str, Vec<u8>>) {
         "open": {
             "recovery": recovery_json(None, 4, 0, 0),
             "length_after": bytes.len(),
-            "state_after": [shipping_dropped()],
+            "state_after": [state_after],
         },
     });
-    files.insert("delivery-wal-v3.log", bytes);
-    files.insert("delivery-wal-v3.json", pretty(&expected));
+    let (log, json) = match version {
+        3 => ("delivery-wal-v3.log", "delivery-wal-v3.json"),
+        4 => ("delivery-wal-v4.log", "delivery-wal-v4.json"),
+        _ => panic!("no vector of version {version}"),
+    };
+    files.insert(log, bytes);
+    files.insert(json, pretty(&expected));
 }
 
 /// `delivery-wal-torn.log`: `shipping`'s records 1 and 2, the first half of
@@ -2544,8 +2596,14 @@ fn build_checkpoint_corrupt(files: &mut BTreeMap<&'static str, Vec<u8>>) {
 }
 
 /// The delivery vectors, by stem.
-const WAL_VECTORS: [&str; 5] =
-    ["delivery-wal", "delivery-wal-torn", "delivery-wal-corrupt", "delivery-wal-v2", "delivery-wal-v3"];
+const WAL_VECTORS: [&str; 6] = [
+    "delivery-wal",
+    "delivery-wal-torn",
+    "delivery-wal-corrupt",
+    "delivery-wal-v2",
+    "delivery-wal-v3",
+    "delivery-wal-v4",
+];
 
 // ------------------------------------------------- decoding (delivery)
 
@@ -3230,11 +3288,11 @@ fn wal_headers_and_records_are_checked() {
     let ack = |lsn: u64, group: &str| json!({"lsn": lsn, "group": group, "ops": [{"Ack": {"p": 0, "seqs": [1]}}]});
     // Another version, well-formed or not, is a typed error (checked before
     // the checksum), in every mode.
-    for (name, bytes) in [("another version", with_version(4, true)), ("before the checksum", with_version(4, false))] {
+    for (name, bytes) in [("another version", with_version(5, true)), ("before the checksum", with_version(5, false))] {
         for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::TruncateAtFirstDamage] {
             let mem = delivery_dir(&[(wal_path(1), bytes.clone())]);
             match open(&mem, mode) {
-                Err(Error::UnsupportedVersion { file, found: 4, supported: 3 }) if file.ends_with(wal_path(1)) => {}
+                Err(Error::UnsupportedVersion { file, found: 5, supported: 4 }) if file.ends_with(wal_path(1)) => {}
                 other => panic!("{name} {mode:?}: expected UnsupportedVersion, got {:?}", other.err()),
             }
         }

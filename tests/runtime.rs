@@ -13,6 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use parking_lot::Mutex;
+use rheo::Clock;
 use rheo::backends::Backend;
 use rheo::{
     AppendOptions, Capabilities, DeadLetterOptions, Event, FetchOptions, GroupOptions, Lag, Lease, LeaseRef,
@@ -879,6 +880,58 @@ async fn an_idle_consumer_is_woken_by_an_append(f: Fixture) {
     assert_eq!(summary.acked, 1);
 }
 
+/// Scheduled events: the consumer hands out the due event behind more
+/// scheduled ones than a fetch sets aside (1,024) without
+/// waiting for its poll (a minute away: a fetch that set events aside and
+/// claimed nothing is followed by another at once), and hands out each
+/// scheduled event only once the clock reaches its time. Real time: the
+/// point is that no idle wait happens.
+async fn a_consumer_passes_scheduled_events_at_once_and_handles_them_at_their_time(f: Fixture) {
+    const AHEAD: u64 = 2_000;
+    setup(&f, 0, GroupOptions::new()).await;
+    if !f.rheo.capabilities().scheduled_delivery {
+        return;
+    }
+    let later = f.clock.now().saturating_add(Duration::from_secs(60));
+    let mut done = 0;
+    while done < AHEAD {
+        let batch: Vec<_> = (done..(done + 1000).min(AHEAD))
+            .map(|n| (serde_json::json!({"n": n}), AppendOptions::new().partition(0).deliver_at(later)))
+            .collect();
+        done += batch.len() as u64;
+        f.rheo.append_batch_with(S, batch).await.expect("append");
+    }
+    f.rheo.append(S, &serde_json::json!({"due": true}), AppendOptions::new().partition(0)).await.expect("append");
+    // (sequence, the clock when handled, the event's time)
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let (h, clock) = (handled.clone(), f.clock.clone());
+    let handle = f
+        .rheo
+        .consumer(S, G)
+        .poll(Duration::from_secs(60))
+        .spawn(handler_fn(move |lease| {
+            let (h, clock) = (h.clone(), clock.clone());
+            async move {
+                h.lock().push((lease.event.sequence(), clock.now(), lease.event.deliver_at()));
+                Outcome::Ack
+            }
+        }))
+        .await
+        .expect("spawn");
+    let due = tokio::time::timeout(Duration::from_secs(20), until("the due event", || handled.lock().len() == 1));
+    due.await.expect("handled long before the 60 s poll: no idle wait after a fetch that set events aside");
+    assert_eq!(handled.lock()[0].0, AHEAD + 1);
+    f.clock.advance(Duration::from_secs(60));
+    let total = usize::try_from(AHEAD + 1).expect("count");
+    // The next poll (a minute away) or an append wakes it: append one more.
+    append(&f.rheo, 1).await;
+    until("every scheduled event", || handled.lock().len() == total + 1).await;
+    let handled = handled.lock().clone();
+    assert!(handled.iter().all(|(_, at, time)| time.is_none_or(|t| *at >= t)), "one handled before its time");
+    until_settled(&handle, u64::try_from(total + 1).expect("count")).await;
+    handle.shutdown().await.expect("shutdown");
+}
+
 macro_rules! cases {
     ($backend:ident, $factory:path) => {
         mod $backend {
@@ -928,6 +981,11 @@ macro_rules! cases {
                 super::shutdown_releases_leases_fetched_ahead($factory().await).await;
             }
             case!(a_failing_setup_stops_the_spawn);
+            #[tokio::test]
+            async fn a_consumer_passes_scheduled_events_at_once_and_handles_them_at_their_time() {
+                super::a_consumer_passes_scheduled_events_at_once_and_handles_them_at_their_time($factory().await)
+                    .await;
+            }
         }
     };
 }

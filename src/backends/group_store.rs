@@ -305,6 +305,9 @@ pub(crate) async fn group_info<S: GroupStore + ?Sized>(store: &S, stream: &str, 
         retry_waiting: n.retry_waiting,
         dead_letters: n.dead_letters,
         retention_skipped: g.settings.retention_skipped,
+        // These backends refuse scheduled appends (ADR 0036).
+        scheduled: 0,
+        next_due: None,
     })
 }
 

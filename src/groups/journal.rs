@@ -55,6 +55,11 @@ pub(crate) enum Transition {
     /// frontier moves to `start - 1` when behind, the unsettled dropped
     /// positions are counted as skipped. (WAL version 3.)
     Drop { p: u32, start: u64 },
+    /// Positions a fetch met before their event's scheduled delivery time:
+    /// (sequence, that time), each set aside as a waiting delivery keeping
+    /// its attempts, and the cursor moved over it (see
+    /// `PartState::park`). (WAL version 4.)
+    Park { p: u32, seqs: Vec<(u64, Timestamp)> },
 }
 
 /// A whole group, as a checkpoint and a group-creation record hold it.
@@ -231,6 +236,13 @@ impl GroupState {
             Transition::Drop { p, start } => {
                 if let Some(part) = self.parts.get_mut(p) {
                     part.drop_before(*start);
+                }
+            }
+            Transition::Park { p, seqs } => {
+                if let Some(part) = self.parts.get_mut(p) {
+                    for &(seq, at) in seqs {
+                        part.park(seq, at);
+                    }
                 }
             }
         }

@@ -80,6 +80,13 @@ pub(crate) const SPENT_PER_FETCH: usize = 64;
 /// partition never holds back another.
 pub(crate) const DAMAGE_PER_PARTITION: usize = 64;
 
+/// Scheduled events one fetch sets aside at most (ADR 0036), beyond its
+/// limit: past it, each partition stops at its next event that is not due
+/// yet (the rest wait for the next fetch), and due events before it are
+/// still claimed. Bounds a fetch's reads and its WAL record when a group
+/// first meets a long run of events scheduled in the future.
+pub(crate) const SCHEDULED_PER_FETCH: usize = 1024;
+
 /// The spent deliveries a fetch of `limit` dead-letters at most.
 pub(crate) const fn spent_budget(limit: usize) -> usize {
     limit + SPENT_PER_FETCH
@@ -101,6 +108,8 @@ enum Planned {
     Claim(Event),
     /// Its record can't be read: leave it, and report it.
     Damaged(Damage),
+    /// Scheduled after the fetch's time: set it aside until then.
+    Park(Timestamp),
 }
 
 /// The positions of every event matching `q`, per partition it names:
@@ -226,7 +235,7 @@ impl GroupState {
         let scope = self.scope(src, opts.partitions.as_deref())?;
         let max_attempts = self.summary.max_attempts;
         let mut plans = Vec::new();
-        let (mut claims, mut spent_left) = (0, spent_budget(opts.limit));
+        let (mut claims, mut spent_left, mut park_left) = (0, spent_budget(opts.limit), SCHEDULED_PER_FETCH);
         // Reused for every partition, sized once for what a fetch claims (up
         // to a bound), so that they do not grow one reallocation at a time.
         let room = opts.limit.min(PLAN_ROOM);
@@ -260,10 +269,21 @@ impl GroupState {
                         continue;
                     }
                     match read.next() {
-                        Some(Ok(event)) => {
-                            claims += 1;
-                            plan.items.push((seq, Planned::Claim(event)));
-                        }
+                        Some(Ok(event)) => match event.deliver_at().filter(|&at| at > now) {
+                            None => {
+                                claims += 1;
+                                plan.items.push((seq, Planned::Claim(event)));
+                            }
+                            Some(at) if park_left > 0 => {
+                                park_left -= 1;
+                                plan.items.push((seq, Planned::Park(at)));
+                            }
+                            Some(_) => {
+                                // Out of budget: as for damage below.
+                                plan.walked = plan.walked.min(seq - 1);
+                                break 'part;
+                            }
+                        },
                         Some(Err(e)) => match Damage::from_error(src.stream(), p, seq, &e) {
                             Some(d) if damage_left > 0 => {
                                 damage_left -= 1;
@@ -300,7 +320,7 @@ impl GroupState {
         report.leases.reserve(plans.iter().map(|plan| plan.items.len()).sum());
         for PartPlan { p, items, walked } in plans {
             let mut leased = Vec::with_capacity(items.len());
-            let mut passed = Vec::new();
+            let (mut passed, mut parked) = (Vec::new(), Vec::new());
             for (seq, planned) in items {
                 match planned {
                     Planned::Spent => {
@@ -332,14 +352,23 @@ impl GroupState {
                         }
                         report.damaged.push(d);
                     }
+                    Planned::Park(at) => {
+                        let Some(part) = self.parts.get_mut(&p) else { continue };
+                        part.park(seq, at);
+                        parked.push((seq, at));
+                    }
                 }
             }
+            report.scheduled += parked.len() as u64;
             if self.journal.is_some() {
                 if !leased.is_empty() {
                     self.log(Transition::Claim { p, consumer: consumer_id.clone(), expires_at, leases: leased });
                 }
                 if !passed.is_empty() {
                     self.log(Transition::Pass { p, seqs: passed });
+                }
+                if !parked.is_empty() {
+                    self.log(Transition::Park { p, seqs: parked });
                 }
             }
             // Settled positions examined past the last claim: move the cursor
@@ -567,15 +596,16 @@ impl GroupState {
         // Backoffs that have passed are claimable, not waiting.
         self.parts.values_mut().for_each(|part| part.fire_timers(now));
         let scope: Vec<u32> = self.parts.keys().copied().collect();
-        let (inflight, retry_waiting) =
-            self.parts.values().map(PartState::counts).fold((0, 0), |(a, b), (l, w)| (a + l, b + w));
+        let counts = self.parts.values().map(PartState::counts).fold(state::Counts::default(), |a, b| a + b);
         GroupInfo {
             summary: self.summary.clone(),
             lag: self.lag_of(src, &scope),
-            inflight,
-            retry_waiting,
+            inflight: counts.leased,
+            retry_waiting: counts.retry_waiting,
             dead_letters: self.dead_order.len() as u64,
             retention_skipped: self.parts.values().map(|part| part.skipped).sum(),
+            scheduled: counts.scheduled,
+            next_due: counts.next_due,
         }
     }
 

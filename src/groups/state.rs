@@ -40,6 +40,30 @@ pub(crate) struct DeadInfo {
     pub(crate) order: u64,
 }
 
+/// What [`PartState::counts`] counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    pub(crate) leased: u64,
+    pub(crate) retry_waiting: u64,
+    pub(crate) scheduled: u64,
+    pub(crate) next_due: Option<Timestamp>,
+}
+
+impl std::ops::Add for Counts {
+    type Output = Counts;
+    fn add(self, o: Counts) -> Counts {
+        Counts {
+            leased: self.leased + o.leased,
+            retry_waiting: self.retry_waiting + o.retry_waiting,
+            scheduled: self.scheduled + o.scheduled,
+            next_due: match (self.next_due, o.next_due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
+        }
+    }
+}
+
 /// One group's view of one partition.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PartState {
@@ -382,13 +406,39 @@ impl PartState {
         unsettled
     }
 
-    /// (leased, waiting) counts.
-    pub(crate) fn counts(&self) -> (u64, u64) {
-        self.deliveries.values().fold((0, 0), |(l, w), d| match d.holding {
-            Holding::Leased { .. } => (l + 1, w),
-            Holding::Waiting { .. } => (l, w + 1),
-            Holding::Available => (l, w),
-        })
+    /// The deliveries leased, waiting out a retry's backoff, and set aside
+    /// until their scheduled time (waiting with no attempt yet), with the
+    /// earliest of those times.
+    pub(crate) fn counts(&self) -> Counts {
+        let mut c = Counts::default();
+        for d in self.deliveries.values() {
+            match d.holding {
+                Holding::Leased { .. } => c.leased += 1,
+                Holding::Waiting { ready_at } if d.attempt == 0 => {
+                    c.scheduled += 1;
+                    c.next_due = Some(c.next_due.map_or(ready_at, |t: Timestamp| t.min(ready_at)));
+                }
+                Holding::Waiting { .. } => c.retry_waiting += 1,
+                Holding::Available => {}
+            }
+        }
+        c
+    }
+
+    /// Sets `seq` aside until `ready_at`: a fetch met its event before its
+    /// scheduled time. It becomes a waiting delivery (a lease on it, if an
+    /// expired one was still recorded, is gone) keeping its attempts (0
+    /// for a fresh position), and the cursor moves over it. A settled
+    /// position is left as it is.
+    pub(crate) fn park(&mut self, seq: u64, ready_at: Timestamp) {
+        self.cursor = self.cursor.max(seq);
+        if seq <= self.frontier || self.done.contains(seq) {
+            return;
+        }
+        self.unschedule(seq);
+        let d = self.deliveries.entry(seq).or_insert(Delivery { attempt: 0, holding: Holding::Available });
+        d.holding = Holding::Waiting { ready_at };
+        self.timers.insert((ready_at, seq));
     }
 }
 
@@ -425,6 +475,39 @@ mod tests {
         assert_eq!(p.drop_before(6), 0);
         assert_eq!(p.drop_before(3), 0);
         assert_eq!((p.frontier, p.skipped), (6, 3));
+    }
+
+    #[test]
+    fn a_parked_position_waits_for_its_time_unsettled_and_counted_as_scheduled() {
+        let mut p = PartState::starting_after(0);
+        p.park(2, t(50));
+        p.park(4, t(30));
+        assert_eq!(p.cursor, 4, "the cursor moves over what was set aside");
+        let c = p.counts();
+        assert_eq!((c.scheduled, c.next_due, c.retry_waiting, c.leased), (2, Some(t(30)), 0, 0));
+        // Fresh 1 and 3 are below the cursor now: a fetch plans them from
+        // `ready` only after they are materialized, as a fetch does.
+        p.pass(1);
+        p.pass(3);
+        assert_eq!(p.next_claimable(4), Some(1));
+        p.lease(1, 1, "c".into(), t(10));
+        p.ack(1);
+        p.fire_timers(t(29));
+        assert_eq!(p.next_claimable(4), Some(3), "2 and 4 are not due");
+        p.lease(3, 3, "c".into(), t(10));
+        p.ack(3);
+        assert_eq!(p.frontier, 1, "the frontier waits at the parked 2");
+        p.fire_timers(t(30));
+        assert_eq!(p.next_claimable(4), Some(4));
+        assert_eq!(p.lease(4, 4, "c".into(), t(40)), 1, "its first attempt");
+        p.fire_timers(t(50));
+        assert_eq!(p.next_claimable(4), Some(2));
+        // Parking a settled position, or one below the frontier, changes nothing.
+        p.ack(4);
+        p.park(4, t(99));
+        p.park(1, t(99));
+        assert_eq!(p.counts().scheduled, 0);
+        assert!(p.done.contains(4) && !p.deliveries.contains_key(&1));
     }
 
     #[test]
@@ -479,9 +562,9 @@ mod tests {
         p.lease(s, 0xa, "c".into(), t(10));
         p.reschedule(s, t(5), t(20));
         p.renew(s, t(99));
-        assert_eq!(p.counts(), (0, 1), "still waiting");
+        assert_eq!((p.counts().leased, p.counts().retry_waiting), (0, 1), "still waiting");
         p.fire_timers(t(20));
-        assert_eq!(p.counts(), (0, 0), "the backoff fired");
+        assert_eq!((p.counts().leased, p.counts().retry_waiting), (0, 0), "the backoff fired");
         assert_eq!(p.next_claimable(1), Some(1));
     }
 

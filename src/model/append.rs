@@ -7,6 +7,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::event::{Document, Event, Lineage, Text};
+use super::path::DELIVER_AT;
 use super::payload::{Metadata, Payload};
 use super::time::Timestamp;
 
@@ -24,6 +25,8 @@ pub struct AppendOptions {
     pub(crate) partition: Option<u32>,
     pub(crate) metadata: Metadata,
     pub(crate) timestamp: Option<Timestamp>,
+    /// A delay not yet turned into a `deliver_at` (see [`AppendOptions::delay`]).
+    pub(crate) delay: Option<std::time::Duration>,
 }
 
 impl AppendOptions {
@@ -60,6 +63,39 @@ impl AppendOptions {
     pub fn timestamp(mut self, t: Timestamp) -> Self {
         self.timestamp = Some(t);
         self
+    }
+    /// Schedules the event: no consumer group claims it before `t` (it is
+    /// readable and queryable at once, and its groups count it as
+    /// unsettled). Stored as the metadata entry [`DELIVER_AT`]
+    /// (milliseconds since the Unix epoch); a time already past is due at
+    /// once. Replaces an earlier [`AppendOptions::delay`]. A backend that
+    /// does not schedule (`Capabilities::scheduled_delivery`) refuses the
+    /// append with `Unsupported`.
+    ///
+    /// ```
+    /// use rheo::{AppendOptions, NewEvent, Timestamp};
+    /// let at = Timestamp::from_millis(1_900_000_000_000);
+    /// let e = NewEvent::prepare(serde_json::json!({"type": "reminder"}), AppendOptions::new().deliver_at(at));
+    /// assert_eq!(e.deliver_at(), Some(at));
+    /// assert_eq!(e.metadata()["deliver_at"], 1_900_000_000_000_i64);
+    /// ```
+    pub fn deliver_at(mut self, t: Timestamp) -> Self {
+        self.delay = None;
+        self.metadata(DELIVER_AT, t.as_millis())
+    }
+    /// Schedules the event `d` from now (the handle's clock when it is
+    /// appended): [`AppendOptions::deliver_at`] of that time. Replaces an
+    /// earlier `deliver_at`.
+    pub fn delay(mut self, d: std::time::Duration) -> Self {
+        self.metadata.remove(DELIVER_AT);
+        self.delay = Some(d);
+        self
+    }
+    /// Turns a delay into a `deliver_at` measured from `now`.
+    pub(crate) fn resolve_delay(&mut self, now: Timestamp) {
+        if let Some(d) = self.delay.take() {
+            self.metadata.insert(DELIVER_AT.to_owned(), now.saturating_add(d).as_millis().into());
+        }
     }
     /// Sets the lineage fields that are `Some` in `lineage`.
     pub fn lineage(mut self, lineage: &Lineage) -> Self {
@@ -119,7 +155,13 @@ impl NewEvent {
     /// with the payload's `"metadata"` object (payload wins); id generated when
     /// absent. The fields are read from the encoded payload; nothing is
     /// decoded but them.
-    pub fn prepare(payload: impl Into<Payload>, opts: AppendOptions) -> Self {
+    ///
+    /// A [`AppendOptions::delay`] is measured from the system clock here;
+    /// [`Rheo`](crate::Rheo)'s appends measure it from the handle's clock.
+    pub fn prepare(payload: impl Into<Payload>, mut opts: AppendOptions) -> Self {
+        if opts.delay.is_some() {
+            opts.resolve_delay(Timestamp::now());
+        }
         let payload = payload.into();
         let top = payload.top_fields();
         let event_type = top.event_type;
@@ -177,6 +219,11 @@ impl NewEvent {
     /// The producer's timestamp, if any.
     pub fn timestamp(&self) -> Option<Timestamp> {
         self.timestamp
+    }
+    /// When the event is scheduled for ([`AppendOptions::deliver_at`]): the
+    /// metadata entry [`DELIVER_AT`] when it is an integer.
+    pub fn deliver_at(&self) -> Option<Timestamp> {
+        super::event::deliver_at_of(&self.metadata)
     }
 
     /// The size this event is charged against the event size limit: its

@@ -28,6 +28,11 @@ pub struct Capabilities {
     /// The backend drops events by a stream's [`crate::Retention`]
     /// (`set_retention`, `enforce_retention`, background passes).
     pub retention: bool,
+    /// Groups honour an event's scheduled delivery time
+    /// ([`crate::AppendOptions::deliver_at`]); a backend without it refuses
+    /// appends that carry one (`Unsupported`).
+    #[serde(default)]
+    pub scheduled_delivery: bool,
 }
 
 impl Capabilities {
@@ -42,6 +47,7 @@ impl Capabilities {
             indexed_query: false,
             ops_inspect: false,
             retention: false,
+            scheduled_delivery: false,
         }
     }
 

@@ -335,6 +335,11 @@ impl Event {
     pub fn metadata(&self) -> &Metadata {
         &self.0.doc.metadata
     }
+    /// When the event is scheduled for: no consumer group claims it before
+    /// then ([`AppendOptions::deliver_at`](crate::AppendOptions::deliver_at)).
+    pub fn deliver_at(&self) -> Option<Timestamp> {
+        deliver_at_of(&self.0.doc.metadata)
+    }
     /// The document as appended, with all its fields.
     pub fn payload(&self) -> &Payload {
         &self.0.doc.payload
@@ -564,6 +569,15 @@ impl Lineage {
         put("schema", self.schema.clone().map(Value::String));
         put("schema_version", self.schema_version.map(Value::from));
     }
+}
+
+/// The scheduled delivery time a metadata map holds: its
+/// [`DELIVER_AT`](crate::DELIVER_AT) entry, when that is an integer.
+pub(crate) fn deliver_at_of(metadata: &Metadata) -> Option<Timestamp> {
+    if metadata.is_empty() {
+        return None;
+    }
+    metadata.get(super::path::DELIVER_AT)?.as_i64().map(Timestamp::from_millis)
 }
 
 #[cfg(test)]

@@ -440,6 +440,14 @@ pub struct GroupInfo {
     /// group was created (a reset keeps the count).
     #[serde(default)]
     pub retention_skipped: u64,
+    /// Events set aside until their scheduled delivery time
+    /// ([`crate::AppendOptions::deliver_at`]): those the group's fetches
+    /// have met (a fetch sets aside each scheduled event it meets early).
+    #[serde(default)]
+    pub scheduled: u64,
+    /// The earliest scheduled time among them.
+    #[serde(default)]
+    pub next_due: Option<Timestamp>,
 }
 
 /// A dead-lettered delivery.

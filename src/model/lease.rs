@@ -78,6 +78,11 @@ pub struct FetchReport {
     /// with more due stops at the 65th until they are skipped or restored;
     /// the others go on).
     pub damaged: Vec<super::damage::Damage>,
+    /// Events this fetch met before their scheduled delivery time
+    /// ([`crate::AppendOptions::deliver_at`]) and set aside until then
+    /// (at most 1,024 per fetch; past that, each partition stops at its
+    /// next one, and the next fetch goes on from there).
+    pub scheduled: u64,
 }
 
 /// What a settle call needs to name a lease: everything but the event.

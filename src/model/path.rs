@@ -2,6 +2,11 @@
 //! a path (queries, [`Event::field`](crate::Event::field), the index
 //! builder) goes by these rules.
 
+/// The metadata entry holding an event's scheduled delivery time
+/// (milliseconds since the Unix epoch): see
+/// [`AppendOptions::deliver_at`](crate::AppendOptions::deliver_at).
+pub const DELIVER_AT: &str = "deliver_at";
+
 /// The lineage metadata keys.
 pub const LINEAGE_FIELDS: [&str; 5] = ["correlation_id", "causation_id", "producer", "schema", "schema_version"];
 

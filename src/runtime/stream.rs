@@ -142,11 +142,15 @@ struct Shared {
     _renewer: AbortOnDrop,
 }
 
+/// What a fetch gave: the leases, and whether it set scheduled events
+/// aside (it may have stopped at its budget for them).
+type Fetched = (Vec<Lease>, bool);
+
 enum State {
     Idle,
     /// A fetch in flight; the first one subscribes to the stream's appends
     /// before it fetches, so that no append after it is missed.
-    Fetching(BoxFuture<'static, (Result<Vec<Lease>>, Option<Subscription>)>),
+    Fetching(BoxFuture<'static, (Result<Fetched>, Option<Subscription>)>),
     /// Waiting out a backoff or for appends; gives the subscription back.
     Waiting(BoxFuture<'static, Option<Subscription>>),
 }
@@ -292,9 +296,11 @@ impl LeaseStream {
                 let appends = if subscribed { None } else { rheo.subscribe(&stream).await.ok() };
                 // Damage is logged by the facade and counted here; the
                 // stream goes on with every position it could read.
+                // A fetch that set scheduled events aside may have stopped
+                // at its budget for them, with due events further on.
                 let fetched = rheo.fetch_report(&stream, &group, opts).await.map(|report| {
                     Stats::add(&shared.stats.damaged, report.damaged.len() as u64);
-                    report.leases
+                    (report.leases, report.scheduled > 0)
                 });
                 (fetched, appends)
             }
@@ -383,11 +389,16 @@ impl Stream for LeaseStream {
                         }
                     };
                     match r {
-                        Ok(leases) if leases.is_empty() => {
+                        Ok((leases, set_aside)) if leases.is_empty() => {
                             this.backoff.reset();
-                            this.start_wait(None);
+                            if set_aside {
+                                // Fetch again at once: not idle.
+                                this.state = State::Idle;
+                            } else {
+                                this.start_wait(None);
+                            }
                         }
-                        Ok(leases) => {
+                        Ok((leases, _)) => {
                             this.backoff.reset();
                             Stats::add(&this.shared.stats.fetched, leases.len() as u64);
                             this.shared.outstanding.fetch_add(leases.len(), Ordering::AcqRel);

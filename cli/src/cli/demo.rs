@@ -1,6 +1,7 @@
 //! `rheo demo`: the whole idea in one narrated run.
 
 use std::io::Write;
+use std::time::Duration;
 
 use rheo::{
     AppendOptions, DeadLetterOptions, FetchOptions, GroupOptions, Query, ReplayOptions, RetryOutcome, Rheo,
@@ -34,8 +35,11 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
     let rheo = Rheo::open(backend).await?;
     writeln!(out, "Rheo demo on backend `{backend}`\n")?;
     // A durable backend keeps earlier runs: this one gets its own stream.
-    let earlier =
-        rheo.list_streams().await?.iter().filter(|s| s.name == "orders" || s.name.starts_with("orders-")).count();
+    let is_run = |name: &str| {
+        name == "orders"
+            || name.strip_prefix("orders-").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let earlier = rheo.list_streams().await?.iter().filter(|s| is_run(&s.name)).count();
     let stream = if earlier == 0 { "orders".to_owned() } else { format!("orders-{}", earlier + 1) };
     let stream = stream.as_str();
     if earlier > 0 {
@@ -148,6 +152,7 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
     print_lag(&rheo, stream, "billing", out).await?;
     let info = rheo.group_info(stream, "billing").await?;
     writeln!(out, "   billing: {} in flight, {} dead letters.", info.inflight, info.dead_letters)?;
+    scheduled(&rheo, stream, out).await?;
     writeln!(out, "\nDone. Every event is still in the log; groups only move their own positions.")?;
     if let Some(dir) = backend.strip_prefix("native:") {
         writeln!(
@@ -156,6 +161,51 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
             dir.split('?').next().unwrap_or(dir)
         )?;
     }
+    Ok(())
+}
+
+/// Step 7: a reminder scheduled a second ahead, set aside by the group
+/// until then (on a backend that schedules).
+async fn scheduled(rheo: &Rheo, stream: &str, out: &mut impl Write) -> Result<(), DemoError> {
+    writeln!(out, "\n7. A payment reminder for order {POISON_ORDER}, scheduled one second from now.")?;
+    if !rheo.capabilities().scheduled_delivery {
+        writeln!(out, "   (backend `{}` does not schedule deliveries yet: skipped)", rheo.capabilities().backend)?;
+        return Ok(());
+    }
+    let reminders = format!("{stream}-reminders");
+    rheo.create_stream(&reminders, StreamOptions::new()).await?;
+    rheo.create_group(&reminders, "mailer", GroupOptions::new()).await?;
+    let payload = json!({"type": "payment_reminder", "order": POISON_ORDER});
+    let e = rheo.append(&reminders, &payload, AppendOptions::new().delay(Duration::from_secs(1))).await?;
+    let due = e.deliver_at().unwrap_or(e.timestamp());
+    writeln!(out, "   stored at once as {reminders} #{}, due at {due}.", e.sequence())?;
+    let early = rheo.fetch(&reminders, "mailer", FetchOptions::new()).await?;
+    let info = rheo.group_info(&reminders, "mailer").await?;
+    writeln!(
+        out,
+        "   the mailer fetches now: {} delivered, {} set aside until its time (lag {}).",
+        early.len(),
+        info.scheduled,
+        info.lag.total
+    )?;
+    let started = std::time::Instant::now();
+    let lease = loop {
+        let leases = rheo.fetch(&reminders, "mailer", FetchOptions::new()).await?;
+        if let Some(lease) = leases.into_iter().next() {
+            break lease;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            return Err(rheo::Error::failed("demo", "the scheduled reminder was not delivered within 30 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    writeln!(
+        out,
+        "   {:.1} s later it is due: delivered on attempt {} and acknowledged.",
+        started.elapsed().as_secs_f64(),
+        lease.attempt
+    )?;
+    rheo.ack(&lease).await?;
     Ok(())
 }
 
@@ -179,6 +229,8 @@ mod tests {
         assert!(text.contains("analytics acknowledged 20 events"), "{text}");
         assert!(text.contains("reopened 1 delivery"), "{text}");
         assert!(text.contains("billing: 0 in flight, 0 dead letters."), "{text}");
+        assert!(text.contains("0 delivered, 1 set aside until its time (lag 1)"), "{text}");
+        assert!(text.contains("it is due: delivered on attempt 1 and acknowledged"), "{text}");
         assert!(text.trim_end().ends_with("only move their own positions."), "{text}");
     }
 
@@ -217,6 +269,7 @@ mod tests {
         let rheo = Rheo::open(&url).await.expect("reopen");
         let info = rheo.group_info("orders", "billing").await.expect("first run's group");
         assert_eq!((info.lag.total, info.inflight, info.dead_letters), (0, 0, 0));
-        assert_eq!(rheo.list_streams().await.expect("streams").len(), 2);
+        // Each run's orders and its reminders.
+        assert_eq!(rheo.list_streams().await.expect("streams").len(), 4);
     }
 }

@@ -41,6 +41,14 @@ pub struct AppendArgs {
     /// again appends each line once.
     #[arg(long, value_name = "FIELD", conflicts_with = "id")]
     id_field: Option<String>,
+    /// Schedules every event this long from now (`90s`, `15m`, `2h`, `1d`):
+    /// no group claims it before then.
+    #[arg(long, value_name = "DURATION")]
+    delay: Option<String>,
+    /// Schedules every event at this time (RFC 3339 or milliseconds): no
+    /// group claims it before then.
+    #[arg(long, value_name = "TIME", conflicts_with = "delay")]
+    at: Option<String>,
 }
 
 /// Arguments of `rheo read`.
@@ -150,6 +158,12 @@ pub async fn append(ctx: &Globals, a: AppendArgs) -> CliResult {
     }
     if let Some(id) = &a.id {
         opts = opts.id(id.clone());
+    }
+    if let Some(d) = &a.delay {
+        opts = opts.delay(parse::duration("--delay", d)?);
+    }
+    if let Some(t) = &a.at {
+        opts = opts.deliver_at(parse::time(t)?);
     }
     if a.payloads.is_empty() {
         return append_stdin(ctx, &a, &opts).await;

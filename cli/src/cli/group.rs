@@ -247,6 +247,10 @@ pub async fn run_group(ctx: &Globals, command: GroupCommand) -> CliResult {
                 .line(format!("lag          {}", info.lag.total))
                 .line(format!("in flight    {}", info.inflight))
                 .line(format!("retrying     {}", info.retry_waiting))
+                .line(match info.next_due {
+                    Some(t) => format!("scheduled    {} (next due {t})", info.scheduled),
+                    None => format!("scheduled    {}", info.scheduled),
+                })
                 .line(format!("dead letters {}", info.dead_letters))
                 .line(format!("skipped by retention {}", info.retention_skipped))
         }

@@ -258,6 +258,7 @@ impl Backend for MemoryBackend {
         c.wakeups = true;
         c.ops_inspect = true;
         c.retention = true;
+        c.scheduled_delivery = true;
         c
     }
 

@@ -227,7 +227,7 @@ impl Core {
             self.run(&self.scripts.ack, stream, Keys::Group(group), &args, "fetch", true).await?;
         }
         leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
-        Ok(FetchReport { leases, damaged })
+        Ok(FetchReport { leases, damaged, ..FetchReport::default() })
     }
 
     /// The `XRANGE` replies for `claimed` (sorted by partition and

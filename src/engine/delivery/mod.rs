@@ -97,18 +97,21 @@ pub(crate) mod room {
 
     /// A fetch of `limit` over `partitions` by a consumer id of
     /// `consumer_bytes`: per partition a claim (with the consumer id), a
-    /// pass and a cursor; per claimed position a lease; per damaged one a
-    /// pass; the spent deliveries it dead-letters.
+    /// pass, a park and a cursor; per claimed position a lease; per damaged
+    /// one a pass; per scheduled one set aside a sequence and its time; the
+    /// spent deliveries it dead-letters.
     pub(crate) const fn fetch(
         limit: usize,
         partitions: u32,
         consumer_bytes: usize,
         damaged: usize,
+        parked: usize,
         spent: usize,
     ) -> u64 {
-        BASE + partitions as u64 * (3 * OP + consumer_bytes as u64)
+        BASE + partitions as u64 * (4 * OP + consumer_bytes as u64)
             + limit as u64 * LEASE
             + damaged as u64 * SEQ
+            + parked as u64 * (2 * SEQ + 2)
             + spent as u64 * (OP + 32)
     }
 

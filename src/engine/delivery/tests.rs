@@ -1,5 +1,5 @@
 //! Reopening rebuilds exactly the state the live calls left: random group
-//! calls and retention passes (which drop segments and move the groups,
+//! calls (over events some of which are scheduled) and retention passes (which drop segments and move the groups,
 //! about 17 passes in 128 cases) on a native backend over `MemVfs`,
 //! reopening (with and without checkpoints) between them, compared with the
 //! state before each reopen.
@@ -26,7 +26,9 @@ const START: Timestamp = Timestamp::from_millis(1_767_225_600_000);
 
 #[derive(Debug, Clone)]
 enum Call {
-    Append(u32, u8),
+    /// Appends `n` events to a partition; with a delay, every other one
+    /// is scheduled that many milliseconds ahead.
+    Append(u32, u8, Option<u64>),
     Fetch {
         limit: usize,
         consumer: u8,
@@ -50,7 +52,7 @@ enum Call {
 
 fn call() -> impl Strategy<Value = Call> {
     prop_oneof![
-        3 => (0u32..3, 1u8..12).prop_map(|(p, n)| Call::Append(p, n)),
+        3 => (0u32..3, 1u8..12, prop::option::of(1u64..6_000)).prop_map(|(p, n, d)| Call::Append(p, n, d)),
         4 => (1usize..8, 0u8..3, 1u64..5_000).prop_map(|(limit, consumer, lease_ms)| Call::Fetch { limit, consumer, lease_ms }),
         4 => any::<usize>().prop_map(Call::Ack),
         2 => prop::collection::vec(any::<usize>(), 1..6).prop_map(Call::AckMany),
@@ -114,13 +116,14 @@ async fn run(calls: Vec<Call>, checkpoint_bytes: u64) -> Result<(), TestCaseErro
     for (step, c) in calls.into_iter().enumerate() {
         let now = clock.now();
         match c {
-            Call::Append(p, n) => {
+            Call::Append(p, n, delay) => {
                 let events: Vec<NewEvent> = (0..n)
                     .map(|i| {
-                        NewEvent::prepare(
-                            json!({"n": i % 3, "pad": "p".repeat(600)}),
-                            AppendOptions::new().partition(p),
-                        )
+                        let mut opts = AppendOptions::new().partition(p);
+                        if let Some(d) = delay.filter(|_| i % 2 == 1) {
+                            opts = opts.deliver_at(now.saturating_add(Duration::from_millis(d)));
+                        }
+                        NewEvent::prepare(json!({"n": i % 3, "pad": "p".repeat(600)}), opts)
                     })
                     .collect();
                 b.append_batch("s", &events).await.expect("append");

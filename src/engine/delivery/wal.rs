@@ -17,9 +17,10 @@ use crate::groups::journal::{GroupSnapshot, Transition};
 pub const WAL_MAGIC: [u8; 8] = *b"RHEOWAL\0";
 /// Version of the delivery WAL layout written. Bump with the spec.
 /// Version 2 added the `Pass` transition; version 3 the `Drop` transition
-/// (retention) and a group snapshot's `skipped` count per partition. Older
-/// files (which never hold them) are read as they are.
-pub const WAL_VERSION: u16 = 3;
+/// (retention) and a group snapshot's `skipped` count per partition;
+/// version 4 the `Park` transition (scheduled delivery). Older files (which
+/// never hold them) are read as they are.
+pub const WAL_VERSION: u16 = 4;
 /// The oldest version this build reads.
 pub const WAL_MIN_VERSION: u16 = 1;
 /// Size of the header.
