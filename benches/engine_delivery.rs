@@ -174,6 +174,12 @@ fn fetch_ack_with_scheduled_ahead(c: &mut Criterion) {
                 set_aside += report.scheduled;
             }
             assert_eq!(set_aside, ahead);
+            // Let the background work of the fill finish before the
+            // measured runs: the index builder, and the writeback of what it
+            // wrote (index files are not synced; the kernel would write
+            // them out during the measured runs, beside their syncs).
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let _ = std::process::Command::new("sync").status();
             rheo
         });
         g.throughput(Throughput::Elements(BATCH as u64));

@@ -80,12 +80,26 @@ pub(crate) const SPENT_PER_FETCH: usize = 64;
 /// partition never holds back another.
 pub(crate) const DAMAGE_PER_PARTITION: usize = 64;
 
-/// Scheduled events one fetch sets aside at most (ADR 0036), beyond its
-/// limit: past it, each partition stops at its next event that is not due
-/// yet (the rest wait for the next fetch), and due events before it are
-/// still claimed. Bounds a fetch's reads and its WAL record when a group
-/// first meets a long run of events scheduled in the future.
+/// The most scheduled events one fetch sets aside (ADR 0036), beyond its
+/// limit; see [`scheduled_budget`].
 pub(crate) const SCHEDULED_PER_FETCH: usize = 1024;
+
+/// The scheduled events a fetch of `limit` sets aside at most: its limit,
+/// at least 64 and at most [`SCHEDULED_PER_FETCH`], shared evenly by the
+/// partitions it looks at. Past its share, a partition stops at its next
+/// event that is not due yet (the rest wait for the next fetch), and due
+/// events before it are still claimed. Bounds a fetch's reads and its WAL
+/// record when a group first meets a long run of events scheduled in the
+/// future, and keeps one partition's run from holding back the others.
+pub(crate) const fn scheduled_budget(limit: usize) -> usize {
+    if limit < 64 {
+        64
+    } else if limit > SCHEDULED_PER_FETCH {
+        SCHEDULED_PER_FETCH
+    } else {
+        limit
+    }
+}
 
 /// The spent deliveries a fetch of `limit` dead-letters at most.
 pub(crate) const fn spent_budget(limit: usize) -> usize {
@@ -235,7 +249,8 @@ impl GroupState {
         let scope = self.scope(src, opts.partitions.as_deref())?;
         let max_attempts = self.summary.max_attempts;
         let mut plans = Vec::new();
-        let (mut claims, mut spent_left, mut park_left) = (0, spent_budget(opts.limit), SCHEDULED_PER_FETCH);
+        let (mut claims, mut spent_left, mut park_left) = (0, spent_budget(opts.limit), scheduled_budget(opts.limit));
+        let park_share = (park_left / scope.len().max(1)).max(1);
         // Reused for every partition, sized once for what a fetch claims (up
         // to a bound), so that they do not grow one reallocation at a time.
         let room = opts.limit.min(PLAN_ROOM);
@@ -245,6 +260,7 @@ impl GroupState {
                 break;
             }
             let mut damage_left = DAMAGE_PER_PARTITION;
+            let mut park_here = park_share.min(park_left);
             let Some(part) = self.parts.get_mut(&p) else { continue };
             // Timers are not journaled: firing them changes nothing durable.
             part.fire_timers(now);
@@ -252,9 +268,15 @@ impl GroupState {
             let hw = src.high_watermark(p);
             let mut plan = PartPlan { p, items: Vec::new(), walked: 0 };
             let mut after = 0;
+            // After positions set aside, the next plan lists more than the
+            // claims left (up to what may still be set aside), so that a
+            // small fetch does not read a run of future events one by one.
+            let mut widen = false;
             'part: while claims < opts.limit {
                 listed.clear();
-                let walked = part.plan(hw, after, opts.limit - claims, max_attempts, &mut spent_left, &mut listed);
+                let want =
+                    if widen { (opts.limit - claims).max(park_here.min(PLAN_ROOM)) } else { opts.limit - claims };
+                let walked = part.plan(hw, after, want, max_attempts, &mut spent_left, &mut listed);
                 plan.walked = plan.walked.max(walked);
                 let Some(&(last, _)) = listed.last() else { break };
                 after = last;
@@ -264,6 +286,12 @@ impl GroupState {
                 reads.extend(listed.iter().filter(|(_, spent)| !spent).map(|&(seq, _)| seq));
                 let mut read = src.read_each(p, &reads)?.into_iter();
                 for &(seq, spent) in &listed {
+                    if claims == opts.limit {
+                        // A widened list holds more than the limit: the rest
+                        // waits, and the cursor stays below it.
+                        plan.walked = plan.walked.min(seq - 1);
+                        break 'part;
+                    }
                     if spent {
                         plan.items.push((seq, Planned::Spent));
                         continue;
@@ -274,8 +302,8 @@ impl GroupState {
                                 claims += 1;
                                 plan.items.push((seq, Planned::Claim(event)));
                             }
-                            Some(at) if park_left > 0 => {
-                                park_left -= 1;
+                            Some(at) if park_here > 0 => {
+                                (park_here, park_left, widen) = (park_here - 1, park_left - 1, true);
                                 plan.items.push((seq, Planned::Park(at)));
                             }
                             Some(_) => {

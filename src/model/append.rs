@@ -50,12 +50,21 @@ impl AppendOptions {
         self
     }
     /// Adds one metadata entry. The payload's own `"metadata"` wins on conflict.
+    /// A [`DELIVER_AT`] entry replaces an earlier [`AppendOptions::delay`].
     pub fn metadata(mut self, key: impl Into<String>, value: impl Into<Value>) -> Self {
-        self.metadata.insert(key.into(), value.into());
+        let key = key.into();
+        if key == DELIVER_AT {
+            self.delay = None;
+        }
+        self.metadata.insert(key, value.into());
         self
     }
-    /// Adds every entry of a metadata map.
+    /// Adds every entry of a metadata map (a [`DELIVER_AT`] entry replaces
+    /// an earlier [`AppendOptions::delay`]).
     pub fn metadata_map(mut self, map: Metadata) -> Self {
+        if map.contains_key(DELIVER_AT) {
+            self.delay = None;
+        }
         self.metadata.extend(map);
         self
     }

@@ -588,6 +588,21 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn the_last_of_deliver_at_delay_and_a_deliver_at_entry_wins() {
+        let t = Timestamp::from_millis(5_000);
+        let at = |opts: AppendOptions| NewEvent::prepare(json!({}), opts).deliver_at();
+        let d = std::time::Duration::from_secs(3600);
+        assert_eq!(at(AppendOptions::new().delay(d).deliver_at(t)), Some(t));
+        assert_eq!(at(AppendOptions::new().delay(d).metadata("deliver_at", 5_000)), Some(t));
+        let mut map = Metadata::new();
+        map.insert("deliver_at".into(), json!(5_000));
+        assert_eq!(at(AppendOptions::new().delay(d).metadata_map(map)), Some(t));
+        let later = at(AppendOptions::new().deliver_at(t).delay(d)).expect("scheduled");
+        assert!(later > Timestamp::now(), "the delay replaced the earlier time");
+        assert_eq!(at(AppendOptions::new().metadata("deliver_at", "soon")), None, "not a time");
+    }
+
+    #[test]
     fn prepare_takes_type_key_and_metadata_from_payload() {
         let e = NewEvent::prepare(
             Payload::from_value(&json!({"type": "paid", "key": "k1", "metadata": {"a": 2}, "x": 1})),

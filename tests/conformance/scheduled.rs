@@ -191,3 +191,51 @@ pub async fn each_group_keeps_the_schedule_and_retries_follow_the_backoff(f: Fix
     assert_eq!(fetch_from(&f, G2, 10).await[0].attempt, 2);
     assert_eq!(sequences(&fetch(&f, 10).await), vec![1], "the first group on its own");
 }
+
+/// A fetch sets aside at most a bounded number of scheduled events (its
+/// limit, at least 64, at most 1,024, shared by the partitions it looks
+/// at) and says so; the next fetches go on from where it stopped, and the
+/// due event behind a long run of scheduled ones is claimed once they are
+/// all set aside, without any being claimed early. Another partition's
+/// due events are claimed by the first fetch.
+pub async fn a_fetch_sets_aside_a_bounded_number_and_the_next_goes_on(f: Fixture) {
+    const AHEAD: u64 = 300;
+    if !scheduling(&f, 2).await {
+        return;
+    }
+    let batch: Vec<_> =
+        (0..AHEAD).map(|n| (json!({"n": n}), AppendOptions::new().partition(0).deliver_at(at(3600)))).collect();
+    f.rheo.append_batch_with(S, batch).await.expect("append");
+    append_with(&f, AHEAD, AppendOptions::new()).await;
+    f.rheo.append(S, &json!({"type": "tick"}), AppendOptions::new().partition(1)).await.expect("append");
+    let opts = FetchOptions::new().limit(10).lease(secs(7200));
+    let first = f.rheo.fetch_report(S, G, opts.clone()).await.expect("fetch");
+    assert_eq!(positions(&first.leases), vec![(1, 1)], "partition 1's due event at once");
+    assert!(first.scheduled > 0 && first.scheduled <= 64, "a fetch of 10 sets aside at most 64: {}", first.scheduled);
+    let (mut set_aside, mut fetches) = (first.scheduled, 1);
+    let due = loop {
+        let report = f.rheo.fetch_report(S, G, opts.clone()).await.expect("fetch");
+        fetches += 1;
+        assert!(report.scheduled <= 64, "{}", report.scheduled);
+        set_aside += report.scheduled;
+        if !report.leases.is_empty() {
+            break report.leases;
+        }
+        assert!(report.scheduled > 0, "a fetch that set nothing aside and claimed nothing, with {set_aside} set aside");
+        assert!(fetches < 100, "no progress");
+    };
+    assert_eq!(positions(&due), vec![(0, AHEAD + 1)], "only the due event, after the run");
+    assert_eq!(set_aside, AHEAD, "each scheduled event set aside once");
+    let info = f.rheo.group_info(S, G).await.expect("info");
+    assert_eq!((info.scheduled, info.next_due), (AHEAD, Some(at(3600))));
+    assert_eq!(partition_lag(&f, 0).await.lag, AHEAD + 1);
+    f.clock.advance(secs(3600));
+    let mut late = Vec::new();
+    while (late.len() as u64) < AHEAD {
+        let leases = fetch(&f, 100).await;
+        assert!(!leases.is_empty(), "the scheduled events come due");
+        late.extend(sequences(&leases));
+        ack_all(&f, &leases).await;
+    }
+    assert_eq!(late, (1..=AHEAD).collect::<Vec<_>>(), "in sequence order once due");
+}

@@ -195,12 +195,17 @@ const MAX_COUNTER: u64 = 1 << 62;
 
 /// Records that must be durable before the call returns (under `Sync`).
 fn needs_sync(ops: &[Transition]) -> bool {
-    // A lost claim, cursor move or pass changes nothing a caller was told
-    // is done (the position is claimable again, or fresh again).
+    // A lost claim, cursor move, pass or park changes nothing a caller was
+    // told is done (the position is claimable again, or fresh again, and
+    // the next fetch that meets a scheduled event early sets it aside again).
     ops.iter().any(|op| {
         !matches!(
             op,
-            Transition::Claim { .. } | Transition::Cursor { .. } | Transition::Renew { .. } | Transition::Pass { .. }
+            Transition::Claim { .. }
+                | Transition::Cursor { .. }
+                | Transition::Renew { .. }
+                | Transition::Pass { .. }
+                | Transition::Park { .. }
         )
     })
 }
