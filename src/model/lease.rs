@@ -80,8 +80,9 @@ pub struct FetchReport {
     pub damaged: Vec<super::damage::Damage>,
     /// Events this fetch met before their scheduled delivery time
     /// ([`crate::AppendOptions::deliver_at`]) and set aside until then
-    /// (at most 1,024 per fetch; past that, each partition stops at its
-    /// next one, and the next fetch goes on from there).
+    /// (at most the fetch's limit, at least 64 and at most 1,024, shared
+    /// by its partitions; past its share, a partition stops at its next
+    /// one, and the next fetch goes on from there).
     pub scheduled: u64,
 }
 
