@@ -85,7 +85,9 @@ pub struct EngineOptions {
     /// Turn it off where those must be errors.
     pub map_writes: bool,
     /// A stream's consumer-group state is checkpointed once its delivery
-    /// WAL holds this many bytes (default 16 MiB). Bounds reopen time.
+    /// WAL holds this many bytes (default 16 MiB) and twice the size of
+    /// the last checkpoint (so that a large state is not rewritten for a
+    /// little WAL). Bounds reopen time.
     pub checkpoint_bytes: u64,
     /// ... or once this long has passed since the last checkpoint and the
     /// WAL is not empty, checked on the next group call (default 5 min).

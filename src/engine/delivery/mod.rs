@@ -139,6 +139,9 @@ pub(crate) struct DeliveryTable {
     /// holding it): one checkpoint at a time, whose file is written after
     /// `inner` is released.
     checkpointing: Mutex<()>,
+    /// The size of the last checkpoint this table wrote (0 before one):
+    /// the WAL grows to twice that before the next (see `maybe_checkpoint`).
+    last_checkpoint_bytes: std::sync::atomic::AtomicU64,
 }
 
 /// A checkpoint whose state is taken and whose WAL generation is switched,
@@ -475,7 +478,13 @@ impl DeliveryTable {
     /// wait only for the snapshot, not for the writes and syncs.
     fn maybe_checkpoint(&self, mut t: parking_lot::MutexGuard<'_, Table>, ctx: &EngineParts<'_>) {
         let size = t.wal.len.saturating_sub(WAL_HEADER_LEN as u64);
-        let due = size >= ctx.opts.checkpoint_bytes
+        // A large, quiet state (say 1M deliveries waiting for their time)
+        // is not rewritten every `checkpoint_bytes` of WAL: the WAL grows
+        // to twice the last checkpoint first, as Redis rewrites its AOF
+        // once it has doubled. A checkpoint then costs at most half the
+        // bytes of the WAL it replaces, and a reopen replays at most that.
+        let last = self.last_checkpoint_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        let due = size >= ctx.opts.checkpoint_bytes.max(last.saturating_mul(2))
             || (size > 0 && t.last_checkpoint.elapsed() >= ctx.opts.checkpoint_interval);
         if !due {
             return;
@@ -539,6 +548,7 @@ impl DeliveryTable {
         f.sync_data().map_err(|e| poison(sync_err(v, &tmp, e)))?;
         v.rename(&tmp, &path).map_err(|e| io_err(v, &path, "rename", e))?;
         v.sync_dir(dir).map_err(|e| poison(sync_err(v, dir, e)))?;
+        self.last_checkpoint_bytes.store(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
         // 4. Drop what the checkpoint covers.
         for name in v.list(dir).map_err(|e| io_err(v, dir, "list", e))? {
             let stale = generation_of(&name, "wal-", ".log").is_some_and(|g| g <= p.old_generation)

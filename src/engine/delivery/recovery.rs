@@ -45,7 +45,13 @@ impl DeliveryTable {
             last_checkpoint: Instant::now(),
             buf: Vec::new(),
         };
-        let table = DeliveryTable { vfs, dir, inner: Mutex::new(table), checkpointing: Mutex::new(()) };
+        let table = DeliveryTable {
+            vfs,
+            dir,
+            inner: Mutex::new(table),
+            checkpointing: Mutex::new(()),
+            last_checkpoint_bytes: Default::default(),
+        };
         if report.clamped > 0 {
             // The clamp changed state that the checkpoint and WAL on disk
             // still hold: make it durable before new appends reuse those

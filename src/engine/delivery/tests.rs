@@ -261,3 +261,56 @@ fn an_ack_that_returned_survives_power_loss_and_claims_may_not() {
         assert!(again.iter().all(|l| l.attempt == 1), "their attempt on disk was never counted");
     });
 }
+
+/// A checkpoint waits until the WAL holds twice the last checkpoint's
+/// size: a large state (here 3,000 leases) is not rewritten for every
+/// `checkpoint_bytes` of WAL.
+#[test]
+fn a_large_state_is_checkpointed_once_the_wal_doubled_it() {
+    runtime().block_on(async {
+        let mem = MemVfs::new();
+        let vfs: Arc<dyn Vfs> = Arc::new(mem.clone());
+        let clock = ManualClock::new(START);
+        let b = open(&vfs, &clock, 4096);
+        b.create_stream("s", &StreamOptions::new().partitions(1)).await.expect("stream");
+        b.create_group("s", "g", &GroupOptions::new()).await.expect("group");
+        let events: Vec<NewEvent> = (0..3000).map(|_| NewEvent::prepare(json!({}), AppendOptions::new())).collect();
+        b.append_batch("s", &events).await.expect("append");
+        let dir = "streams/0000000000000001/groups";
+        let files = |ext: &str| -> Vec<(String, u64)> {
+            let mut v: Vec<_> = mem
+                .list(dir)
+                .expect("list")
+                .into_iter()
+                .filter(|n| n.ends_with(ext))
+                .map(|n| {
+                    let len = mem.open(&format!("{dir}/{n}"), false).and_then(|f| f.len()).expect("len");
+                    (n, len)
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let opts = FetchOptions::new().limit(1000).lease(Duration::from_secs(3600));
+        let mut leases = Vec::new();
+        for _ in 0..3 {
+            leases.extend(b.fetch("s", "g", &opts).await.expect("fetch").leases);
+        }
+        b.engine().checkpoint("s").expect("checkpoint");
+        let (ckpt, ckpt_len) = files(".ckpt").pop().expect("a checkpoint");
+        assert!(ckpt_len > 4 * 4096, "a state of 3,000 leases: {ckpt_len} bytes");
+        // Renewals write the WAL without shrinking the state.
+        let mut wal_max = 0;
+        for round in 0..400 {
+            let refs: Vec<_> = leases.iter().cycle().skip(round * 100 % 3000).take(100).map(Lease::to_ref).collect();
+            b.renew_many(&refs, Duration::from_secs(3600)).await.expect("renew");
+            let now = files(".ckpt");
+            if now.last().map(|(n, _)| n) != Some(&ckpt) {
+                assert!(wal_max >= 2 * ckpt_len, "checkpointed after {wal_max} bytes of WAL, under twice {ckpt_len}");
+                return;
+            }
+            wal_max = files(".log").iter().map(|(_, l)| *l).max().unwrap_or(0);
+        }
+        panic!("no checkpoint after {wal_max} bytes of WAL (the last one: {ckpt_len} bytes)");
+    });
+}
