@@ -244,6 +244,7 @@ macro_rules! suite {
                     scheduled::replay_and_reset_keep_the_schedule,
                     scheduled::each_group_keeps_the_schedule_and_retries_follow_the_backoff,
                     scheduled::a_fetch_sets_aside_a_bounded_number_and_the_next_goes_on,
+                    scheduled::a_fetch_past_scheduled_events_claims_at_most_its_limit,
                     retry::retry_makes_delivery_claimable_again_with_next_attempt,
                     retry::retry_at_max_attempts_dead_letters_with_reason,
                     retry::retry_with_max_attempts_one_dead_letters_at_once,

@@ -84,13 +84,16 @@ pub(crate) const DAMAGE_PER_PARTITION: usize = 64;
 /// limit; see [`scheduled_budget`].
 pub(crate) const SCHEDULED_PER_FETCH: usize = 1024;
 
-/// The scheduled events a fetch of `limit` sets aside at most: its limit,
-/// at least 64 and at most [`SCHEDULED_PER_FETCH`], shared evenly by the
-/// partitions it looks at. Past its share, a partition stops at its next
-/// event that is not due yet (the rest wait for the next fetch), and due
-/// events before it are still claimed. Bounds a fetch's reads and its WAL
-/// record when a group first meets a long run of events scheduled in the
-/// future, and keeps one partition's run from holding back the others.
+/// The scheduled events a fetch of `limit` sets aside: its limit, at least
+/// 64 and at most [`SCHEDULED_PER_FETCH`], shared evenly by the partitions
+/// it looks at (each at least one, so a fetch over more partitions than
+/// that sets aside one in each: see [`scheduled_room`]); a partition also
+/// gets what the partitions before it left unused. Past its share, a
+/// partition stops at its next event that is not due yet (the rest wait for
+/// the next fetch), and due events before it are still claimed. Bounds a
+/// fetch's reads and its WAL record when a group first meets a long run of
+/// events scheduled in the future, and keeps one partition's run from
+/// holding back the others.
 pub(crate) const fn scheduled_budget(limit: usize) -> usize {
     if limit < 64 {
         64
@@ -99,6 +102,14 @@ pub(crate) const fn scheduled_budget(limit: usize) -> usize {
     } else {
         limit
     }
+}
+
+/// The most scheduled events a fetch of `limit` over `partitions` sets
+/// aside (what its WAL room must hold): its budget, or one per partition
+/// when there are more partitions.
+pub(crate) const fn scheduled_room(limit: usize, partitions: usize) -> usize {
+    let budget = scheduled_budget(limit);
+    if partitions > budget { partitions } else { budget }
 }
 
 /// The spent deliveries a fetch of `limit` dead-letters at most.
@@ -249,8 +260,10 @@ impl GroupState {
         let scope = self.scope(src, opts.partitions.as_deref())?;
         let max_attempts = self.summary.max_attempts;
         let mut plans = Vec::new();
-        let (mut claims, mut spent_left, mut park_left) = (0, spent_budget(opts.limit), scheduled_budget(opts.limit));
-        let park_share = (park_left / scope.len().max(1)).max(1);
+        let (mut claims, mut spent_left) = (0, spent_budget(opts.limit));
+        // Each partition's share of the scheduled budget, plus what the
+        // partitions before it left unused.
+        let (park_share, mut park_carry) = ((scheduled_budget(opts.limit) / scope.len().max(1)).max(1), 0);
         // Reused for every partition, sized once for what a fetch claims (up
         // to a bound), so that they do not grow one reallocation at a time.
         let room = opts.limit.min(PLAN_ROOM);
@@ -260,7 +273,7 @@ impl GroupState {
                 break;
             }
             let mut damage_left = DAMAGE_PER_PARTITION;
-            let mut park_here = park_share.min(park_left);
+            let mut park_here = park_share + park_carry;
             let Some(part) = self.parts.get_mut(&p) else { continue };
             // Timers are not journaled: firing them changes nothing durable.
             part.fire_timers(now);
@@ -303,7 +316,7 @@ impl GroupState {
                                 plan.items.push((seq, Planned::Claim(event)));
                             }
                             Some(at) if park_here > 0 => {
-                                (park_here, park_left, widen) = (park_here - 1, park_left - 1, true);
+                                (park_here, widen) = (park_here - 1, true);
                                 plan.items.push((seq, Planned::Park(at)));
                             }
                             Some(_) => {
@@ -334,6 +347,7 @@ impl GroupState {
                     }
                 }
             }
+            park_carry = park_here;
             plans.push(plan);
         }
         Ok(self.apply_fetch(plans, opts, now))

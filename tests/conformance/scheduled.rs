@@ -239,3 +239,29 @@ pub async fn a_fetch_sets_aside_a_bounded_number_and_the_next_goes_on(f: Fixture
     }
     assert_eq!(late, (1..=AHEAD).collect::<Vec<_>>(), "in sequence order once due");
 }
+
+/// After a fetch sets events aside it looks further ahead, but never claims
+/// more than its limit: a run of scheduled events followed by many due
+/// ones is drained `limit` at a time, in order, each due event once.
+pub async fn a_fetch_past_scheduled_events_claims_at_most_its_limit(f: Fixture) {
+    if !scheduling(&f, 1).await {
+        return;
+    }
+    let mut batch: Vec<_> =
+        (0..20).map(|n| (json!({"n": n}), AppendOptions::new().partition(0).deliver_at(at(3600)))).collect();
+    batch.extend((20..70).map(|n| (json!({"n": n}), AppendOptions::new().partition(0))));
+    f.rheo.append_batch_with(S, batch).await.expect("append");
+    let mut due = Vec::new();
+    for _ in 0..20 {
+        let leases = fetch(&f, 10).await;
+        assert!(leases.len() <= 10, "{} leases for a limit of 10", leases.len());
+        if leases.is_empty() && due.len() == 50 {
+            break;
+        }
+        due.extend(sequences(&leases));
+        ack_all(&f, &leases).await;
+    }
+    assert_eq!(due, (21..=70).collect::<Vec<_>>(), "every due event once, in order");
+    assert_eq!(f.rheo.group_info(S, G).await.expect("info").scheduled, 20);
+    assert_eq!(frontier(&f, 0).await, 0, "the scheduled ones hold the frontier");
+}

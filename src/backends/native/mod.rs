@@ -32,7 +32,7 @@ use crate::engine::log::stream::{Routed, StreamLog};
 pub use crate::engine::options::{Durability, EngineOptions, MAX_SEGMENT_BYTES, RecoveryMode};
 use crate::engine::stream::Stream;
 use crate::error::{Error, Result};
-use crate::groups::{DAMAGE_PER_PARTITION, EventSource, GroupState, query_matches, scheduled_budget, spent_budget};
+use crate::groups::{DAMAGE_PER_PARTITION, EventSource, GroupState, query_matches, scheduled_room, spent_budget};
 use crate::model::append::NewEvent;
 use crate::model::capabilities::Capabilities;
 use crate::model::event::{Event, Position};
@@ -644,7 +644,7 @@ impl Backend for NativeBackend {
             partitions,
             consumer,
             partitions as usize * DAMAGE_PER_PARTITION,
-            scheduled_budget(opts.limit),
+            scheduled_room(opts.limit, partitions as usize),
             spent_budget(opts.limit),
         );
         // The events are read under the table's lock, before anything is

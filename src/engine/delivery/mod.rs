@@ -18,7 +18,8 @@
 //!   Under `Batched` every record is synced within `max_delay`; under `None`
 //!   the OS decides. A process crash loses nothing in any mode.
 //! - **Checkpoints** write every group's state once the WAL passes
-//!   `checkpoint_bytes` or `checkpoint_interval` has passed: sync the WAL,
+//!   `checkpoint_bytes` and twice the last checkpoint's size, or
+//!   `checkpoint_interval` has passed: sync the WAL,
 //!   start the next WAL generation, write the checkpoint to a temporary file,
 //!   sync it, rename it, sync the directory, then delete older files.
 //! - **Reopen** loads the newest checkpoint and replays the WAL records
@@ -482,7 +483,9 @@ impl DeliveryTable {
         // is not rewritten every `checkpoint_bytes` of WAL: the WAL grows
         // to twice the last checkpoint first, as Redis rewrites its AOF
         // once it has doubled. A checkpoint then costs at most half the
-        // bytes of the WAL it replaces, and a reopen replays at most that.
+        // bytes of the WAL it replaces; a reopen replays at most the larger
+        // of `checkpoint_bytes` and twice the last checkpoint (more after
+        // failed checkpoints, whose generations stay).
         let last = self.last_checkpoint_bytes.load(std::sync::atomic::Ordering::Relaxed);
         let due = size >= ctx.opts.checkpoint_bytes.max(last.saturating_mul(2))
             || (size > 0 && t.last_checkpoint.elapsed() >= ctx.opts.checkpoint_interval);
