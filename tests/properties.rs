@@ -1141,6 +1141,9 @@ impl SlotState {
 struct Slot {
     state: SlotState,
     attempts: u32,
+    /// Its scheduled delivery time (ms since START), if any: no fetch
+    /// claims it before then.
+    deliver_at: Option<i64>,
 }
 
 /// The reason a dead letter must carry.
@@ -1242,13 +1245,23 @@ impl Model {
         }
     }
 
-    fn append(&mut self, p: u32) -> u64 {
+    fn append(&mut self, p: u32, deliver_at: Option<i64>) -> u64 {
         let i = usize::try_from(p).expect("small");
         let part = &mut self.parts[i];
         let seq = len_u64(part.len()) + 1;
         let state = if seq <= self.start[i] { SlotState::Skipped } else { SlotState::Available };
-        part.push(Slot { state, attempts: 0 });
+        part.push(Slot { state, attempts: 0, deliver_at });
         seq
+    }
+
+    /// Events scheduled after now that no claim has taken.
+    fn scheduled_ahead(&self) -> usize {
+        let now = self.now;
+        self.parts
+            .iter()
+            .flatten()
+            .filter(|s| s.state == SlotState::Available && s.deliver_at.is_some_and(|t| t > now))
+            .count()
     }
 
     /// Returns (lease index, partition, sequence, attempt, expires_at).
@@ -1265,7 +1278,8 @@ impl Model {
                     break;
                 }
                 let claimable = match slot.state {
-                    SlotState::Available => true,
+                    // Not before its time (docs/semantics.md, "Scheduled delivery").
+                    SlotState::Available => slot.deliver_at.is_none_or(|t| t <= *now),
                     SlotState::Leased { expires: until, .. } => until <= *now,
                     SlotState::Waiting { ready_at } => ready_at <= *now,
                     SlotState::Skipped | SlotState::Acked | SlotState::Dead => false,
@@ -1348,7 +1362,8 @@ impl Model {
             *start = (*start).min(from);
             for (idx, slot) in part.iter_mut().enumerate() {
                 if seq_of(idx) > from && slot.state.committed() {
-                    *slot = Slot { state: SlotState::Available, attempts: 0 };
+                    // The schedule belongs to the event: it stays.
+                    *slot = Slot { state: SlotState::Available, attempts: 0, deliver_at: slot.deliver_at };
                     reopened += 1;
                 }
             }
@@ -1398,6 +1413,10 @@ impl Model {
 #[derive(Debug, Clone)]
 enum ModelOp {
     Append(Route),
+    /// An append scheduled this many ms ahead, on a backend that schedules
+    /// and while fewer than [`MODEL_SCHEDULED_MAX`] wait (so that no fetch
+    /// meets more than its budget of them); else a plain append.
+    AppendAt(Route, u64),
     Fetch {
         limit: usize,
         lease_ms: u64,
@@ -1415,10 +1434,15 @@ enum ModelOp {
     Lag(u32),
 }
 
+/// The most events the model test keeps scheduled and not yet due: below
+/// a fetch's share of its scheduled budget (64 over 3 partitions).
+const MODEL_SCHEDULED_MAX: usize = 16;
+
 fn model_op() -> impl Strategy<Value = ModelOp> {
     let scope = proptest::option::weighted(0.25, proptest::sample::subsequence(vec![0u32, 1, 2], 1..=3));
     prop_oneof![
         4 => route().prop_map(ModelOp::Append),
+        2 => (route(), (1u64..=50).prop_map(|x| x * 100)).prop_map(|(r, ms)| ModelOp::AppendAt(r, ms)),
         4 => (1usize..=4, lease_ms(), scope)
             .prop_map(|(limit, lease_ms, partitions)| ModelOp::Fetch { limit, lease_ms, partitions }),
         5 => (settle_kind(), proptest::bool::weighted(0.7), any::<Index>())
@@ -1464,6 +1488,14 @@ async fn compare_with_model(fx: &Fixture, model: &Model, ctx: &str) -> CaseResul
     // `GroupInfo::retry_waiting`: "deliveries waiting out a retry backoff";
     // once `available_at` has passed, the delivery is claimable, not waiting.
     prop_assert_eq!(info.retry_waiting, model.retry_waiting(), "{}: retry_waiting (backoff not yet over)", ctx);
+    // Scheduled events are counted once a fetch has set them aside: at
+    // most those not yet due.
+    prop_assert!(
+        info.scheduled <= len_u64(model.scheduled_ahead()),
+        "{ctx}: scheduled {} with {} not yet due",
+        info.scheduled,
+        model.scheduled_ahead()
+    );
     Ok(())
 }
 
@@ -1485,8 +1517,22 @@ async fn backend_matches_model(factory: Factory, group: ModelGroup, ops: Vec<Mod
             ModelOp::Append(route) => {
                 let e = ok(fx.rheo.append(STREAM, &json!({"op": i}), route.options(MODEL_PARTITIONS)).await, &ctx)?;
                 let p = route.partition(MODEL_PARTITIONS);
-                let seq = model.append(p);
+                let seq = model.append(p, None);
                 prop_assert_eq!((e.partition(), e.sequence()), (p, seq), "{}: appended at", ctx);
+            }
+            ModelOp::AppendAt(route, ahead) => {
+                let schedules = fx.rheo.capabilities().scheduled_delivery;
+                let when =
+                    (schedules && model.scheduled_ahead() < MODEL_SCHEDULED_MAX).then(|| model.now + ms_i64(*ahead));
+                let mut opts = route.options(MODEL_PARTITIONS);
+                if let Some(t) = when {
+                    opts = opts.deliver_at(at(t));
+                }
+                let e = ok(fx.rheo.append(STREAM, &json!({"op": i}), opts).await, &ctx)?;
+                let p = route.partition(MODEL_PARTITIONS);
+                let seq = model.append(p, when);
+                prop_assert_eq!((e.partition(), e.sequence()), (p, seq), "{}: appended at", ctx);
+                prop_assert_eq!(e.deliver_at(), when.map(at), "{}: scheduled for", ctx);
             }
             ModelOp::Fetch { limit, lease_ms, partitions } => {
                 let mut opts = FetchOptions::new().limit(*limit).lease(millis(*lease_ms));

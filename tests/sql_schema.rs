@@ -345,6 +345,80 @@ async fn sqlite_creates_exactly_the_reference_tables_and_indexes() {
     assert_eq!(payload, json!({"type": "placed", "total": 5}));
 }
 
+/// Scheduled delivery on SQLite (ADR 0036, amendment): a database of
+/// schema version 2 gets `rheo_rs_scheduled` at open and is raised to 3
+/// (a newer one is refused); a scheduled append writes its row there; a
+/// fetch that meets the event early parks it as a delivery row in the
+/// reference's retry shape (leased, no lease id, attempt 0, expiring at the
+/// time); retention deletes the schedule with the events.
+#[tokio::test]
+async fn sqlite_scheduled_delivery_rows_and_the_schema_upgrade() {
+    use sqlx::Row;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("rheo.db");
+    let url = format!("sqlite:{}?rheo_retention_interval_ms=0", path.display());
+    let rheo = Rheo::open(&url).await.expect("open");
+    exercise(&rheo).await;
+    drop(rheo);
+    // As a build of version 2 left it.
+    let pool = sqlite_pool(&path).await;
+    sqlx::query("DROP TABLE rheo_rs_scheduled").execute(&pool).await.expect("drop");
+    sqlx::query("UPDATE rheo_rs_meta SET value = '2' WHERE \"key\" = 'schema_version'")
+        .execute(&pool)
+        .await
+        .expect("version 2");
+    let rheo = Rheo::open(&url).await.expect("a version 2 database opens");
+    let version: String = sqlx::query_scalar("SELECT value FROM rheo_rs_meta WHERE \"key\" = 'schema_version'")
+        .fetch_one(&pool)
+        .await
+        .expect("version");
+    assert_eq!(version, "3", "raised once its table exists");
+    assert!(rheo.capabilities().scheduled_delivery);
+
+    let at = rheo::Timestamp::now().saturating_add(Duration::from_secs(3600));
+    let opts = rheo::AppendOptions::new().partition(0).deliver_at(at);
+    let e = rheo.append("orders", &json!({"type": "remind"}), opts).await.expect("scheduled append");
+    let sched = sqlx::query("SELECT partition, sequence, deliver_at FROM rheo_rs_scheduled")
+        .fetch_all(&pool)
+        .await
+        .expect("schedule");
+    assert_eq!(sched.len(), 1);
+    assert_eq!((sched[0].get::<i64, _>(0), sched[0].get::<i64, _>(1)), (0, i64::try_from(e.sequence()).expect("seq")));
+    let report = rheo.fetch_report("orders", "billing", FetchOptions::new()).await.expect("fetch");
+    assert_eq!((report.leases.len(), report.scheduled), (0, 1));
+    let d = sqlx::query(
+        "SELECT status, lease_id, attempt, expires_at FROM rheo_deliveries WHERE group_name = 'billing' AND sequence = ?",
+    )
+    .bind(i64::try_from(e.sequence()).expect("seq"))
+    .fetch_one(&pool)
+    .await
+    .expect("parked row");
+    assert_eq!(d.get::<String, _>(0), "leased");
+    assert_eq!(d.get::<Option<String>, _>(1), None, "no holder");
+    assert_eq!(d.get::<i64, _>(2), 0, "no attempt used");
+    assert_eq!(d.get::<String, _>(3), sched[0].get::<String, _>(2), "waits until the event's time");
+    let info = rheo.group_info("orders", "billing").await.expect("info");
+    assert_eq!((info.scheduled, info.next_due, info.retry_waiting), (1, Some(at), 0));
+
+    // Retention drops the events, and their schedule with them.
+    let plain = rheo::AppendOptions::new().partition(0);
+    rheo.append("orders", &json!({"type": "later"}), plain).await.expect("append");
+    rheo.set_retention("orders", rheo::Retention::new().max_events(1)).await.expect("retention");
+    rheo.enforce_retention("orders").await.expect("pass");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM rheo_rs_scheduled").fetch_one(&pool).await.expect("n");
+    assert_eq!(left, 0, "the schedule goes with its events");
+    drop(rheo);
+
+    sqlx::query("UPDATE rheo_rs_meta SET value = '4' WHERE \"key\" = 'schema_version'")
+        .execute(&pool)
+        .await
+        .expect("version 4");
+    match Rheo::open(&url).await {
+        Err(rheo::Error::UnsupportedVersion { found: 4, supported: 3, .. }) => {}
+        other => panic!("a newer schema must be refused: {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn sqlite_uses_a_database_the_reference_created() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -41,6 +41,10 @@ pub(crate) struct DeliveryCounts {
     pub retry_waiting: u64,
     /// Dead-lettered.
     pub dead_letters: u64,
+    /// Set aside until their scheduled time (ADR 0036).
+    pub scheduled: u64,
+    /// The earliest time among them.
+    pub next_due: Option<Timestamp>,
 }
 
 /// A group to store: its attempts, its frontiers (each cursor one past
@@ -305,9 +309,8 @@ pub(crate) async fn group_info<S: GroupStore + ?Sized>(store: &S, stream: &str, 
         retry_waiting: n.retry_waiting,
         dead_letters: n.dead_letters,
         retention_skipped: g.settings.retention_skipped,
-        // These backends refuse scheduled appends (ADR 0036).
-        scheduled: 0,
-        next_due: None,
+        scheduled: n.scheduled,
+        next_due: n.next_due,
     })
 }
 
@@ -480,15 +483,18 @@ pub(crate) trait MaterializedFetch: GroupStore {
     /// of `parts` at or after its cursor, and moves the cursors past them.
     /// With `only_near`, a partition another consumer materialized
     /// meanwhile may be left as it is (consumers that all see the window
-    /// run low at once don't each add a chunk).
+    /// run low at once don't each add a chunk). A backend that schedules
+    /// sets aside (parks) at most `budget` events scheduled after now, and
+    /// returns how many; the others return 0.
     fn materialize(
         &self,
         stream: &str,
         group: &str,
         parts: &[u32],
         chunk: u64,
+        budget: usize,
         only_near: bool,
-    ) -> impl Future<Output = Result<()>> + Send;
+    ) -> impl Future<Output = Result<u64>> + Send;
 
     /// Claims up to `limit` delivery records; returns the leases and the
     /// spent positions it dead-lettered.
@@ -515,22 +521,25 @@ pub(crate) async fn fetch_materialized<S: MaterializedFetch + ?Sized>(
         return Ok(FetchReport::default());
     }
     let (chunk, behind, near) = common::materialize_plan(&g, &scope, opts.limit, S::MATERIALIZE_MIN);
+    let mut budget = crate::groups::scheduled_budget(opts.limit);
+    let mut scheduled = 0;
     if !near.is_empty() {
-        store.materialize(stream, group, &near, chunk, true).await?;
+        scheduled = store.materialize(stream, group, &near, chunk, budget, true).await?;
+        budget = budget.saturating_sub(usize::try_from(scheduled).unwrap_or(usize::MAX)).max(1);
     }
     let consumer = opts.consumer_id.as_deref().unwrap_or_default();
     let spec = ClaimSpec { stream, group, scope: &scope, max_attempts: g.max_attempts, consumer, lease: opts.lease };
     let (mut leases, mut spent) = store.claim(&spec, opts.limit).await?;
     let rest: Vec<u32> = behind.iter().copied().filter(|p| !near.contains(p)).collect();
     if leases.len() < opts.limit && !rest.is_empty() {
-        store.materialize(stream, group, &rest, chunk, false).await?;
+        scheduled += store.materialize(stream, group, &rest, chunk, budget, false).await?;
         let (more, more_spent) = store.claim(&spec, opts.limit - leases.len()).await?;
         leases.extend(more);
         spent.extend(more_spent);
     }
     leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
     order_spent(store, stream, group, spent).await;
-    Ok(FetchReport { leases, ..FetchReport::default() })
+    Ok(FetchReport { leases, scheduled, ..FetchReport::default() })
 }
 
 /// Orders the positions a fetch's claim dead-lettered and moves the

@@ -83,6 +83,11 @@ pub struct BenchArgs {
     /// retention beside appends).
     #[arg(long, value_name = "N")]
     retain_events: Option<u64>,
+    /// Before each `consume` case, appends this many events scheduled a
+    /// day ahead and has the group set them aside: the case then measures
+    /// due events behind them (backends of this crate only).
+    #[arg(long, value_name = "N")]
+    scheduled_ahead: Option<u64>,
     /// Runs every case this many times, alternating the backends' order.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
@@ -621,6 +626,14 @@ async fn run_case(
     let retention = a.retain_events.map_or_else(rheo::Retention::new, |n| rheo::Retention::new().max_events(n));
     target.setup(a.partitions, retention).await?;
     let label = format!("{} {}", opened.label, w.name());
+    if let Some(n) = a.scheduled_ahead.filter(|&n| n > 0) {
+        if w != Workload::Consume {
+            return Err(CliError::new(format!("--scheduled-ahead applies to consume cases, not {}", w.name())));
+        }
+        let bar = bar(n, format!("{label}: {n} scheduled ahead"));
+        workload::schedule_ahead(target, n, a.payload_bytes, &bar).await?;
+        bar.finish_and_clear();
+    }
     if w.prefilled() {
         let bar = bar(a.events, format!("{label}: prefill"));
         workload::prefill(target, a.events, a.payload_bytes, &bar).await?;

@@ -408,6 +408,51 @@ pub async fn prefill(target: &Target, events: u64, payload_bytes: usize, bar: &P
     Ok(())
 }
 
+/// Appends `events` scheduled a day ahead (spread over the case's streams
+/// as `prefill` spreads its events) and has the group set them all aside
+/// before the case runs, so a `consume` case measures due events behind
+/// them (issue 35's target: due events behind 1M scheduled ones). Rheo
+/// targets only.
+pub async fn schedule_ahead(
+    target: &Target,
+    events: u64,
+    payload_bytes: usize,
+    bar: &ProgressBar,
+) -> Result<(), CliError> {
+    let Target::Rheo(_) = target else {
+        return Err(CliError::new("--scheduled-ahead needs a backend of this crate (not engine: or a peer)"));
+    };
+    let at = rheo::Timestamp::now().saturating_add(Duration::from_secs(86_400));
+    let chunk = 1000.min(MAX_BATCH_EVENTS) as u64;
+    let streams = target.stream_count();
+    let mut n = 1;
+    for i in 0..streams {
+        let Target::Rheo(t) = target.on_stream(i) else { continue };
+        let end_of_stream = n + share(events, streams, i);
+        while n < end_of_stream {
+            let end = (n + chunk).min(end_of_stream);
+            let batch = (n..end).map(|i| {
+                let (payload, opts) = item(i, payload_bytes, 0).options();
+                (payload, opts.deliver_at(at))
+            });
+            t.rheo.append_batch_with(&t.stream, batch).await?;
+            bar.inc(end - n);
+            n = end;
+        }
+        // Fetches until nothing is left to set aside (nothing is due).
+        loop {
+            let report = t.rheo.fetch_report(&t.stream, &t.group, FetchOptions::new().limit(1000)).await?;
+            if !report.leases.is_empty() {
+                return Err(CliError::new(format!("{} events due a day ahead were claimed", report.leases.len())));
+            }
+            if report.scheduled == 0 {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// This task's share of `total` split over `tasks`.
 fn share(total: u64, tasks: usize, index: usize) -> u64 {
     let tasks = tasks.max(1) as u64;

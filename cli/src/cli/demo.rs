@@ -246,10 +246,13 @@ mod tests {
             let text = String::from_utf8(out).expect("utf-8");
             assert!(text.contains("reopened 1 delivery"), "run {run_no}: {text}");
             assert!(text.contains("billing: 0 in flight, 0 dead letters."), "run {run_no}: {text}");
+            assert!(text.contains("it is due: delivered on attempt 1 and acknowledged"), "run {run_no}: {text}");
             assert!(text.trim_end().ends_with("only move their own positions."), "run {run_no}: {text}");
         }
         let rheo = Rheo::open(&url).await.expect("reopen");
-        assert_eq!(rheo.list_streams().await.expect("streams").len(), 2, "each run has its own stream");
+        // Each run's orders and its reminders (step 7: SQLite schedules).
+        assert!(rheo.capabilities().scheduled_delivery);
+        assert_eq!(rheo.list_streams().await.expect("streams").len(), 4, "each run has its own streams");
         let info = rheo.group_info("orders", "billing").await.expect("first run's group");
         assert_eq!((info.lag.total, info.inflight, info.dead_letters), (0, 0, 0));
     }

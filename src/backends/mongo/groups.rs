@@ -1132,7 +1132,12 @@ impl GroupStore for MongoBackend {
             .map_err(err("group_info"))?;
         let r = rows.first();
         let n = |f: &str| r.and_then(|r| get_u64(r, f)).unwrap_or(0);
-        Ok(DeliveryCounts { inflight: n("inflight"), retry_waiting: n("waiting"), dead_letters: n("dead") })
+        Ok(DeliveryCounts {
+            inflight: n("inflight"),
+            retry_waiting: n("waiting"),
+            dead_letters: n("dead"),
+            ..DeliveryCounts::default()
+        })
     }
 
     async fn held_attempt(&self, lease: &LeaseRef) -> Result<Option<Held>> {
@@ -1190,9 +1195,19 @@ fn held(lease: &LeaseRef) -> Document {
 impl MaterializedFetch for MongoBackend {
     const MATERIALIZE_MIN: u64 = 256;
 
-    async fn materialize(&self, stream: &str, group: &str, parts: &[u32], chunk: u64, only_near: bool) -> Result<()> {
+    async fn materialize(
+        &self,
+        stream: &str,
+        group: &str,
+        parts: &[u32],
+        chunk: u64,
+        _budget: usize,
+        only_near: bool,
+    ) -> Result<u64> {
+        // MongoDB refuses scheduled appends (ADR 0036): nothing to park.
         let now = self.now();
-        in_tx!(self, "fetch", |s| self.materialize_in(s, stream, group, parts, chunk, only_near, now).await)
+        in_tx!(self, "fetch", |s| self.materialize_in(s, stream, group, parts, chunk, only_near, now).await)?;
+        Ok(0)
     }
 
     async fn claim(&self, spec: &ClaimSpec<'_>, limit: usize) -> Result<Taken> {

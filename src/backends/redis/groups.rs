@@ -570,7 +570,7 @@ impl GroupStore for Core {
         missing_code(&r, stream, group)?;
         let n: Vec<u64> = v_arr(&r).iter().filter_map(v_u64).collect();
         let [inflight, waiting, dead] = n[..] else { return Err(bad_reply("group_info", "three counts")) };
-        Ok(DeliveryCounts { inflight, retry_waiting: waiting, dead_letters: dead })
+        Ok(DeliveryCounts { inflight, retry_waiting: waiting, dead_letters: dead, ..DeliveryCounts::default() })
     }
 
     async fn held_attempt(&self, lease: &LeaseRef) -> Result<Option<Held>> {

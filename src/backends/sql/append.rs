@@ -58,6 +58,10 @@ pub(crate) struct Row {
     /// The timestamp the row carries; None: the database's `now()`.
     ts: Option<Timestamp>,
     cols: String,
+    /// The event carries a delivery time (ADR 0036): `cols` ends with it
+    /// (milliseconds on PostgreSQL, the text form on SQLite), and the
+    /// write records it in `rheo_rs_scheduled`.
+    scheduled: bool,
 }
 
 /// Where a flush goes: a stream, and its partition when every event of
@@ -196,9 +200,18 @@ impl Appender {
             serde_json::to_writer(&mut cols, &e.metadata).map_err(|err| Error::failed("append", err.to_string()))?;
             cols.push(b',');
             e.payload.write_json(&mut cols)?;
+            let deliver_at = e.deliver_at();
+            if let Some(t) = deliver_at {
+                let v = match self.d {
+                    Dialect::Sqlite => Value::from(super::dialect::format_ts(t)),
+                    Dialect::Postgres => Value::from(t.as_millis()),
+                };
+                cols.push(b',');
+                serde_json::to_writer(&mut cols, &v).map_err(|err| Error::failed("append", err.to_string()))?;
+            }
             let cols = String::from_utf8(cols).map_err(|err| Error::failed("append", err.to_string()))?;
             bytes += cols.len() + 16;
-            rows.push(Row { partition, ts: at, cols });
+            rows.push(Row { partition, ts: at, cols, scheduled: deliver_at.is_some() });
         }
         Ok((rows, bytes))
     }
@@ -285,11 +298,25 @@ impl Appender {
                                   COALESCE('epoch'::timestamptz + (x.v ->> 3)::bigint * interval '1 millisecond', now()), \
                                   x.v ->> 4, x.v ->> 5, x.v -> 6, x.v -> 7 \
                            FROM jsonb_array_elements({arr}::jsonb) AS x(v) JOIN b ON b.p = (x.v ->> 0)::int \
-                           RETURNING 1) \
+                           RETURNING 1){sched} \
                      SELECT b.p, b.base, b.c, (SELECT count(*) FROM i), {now} FROM b",
                     seqs = self.names.seqs(),
                     events = self.names.events(),
                     now = self.d.ts_out("now()"),
+                    // Only a write with scheduled events has this part:
+                    // the common statement keeps its shape.
+                    sched = if rows.iter().any(|r| r.scheduled) {
+                        format!(
+                            ", sc AS (INSERT INTO {} (stream, partition, sequence, deliver_at) \
+                             SELECT {name}, b.p, b.base + (x.v ->> 1)::bigint, \
+                                    'epoch'::timestamptz + (x.v ->> 8)::bigint * interval '1 millisecond' \
+                             FROM jsonb_array_elements({arr}::jsonb) AS x(v) JOIN b ON b.p = (x.v ->> 0)::int \
+                             WHERE x.v ->> 8 IS NOT NULL)",
+                            self.names.scheduled()
+                        )
+                    } else {
+                        String::new()
+                    },
                 ));
                 // Autocommit: a connection lost while it runs leaves its
                 // commit unknown.
@@ -341,6 +368,21 @@ impl Appender {
         let counts: Vec<String> =
             per.iter().map(|(p, n)| format!("WHEN {p} THEN {}", super::streams::seq_arg(*n))).collect();
         let arr = lite_literal(&json_rows(rows, ks.iter().copied()));
+        if rows.iter().any(|r| r.scheduled) {
+            // Before the events' insert, whose `changes()` the script
+            // returns (and after the counters, which number both).
+            script.push_str(&format!(
+                "WITH b AS MATERIALIZED (SELECT q.partition AS p, q.next_sequence - (CASE q.partition {counts} END) AS base \
+                   FROM {seqs} q WHERE q.stream = {name}) \
+                 INSERT INTO {sched} (stream, partition, sequence, deliver_at) \
+                 SELECT {name}, b.p, b.base + CAST(x.value ->> 1 AS INTEGER), x.value ->> 8 \
+                 FROM json_each({arr}) AS x CROSS JOIN b ON b.p = CAST(x.value ->> 0 AS INTEGER) \
+                 WHERE x.value ->> 8 IS NOT NULL;",
+                seqs = self.names.seqs(),
+                sched = self.names.scheduled(),
+                counts = counts.join(" "),
+            ));
+        }
         script.push_str(&format!(
             "WITH b AS MATERIALIZED (SELECT q.partition AS p, q.next_sequence - (CASE q.partition {counts} END) AS base \
                FROM {seqs} q WHERE q.stream = {name}) \

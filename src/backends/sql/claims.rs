@@ -237,6 +237,8 @@ pub(crate) struct Claimed {
     pub rows: Vec<Row>,
     pub base: i64,
     pub flags: ClaimFlags,
+    /// Scheduled events the claim set aside until their time (ADR 0036).
+    pub parked: u64,
 }
 
 /// What a transactional claim meets (`claim_survey`).
@@ -248,6 +250,10 @@ struct Survey {
     rows: bool,
     /// Delivery rows at or after a cursor.
     ahead: bool,
+    /// Events scheduled after now at or after a cursor.
+    sched: bool,
+    /// The claim's now.
+    now: Timestamp,
 }
 
 /// Positions past a cursor (beyond a fetch's limit) whose rows the
@@ -262,6 +268,10 @@ pub(super) type Candidate = (u32, u64, Option<String>, bool);
 /// Per partition: the fresh positions offered, and how far the cursor goes
 /// when all are taken (past rows that follow them).
 type Offered = BTreeMap<u32, (Vec<u64>, u64)>;
+
+/// Per partition: the positions among the fresh ones whose events are
+/// scheduled after now (ADR 0036); those the cursor passes are parked.
+type Parks = BTreeMap<u32, Vec<u64>>;
 
 /// The walk: in (partition, sequence) order until `limit` claims; spent
 /// rows met on the way are dead-lettered (at most `spent_max` a fetch; past
@@ -388,7 +398,10 @@ impl SqlBackend {
                      AND d.sequence >= pc.c AND d.sequence <= pc.hw LIMIT 1) r) \
                    OR EXISTS (SELECT 1 FROM pc CROSS JOIN LATERAL (SELECT 1 FROM {claims} k WHERE {sk} \
                      AND k.partition = pc.p AND (k.last_seq >= pc.c OR (k.expires_at <= {at} AND NOT ({full_k}))) \
-                     LIMIT 1) r)) AS slow), \
+                     LIMIT 1) r) \
+                   OR EXISTS (SELECT 1 FROM pc CROSS JOIN LATERAL (SELECT 1 FROM {sched} sc WHERE sc.stream = {st} \
+                     AND sc.partition = pc.p AND sc.sequence >= pc.c AND sc.sequence <= pc.hw \
+                     AND sc.deliver_at > {at} LIMIT 1) r)) AS slow), \
              lk AS (SELECT l.cursors FROM {groups} l WHERE l.stream = {st} AND l.name = {gr} \
                    AND NOT (SELECT rows OR slow FROM gate) \
                    AND EXISTS (SELECT 1 FROM pc WHERE COALESCE((l.cursors ->> pc.p::text)::bigint, pc.f + 1) <= pc.hw) \
@@ -420,6 +433,7 @@ impl SqlBackend {
             claims = self.names.claims(),
             dl = self.names.deliveries(),
             ev = self.names.events(),
+            sched = self.names.scheduled(),
             sk = same("k"),
             sd = same("d"),
             n = CLAIM_MAX_POSITIONS,
@@ -435,7 +449,7 @@ impl SqlBackend {
             let r = rows.swap_remove(i);
             flags = ClaimFlags { found: r.i64(1)? > 0, slow: r.i64(2)? > 0, rows: r.i64(4)? > 0 };
         }
-        Ok(Claimed { rows, base, flags })
+        Ok(Claimed { rows, base, flags, parked: 0 })
     }
 
     /// The PostgreSQL claim when delivery rows are claimable (retries,
@@ -495,7 +509,10 @@ impl SqlBackend {
                       AND d.sequence <= hw.hw LIMIT 1) r) \
                    OR EXISTS (SELECT 1 FROM sc JOIN hw ON hw.p = sc.p CROSS JOIN g CROSS JOIN LATERAL \
                      (SELECT k.first_seq FROM {claims} k WHERE {sk} AND k.partition = sc.p \
-                      AND k.last_seq >= {cur_g} LIMIT 1) r)) AS slow), \
+                      AND k.last_seq >= {cur_g} LIMIT 1) r) \
+                   OR EXISTS (SELECT 1 FROM sc JOIN hw ON hw.p = sc.p CROSS JOIN g CROSS JOIN LATERAL \
+                     (SELECT 1 FROM {sched} s9 WHERE s9.stream = {st} AND s9.partition = sc.p \
+                      AND s9.sequence >= {cur_g} AND s9.sequence <= hw.hw AND s9.deliver_at > {at} LIMIT 1) r)) AS slow), \
              rc AS (SELECT y.* FROM sc CROSS JOIN g CROSS JOIN LATERAL ( \
                    SELECT d.ctid AS tid, d.partition AS p, d.sequence AS s, d.event_id, \
                    (d.status = 'leased' AND d.lease_id IS NOT NULL AND d.attempt >= g.max_attempts) AS spent \
@@ -550,6 +567,7 @@ impl SqlBackend {
             claims = self.names.claims(),
             dl = self.names.deliveries(),
             ev = self.names.events(),
+            sched = self.names.scheduled(),
             sk = same("k"),
             sd = same("d"),
             walk = walk_sql("cand", "p", "s", spent_max),
@@ -573,7 +591,7 @@ impl SqlBackend {
             let r = rows.swap_remove(i);
             flags = ClaimFlags { found: r.i64(1)? > 0, slow: r.i64(2)? > 0, rows: false };
         }
-        Ok(Claimed { rows, base, flags })
+        Ok(Claimed { rows, base, flags, parked: 0 })
     }
 
     /// The claim as a transaction: always on SQLite (inside one `BEGIN
@@ -595,7 +613,7 @@ impl SqlBackend {
         let base = new_claim_base();
         let mut tx = self.pool.begin().await.map_err(safe)?;
         let Some((frontiers, mut cursors, max_attempts)) = self.lock_for_claim(&mut tx, stream, group).await? else {
-            return Ok(Claimed { rows: Vec::new(), base, flags: ClaimFlags::default() });
+            return Ok(Claimed { rows: Vec::new(), base, flags: ClaimFlags::default(), parked: 0 });
         };
         let now_ts = self.db_now(&mut tx).await?;
         // What this fetch meets, read once (under the lock): each kind of
@@ -613,12 +631,21 @@ impl SqlBackend {
         }
         let spent_max = limit + crate::groups::SPENT_PER_FETCH;
         let marks = (&frontiers, &cursors, max_attempts);
-        let (cands, offered) =
+        let (cands, offered, parks) =
             self.claim_candidates(&mut tx, (stream, group), scope, limit, spent_max, marks, &seen).await?;
         let (picks, fresh) = walk_candidates(cands, limit, spent_max, ids);
         let keys = self.claim_rows(&mut tx, picks, consumer, lease_for).await?;
         let expires = now_ts.saturating_add(lease_for);
         let moved = advance_cursors(&offered, &fresh, &frontiers, &mut cursors);
+        // The scheduled events the cursors passed wait as parked rows.
+        let passed: Vec<(u32, u64)> = parks
+            .iter()
+            .flat_map(|(&p, qs)| {
+                let c = fc(&frontiers, &cursors, p).1;
+                qs.iter().filter(move |&&q| q < c).map(move |&q| (p, q))
+            })
+            .collect();
+        let parked = self.park_positions(&mut tx, (stream, group), &passed, Now::At(now_ts)).await?;
         let ranges = if fresh.is_empty() {
             Vec::new()
         } else {
@@ -627,13 +654,14 @@ impl SqlBackend {
         if moved {
             self.frontier.write_maps(&mut tx, stream, group, None, Some(&cursors)).await?;
         }
+        let flags = ClaimFlags { found: true, slow: false, rows: false };
         if keys.is_empty() && ranges.is_empty() {
             tx.commit().await.map_err(at_commit)?;
-            return Ok(Claimed { rows: Vec::new(), base, flags: ClaimFlags { found: true, slow: false, rows: false } });
+            return Ok(Claimed { rows: Vec::new(), base, flags, parked });
         }
         let out = self.read_claimed(&mut tx, stream, keys, ranges, expires).await?;
         tx.commit().await.map_err(at_commit)?;
-        Ok(Claimed { rows: out, base, flags: ClaimFlags { found: true, slow: false, rows: false } })
+        Ok(Claimed { rows: out, base, flags, parked })
     }
 
     /// Locks the group row (PostgreSQL: `FOR UPDATE`; SQLite holds the
@@ -676,13 +704,15 @@ impl SqlBackend {
         spent_max: usize,
         (frontiers, cursors, max_attempts): (&BTreeMap<u32, u64>, &BTreeMap<u32, u64>, i64),
         seen: &Survey,
-    ) -> TxResult<(Vec<Candidate>, Offered)> {
+    ) -> TxResult<(Vec<Candidate>, Offered, Parks)> {
         let pg = self.d == Dialect::Postgres;
         let hws = &seen.hws;
+        let mut parks: Parks = BTreeMap::new();
+        let mut park_left = crate::groups::scheduled_budget(limit);
         let id = if pg { "d.ctid::text" } else { "CAST(d.rowid AS TEXT)" };
         let mut cands: Vec<Candidate> = Vec::new();
         let mut offered: Offered = BTreeMap::new();
-        for &p in scope {
+        for (i, &p) in scope.iter().enumerate() {
             let (f, c) = fc(frontiers, cursors, p);
             let mut s = self.stmt();
             let (st, gr) = sg(&mut s, stream, group);
@@ -710,7 +740,21 @@ impl SqlBackend {
             }
             // Rows in a bounded window after the cursor: the free
             // positions there are offered (at most `limit`).
-            let window_end = hw.min(c.saturating_add(limit as u64 + FRESH_WINDOW_ROWS));
+            let mut window_end = hw.min(c.saturating_add(limit as u64 + FRESH_WINDOW_ROWS));
+            // Events scheduled after now are not offered: they are parked
+            // as the cursor passes them, at most this partition's share of
+            // the budget (an even share of what is left, at least one);
+            // past it the window ends before the next one.
+            let mut later = Vec::new();
+            if seen.sched {
+                let share = (park_left / (scope.len() - i)).max(1);
+                later = self.scheduled_ahead(tx, stream, p, (c, window_end), Now::At(seen.now), share + 1).await?;
+                if later.len() > share {
+                    window_end = later[share].saturating_sub(1);
+                    later.truncate(share);
+                }
+                park_left = park_left.saturating_sub(later.len());
+            }
             let taken = if seen.ahead {
                 self.rows_between(tx, stream, group, p, c, window_end).await?
             } else {
@@ -719,10 +763,14 @@ impl SqlBackend {
             let mut free = Vec::new();
             let mut q = c;
             while q <= window_end && free.len() < limit {
-                if !taken.contains(&q) {
+                if !taken.contains(&q) && later.binary_search(&q).is_err() {
                     free.push(q);
                 }
                 q += 1;
+            }
+            later.retain(|q| !taken.contains(q));
+            if !later.is_empty() {
+                parks.insert(p, later);
             }
             // With nothing free, the cursor still passes the rows it met.
             offered.insert(p, (free, q));
@@ -731,7 +779,7 @@ impl SqlBackend {
             cands.extend(free.iter().map(|&q| (p, q, None, false)));
         }
         cands.sort_by_key(|c| (c.0, c.1));
-        Ok((cands, offered))
+        Ok((cands, offered, parks))
     }
 
     /// Claims the delivery rows the walk picked (and dead-letters the spent
@@ -920,7 +968,10 @@ impl SqlBackend {
              CASE WHEN EXISTS (SELECT 1 FROM {xs} AS x {join} {dl} d ON d.stream = {st} AND d.group_name = {gr} \
                AND d.partition = {p} WHERE d.sequence > {f} AND {claimable}) THEN 1 ELSE 0 END, \
              CASE WHEN EXISTS (SELECT 1 FROM {xs} AS x {join} {dl} d ON d.stream = {st} AND d.group_name = {gr} \
-               AND d.partition = {p} WHERE d.sequence >= {c}) THEN 1 ELSE 0 END",
+               AND d.partition = {p} WHERE d.sequence >= {c}) THEN 1 ELSE 0 END, \
+             CASE WHEN EXISTS (SELECT 1 FROM {xs} AS x {join} {sched} sc ON sc.stream = {st} \
+               AND sc.partition = {p} WHERE sc.sequence >= {c} AND sc.deliver_at > {at}) THEN 1 ELSE 0 END",
+            sched = self.names.scheduled(),
             seqs = self.names.seqs(),
             claims = self.names.claims(),
             dl = self.names.deliveries(),
@@ -934,7 +985,14 @@ impl SqlBackend {
             Some(t) => parse_map(stream, group, "high watermarks", &t)?.into_iter().collect(),
             None => HashMap::new(),
         };
-        Ok(Survey { hws, claims: r.i64(1)? == 1, rows: r.i64(2)? == 1, ahead: r.i64(3)? == 1 })
+        Ok(Survey {
+            hws,
+            claims: r.i64(1)? == 1,
+            rows: r.i64(2)? == 1,
+            ahead: r.i64(3)? == 1,
+            sched: r.i64(4)? == 1,
+            now,
+        })
     }
 
     /// The sequences of a partition's delivery rows in `from..=to`.

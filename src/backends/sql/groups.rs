@@ -110,7 +110,7 @@ impl SqlBackend {
 }
 
 impl SqlBackend {
-    fn insert_ignore(&self) -> (&'static str, &'static str) {
+    pub(super) fn insert_ignore(&self) -> (&'static str, &'static str) {
         match self.d {
             Dialect::Postgres => ("INSERT INTO", "ON CONFLICT DO NOTHING"),
             Dialect::Sqlite => ("INSERT OR IGNORE INTO", ""),
@@ -296,7 +296,7 @@ impl SqlBackend {
         let (mut leases, spent) = self.leases_of(stream, group, consumer, &claimed.rows, claimed.base)?;
         leases.sort_by_key(|l| (l.event.partition(), l.event.sequence()));
         group_store::order_spent(self, stream, group, spent).await;
-        Ok(FetchReport { leases, ..FetchReport::default() })
+        Ok(FetchReport { leases, scheduled: claimed.parked, ..FetchReport::default() })
     }
 
     /// The partitions a fetch claims from: the group's (cached: a group's
@@ -360,8 +360,20 @@ impl SqlBackend {
 
     /// Adds delivery rows for the next `chunk` events of each partition of
     /// `parts` at or after its cursor, and moves the cursors past them.
-    async fn materialize_tx(&self, stream: &str, group: &str, parts: &[u32], chunk: u64) -> TxResult<()> {
+    /// Events scheduled after now get parked rows (`schedule.rs`), at most
+    /// `budget` shared by the partitions (an even share of what is left,
+    /// at least one each); past its share a partition's chunk ends before
+    /// the next one. Returns how many it parked.
+    async fn materialize_tx(
+        &self,
+        stream: &str,
+        group: &str,
+        parts: &[u32],
+        chunk: u64,
+        budget: usize,
+    ) -> TxResult<u64> {
         let mut tx = self.pool.begin().await.map_err(safe)?;
+        let now = self.now();
         let (frontiers, mut cursors) = self.frontier.lock_group(&mut tx, stream, group).await?;
         let mut s = self.stmt();
         let st = s.text(stream);
@@ -369,24 +381,32 @@ impl SqlBackend {
         let hws: HashMap<u32, u64> =
             tx.all(&s).await.map_err(safe)?.iter().map(|r| Ok((r.u32(0)?, r.u64(1)?))).collect::<Result<_>>()?;
         let mut ranges = Vec::new();
-        for &p in parts {
+        let mut spans = Vec::new();
+        let mut park_left = budget;
+        for (i, &p) in parts.iter().enumerate() {
             let (f, c) = fc(&frontiers, &cursors, p);
             let hw = hws.get(&p).copied().unwrap_or(0);
             if c <= hw {
-                let hi = hw.min(c.saturating_add(chunk - 1));
+                let mut hi = hw.min(c.saturating_add(chunk - 1));
+                let share = (park_left / (parts.len() - i)).max(1);
+                let later = self.scheduled_ahead(&mut tx, stream, p, (c, hi), now, share + 1).await?;
+                if later.len() > share {
+                    hi = later[share].saturating_sub(1);
+                }
+                park_left = park_left.saturating_sub(later.len().min(share));
                 ranges.push(Value::from(vec![Value::from(p), Value::from(c), Value::from(hi)]));
+                spans.push((p, c, hi));
                 cursors.insert(p, hi.saturating_add(1));
             } else {
                 cursors.entry(p).or_insert_with(|| f.saturating_add(1));
             }
         }
         if ranges.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let mut s = self.stmt();
         let (st, gr) = sg(&mut s, stream, group);
         let arr = s.text(Value::from(ranges).to_string());
-        let now = self.now();
         let at = self.now_sql(&mut s, now);
         let (ins, ignore) = self.insert_ignore();
         // A range scan of the events index per partition: LATERAL on
@@ -414,9 +434,10 @@ impl SqlBackend {
             self.d.json_rows(&arr, 3),
         ));
         tx.exec(&s).await.map_err(safe)?;
+        let parked = self.park_available(&mut tx, (stream, group), &spans, now).await?;
         self.frontier.write_maps(&mut tx, stream, group, None, Some(&cursors)).await?;
         tx.commit().await.map_err(at_commit)?;
-        Ok(())
+        Ok(parked)
     }
 
     /// The SET clause of a claim, given the SQL of "this row is spent" and
@@ -815,6 +836,10 @@ impl SqlBackend {
             frontiers.insert(p, f.min(from));
             cursors.insert(p, c.min(from.saturating_add(1)));
         }
+        // Reopened rows of events whose time has not come wait again.
+        let spans: Vec<(u32, u64, u64)> =
+            starts.iter().map(|&(p, from)| (p, from.saturating_add(1), u64::MAX)).collect();
+        self.park_available(&mut tx, (stream, group), &spans, now).await?;
         self.frontier.write_maps(&mut tx, stream, group, Some(&frontiers), Some(&cursors)).await?;
         tx.commit().await.map_err(at_commit)?;
         Ok(reopened)
@@ -835,6 +860,7 @@ impl SqlBackend {
         let positions: Vec<(u32, u64)> = matched.iter().map(|(p, q, _)| (*p, *q)).collect();
         self.split_claims(&mut tx, stream, group, &Split::Positions(&positions)).await?;
         let mut reopened = 0u64;
+        let mut reopened_at: Vec<(u32, u64, u64)> = Vec::new();
         for chunk in matched.chunks(1000) {
             let keys: Vec<Value> = chunk
                 .iter()
@@ -859,6 +885,7 @@ impl SqlBackend {
                 let is_settled =
                     q <= f || matches!(status.as_deref(), Some("acked" | "rejected")) || (status.is_none() && q < c);
                 if is_settled {
+                    reopened_at.push((p, q, q));
                     settled.push(Value::from(vec![Value::from(p), Value::from(q), Value::from(r.text(2)?)]));
                     frontiers.insert(p, f.min(q.saturating_sub(1)));
                     reopened += 1;
@@ -895,6 +922,8 @@ impl SqlBackend {
             ));
             tx.exec(&s).await.map_err(safe)?;
         }
+        // Reopened rows of events whose time has not come wait again.
+        self.park_available(&mut tx, (stream, group), &reopened_at, now).await?;
         self.frontier.write_maps(&mut tx, stream, group, Some(&frontiers), None).await?;
         tx.commit().await.map_err(at_commit)?;
         Ok(reopened)
@@ -1057,20 +1086,28 @@ impl GroupStore for SqlBackend {
         let at = self.now_sql(&mut s, now);
         s.push(&format!(
             "SELECT COALESCE(sum(CASE WHEN status = 'leased' AND lease_id IS NOT NULL THEN 1 ELSE 0 END), 0), \
-             COALESCE(sum(CASE WHEN status = 'leased' AND lease_id IS NULL AND expires_at > {at} THEN 1 ELSE 0 END), 0), \
-             COALESCE(sum(CASE WHEN status = 'rejected' THEN 1 ELSE 0 END), 0) \
+             COALESCE(sum(CASE WHEN {waiting} AND attempt > 0 THEN 1 ELSE 0 END), 0), \
+             COALESCE(sum(CASE WHEN status = 'rejected' THEN 1 ELSE 0 END), 0), \
+             COALESCE(sum(CASE WHEN {waiting} AND attempt = 0 THEN 1 ELSE 0 END), 0), \
+             {due} \
              FROM {} WHERE stream = {st} AND group_name = {gr} AND status IN ('leased', 'rejected')",
-            self.names.deliveries()
+            self.names.deliveries(),
+            // A row waiting with attempt 0 is a scheduled event set aside
+            // (schedule.rs); with more, a retry's backoff.
+            waiting = format!("status = 'leased' AND lease_id IS NULL AND expires_at > {at}"),
+            due = self.d.ts_out(&format!(
+                "min(CASE WHEN status = 'leased' AND lease_id IS NULL AND expires_at > {at} AND attempt = 0 \
+                 THEN expires_at END)"
+            )),
         ));
         let rows = self.pool.all(&s).await.map_err(self.err("group_info", Phase::Safe))?;
-        let (inflight, retry_waiting, dead_letters) = match rows.first() {
-            Some(r) => (r.u64(0)?, r.u64(1)?, r.u64(2)?),
-            None => (0, 0, 0),
-        };
+        let Some(r) = rows.first() else { return Ok(DeliveryCounts::default()) };
         Ok(DeliveryCounts {
-            inflight: inflight + self.claimed_inflight(stream, group).await?,
-            retry_waiting,
-            dead_letters,
+            inflight: r.u64(0)? + self.claimed_inflight(stream, group).await?,
+            retry_waiting: r.u64(1)?,
+            dead_letters: r.u64(2)?,
+            scheduled: r.u64(3)?,
+            next_due: r.opt_ts(4)?,
         })
     }
 
@@ -1128,8 +1165,16 @@ impl GroupStore for SqlBackend {
 impl MaterializedFetch for SqlBackend {
     const MATERIALIZE_MIN: u64 = 512;
 
-    async fn materialize(&self, stream: &str, group: &str, parts: &[u32], chunk: u64, _only_near: bool) -> Result<()> {
-        super::retry_tx!(self, "fetch", self.materialize_tx(stream, group, parts, chunk).await)
+    async fn materialize(
+        &self,
+        stream: &str,
+        group: &str,
+        parts: &[u32],
+        chunk: u64,
+        budget: usize,
+        _only_near: bool,
+    ) -> Result<u64> {
+        super::retry_tx!(self, "fetch", self.materialize_tx(stream, group, parts, chunk, budget).await)
     }
 
     async fn claim(&self, spec: &ClaimSpec<'_>, limit: usize) -> Result<Taken> {

@@ -49,6 +49,7 @@ mod groups;
 mod listen;
 mod query;
 mod retention;
+mod schedule;
 pub(crate) mod schema;
 mod streams;
 
@@ -587,6 +588,7 @@ super::group_store::database_backend! {
             c.wakeups = true;
             c.ops_inspect = true;
             c.retention = true;
+            c.scheduled_delivery = true;
             c
         }
 

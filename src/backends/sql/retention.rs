@@ -253,6 +253,7 @@ impl RetentionStore for SqlBackend {
     /// Deletes the events of partition `p` below `start`, [`DELETE_BATCH`]
     /// at a time; returns the bytes freed.
     async fn delete_below(&self, stream: &str, p: u32, start: u64) -> Result<u64> {
+        self.drop_schedule_below(stream, p, start).await?;
         let mut freed = 0;
         loop {
             let mut s = self.stmt();

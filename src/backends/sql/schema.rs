@@ -11,7 +11,10 @@ use super::dialect::Dialect;
 /// 2: `rheo_rs_claims` (claimed ranges, ADR 0021). A build of version 1
 /// would take a range's positions for settled, so it refuses a database
 /// of version 2.
-pub(crate) const SCHEMA_VERSION: u16 = 2;
+///
+/// 3: `rheo_rs_scheduled` (scheduled delivery, ADR 0036). A build of
+/// version 2 would claim a scheduled event before its time.
+pub(crate) const SCHEMA_VERSION: u16 = 3;
 
 /// One column: name, PostgreSQL type, SQLite type, NOT NULL, default.
 #[derive(Debug, Clone, Copy)]
@@ -176,6 +179,21 @@ pub(crate) const TABLES: &[Table] = &[
         ],
         key: &["stream", "group_name", "partition", "first_seq"],
     },
+    // The events appended with a delivery time (ADR 0036), written with
+    // them: a fetch that meets one before its time sets it aside as a
+    // delivery row waiting until `deliver_at` (status `leased`, no
+    // holder, attempt 0, expiring then), which the reference's claim
+    // index finds once due.
+    Table {
+        name: "rheo_rs_scheduled",
+        columns: &[
+            col("stream", "text", true, None),
+            col("partition", "int", true, None),
+            col("sequence", "bigint", true, None),
+            col("deliver_at", "ts", true, None),
+        ],
+        key: &["stream", "partition", "sequence"],
+    },
 ];
 
 /// The reference's indexes: (name, table, columns, unique).
@@ -277,6 +295,9 @@ impl Names {
     }
     pub(crate) fn claims(&self) -> String {
         self.t("rheo_rs_claims")
+    }
+    pub(crate) fn scheduled(&self) -> String {
+        self.t("rheo_rs_scheduled")
     }
 }
 
