@@ -307,8 +307,8 @@ impl Appender {
                     // the common statement keeps its shape.
                     sched = if rows.iter().any(|r| r.scheduled) {
                         format!(
-                            ", sc AS (INSERT INTO {} (stream, partition, sequence, deliver_at) \
-                             SELECT {name}, b.p, b.base + (x.v ->> 1)::bigint, \
+                            ", sc AS (INSERT INTO {} (stream, partition, sequence, event_id, deliver_at) \
+                             SELECT {name}, b.p, b.base + (x.v ->> 1)::bigint, x.v ->> 2, \
                                     'epoch'::timestamptz + (x.v ->> 8)::bigint * interval '1 millisecond' \
                              FROM jsonb_array_elements({arr}::jsonb) AS x(v) JOIN b ON b.p = (x.v ->> 0)::int \
                              WHERE x.v ->> 8 IS NOT NULL)",
@@ -374,8 +374,8 @@ impl Appender {
             script.push_str(&format!(
                 "WITH b AS MATERIALIZED (SELECT q.partition AS p, q.next_sequence - (CASE q.partition {counts} END) AS base \
                    FROM {seqs} q WHERE q.stream = {name}) \
-                 INSERT INTO {sched} (stream, partition, sequence, deliver_at) \
-                 SELECT {name}, b.p, b.base + CAST(x.value ->> 1 AS INTEGER), x.value ->> 8 \
+                 INSERT INTO {sched} (stream, partition, sequence, event_id, deliver_at) \
+                 SELECT {name}, b.p, b.base + CAST(x.value ->> 1 AS INTEGER), x.value ->> 2, x.value ->> 8 \
                  FROM json_each({arr}) AS x CROSS JOIN b ON b.p = CAST(x.value ->> 0 AS INTEGER) \
                  WHERE x.value ->> 8 IS NOT NULL;",
                 seqs = self.names.seqs(),

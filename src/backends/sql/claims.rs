@@ -380,7 +380,6 @@ impl SqlBackend {
         let lim = s.int(i64::try_from(limit).unwrap_or(i64::MAX));
         let b = s.int(base);
         let cons = s.text(consumer);
-        let claimable = self.claimable(&mut s);
         let now = self.now();
         let at = self.now_sql(&mut s, now);
         let exp = self.later_sql(&mut s, now, lease_for);
@@ -392,8 +391,7 @@ impl SqlBackend {
                    COALESCE((g.cursors ->> sc.p::text)::bigint, COALESCE((g.frontiers ->> sc.p::text)::bigint, 0) + 1) AS c \
                    FROM unnest({parts}::int[]) AS sc(p) CROSS JOIN g \
                    JOIN {seqs} q ON q.stream = {st} AND q.partition = sc.p), \
-             gate AS (SELECT EXISTS (SELECT 1 FROM pc CROSS JOIN LATERAL (SELECT 1 FROM {dl} d WHERE {sd} \
-                     AND d.partition = pc.p AND d.sequence > pc.f AND {claimable} LIMIT 1) r) AS rows, \
+             gate AS (SELECT {any_claimable} AS rows, \
                    (EXISTS (SELECT 1 FROM pc CROSS JOIN LATERAL (SELECT 1 FROM {dl} d WHERE {sd} AND d.partition = pc.p \
                      AND d.sequence >= pc.c AND d.sequence <= pc.hw LIMIT 1) r) \
                    OR EXISTS (SELECT 1 FROM pc CROSS JOIN LATERAL (SELECT 1 FROM {claims} k WHERE {sk} \
@@ -436,6 +434,7 @@ impl SqlBackend {
             sched = self.names.scheduled(),
             sk = same("k"),
             sd = same("d"),
+            any_claimable = self.any_claimable(&st, &gr, &at),
             n = CLAIM_MAX_POSITIONS,
             exp_ins = self.d.ts_out("ins.expires_at"),
             cols = event_cols(self.d, "e"),
@@ -955,8 +954,7 @@ impl SqlBackend {
             .collect();
         let arr = s.text(Value::from(rows).to_string());
         let at = s.ts(now);
-        let claimable = self.claimable(&mut s);
-        let (p, f, c) = (self.d.as_int("x.c0"), self.d.as_int("x.c1"), self.d.as_int("x.c2"));
+        let (p, c) = (self.d.as_int("x.c0"), self.d.as_int("x.c2"));
         let hws = match self.d {
             Dialect::Postgres => "jsonb_object_agg(q.partition, q.next_sequence)::text",
             Dialect::Sqlite => "json_group_object(q.partition, q.next_sequence)",
@@ -965,13 +963,13 @@ impl SqlBackend {
             "SELECT (SELECT {hws} FROM {seqs} q WHERE q.stream = {st}), \
              CASE WHEN EXISTS (SELECT 1 FROM {xs} AS x {join} {claims} k ON k.stream = {st} AND k.group_name = {gr} \
                AND k.partition = {p} WHERE (k.expires_at <= {at} AND NOT ({full})) OR k.last_seq >= {c}) THEN 1 ELSE 0 END, \
-             CASE WHEN EXISTS (SELECT 1 FROM {xs} AS x {join} {dl} d ON d.stream = {st} AND d.group_name = {gr} \
-               AND d.partition = {p} WHERE d.sequence > {f} AND {claimable}) THEN 1 ELSE 0 END, \
+             CASE WHEN {any_claimable} THEN 1 ELSE 0 END, \
              CASE WHEN EXISTS (SELECT 1 FROM {xs} AS x {join} {dl} d ON d.stream = {st} AND d.group_name = {gr} \
                AND d.partition = {p} WHERE d.sequence >= {c}) THEN 1 ELSE 0 END, \
              CASE WHEN EXISTS (SELECT 1 FROM {xs} AS x {join} {sched} sc ON sc.stream = {st} \
                AND sc.partition = {p} WHERE sc.sequence >= {c} AND sc.deliver_at > {at}) THEN 1 ELSE 0 END",
             sched = self.names.scheduled(),
+            any_claimable = self.any_claimable(&st, &gr, &at),
             seqs = self.names.seqs(),
             claims = self.names.claims(),
             dl = self.names.deliveries(),
@@ -993,6 +991,21 @@ impl SqlBackend {
             sched: r.i64(4)? == 1,
             now,
         })
+    }
+
+    /// SQL true when the group has a claimable delivery row in any
+    /// partition: a hint (a claim then looks per partition, above each
+    /// frontier, which a claimable row is always above) shaped for the
+    /// reference's claim index, `(stream, group_name, status, expires_at)`,
+    /// so that rows waiting until later (scheduled events set aside, ADR
+    /// 0036; retries) are never walked to find that none is claimable.
+    fn any_claimable(&self, st: &str, gr: &str, at: &str) -> String {
+        let dl = self.names.deliveries();
+        format!(
+            "(EXISTS (SELECT 1 FROM {dl} d WHERE d.stream = {st} AND d.group_name = {gr} AND d.status = 'available') \
+             OR EXISTS (SELECT 1 FROM {dl} d WHERE d.stream = {st} AND d.group_name = {gr} AND d.status = 'leased' \
+             AND d.expires_at IS NOT NULL AND d.expires_at <= {at}))"
+        )
     }
 
     /// The sequences of a partition's delivery rows in `from..=to`.

@@ -27,6 +27,7 @@
 use serde_json::Value;
 
 use super::db::{Tx, sg};
+use super::dialect::Dialect;
 use super::streams::seq_arg;
 use super::{Now, SqlBackend, TxResult, safe};
 
@@ -78,18 +79,32 @@ impl SqlBackend {
         let arr = s.text(Value::from(rows).to_string());
         let at = self.now_sql(&mut s, now);
         let (ins, ignore) = self.insert_ignore();
+        let cond = format!(
+            "sc.stream = {st} AND sc.partition = {} AND sc.sequence = {}",
+            self.d.as_int("x.c0"),
+            self.d.as_int("x.c1")
+        );
+        // A primary-key probe of the schedule per position (it holds the
+        // event id): the only index there, so a planner that misjudges a
+        // new stream (no statistics yet) has no other index to pick, as it
+        // would among the events' (it picked `(stream, "key")` and
+        // filtered the whole stream per position). LATERAL on PostgreSQL,
+        // which would otherwise hash-join the table.
+        let join = match self.d {
+            Dialect::Postgres => format!(
+                "CROSS JOIN LATERAL (SELECT sc.event_id, sc.partition, sc.sequence, sc.deliver_at FROM {} sc \
+                 WHERE {cond} OFFSET 0) sc",
+                self.names.scheduled()
+            ),
+            // CROSS JOIN keeps the positions the outer loop on SQLite.
+            Dialect::Sqlite => format!("CROSS JOIN {} sc ON {cond}", self.names.scheduled()),
+        };
         s.push(&format!(
             "{ins} {dl} (stream, group_name, event_id, partition, sequence, status, attempt, expires_at, created_at) \
-             SELECT {st}, {gr}, e.id, e.partition, e.sequence, 'leased', 0, sc.deliver_at, {at} \
-             FROM {xs} AS x JOIN {ev} e ON e.stream = {st} AND e.partition = {p} AND e.sequence = {q} \
-             JOIN {sched} sc ON sc.stream = {st} AND sc.partition = e.partition AND sc.sequence = e.sequence \
-             WHERE true {ignore}",
+             SELECT {st}, {gr}, sc.event_id, sc.partition, sc.sequence, 'leased', 0, sc.deliver_at, {at} \
+             FROM {xs} AS x {join} WHERE true {ignore}",
             dl = self.names.deliveries(),
-            ev = self.names.events(),
-            sched = self.names.scheduled(),
             xs = self.d.json_rows(&arr, 2),
-            p = self.d.as_int("x.c0"),
-            q = self.d.as_int("x.c1"),
         ));
         tx.exec(&s).await.map_err(safe)
     }

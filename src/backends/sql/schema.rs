@@ -190,6 +190,7 @@ pub(crate) const TABLES: &[Table] = &[
             col("stream", "text", true, None),
             col("partition", "int", true, None),
             col("sequence", "bigint", true, None),
+            col("event_id", "text", true, None),
             col("deliver_at", "ts", true, None),
         ],
         key: &["stream", "partition", "sequence"],
