@@ -132,6 +132,22 @@ pub async fn append_batch_schedules_each_event_by_its_options(f: Fixture) {
     assert_eq!(sequences(&fetch(&f, 10).await), vec![3]);
     f.clock.advance(secs(5));
     assert_eq!(sequences(&fetch(&f, 10).await), vec![1]);
+
+    // Events with producer-given ids (an idempotent append, which some
+    // backends write on a path of its own) keep their schedule too, and a
+    // retry of the same id stores nothing new.
+    let with_ids = || {
+        vec![
+            (json!({"n": 3}), AppendOptions::new().partition(0).id("reminder-3").delay(secs(10))),
+            (json!({"n": 4}), AppendOptions::new().partition(0).id("reminder-4")),
+        ]
+    };
+    let events = f.rheo.append_batch_with(S, with_ids()).await.expect("append_batch with ids");
+    assert_eq!(events.iter().map(rheo::Event::deliver_at).collect::<Vec<_>>(), vec![Some(at(20)), None]);
+    f.rheo.append_batch_with(S, with_ids()).await.expect("the same ids again");
+    assert_eq!(sequences(&fetch(&f, 10).await), vec![5], "the id'd event with a time waits for it");
+    f.clock.advance(secs(10));
+    assert_eq!(sequences(&fetch(&f, 10).await), vec![4]);
 }
 
 /// A `deliver_at` that is not an integer (milliseconds) is refused, from

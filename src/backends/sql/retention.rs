@@ -253,7 +253,6 @@ impl RetentionStore for SqlBackend {
     /// Deletes the events of partition `p` below `start`, [`DELETE_BATCH`]
     /// at a time; returns the bytes freed.
     async fn delete_below(&self, stream: &str, p: u32, start: u64) -> Result<u64> {
-        self.drop_schedule_below(stream, p, start).await?;
         let mut freed = 0;
         loop {
             let mut s = self.stmt();
@@ -272,6 +271,9 @@ impl RetentionStore for SqlBackend {
                 None => (0, 0),
             };
             if n == 0 {
+                // The schedule goes after its events: an event below the
+                // start never lacks its schedule while it exists.
+                self.drop_schedule_below(stream, p, start).await?;
                 return Ok(freed);
             }
             let mut s = self.stmt();
@@ -286,6 +288,9 @@ impl RetentionStore for SqlBackend {
             self.pool.exec(&s).await.map_err(self.err("enforce_retention", Phase::Commit))?;
             freed += bytes;
             if n < DELETE_BATCH {
+                // The schedule goes after its events: an event below the
+                // start never lacks its schedule while it exists.
+                self.drop_schedule_below(stream, p, start).await?;
                 return Ok(freed);
             }
         }

@@ -30,6 +30,7 @@ use super::db::{Tx, sg};
 use super::dialect::Dialect;
 use super::streams::seq_arg;
 use super::{Now, SqlBackend, TxResult, safe};
+use crate::model::time::Timestamp;
 
 impl SqlBackend {
     /// The sequences of partition `p` in `from..=to` whose events are
@@ -57,6 +58,47 @@ impl SqlBackend {
             self.names.scheduled()
         ));
         Ok(tx.all(&s).await.map_err(safe)?.iter().map(|r| r.u64(0)).collect::<crate::error::Result<_>>()?)
+    }
+
+    /// Records the schedule of events an append stores in `tx` (partition,
+    /// sequence, id, time): the path of appends with producer-given ids
+    /// (the group-commit path writes it in its own statement).
+    pub(super) async fn record_schedule(
+        &self,
+        tx: &mut Tx,
+        stream: &str,
+        events: &[(u32, u64, &str, Timestamp)],
+    ) -> TxResult<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let mut s = self.stmt();
+        let st = s.text(stream);
+        let rows: Vec<Value> = events
+            .iter()
+            .map(|&(p, q, id, t)| {
+                let at = match self.d {
+                    Dialect::Postgres => Value::from(t.as_millis()),
+                    Dialect::Sqlite => Value::from(super::dialect::format_ts(t)),
+                };
+                Value::from(vec![Value::from(p), Value::from(seq_arg(q)), Value::from(id), at])
+            })
+            .collect();
+        let arr = s.text(Value::from(rows).to_string());
+        let at = match self.d {
+            Dialect::Postgres => format!("'epoch'::timestamptz + {} * interval '1 millisecond'", self.d.as_int("x.c3")),
+            Dialect::Sqlite => "x.c3".to_owned(),
+        };
+        s.push(&format!(
+            "INSERT INTO {} (stream, partition, sequence, event_id, deliver_at) \
+             SELECT {st}, {}, {}, x.c2, {at} FROM {} AS x",
+            self.names.scheduled(),
+            self.d.as_int("x.c0"),
+            self.d.as_int("x.c1"),
+            self.d.json_rows(&arr, 4),
+        ));
+        tx.exec(&s).await.map_err(safe)?;
+        Ok(())
     }
 
     /// Adds the parked delivery rows of `positions` (each scheduled, none

@@ -519,6 +519,13 @@ impl SqlBackend {
         for r in &inserted {
             stamps.insert((r.u32(0)?, r.u64(1)?), r.ts(2)?);
         }
+        // The schedule of the scheduled ones, in the same transaction.
+        let scheduled: Vec<(u32, u64, &str, Timestamp)> = events
+            .iter()
+            .zip(&positions)
+            .filter_map(|(e, &(p, q))| e.deliver_at().map(|t| (p, q, e.id.as_str(), t)))
+            .collect();
+        self.record_schedule(&mut tx, stream, &scheduled).await?;
         tx.commit().await.map_err(at_commit)?;
         let stored = positions
             .into_iter()
