@@ -22,6 +22,10 @@ use crate::model::limits::{
     validate_limit, validate_name,
 };
 use crate::model::path::DELIVER_AT;
+
+/// The latest scheduled delivery time a backend accepts: the last
+/// millisecond of year 9999.
+const MAX_DELIVER_AT_MS: i64 = 253_402_300_799_999;
 use crate::model::payload::Payload;
 use crate::model::query::{Page, Query};
 use crate::model::retention::{Retention, RetentionReport};
@@ -514,6 +518,21 @@ impl Rheo {
                 format!(
                     "stream {stream:?}: the metadata entry {DELIVER_AT:?} is a scheduled delivery time, \
                      milliseconds since the Unix epoch (an integer); got {at}"
+                ),
+            ));
+        }
+        // Every backend stores and compares the time the same way only inside
+        // four-digit years (SQLite compares RFC 3339 text, PostgreSQL's
+        // `timestamptz` ends in year 294276, BSON dates and native integers
+        // do not end there): refuse what lies outside rather than let one
+        // backend hold an event another would hand out at once.
+        let ms = at.as_i64().unwrap_or_default();
+        if !(0..=MAX_DELIVER_AT_MS).contains(&ms) {
+            return Err(Error::invalid(
+                DELIVER_AT,
+                format!(
+                    "stream {stream:?}: the scheduled delivery time {ms} (ms since the Unix epoch) lies outside \
+                     1970-01-01T00:00:00.000Z..=9999-12-31T23:59:59.999Z"
                 ),
             ));
         }

@@ -241,6 +241,7 @@ macro_rules! suite {
                     scheduled::a_time_already_past_is_due_at_once,
                     scheduled::append_batch_schedules_each_event_by_its_options,
                     scheduled::a_deliver_at_that_is_not_a_time_is_invalid_argument,
+                    scheduled::a_deliver_at_outside_four_digit_years_is_invalid_argument,
                     scheduled::replay_and_reset_keep_the_schedule,
                     scheduled::each_group_keeps_the_schedule_and_retries_follow_the_backoff,
                     scheduled::a_fetch_sets_aside_a_bounded_number_and_the_next_goes_on,

@@ -9,6 +9,7 @@
 
 use rheo::{AppendOptions, Error, FetchOptions, GroupOptions, Query, ReplayOptions, ResetOptions};
 use serde_json::json;
+use std::time::Duration;
 
 use crate::common::Fixture;
 use crate::support::*;
@@ -160,6 +161,33 @@ pub async fn a_deliver_at_that_is_not_a_time_is_invalid_argument(f: Fixture) {
     let payload = json!({"metadata": {"deliver_at": 1.5}});
     assert_err!(f.rheo.append(S, &payload, AppendOptions::new()).await, Error::InvalidArgument { .. });
     assert!(f.rheo.read(S, 0, 0, 10).await.expect("read").is_empty());
+}
+
+/// A time outside four-digit years (before the epoch, after 9999) is
+/// refused on every backend, so no backend holds an event another would
+/// hand out at once; a batch holding one stores nothing.
+pub async fn a_deliver_at_outside_four_digit_years_is_invalid_argument(f: Fixture) {
+    setup(&f, 1).await;
+    let year_10000 = 253_402_300_800_000_i64;
+    for (what, opts) in [
+        ("year 10000", AppendOptions::new().metadata("deliver_at", year_10000)),
+        ("before the epoch", AppendOptions::new().metadata("deliver_at", -1)),
+        ("a delay past year 9999", AppendOptions::new().delay(Duration::MAX)),
+    ] {
+        let err = f.rheo.append(S, &json!({}), opts).await.expect_err(what);
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{what}: {err:?}");
+        assert_mentions(&err, &["deliver_at", "orders", "9999"]);
+    }
+    let last = AppendOptions::new().metadata("deliver_at", year_10000 - 1);
+    let batch = vec![
+        (json!({"n": 1}), AppendOptions::new()),
+        (json!({"n": 2}), AppendOptions::new().metadata("deliver_at", year_10000)),
+    ];
+    assert_err!(f.rheo.append_batch_with(S, batch).await, Error::InvalidArgument { .. });
+    assert!(f.rheo.read(S, 0, 0, 10).await.expect("read").is_empty(), "nothing of the batch is stored");
+    if f.rheo.capabilities().scheduled_delivery {
+        f.rheo.append(S, &json!({}), last).await.expect("the last millisecond of 9999 is a time");
+    }
 }
 
 /// A replay reopens a settled scheduled event claimable only at its time;

@@ -742,11 +742,11 @@ impl SqlBackend {
             let mut window_end = hw.min(c.saturating_add(limit as u64 + FRESH_WINDOW_ROWS));
             // Events scheduled after now are not offered: they are parked
             // as the cursor passes them, at most this partition's share of
-            // the budget (an even share of what is left, at least one);
+            // the budget (`park_share`);
             // past it the window ends before the next one.
             let mut later = Vec::new();
             if seen.sched {
-                let share = (park_left / (scope.len() - i)).max(1);
+                let share = crate::groups::park_share(park_left, scope.len() - i);
                 later = self.scheduled_ahead(tx, stream, p, (c, window_end), Now::At(seen.now), share + 1).await?;
                 if later.len() > share {
                     window_end = later[share].saturating_sub(1);
