@@ -479,6 +479,12 @@ impl Rheo {
     /// Creates a consumer group.
     pub async fn create_group(&self, stream: &str, group: &str, opts: GroupOptions) -> Result<GroupSummary> {
         check_group(stream, group)?;
+        if opts.ordered_by_key && !self.inner.backend.capabilities().ordered_by_key {
+            return Err(Error::Unsupported {
+                backend: self.inner.backend.name(),
+                operation: "per-key order (a group created with ordered_by_key)",
+            });
+        }
         observed("create_group", stream, group, self.inner.backend.create_group(stream, group, &opts)).await
     }
 

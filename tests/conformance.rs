@@ -43,6 +43,8 @@ mod frontier_lag;
 mod groups;
 #[path = "conformance/indexes.rs"]
 mod indexes;
+#[path = "conformance/keyed.rs"]
+mod keyed;
 #[path = "conformance/names.rs"]
 mod names;
 #[path = "conformance/ops_inspect.rs"]
@@ -246,6 +248,13 @@ macro_rules! suite {
                     scheduled::each_group_keeps_the_schedule_and_retries_follow_the_backoff,
                     scheduled::a_fetch_sets_aside_a_bounded_number_and_the_next_goes_on,
                     scheduled::a_fetch_past_scheduled_events_claims_at_most_its_limit,
+                    keyed::one_event_per_key_is_in_flight_and_the_next_follows_the_ack,
+                    keyed::a_retry_keeps_the_key_until_the_event_is_settled,
+                    keyed::a_dead_letter_unblocks_its_key,
+                    keyed::an_expired_lease_is_redelivered_before_the_next_of_its_key,
+                    keyed::competing_consumers_never_share_a_key,
+                    keyed::a_replay_reopens_a_key_in_order,
+                    keyed::a_scheduled_event_holds_its_key_until_settled,
                     retry::retry_makes_delivery_claimable_again_with_next_attempt,
                     retry::retry_at_max_attempts_dead_letters_with_reason,
                     retry::retry_with_max_attempts_one_dead_letters_at_once,

@@ -1597,6 +1597,129 @@ async fn backend_matches_model(factory: Factory, group: ModelGroup, ops: Vec<Mod
 // One module of tests per backend
 // ---------------------------------------------------------------------------
 
+// Per-key order: in a keyed group, a claim of an event never has an earlier
+// unsettled event of its key before it (unless a replay reopened it while
+// this one was already claimed), and never meets another live lease of its
+// key, under random appends, fetches, settles, expiries and replays.
+
+const KEY_ORDER_CASES: u32 = 64;
+const KEYS: [&str; 3] = ["a", "b", "c"];
+
+#[derive(Debug, Clone)]
+enum KeyOp {
+    /// Append one event with this key (None: no key).
+    Append(Option<usize>),
+    Fetch {
+        limit: usize,
+        lease_ms: u64,
+    },
+    Settle(Index, SettleKind),
+    Advance(u64),
+    /// Replay from this fraction of the high watermark (0..=4 quarters).
+    Replay(u8),
+}
+
+fn key_op() -> impl Strategy<Value = KeyOp> {
+    prop_oneof![
+        4 => prop::option::weighted(0.8, 0usize..KEYS.len()).prop_map(KeyOp::Append),
+        4 => (1usize..=4, lease_ms()).prop_map(|(limit, lease_ms)| KeyOp::Fetch { limit, lease_ms }),
+        4 => (any::<Index>(), settle_kind()).prop_map(|(i, k)| KeyOp::Settle(i, k)),
+        2 => advance_ms().prop_map(KeyOp::Advance),
+        1 => (0u8..=4).prop_map(KeyOp::Replay),
+    ]
+}
+
+async fn key_order_holds(factory: Factory, ops: Vec<KeyOp>) -> CaseResult {
+    let fx = factory().await;
+    let rheo = &fx.rheo;
+    ok(rheo.create_stream(STREAM, StreamOptions::new().partitions(1)).await, "create_stream")?;
+    let opts = GroupOptions::new().max_attempts(1000).ordered_by_key();
+    if !rheo.capabilities().ordered_by_key {
+        let refused = matches!(rheo.create_group(STREAM, GROUP, opts).await, Err(Error::Unsupported { .. }));
+        prop_assert!(refused, "a backend without per-key order refuses the group");
+        return Ok(());
+    }
+    ok(rheo.create_group(STREAM, GROUP, opts).await, "create_group")?;
+    // Key of each appended sequence (index = sequence - 1).
+    let mut keys: Vec<Option<usize>> = Vec::new();
+    let mut settled: BTreeSet<u64> = BTreeSet::new();
+    // Leases handed out and not settled by us: (lease, expires_at).
+    let mut held: Vec<(Lease, Timestamp)> = Vec::new();
+    // Positions claimed while an earlier one of their key was reopened.
+    let mut ahead_of_replay: BTreeSet<u64> = BTreeSet::new();
+    for (step, op) in ops.into_iter().enumerate() {
+        let now = fx.clock.now();
+        match op {
+            KeyOp::Append(k) => {
+                let mut o = AppendOptions::new().partition(0);
+                if let Some(k) = k {
+                    o = o.key(KEYS[k]);
+                }
+                ok(rheo.append(STREAM, &json!({"step": step}), o).await, "append")?;
+                keys.push(k);
+            }
+            KeyOp::Fetch { limit, lease_ms } => {
+                let got = fetch(rheo, GROUP, limit, lease_ms, "fetch").await?;
+                // A lease another claim replaced is stale now.
+                held.retain(|(l, exp)| *exp > now && !got.iter().any(|g| g.event.sequence() == l.event.sequence()));
+                for l in got {
+                    let s = l.event.sequence();
+                    let k = keys[seq_index(s)];
+                    if let Some(k) = k {
+                        for earlier in 1..s {
+                            if keys[seq_index(earlier)] == Some(k) && !settled.contains(&earlier) {
+                                prop_assert!(
+                                    ahead_of_replay.contains(&earlier),
+                                    "step {step}: {s} (key {}) claimed before earlier {earlier} settled",
+                                    KEYS[k]
+                                );
+                            }
+                        }
+                        for (other, exp) in &held {
+                            prop_assert!(
+                                !(keys[seq_index(other.event.sequence())] == Some(k) && *exp > now),
+                                "step {step}: {s} (key {}) claimed while {} holds a live lease",
+                                KEYS[k],
+                                other.event.sequence()
+                            );
+                        }
+                    }
+                    held.push((l.clone(), l.expires_at));
+                }
+            }
+            KeyOp::Settle(i, kind) => {
+                if held.is_empty() {
+                    continue;
+                }
+                let idx = i.index(held.len());
+                let lease = LeaseRef::from(&held[idx].0);
+                let s = held[idx].0.event.sequence();
+                match settle(rheo, &lease, kind, "prop", "settle").await? {
+                    Outcome::Acked | Outcome::Rejected | Outcome::Retried(RetryOutcome::DeadLettered) => {
+                        settled.insert(s);
+                        held.remove(idx);
+                    }
+                    Outcome::Retried(_) | Outcome::Stale => {
+                        held.remove(idx);
+                    }
+                    Outcome::Renewed(exp) => held[idx].1 = exp,
+                }
+            }
+            KeyOp::Advance(ms) => fx.clock.advance(millis(ms)),
+            KeyOp::Replay(q) => {
+                let from = len_u64(keys.len()) * u64::from(q) / 4;
+                ok(rheo.replay(STREAM, GROUP, ReplayOptions::from_sequence(from)).await, "replay")?;
+                let reopened: Vec<u64> = settled.range(from + 1..).copied().collect();
+                for s in reopened {
+                    settled.remove(&s);
+                    ahead_of_replay.insert(s);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The properties that need only the log (streams, appends, reads,
 /// queries); expanded inside a backend module that defines `FACTORY`.
 macro_rules! log_property_tests {
@@ -1695,6 +1818,15 @@ macro_rules! properties {
             $(#[$attr])*
                 fn backend_matches_model(group in model_group(), ops in vec(model_op(), 1..80)) {
                     run(super::backend_matches_model(FACTORY, group, ops))?;
+                }
+            }
+
+            proptest! {
+                #![proptest_config(config(KEY_ORDER_CASES / SCALE))]
+                #[test]
+            $(#[$attr])*
+                fn key_order_holds(ops in vec(key_op(), 1..80)) {
+                    run(super::key_order_holds(FACTORY, ops))?;
                 }
             }
         }

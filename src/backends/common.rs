@@ -74,6 +74,7 @@ impl GroupRow {
             max_attempts: self.max_attempts,
             partitions: self.settings.partitions.clone(),
             created_at: self.created_at,
+            ordered_by_key: false,
         }
     }
 

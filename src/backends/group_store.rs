@@ -205,7 +205,13 @@ pub(crate) async fn create_group<S: GroupStore + ?Sized>(
         GroupSettings { partitions: subset.clone(), retry_backoff: opts.retry_backoff, ..GroupSettings::default() };
     let new = NewGroup { max_attempts: opts.max_attempts, frontiers: &frontiers, settings: &settings };
     let created_at = store.insert_group(stream, group, &new).await?;
-    Ok(GroupSummary { name: group.to_owned(), max_attempts: opts.max_attempts, partitions: subset, created_at })
+    Ok(GroupSummary {
+        name: group.to_owned(),
+        max_attempts: opts.max_attempts,
+        partitions: subset,
+        created_at,
+        ordered_by_key: false,
+    })
 }
 
 /// The frontier a group starts at in each partition of `parts`.

@@ -355,7 +355,7 @@ impl GroupState {
         // Interned consumer ids: one allocation per consumer, not per lease.
         let mut consumers: BTreeMap<&str, Arc<str>> = BTreeMap::new();
         for ps in &snap.parts {
-            let mut part = PartState::starting_after(ps.frontier);
+            let mut part = PartState::starting_after(ps.frontier).ordered(snap.summary.ordered_by_key);
             part.cursor = ps.cursor;
             part.floor = ps.floor;
             part.skipped = ps.skipped;

@@ -11,6 +11,7 @@
 //! replaying from a time costs what the source's `first_at_or_after` costs.
 
 pub(crate) mod journal;
+pub(crate) mod keys;
 pub(crate) mod retention;
 pub(crate) mod rules;
 pub(crate) mod state;
@@ -30,6 +31,7 @@ use crate::model::lease::{FetchReport, Lease, LeaseId, LeaseRef, RetryOutcome};
 use crate::model::query::Query;
 use crate::model::time::Timestamp;
 use journal::Transition;
+use keys::KeyTurn;
 use state::{Delivery, PartState};
 
 /// What the group core needs from a stream's log.
@@ -104,17 +106,6 @@ pub(crate) const fn scheduled_budget(limit: usize) -> usize {
     }
 }
 
-/// One partition's part of what is left of a fetch's scheduled budget when
-/// `partitions_left` partitions (this one included) are still to be looked
-/// at: an even share, at least one.
-pub(crate) const fn park_share(left: usize, partitions_left: usize) -> usize {
-    let share = match left.checked_div(partitions_left) {
-        Some(share) => share,
-        None => left,
-    };
-    if share == 0 { 1 } else { share }
-}
-
 /// The most scheduled events a fetch of `limit` over `partitions` sets
 /// aside (what its WAL room must hold): its budget, or one per partition
 /// when there are more partitions.
@@ -144,8 +135,12 @@ enum Planned {
     Claim(Event),
     /// Its record can't be read: leave it, and report it.
     Damaged(Damage),
-    /// Scheduled after the fetch's time: set it aside until then.
-    Park(Timestamp),
+    /// Scheduled after the fetch's time: set it aside until then (with
+    /// its key's hash when the group orders by key).
+    Park(Timestamp, Option<u64>),
+    /// Behind an unsettled position of its key (its hash): materialize it,
+    /// claimable once its key's turn comes.
+    Hold(u64),
 }
 
 /// The positions of every event matching `q`, per partition it names:
@@ -206,13 +201,17 @@ impl GroupState {
         };
         let mut parts = BTreeMap::new();
         for &p in &partitions {
-            parts.insert(p, PartState::starting_after(start_frontier(src, &opts.start, p)?));
+            parts.insert(
+                p,
+                PartState::starting_after(start_frontier(src, &opts.start, p)?).ordered(opts.ordered_by_key),
+            );
         }
         let summary = GroupSummary {
             name: group.to_owned(),
             max_attempts: opts.max_attempts,
             partitions: opts.partitions.as_ref().map(|_| partitions),
             created_at: now,
+            ordered_by_key: opts.ordered_by_key,
         };
         Ok(GroupState {
             name: Arc::from(group),
@@ -284,7 +283,12 @@ impl GroupState {
                 break;
             }
             let mut damage_left = DAMAGE_PER_PARTITION;
+            // Positions set aside (until their time, or behind their key)
+            // share one budget.
             let mut park_here = park_share + park_carry;
+            // Keys this plan claimed or set aside: later positions of them
+            // wait (per-key order).
+            let mut taken: Vec<u64> = Vec::new();
             let Some(part) = self.parts.get_mut(&p) else { continue };
             // Timers are not journaled: firing them changes nothing durable.
             part.fire_timers(now);
@@ -308,7 +312,7 @@ impl GroupState {
                 plan.items.reserve(listed.len());
                 reads.clear();
                 reads.extend(listed.iter().filter(|(_, spent)| !spent).map(|&(seq, _)| seq));
-                let mut read = src.read_each(p, &reads)?.into_iter();
+                let mut read = src.read_each(p, &reads)?.into_iter().peekable();
                 for &(seq, spent) in &listed {
                     if claims == opts.limit {
                         // A widened list holds more than the limit: the rest
@@ -320,6 +324,28 @@ impl GroupState {
                         plan.items.push((seq, Planned::Spent));
                         continue;
                     }
+                    let turn = match read.peek() {
+                        Some(Ok(event)) if part.keyed() => event.key().map(|k| {
+                            let h = keys::key_hash(k);
+                            let turn = part.key_turn(seq, h, &taken);
+                            if !taken.contains(&h) {
+                                taken.push(h);
+                            }
+                            (h, turn)
+                        }),
+                        _ => None,
+                    };
+                    if let Some((h, KeyTurn::Behind)) = turn {
+                        read.next();
+                        if park_here == 0 {
+                            // Out of budget: as for damage below.
+                            plan.walked = plan.walked.min(seq - 1);
+                            break 'part;
+                        }
+                        (park_here, widen) = (park_here - 1, true);
+                        plan.items.push((seq, Planned::Hold(h)));
+                        continue;
+                    }
                     match read.next() {
                         Some(Ok(event)) => match event.deliver_at().filter(|&at| at > now) {
                             None => {
@@ -328,7 +354,7 @@ impl GroupState {
                             }
                             Some(at) if park_here > 0 => {
                                 (park_here, widen) = (park_here - 1, true);
-                                plan.items.push((seq, Planned::Park(at)));
+                                plan.items.push((seq, Planned::Park(at, turn.map(|(h, _)| h))));
                             }
                             Some(_) => {
                                 // Out of budget: as for damage below.
@@ -386,6 +412,11 @@ impl GroupState {
                         part.cursor = part.cursor.max(seq);
                         let lease_id = crate::ids::new_lease_id();
                         let attempt = part.lease(seq, lease_id, consumer.clone(), expires_at);
+                        if part.keyed()
+                            && let Some(k) = event.key()
+                        {
+                            part.learn_key(seq, keys::key_hash(k));
+                        }
                         leased.push((seq, lease_id));
                         report.leases.push(Lease {
                             lease_id: LeaseId::from_u128(lease_id),
@@ -405,10 +436,21 @@ impl GroupState {
                         }
                         report.damaged.push(d);
                     }
-                    Planned::Park(at) => {
+                    Planned::Park(at, key) => {
                         let Some(part) = self.parts.get_mut(&p) else { continue };
                         part.park(seq, at);
+                        if let Some(h) = key {
+                            part.learn_key(seq, h);
+                        }
                         parked.push((seq, at));
+                    }
+                    Planned::Hold(h) => {
+                        let Some(part) = self.parts.get_mut(&p) else { continue };
+                        if seq > part.cursor {
+                            part.pass(seq);
+                            passed.push(seq);
+                        }
+                        part.learn_key(seq, h);
                     }
                 }
             }
@@ -621,7 +663,7 @@ impl GroupState {
             }
             // What retention skipped is history: a reset keeps the count.
             let skipped = part.skipped;
-            *part = PartState::starting_after(frontier);
+            *part = PartState::starting_after(frontier).ordered(part.keyed());
             part.skipped = skipped;
         }
     }

@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use super::keys::{KeyOrder, KeyTurn};
 use crate::model::time::Timestamp;
 use crate::rangeset::RangeSet;
 
@@ -89,6 +90,8 @@ pub(crate) struct PartState {
     /// Events retention dropped before they were settled, since the group
     /// was created (a reset keeps it).
     pub(crate) skipped: u64,
+    /// The key queues, when the group orders by key (see `keys`).
+    pub(crate) keys: Option<Box<KeyOrder>>,
 }
 
 impl PartState {
@@ -104,12 +107,20 @@ impl PartState {
                 break;
             }
             self.timers.pop_first();
-            if let Some(d) = self.deliveries.get_mut(&seq) {
-                if let Holding::Waiting { .. } = d.holding {
+            let Some(d) = self.deliveries.get_mut(&seq) else { continue };
+            let expired = match d.holding {
+                Holding::Waiting { .. } => {
                     d.holding = Holding::Available;
+                    false
                 }
-                self.ready.insert(seq);
+                Holding::Leased { .. } => true,
+                Holding::Available => false,
+            };
+            if expired {
+                // An expired lease releases its key.
+                self.key_released(seq);
             }
+            self.make_ready(seq);
         }
     }
 
@@ -216,7 +227,7 @@ impl PartState {
         self.cursor = self.cursor.max(seq);
         if seq > self.frontier && !self.done.contains(seq) && !self.deliveries.contains_key(&seq) {
             self.deliveries.insert(seq, Delivery { attempt: 0, holding: Holding::Available });
-            self.ready.insert(seq);
+            self.make_ready(seq);
         }
     }
 
@@ -227,6 +238,7 @@ impl PartState {
             match d.holding {
                 Holding::Leased { expires_at, .. } => {
                     self.timers.remove(&(expires_at, seq));
+                    self.release_key(seq);
                 }
                 Holding::Waiting { ready_at } => {
                     self.timers.remove(&(ready_at, seq));
@@ -244,7 +256,9 @@ impl PartState {
         let d = self.deliveries.entry(seq).or_insert(Delivery { attempt: 0, holding: Holding::Available });
         d.attempt = d.attempt.saturating_add(1);
         d.holding = Holding::Leased { lease_id, consumer_id, expires_at };
-        d.attempt
+        let attempt = d.attempt;
+        self.key_leased(seq);
+        attempt
     }
 
     /// The delivery at `seq` when it is held under `lease_id`.
@@ -267,6 +281,7 @@ impl PartState {
         if let Some(Delivery { holding: Holding::Leased { expires_at: e, .. }, .. }) = self.deliveries.get_mut(&seq) {
             *e = expires_at;
             self.timers.insert((expires_at, seq));
+            self.key_leased(seq);
         }
     }
 
@@ -286,6 +301,7 @@ impl PartState {
     pub(crate) fn ack(&mut self, seq: u64) {
         self.unschedule(seq);
         self.deliveries.remove(&seq);
+        self.forget_key(seq);
         self.mark_done(seq);
     }
 
@@ -295,11 +311,12 @@ impl PartState {
         if let Some(d) = self.deliveries.get_mut(&seq) {
             if ready_at <= now {
                 d.holding = Holding::Available;
-                self.ready.insert(seq);
+                self.make_ready(seq);
             } else {
                 d.holding = Holding::Waiting { ready_at };
                 self.timers.insert((ready_at, seq));
             }
+            self.resettle_key(seq);
         }
     }
 
@@ -307,6 +324,7 @@ impl PartState {
     pub(crate) fn dead_letter(&mut self, seq: u64, reason: String, at: Timestamp, order: u64) {
         self.unschedule(seq);
         let attempts = self.deliveries.remove(&seq).map_or(0, |d| d.attempt);
+        self.forget_key(seq);
         self.dead.insert(seq, DeadInfo { reason, attempts, at, order });
         self.mark_done(seq);
     }
@@ -347,8 +365,9 @@ impl PartState {
         }
         let dead = self.dead.remove(&seq).map(|d| d.order);
         if seq <= self.cursor {
+            // Its key is learned when a fetch reads it.
             self.deliveries.insert(seq, Delivery { attempt: 0, holding: Holding::Available });
-            self.ready.insert(seq);
+            self.make_ready(seq);
         }
         (true, dead)
     }
@@ -376,6 +395,7 @@ impl PartState {
         self.cursor = self.cursor.min(top);
         for seq in self.deliveries.split_off(&above).into_keys() {
             self.ready.remove(&seq);
+            self.forget_key(seq);
         }
         self.timers.retain(|&(_, seq)| seq <= high_watermark);
         Some(self.dead.split_off(&above).into_values().map(|d| d.order).collect())
@@ -395,6 +415,7 @@ impl PartState {
         for seq in self.deliveries.range(..start).map(|(&s, _)| s).collect::<Vec<_>>() {
             self.unschedule(seq);
             self.deliveries.remove(&seq);
+            self.forget_key(seq);
         }
         self.done.remove_to(below);
         self.frontier = below;
@@ -439,6 +460,158 @@ impl PartState {
         let d = self.deliveries.entry(seq).or_insert(Delivery { attempt: 0, holding: Holding::Available });
         d.holding = Holding::Waiting { ready_at };
         self.timers.insert((ready_at, seq));
+        self.resettle_key(seq);
+    }
+}
+
+/// Per-key order (see `super::keys`).
+impl PartState {
+    /// Whether this partition orders by key.
+    pub(crate) fn keyed(&self) -> bool {
+        self.keys.is_some()
+    }
+
+    /// Whether per-key order lets `seq` be claimed now (true for an unkeyed
+    /// position, or one whose key is not known yet).
+    pub(crate) fn key_free(&self, seq: u64) -> bool {
+        let Some(k) = &self.keys else { return true };
+        let Some(h) = k.of.get(&seq) else { return true };
+        k.queues.get(h).and_then(BTreeSet::first) == Some(&seq) && k.leased.get(h).is_none_or(|&s| s == seq)
+    }
+
+    /// Whether a position with key hash `h` may go ahead, were it queued:
+    /// `taken` holds the keys a fetch being planned already claimed or set
+    /// aside.
+    pub(crate) fn key_turn(&self, seq: u64, h: u64, taken: &[u64]) -> KeyTurn {
+        let Some(k) = &self.keys else { return KeyTurn::Free };
+        if taken.contains(&h) {
+            return KeyTurn::Behind;
+        }
+        let first_ok = k.queues.get(&h).and_then(BTreeSet::first).is_none_or(|&f| seq <= f);
+        if first_ok && k.leased.get(&h).is_none_or(|&s| s == seq) { KeyTurn::Free } else { KeyTurn::Behind }
+    }
+
+    /// Marks `seq` claimable: into `ready` when its key lets it go.
+    pub(crate) fn make_ready(&mut self, seq: u64) {
+        if self.key_free(seq) {
+            self.ready.insert(seq);
+        }
+    }
+
+    /// Queues materialized `seq` under key hash `h` (no-op unless keyed),
+    /// and puts what heads the key's queue in or out of `ready`.
+    pub(crate) fn learn_key(&mut self, seq: u64, h: u64) {
+        let Some(k) = &mut self.keys else { return };
+        if let Some(old) = k.of.insert(seq, h) {
+            if old == h {
+                self.settle_readiness(h);
+                return;
+            }
+            if let Some(q) = k.queues.get_mut(&old) {
+                q.remove(&seq);
+            }
+            self.settle_readiness(old);
+        }
+        let Some(k) = &mut self.keys else { return };
+        k.queues.entry(h).or_default().insert(seq);
+        // Ready only if it heads the queue (settled below); an unknown key
+        // left it ready until now.
+        self.ready.remove(&seq);
+        let Some(k) = &mut self.keys else { return };
+        if matches!(self.deliveries.get(&seq), Some(d) if matches!(d.holding, Holding::Leased { .. })) {
+            k.leased.insert(h, seq);
+        }
+        self.settle_readiness(h);
+    }
+
+    /// A lease on `seq` began.
+    pub(crate) fn key_leased(&mut self, seq: u64) {
+        let Some(k) = &mut self.keys else { return };
+        if let Some(&h) = k.of.get(&seq) {
+            // Only a renewal of an expired lease can find the key held by
+            // another position: that one keeps it.
+            k.leased.entry(h).or_insert(seq);
+            self.settle_readiness(h);
+        }
+    }
+
+    /// The lease on `seq` expired: its key is free for it (or, after a
+    /// replay, for the position ahead of it).
+    pub(crate) fn key_released(&mut self, seq: u64) {
+        if let Some(h) = self.release_key(seq) {
+            self.settle_readiness(h);
+        }
+    }
+
+    /// The lease on `seq` is ending (the caller changes its state and then
+    /// calls [`PartState::resettle_key`] or forgets it); returns its key.
+    pub(crate) fn release_key(&mut self, seq: u64) -> Option<u64> {
+        let k = self.keys.as_mut()?;
+        let &h = k.of.get(&seq)?;
+        if k.leased.get(&h) == Some(&seq) {
+            k.leased.remove(&h);
+        }
+        Some(h)
+    }
+
+    /// `seq` changed state: puts its key's head in or out of `ready`.
+    pub(crate) fn resettle_key(&mut self, seq: u64) {
+        if let Some(&h) = self.keys.as_ref().and_then(|k| k.of.get(&seq)) {
+            self.settle_readiness(h);
+        }
+    }
+
+    /// `seq` is settled or no longer materialized: its key's next position
+    /// may go.
+    pub(crate) fn forget_key(&mut self, seq: u64) {
+        let Some(k) = &mut self.keys else { return };
+        let Some(h) = k.of.remove(&seq) else { return };
+        if k.leased.get(&h) == Some(&seq) {
+            k.leased.remove(&h);
+        }
+        if let Some(q) = k.queues.get_mut(&h) {
+            q.remove(&seq);
+            if q.is_empty() {
+                k.queues.remove(&h);
+            }
+        }
+        self.settle_readiness(h);
+    }
+
+    /// This state, ordering by key when `by_key`.
+    pub(crate) fn ordered(mut self, by_key: bool) -> Self {
+        self.keys = by_key.then(Box::default);
+        self
+    }
+
+    /// Puts the available positions of key `h` in `ready` exactly when they
+    /// may go: only the head of the queue can (the rest were never put in,
+    /// or are taken out here after a position queued ahead of them).
+    fn settle_readiness(&mut self, h: u64) {
+        let Some(k) = &self.keys else { return };
+        let Some(q) = k.queues.get(&h) else { return };
+        let mut it = q.iter();
+        let Some(&head) = it.next() else { return };
+        let holder = k.leased.get(&h).copied();
+        let second = it.next().copied();
+        // Claimable: available, or leased with the lease expired (its key
+        // released); not while its lease runs or a retry's backoff waits.
+        let claimable = holder.is_none_or(|s| s == head)
+            && match self.deliveries.get(&head).map(|d| &d.holding) {
+                Some(Holding::Available) => true,
+                Some(Holding::Leased { .. }) => holder.is_none(),
+                Some(Holding::Waiting { .. }) | None => false,
+            };
+        if claimable {
+            self.ready.insert(head);
+        } else {
+            self.ready.remove(&head);
+        }
+        // A position queued ahead of the old head took its place: at most
+        // the one behind the head can have been ready.
+        if let Some(s) = second {
+            self.ready.remove(&s);
+        }
     }
 }
 

@@ -33,6 +33,11 @@ pub struct Capabilities {
     /// appends that carry one (`Unsupported`).
     #[serde(default)]
     pub scheduled_delivery: bool,
+    /// Groups can order deliveries by event key
+    /// ([`crate::GroupOptions::ordered_by_key`]); a backend without it
+    /// refuses to create such a group (`Unsupported`).
+    #[serde(default)]
+    pub ordered_by_key: bool,
 }
 
 impl Capabilities {
@@ -48,6 +53,7 @@ impl Capabilities {
             ops_inspect: false,
             retention: false,
             scheduled_delivery: false,
+            ordered_by_key: false,
         }
     }
 

@@ -80,6 +80,9 @@ pub struct GroupOptions {
     pub partitions: Option<Vec<u32>>,
     /// Delay before a retried delivery is claimable again (default: none).
     pub retry_backoff: Backoff,
+    /// Per-key order (default: off); see [`GroupOptions::ordered_by_key`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ordered_by_key: bool,
 }
 
 impl Default for GroupOptions {
@@ -89,6 +92,7 @@ impl Default for GroupOptions {
             start: StartPosition::Beginning,
             partitions: None,
             retry_backoff: Backoff::None,
+            ordered_by_key: false,
         }
     }
 }
@@ -131,6 +135,24 @@ impl GroupOptions {
     /// Sets the retry backoff.
     pub fn retry_backoff(mut self, backoff: Backoff) -> Self {
         self.retry_backoff = backoff;
+        self
+    }
+    /// Orders deliveries by event key: across every consumer of the group
+    /// (other processes included), at most one event of a key is in flight,
+    /// and the next event of a key in its partition is claimable only once
+    /// the one before it is settled (acked, or dead-lettered: rejected, out
+    /// of attempts, or skipped). Events of different keys, and events
+    /// without a key, are handed out in parallel as usual. A backend
+    /// without it ([`crate::Capabilities::ordered_by_key`]) refuses the
+    /// group with `Unsupported`. See docs/semantics.md, "Per-key order".
+    ///
+    /// ```
+    /// use rheo::GroupOptions;
+    /// let opts = GroupOptions::new().ordered_by_key();
+    /// assert!(opts.ordered_by_key);
+    /// ```
+    pub fn ordered_by_key(mut self) -> Self {
+        self.ordered_by_key = true;
         self
     }
 
@@ -419,6 +441,10 @@ pub struct GroupSummary {
     pub partitions: Option<Vec<u32>>,
     /// When it was created.
     pub created_at: Timestamp,
+    /// Whether it orders deliveries by key
+    /// ([`GroupOptions::ordered_by_key`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ordered_by_key: bool,
 }
 
 /// Everything an operator wants to know about a group at a glance.

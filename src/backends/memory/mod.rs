@@ -259,6 +259,7 @@ impl Backend for MemoryBackend {
         c.ops_inspect = true;
         c.retention = true;
         c.scheduled_delivery = true;
+        c.ordered_by_key = true;
         c
     }
 

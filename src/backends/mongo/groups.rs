@@ -387,6 +387,7 @@ impl MongoBackend {
                     partitions: settings.get(&name).and_then(|s| s.partitions.clone()),
                     created_at: ts(g, "created_at").unwrap_or_default(),
                     name,
+                    ordered_by_key: false,
                 })
             })
             .collect();

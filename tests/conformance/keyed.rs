@@ -1,0 +1,206 @@
+//! Per-key order (docs/semantics.md, "Per-key order"; ADR 0037): in a
+//! group created with `GroupOptions::ordered_by_key()`, at most one event
+//! of a key is in flight, and the next event of a key in its partition is
+//! claimable only once the one before it is settled; other keys, and
+//! events without a key, go on in parallel.
+//!
+//! A backend without it ([`rheo::Capabilities::ordered_by_key`] false) must
+//! refuse such a group with `Unsupported` and create nothing; each case
+//! checks that instead.
+
+use rheo::{AppendOptions, Error, FetchOptions, GroupOptions, ReplayOptions, RetryOutcome};
+use serde_json::json;
+
+use crate::common::Fixture;
+use crate::support::*;
+
+/// Creates `S` (one partition) and the keyed group `G`; false (after
+/// checking that the group is refused and not created) when the backend
+/// does not order by key.
+async fn keyed(f: &Fixture) -> bool {
+    keyed_with(f, GroupOptions::new()).await
+}
+
+async fn keyed_with(f: &Fixture, opts: GroupOptions) -> bool {
+    stream(f, 1).await;
+    if f.rheo.capabilities().ordered_by_key {
+        group(f, opts.ordered_by_key()).await;
+        return true;
+    }
+    let err = assert_err!(f.rheo.create_group(S, G, opts.ordered_by_key()).await, Error::Unsupported { .. });
+    assert_mentions(&err, &["ordered_by_key"]);
+    assert!(f.rheo.list_groups(S).await.expect("list groups").is_empty(), "a refused group is not created");
+    false
+}
+
+/// Appends one event per key to partition 0 (`None`: no key), in order;
+/// their sequences are 1, 2, ...
+async fn append_keys(f: &Fixture, keys: &[Option<&str>]) {
+    for (i, k) in keys.iter().enumerate() {
+        let mut opts = AppendOptions::new().partition(0);
+        if let Some(k) = k {
+            opts = opts.key(k);
+        }
+        f.rheo.append(S, &json!({"type": "step", "i": i}), opts).await.expect("append");
+    }
+}
+
+/// A fetch hands out the first event of each key and every event without
+/// a key; the next of a key comes once the one before it is acked.
+pub async fn one_event_per_key_is_in_flight_and_the_next_follows_the_ack(f: Fixture) {
+    if !keyed(&f).await {
+        return;
+    }
+    append_keys(&f, &[Some("a"), Some("b"), Some("a"), None, Some("b"), Some("a"), None, Some("c")]).await;
+    let first = fetch(&f, 100).await;
+    assert_eq!(sequences(&first), vec![1, 2, 4, 7, 8], "a, b, two without a key, c");
+    assert!(fetch(&f, 100).await.is_empty(), "a2, b2 and a3 wait for their keys");
+    assert_eq!(lag_total(&f).await, 8, "waiting events count as unsettled");
+    f.rheo.ack(&first[0]).await.expect("ack a1");
+    let next = fetch(&f, 100).await;
+    assert_eq!(sequences(&next), vec![3], "a2 follows a1, and nothing else");
+    ack_all(&f, &next).await;
+    ack_all(&f, &first[1..]).await;
+    assert_eq!(sequences(&fetch(&f, 100).await), vec![5, 6], "b2 after b1, a3 after a2");
+}
+
+/// A retry keeps the key: the retried event is redelivered before the
+/// next of its key, which waits through the backoff too.
+pub async fn a_retry_keeps_the_key_until_the_event_is_settled(f: Fixture) {
+    if !keyed(&f).await {
+        return;
+    }
+    append_keys(&f, &[Some("a"), Some("a"), Some("b")]).await;
+    let leases = fetch(&f, 10).await;
+    assert_eq!(sequences(&leases), vec![1, 3]);
+    f.rheo.ack(&leases[1]).await.expect("ack b");
+    let out = f.rheo.retry_after(&leases[0], "later", secs(30)).await.expect("retry");
+    assert!(matches!(out, RetryOutcome::Scheduled { .. }), "{out:?}");
+    assert!(fetch(&f, 10).await.is_empty(), "a2 waits while a1 waits out its backoff");
+    f.clock.advance(secs(31));
+    let again = fetch(&f, 10).await;
+    assert_eq!(sequences(&again), vec![1], "a1 again, not a2");
+    assert_eq!(again[0].attempt, 2);
+    ack_all(&f, &again).await;
+    assert_eq!(sequences(&fetch(&f, 10).await), vec![2]);
+}
+
+/// A dead letter unblocks its key: a reject, the last attempt running
+/// out, and a skip each let the next event of the key go.
+pub async fn a_dead_letter_unblocks_its_key(f: Fixture) {
+    if !keyed_with(&f, GroupOptions::new().max_attempts(1)).await {
+        return;
+    }
+    append_keys(&f, &[Some("a"), Some("a"), Some("a"), Some("a")]).await;
+    let l = fetch(&f, 10).await;
+    assert_eq!(sequences(&l), vec![1]);
+    f.rheo.reject(&l[0], "bad").await.expect("reject");
+    let l = fetch_leased(&f, 10, 5).await;
+    assert_eq!(sequences(&l), vec![2], "a rejected event unblocks its key");
+    // The lease runs out on its last attempt: the next fetch dead-letters
+    // it (and may return before the next of its key), not redelivered.
+    f.clock.advance(secs(6));
+    let mut l = fetch(&f, 10).await;
+    if l.is_empty() {
+        l = fetch(&f, 10).await;
+    }
+    assert_eq!(sequences(&l), vec![3], "a dead letter out of attempts unblocks its key");
+    assert!(f.rheo.skip(S, G, 0, 3, "operator").await.expect("skip"));
+    let l = fetch(&f, 10).await;
+    assert_eq!(sequences(&l), vec![4], "a skipped event unblocks its key");
+    assert_eq!(f.rheo.dead_letters(S, G, Default::default()).await.expect("dead letters").len(), 3);
+}
+
+/// An expired lease releases its key to the same event, redelivered with
+/// its next attempt; the next of the key still waits.
+pub async fn an_expired_lease_is_redelivered_before_the_next_of_its_key(f: Fixture) {
+    if !keyed(&f).await {
+        return;
+    }
+    append_keys(&f, &[Some("a"), Some("a")]).await;
+    let l = fetch_leased(&f, 10, 5).await;
+    assert_eq!(sequences(&l), vec![1]);
+    f.clock.advance(secs(6));
+    let l = fetch(&f, 10).await;
+    assert_eq!(sequences(&l), vec![1]);
+    assert_eq!(l[0].attempt, 2);
+    ack_all(&f, &l).await;
+    assert_eq!(sequences(&fetch(&f, 10).await), vec![2]);
+}
+
+/// Competing consumers never hold two events of one key at once, and
+/// together see every event of each key in order.
+pub async fn competing_consumers_never_share_a_key(f: Fixture) {
+    if !keyed(&f).await {
+        return;
+    }
+    let keys = ["a", "b", "c"];
+    let all: Vec<Option<&str>> = (0..30).map(|i| Some(keys[i % 3])).collect();
+    append_keys(&f, &all).await;
+    let mut seen: Vec<Vec<u64>> = vec![Vec::new(); 3];
+    for round in 0..20 {
+        let mut held = Vec::new();
+        for c in ["c1", "c2"] {
+            let opts = FetchOptions::new().limit(2).consumer(c);
+            held.extend(f.rheo.fetch(S, G, opts).await.expect("fetch"));
+        }
+        let mut held_keys: Vec<&str> = held.iter().filter_map(|l| l.event.key()).collect();
+        let n = held_keys.len();
+        held_keys.sort_unstable();
+        held_keys.dedup();
+        assert_eq!(held_keys.len(), n, "round {round}: one event per key in flight");
+        for l in &held {
+            let k = keys.iter().position(|k| Some(*k) == l.event.key()).expect("a known key");
+            seen[k].push(l.event.sequence());
+        }
+        ack_all(&f, &held).await;
+    }
+    for (k, seqs) in seen.iter().enumerate() {
+        let want: Vec<u64> = (1..=30).filter(|s| (s - 1) % 3 == k as u64).collect();
+        assert_eq!(seqs, &want, "key {}: every event once, in order", keys[k]);
+    }
+}
+
+/// A replay reopens settled events of a key ahead of the one in flight:
+/// they wait for it, then go in order.
+pub async fn a_replay_reopens_a_key_in_order(f: Fixture) {
+    if !keyed(&f).await {
+        return;
+    }
+    append_keys(&f, &[Some("a"), Some("a"), Some("a")]).await;
+    for want in [1, 2] {
+        let l = fetch(&f, 10).await;
+        assert_eq!(sequences(&l), vec![want]);
+        ack_all(&f, &l).await;
+    }
+    let held = fetch(&f, 10).await;
+    assert_eq!(sequences(&held), vec![3]);
+    assert_eq!(f.rheo.replay(S, G, ReplayOptions::from_sequence(0)).await.expect("replay"), 2);
+    assert!(fetch(&f, 10).await.is_empty(), "a1 and a2 wait while a3 is in flight");
+    ack_all(&f, &held).await;
+    for want in [1, 2] {
+        let l = fetch(&f, 10).await;
+        assert_eq!(sequences(&l), vec![want], "replayed in order");
+        ack_all(&f, &l).await;
+    }
+    assert_eq!(lag_total(&f).await, 0);
+}
+
+/// A scheduled event holds its key until it is delivered and settled:
+/// the next of its key waits for it even when due.
+pub async fn a_scheduled_event_holds_its_key_until_settled(f: Fixture) {
+    if !keyed(&f).await || !f.rheo.capabilities().scheduled_delivery {
+        return;
+    }
+    let later = AppendOptions::new().partition(0).key("a").delay(secs(60));
+    f.rheo.append(S, &json!({"i": 0}), later).await.expect("append");
+    append_keys(&f, &[Some("a"), Some("b")]).await;
+    let b = fetch(&f, 10).await;
+    assert_eq!(sequences(&b), vec![3], "a2 waits for the scheduled a1; b goes");
+    ack_all(&f, &b).await;
+    f.clock.advance(secs(61));
+    let l = fetch(&f, 10).await;
+    assert_eq!(sequences(&l), vec![1]);
+    ack_all(&f, &l).await;
+    assert_eq!(sequences(&fetch(&f, 10).await), vec![2]);
+}
