@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -932,6 +933,65 @@ async fn a_consumer_passes_scheduled_events_at_once_and_handles_them_at_their_ti
     handle.shutdown().await.expect("shutdown");
 }
 
+/// A keyed group under a managed consumer with 4 workers: handlers run
+/// concurrently across keys (4 at once are seen), never two of one key at
+/// once, and each key's events are handled in order. Skipped where the
+/// backend does not order by key.
+async fn a_keyed_group_runs_keys_concurrently_and_each_key_in_order(f: Fixture) {
+    if !f.rheo.capabilities().ordered_by_key {
+        return;
+    }
+    f.rheo.create_stream(S, StreamOptions::new().partitions(1)).await.expect("stream");
+    f.rheo.create_group(S, G, GroupOptions::new().ordered_by_key()).await.expect("group");
+    const KEYS: usize = 4;
+    const PER_KEY: usize = 10;
+    for n in 0..KEYS * PER_KEY {
+        let opts = AppendOptions::new().partition(0).key(format!("k{}", n % KEYS));
+        f.rheo.append(S, &serde_json::json!({"n": n}), opts).await.expect("append");
+    }
+    let gauge = Arc::new(Gauge::default());
+    let handled: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let (g, h, b, o) = (gauge.clone(), handled.clone(), busy.clone(), overlaps.clone());
+    let handle = f
+        .rheo
+        .consumer(S, G)
+        .concurrency(KEYS)
+        .max_demand(KEYS * 2)
+        .spawn(handler_fn(move |lease| {
+            let (g, h, b, o) = (g.clone(), h.clone(), b.clone(), o.clone());
+            async move {
+                let key = lease.event.key().expect("a key").to_owned();
+                if !b.lock().insert(key.clone()) {
+                    // Counted, not asserted: a panic here would be a retry.
+                    o.fetch_add(1, Ordering::SeqCst);
+                }
+                g.enter();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                g.exit();
+                h.lock().push((key.clone(), lease.event.sequence()));
+                b.lock().remove(&key);
+                Outcome::Ack
+            }
+        }))
+        .await
+        .expect("spawn");
+    until_consumed(&f.rheo).await;
+    until_settled(&handle, (KEYS * PER_KEY) as u64).await;
+    handle.shutdown().await.expect("shutdown");
+    let handled = handled.lock().clone();
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two events of one key handled at once");
+    assert_eq!(handled.len(), KEYS * PER_KEY, "every event once");
+    for k in 0..KEYS {
+        let key = format!("k{k}");
+        let seqs: Vec<u64> = handled.iter().filter(|(hk, _)| *hk == key).map(|(_, s)| *s).collect();
+        let want: Vec<u64> = (0..PER_KEY).map(|i| (i * KEYS + k + 1) as u64).collect();
+        assert_eq!(seqs, want, "{key} in order");
+    }
+    assert_eq!(gauge.max.load(Ordering::SeqCst), KEYS, "the keys ran concurrently");
+}
+
 macro_rules! cases {
     ($backend:ident, $factory:path) => {
         mod $backend {
@@ -981,6 +1041,7 @@ macro_rules! cases {
                 super::shutdown_releases_leases_fetched_ahead($factory().await).await;
             }
             case!(a_failing_setup_stops_the_spawn);
+            case!(a_keyed_group_runs_keys_concurrently_and_each_key_in_order);
             #[tokio::test]
             async fn a_consumer_passes_scheduled_events_at_once_and_handles_them_at_their_time() {
                 super::a_consumer_passes_scheduled_events_at_once_and_handles_them_at_their_time($factory().await)

@@ -275,6 +275,10 @@ fn groups_fetch_ack_reset_replay_and_dead_letters() {
     let g = cli.json(&["group", "create", "s", "g", "--max-attempts", "5"]);
     assert_eq!(g["name"], "g");
     assert_eq!(g["max_attempts"], 5);
+    // Per-key order is not on the native engine yet: refused, nothing created.
+    let err = cli.fails(&["group", "create", "s", "keyed", "--ordered-by-key"]);
+    assert!(err.contains("ordered_by_key") && err.contains("native"), "{err}");
+    assert!(!cli.ok(&["group", "list", "s"]).contains("keyed"));
     let list = cli.json(&["group", "list", "s"]);
     assert_eq!(list[0]["name"], "g");
     let lag = cli.json(&["group", "lag", "s", "g"]);

@@ -77,6 +77,11 @@ pub struct CreateArgs {
     /// Claims before a delivery is dead-lettered.
     #[arg(long)]
     max_attempts: Option<u32>,
+    /// Orders deliveries by event key: one event of a key in flight at a
+    /// time, the next once the one before it is settled (backends that
+    /// support it: see `Capabilities::ordered_by_key`).
+    #[arg(long)]
+    ordered_by_key: bool,
     #[command(flatten)]
     start: StartArgs,
 }
@@ -229,8 +234,12 @@ pub async fn run_group(ctx: &Globals, command: GroupCommand) -> CliResult {
             if let Some(n) = a.max_attempts {
                 opts = opts.max_attempts(parse::in_range("--max-attempts", n, 1, rheo::MAX_ATTEMPTS, "")?);
             }
+            if a.ordered_by_key {
+                opts = opts.ordered_by_key();
+            }
             let g = ctx.open_write().await?.create_group(&a.at.stream, &a.at.group, opts).await?;
-            let text = format!("created group {} on {} (max {} attempts)", g.name, a.at.stream, g.max_attempts);
+            let order = if g.ordered_by_key { ", ordered by key" } else { "" };
+            let text = format!("created group {} on {} (max {} attempts{order})", g.name, a.at.stream, g.max_attempts);
             Output::new(&g)?.line(text)
         }
         GroupCommand::List { stream } => {
@@ -243,6 +252,7 @@ pub async fn run_group(ctx: &Globals, command: GroupCommand) -> CliResult {
             Output::new(&info)?
                 .line(format!("group        {} on {}", s.name, g.stream))
                 .line(format!("max attempts {}", s.max_attempts))
+                .line(format!("order        {}", if s.ordered_by_key { "by key" } else { "by partition" }))
                 .line(format!("created      {}", s.created_at))
                 .line(format!("lag          {}", info.lag.total))
                 .line(format!("in flight    {}", info.inflight))
