@@ -1598,9 +1598,9 @@ async fn backend_matches_model(factory: Factory, group: ModelGroup, ops: Vec<Mod
 // ---------------------------------------------------------------------------
 
 // Per-key order: in a keyed group, a claim of an event never has an earlier
-// unsettled event of its key before it (unless a replay reopened it while
-// this one was already claimed), and never meets another live lease of its
-// key, under random appends, fetches, settles, expiries and replays.
+// unsettled event of its key before it, and neither a claim nor a renewal
+// ever meets another live lease of its key, under random appends, fetches,
+// settles and renewals (of expired leases too), expiries and replays.
 
 const KEY_ORDER_CASES: u32 = 64;
 const KEYS: [&str; 3] = ["a", "b", "c"];
@@ -1643,10 +1643,9 @@ async fn key_order_holds(factory: Factory, ops: Vec<KeyOp>) -> CaseResult {
     // Key of each appended sequence (index = sequence - 1).
     let mut keys: Vec<Option<usize>> = Vec::new();
     let mut settled: BTreeSet<u64> = BTreeSet::new();
-    // Leases handed out and not settled by us: (lease, expires_at).
+    // Leases handed out and not settled by us or replaced by a later claim
+    // (expired ones too: they may still be settled or renewed).
     let mut held: Vec<(Lease, Timestamp)> = Vec::new();
-    // Positions claimed while an earlier one of their key was reopened.
-    let mut ahead_of_replay: BTreeSet<u64> = BTreeSet::new();
     for (step, op) in ops.into_iter().enumerate() {
         let now = fx.clock.now();
         match op {
@@ -1661,19 +1660,17 @@ async fn key_order_holds(factory: Factory, ops: Vec<KeyOp>) -> CaseResult {
             KeyOp::Fetch { limit, lease_ms } => {
                 let got = fetch(rheo, GROUP, limit, lease_ms, "fetch").await?;
                 // A lease another claim replaced is stale now.
-                held.retain(|(l, exp)| *exp > now && !got.iter().any(|g| g.event.sequence() == l.event.sequence()));
+                held.retain(|(l, _)| !got.iter().any(|g| g.event.sequence() == l.event.sequence()));
                 for l in got {
                     let s = l.event.sequence();
                     let k = keys[seq_index(s)];
                     if let Some(k) = k {
                         for earlier in 1..s {
-                            if keys[seq_index(earlier)] == Some(k) && !settled.contains(&earlier) {
-                                prop_assert!(
-                                    ahead_of_replay.contains(&earlier),
-                                    "step {step}: {s} (key {}) claimed before earlier {earlier} settled",
-                                    KEYS[k]
-                                );
-                            }
+                            prop_assert!(
+                                keys[seq_index(earlier)] != Some(k) || settled.contains(&earlier),
+                                "step {step}: {s} (key {}) claimed before earlier {earlier} settled",
+                                KEYS[k]
+                            );
                         }
                         for (other, exp) in &held {
                             prop_assert!(
@@ -1702,7 +1699,19 @@ async fn key_order_holds(factory: Factory, ops: Vec<KeyOp>) -> CaseResult {
                     Outcome::Retried(_) | Outcome::Stale => {
                         held.remove(idx);
                     }
-                    Outcome::Renewed(exp) => held[idx].1 = exp,
+                    Outcome::Renewed(exp) => {
+                        held[idx].1 = exp;
+                        if let Some(k) = keys[seq_index(s)] {
+                            for (other, oexp) in &held {
+                                let o = other.event.sequence();
+                                prop_assert!(
+                                    o == s || keys[seq_index(o)] != Some(k) || *oexp <= now,
+                                    "step {step}: renewed {s} (key {}) while {o} holds a live lease",
+                                    KEYS[k]
+                                );
+                            }
+                        }
+                    }
                 }
             }
             KeyOp::Advance(ms) => fx.clock.advance(millis(ms)),
@@ -1712,7 +1721,6 @@ async fn key_order_holds(factory: Factory, ops: Vec<KeyOp>) -> CaseResult {
                 let reopened: Vec<u64> = settled.range(from + 1..).copied().collect();
                 for s in reopened {
                     settled.remove(&s);
-                    ahead_of_replay.insert(s);
                 }
             }
         }

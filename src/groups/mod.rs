@@ -336,14 +336,23 @@ impl GroupState {
                         _ => None,
                     };
                     if let Some((h, KeyTurn::Behind)) = turn {
-                        read.next();
+                        let later = match read.next() {
+                            Some(Ok(event)) => event.deliver_at().filter(|&at| at > now),
+                            _ => None,
+                        };
                         if park_here == 0 {
                             // Out of budget: as for damage below.
                             plan.walked = plan.walked.min(seq - 1);
                             break 'part;
                         }
                         (park_here, widen) = (park_here - 1, true);
-                        plan.items.push((seq, Planned::Hold(h)));
+                        // One not due yet is set aside until its time (and
+                        // counted as scheduled), behind its key all the same.
+                        let planned = match later {
+                            Some(at) => Planned::Park(at, Some(h)),
+                            None => Planned::Hold(h),
+                        };
+                        plan.items.push((seq, planned));
                         continue;
                     }
                     match read.next() {
@@ -495,6 +504,17 @@ impl GroupState {
     /// Extends a lease; returns the new expiry.
     pub(crate) fn renew(&mut self, lease: &LeaseRef, d: Duration, now: Timestamp) -> Result<Timestamp> {
         self.held(lease)?;
+        if self.parts.get(&lease.partition).is_some_and(|part| part.key_held_elsewhere(lease.sequence)) {
+            // Its lease expired and its key went to an earlier event (one a
+            // replay reopened): renewing would put two of the key in flight.
+            return Err(Error::StaleLease {
+                stream: lease.stream.to_string(),
+                group: lease.group.to_string(),
+                partition: lease.partition,
+                sequence: lease.sequence,
+                lease_id: lease.lease_id,
+            });
+        }
         let expires_at = now.saturating_add(d);
         if let Some(part) = self.parts.get_mut(&lease.partition) {
             part.renew(lease.sequence, expires_at);

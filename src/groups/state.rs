@@ -471,6 +471,14 @@ impl PartState {
         self.keys.is_some()
     }
 
+    /// Whether another position of `seq`'s key holds a lease (so `seq`,
+    /// whose lease expired, may not be renewed).
+    pub(crate) fn key_held_elsewhere(&self, seq: u64) -> bool {
+        let Some(k) = &self.keys else { return false };
+        let Some(h) = k.of.get(&seq) else { return false };
+        k.leased.get(h).is_some_and(|&s| s != seq)
+    }
+
     /// Whether per-key order lets `seq` be claimed now (true for an unkeyed
     /// position, or one whose key is not known yet).
     pub(crate) fn key_free(&self, seq: u64) -> bool {

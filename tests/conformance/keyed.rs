@@ -204,3 +204,44 @@ pub async fn a_scheduled_event_holds_its_key_until_settled(f: Fixture) {
     ack_all(&f, &l).await;
     assert_eq!(sequences(&fetch(&f, 10).await), vec![2]);
 }
+
+/// An expired lease whose key went to an earlier event (one a replay
+/// reopened) cannot be renewed: that would put two of the key in flight.
+pub async fn an_expired_lease_whose_key_moved_on_cannot_be_renewed(f: Fixture) {
+    if !keyed(&f).await {
+        return;
+    }
+    append_keys(&f, &[Some("a"), Some("a")]).await;
+    ack_all(&f, &fetch(&f, 10).await).await;
+    let e2 = fetch_leased(&f, 10, 5).await;
+    assert_eq!(sequences(&e2), vec![2]);
+    assert_eq!(f.rheo.replay(S, G, ReplayOptions::from_sequence(0)).await.expect("replay"), 1);
+    f.clock.advance(secs(6));
+    let e1 = fetch(&f, 10).await;
+    assert_eq!(sequences(&e1), vec![1], "the reopened earlier event goes first once e2's lease expired");
+    let err = assert_err!(f.rheo.renew(&e2[0], secs(30)).await, Error::StaleLease { .. });
+    assert_mentions(&err, &["orders", "billing"]);
+    ack_all(&f, &e1).await;
+    let again = fetch(&f, 10).await;
+    assert_eq!(sequences(&again), vec![2], "e2 comes back once e1 is settled");
+    assert_eq!(again[0].attempt, 2);
+}
+
+/// An event behind its key and scheduled later is counted as scheduled
+/// (with its time) and waits for both its key and its time.
+pub async fn an_event_behind_its_key_and_its_time_waits_for_both(f: Fixture) {
+    if !keyed(&f).await || !f.rheo.capabilities().scheduled_delivery {
+        return;
+    }
+    append_keys(&f, &[Some("a")]).await;
+    let later = AppendOptions::new().partition(0).key("a").delay(secs(60));
+    f.rheo.append(S, &json!({"i": 1}), later).await.expect("append");
+    let a1 = fetch(&f, 10).await;
+    assert_eq!(sequences(&a1), vec![1]);
+    let info = f.rheo.group_info(S, G).await.expect("info");
+    assert_eq!((info.scheduled, info.next_due), (1, Some(at(60))), "a2 is counted as scheduled");
+    ack_all(&f, &a1).await;
+    assert!(fetch(&f, 10).await.is_empty(), "a2's key is free, its time is not");
+    f.clock.advance(secs(61));
+    assert_eq!(sequences(&fetch(&f, 10).await), vec![2]);
+}
