@@ -131,8 +131,8 @@ struct PartPlan {
 enum Planned {
     /// Out of attempts: dead-letter it.
     Spent,
-    /// Read: claim it.
-    Claim(Event),
+    /// Read: claim it (with its key's hash when the group orders by key).
+    Claim(Event, Option<u64>),
     /// Its record can't be read: leave it, and report it.
     Damaged(Damage),
     /// Scheduled after the fetch's time: set it aside until then (with
@@ -312,7 +312,7 @@ impl GroupState {
                 plan.items.reserve(listed.len());
                 reads.clear();
                 reads.extend(listed.iter().filter(|(_, spent)| !spent).map(|&(seq, _)| seq));
-                let mut read = src.read_each(p, &reads)?.into_iter().peekable();
+                let mut read = src.read_each(p, &reads)?.into_iter();
                 for &(seq, spent) in &listed {
                     if claims == opts.limit {
                         // A widened list holds more than the limit: the rest
@@ -324,53 +324,40 @@ impl GroupState {
                         plan.items.push((seq, Planned::Spent));
                         continue;
                     }
-                    let turn = match read.peek() {
-                        Some(Ok(event)) if part.keyed() => event.key().map(|k| {
-                            let h = keys::key_hash(k);
-                            let turn = part.key_turn(seq, h, &taken);
-                            if !taken.contains(&h) {
-                                taken.push(h);
-                            }
-                            (h, turn)
-                        }),
-                        _ => None,
-                    };
-                    if let Some((h, KeyTurn::Behind)) = turn {
-                        let later = match read.next() {
-                            Some(Ok(event)) => event.deliver_at().filter(|&at| at > now),
-                            _ => None,
-                        };
-                        if park_here == 0 {
-                            // Out of budget: as for damage below.
-                            plan.walked = plan.walked.min(seq - 1);
-                            break 'part;
-                        }
-                        (park_here, widen) = (park_here - 1, true);
-                        // One not due yet is set aside until its time (and
-                        // counted as scheduled), behind its key all the same.
-                        let planned = match later {
-                            Some(at) => Planned::Park(at, Some(h)),
-                            None => Planned::Hold(h),
-                        };
-                        plan.items.push((seq, planned));
-                        continue;
-                    }
                     match read.next() {
-                        Some(Ok(event)) => match event.deliver_at().filter(|&at| at > now) {
-                            None => {
-                                claims += 1;
-                                plan.items.push((seq, Planned::Claim(event)));
-                            }
-                            Some(at) if park_here > 0 => {
-                                (park_here, widen) = (park_here - 1, true);
-                                plan.items.push((seq, Planned::Park(at, turn.map(|(h, _)| h))));
-                            }
-                            Some(_) => {
+                        Some(Ok(event)) => {
+                            // Its key's hash and whether its key lets it go,
+                            // when the group orders by key.
+                            let key = event.key().filter(|_| part.keyed()).map(|k| {
+                                let h = keys::key_hash(k);
+                                let turn = part.key_turn(seq, h, &taken);
+                                if !taken.contains(&h) {
+                                    taken.push(h);
+                                }
+                                (h, turn)
+                            });
+                            let later = event.deliver_at().filter(|&at| at > now);
+                            let hash = key.map(|(h, _)| h);
+                            let hold = key.and_then(|(h, turn)| (turn == KeyTurn::Behind).then_some(h));
+                            // Not due yet: set aside until its time (and, when
+                            // behind its key, until its key's turn too).
+                            let planned = match (later, hold) {
+                                (None, None) => {
+                                    claims += 1;
+                                    plan.items.push((seq, Planned::Claim(event, hash)));
+                                    continue;
+                                }
+                                (Some(at), _) => Planned::Park(at, hash),
+                                (None, Some(h)) => Planned::Hold(h),
+                            };
+                            if park_here == 0 {
                                 // Out of budget: as for damage below.
                                 plan.walked = plan.walked.min(seq - 1);
                                 break 'part;
                             }
-                        },
+                            (park_here, widen) = (park_here - 1, true);
+                            plan.items.push((seq, planned));
+                        }
                         Some(Err(e)) => match Damage::from_error(src.stream(), p, seq, &e) {
                             Some(d) if damage_left > 0 => {
                                 damage_left -= 1;
@@ -416,15 +403,13 @@ impl GroupState {
                         // died holding it (a poison pill); stop redelivering.
                         self.dead_letter(p, seq, rules::EXPIRED_ON_LAST_ATTEMPT.to_owned(), now);
                     }
-                    Planned::Claim(event) => {
+                    Planned::Claim(event, key) => {
                         let Some(part) = self.parts.get_mut(&p) else { continue };
                         part.cursor = part.cursor.max(seq);
                         let lease_id = crate::ids::new_lease_id();
                         let attempt = part.lease(seq, lease_id, consumer.clone(), expires_at);
-                        if part.keyed()
-                            && let Some(k) = event.key()
-                        {
-                            part.learn_key(seq, keys::key_hash(k));
+                        if let Some(h) = key {
+                            part.learn_key(seq, h);
                         }
                         leased.push((seq, lease_id));
                         report.leases.push(Lease {
