@@ -334,23 +334,31 @@ impl Target {
         match self {
             Target::Rheo(t) => {
                 let leases = t.rheo.fetch(&t.stream, &t.group, FetchOptions::new().limit(limit)).await?;
-                let mut out = Consumed { count: leases.len(), stamps: Vec::new() };
-                if stamps {
-                    out.stamps = leases.iter().filter_map(|l| l.event.field("t").and_then(|v| v.as_u64())).collect();
-                }
+                let mut out = Consumed { count: 0, stamps: Vec::new() };
                 let acks = t.rheo.ack_many(leases.iter()).await?;
                 if acks.len() != leases.len() {
                     return Err(CliError::new(format!("ack_many answered {} of {} leases", acks.len(), leases.len())));
                 }
                 for (lease, r) in leases.iter().zip(acks) {
-                    r.map_err(|e| {
-                        CliError::new(format!(
-                            "ack of {}/{} #{}: {e}",
-                            lease.stream(),
-                            lease.partition(),
-                            lease.sequence()
-                        ))
-                    })?;
+                    match r {
+                        Ok(()) => {}
+                        // The lease ran out before the ack (an overloaded
+                        // server): the event is delivered again and counted
+                        // when that delivery is acked, as a consumer would.
+                        Err(rheo::Error::StaleLease { .. }) => continue,
+                        Err(e) => {
+                            return Err(CliError::new(format!(
+                                "ack of {}/{} #{}: {e}",
+                                lease.stream(),
+                                lease.partition(),
+                                lease.sequence()
+                            )));
+                        }
+                    }
+                    out.count += 1;
+                    if let Some(t) = lease.event.field("t").and_then(|v| v.as_u64()).filter(|_| stamps) {
+                        out.stamps.push(t);
+                    }
                 }
                 Ok(out)
             }

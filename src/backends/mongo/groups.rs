@@ -29,7 +29,9 @@ use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::options::ReturnDocument;
 
 use super::streams::{decode_event, get_map, get_u64};
-use super::{DELIVERIES, EVENTS, GROUPS, MongoBackend, Phase, SETTINGS, STREAMS, TxFailure, in_tx, map_err, txe};
+use super::{
+    DELIVERIES, EVENTS, GROUPS, MongoBackend, Phase, SETTINGS, STREAMS, TxFailure, in_group_tx, in_tx, map_err, txe,
+};
 use crate::backends::common::{self, GroupRow, GroupSettings, frontier_cursor as fc};
 use crate::backends::group_store::{
     self, ClaimSpec, DeadLetterAt, DeliveryCounts, GroupStore, Held, MaterializedFetch, NewGroup, SettleStore, Taken,
@@ -736,7 +738,7 @@ impl MongoBackend {
         group_store::per_group(self, leases, |stream, group, idx| async move {
             let batch: Vec<&LeaseRef> = idx.iter().map(|&i| &leases[i]).collect();
             let now = self.now();
-            let held = in_tx!(self, OP, |s| {
+            let held = in_group_tx!(self, &stream, &group, OP, |s| {
                 let (mut frontiers, cursors) = self.lock_group(s, &stream, &group, OP).await?;
                 let held = self.held(s, &stream, &group, &batch, OP).await?;
                 if !held.is_empty() {
@@ -759,7 +761,7 @@ impl MongoBackend {
     /// the lease is stale.
     async fn dead_letter_held(&self, lease: &LeaseRef, reason: &str, now: Timestamp, op: &'static str) -> Result<bool> {
         let (stream, group) = (&*lease.stream, &*lease.group);
-        in_tx!(self, op, |s| {
+        in_group_tx!(self, stream, group, op, |s| {
             let (mut frontiers, cursors) = self.lock_group(s, stream, group, op).await?;
             let held = self.held(s, stream, group, &[lease], op).await?;
             if held.is_empty() {
@@ -919,7 +921,7 @@ impl GroupStore for MongoBackend {
         let (partition, sequence) = at;
         const OP: &str = "skip";
         let now = self.now();
-        in_tx!(self, OP, |s| {
+        in_group_tx!(self, stream, group, OP, |s| {
             let (mut frontiers, cursors) = self.lock_group(s, stream, group, OP).await?;
             let (f, c) = fc(&frontiers, &cursors, partition);
             let e = self
@@ -980,7 +982,7 @@ impl GroupStore for MongoBackend {
         const OP: &str = "replay";
         // The high watermarks were read before: events appended since are
         // above them, never settled, so nothing they change is counted.
-        in_tx!(self, OP, |s| {
+        in_group_tx!(self, stream, group, OP, |s| {
             let (mut frontiers, mut cursors) = self.lock_group(s, stream, group, OP).await?;
             let mut reopened = 0u64;
             for &(p, from) in starts {
@@ -1034,7 +1036,7 @@ impl GroupStore for MongoBackend {
     async fn reopen_matches(&self, stream: &str, group: &str, matched: &[(u32, u64, String)]) -> Result<u64> {
         let now = self.now();
         const OP: &str = "replay";
-        in_tx!(self, OP, |s| {
+        in_group_tx!(self, stream, group, OP, |s| {
             let (mut frontiers, cursors) = self.lock_group(s, stream, group, OP).await?;
             let mut reopened = 0u64;
             for chunk in matched.chunks(1000) {
@@ -1091,7 +1093,7 @@ impl GroupStore for MongoBackend {
     async fn restart(&self, stream: &str, group: &str, starts: &BTreeMap<u32, u64>) -> Result<()> {
         const OP: &str = "reset_group";
         let parts: Vec<i64> = starts.keys().map(|&p| i64::from(p)).collect();
-        in_tx!(self, OP, |s| {
+        in_group_tx!(self, stream, group, OP, |s| {
             let (mut frontiers, mut cursors) = self.lock_group(s, stream, group, OP).await?;
             self.deliveries()
                 .delete_many(sg_and(stream, group, doc! { "partition": { "$in": parts.clone() } }))
@@ -1207,7 +1209,9 @@ impl MaterializedFetch for MongoBackend {
     ) -> Result<u64> {
         // MongoDB refuses scheduled appends (ADR 0036): nothing to park.
         let now = self.now();
-        in_tx!(self, "fetch", |s| self.materialize_in(s, stream, group, parts, chunk, only_near, now).await)?;
+        in_group_tx!(self, stream, group, "fetch", |s| self
+            .materialize_in(s, stream, group, parts, chunk, only_near, now)
+            .await)?;
         Ok(0)
     }
 
@@ -1228,7 +1232,7 @@ impl MaterializedFetch for MongoBackend {
 
     async fn settled(&self, stream: &str, group: &str, dead: &[(u32, u64)]) -> Result<()> {
         const OP: &str = "fetch";
-        in_tx!(self, OP, |s| {
+        in_group_tx!(self, stream, group, OP, |s| {
             let (mut frontiers, cursors) = self.lock_group(s, stream, group, OP).await?;
             self.mark_dead(s, stream, group, dead, OP).await?;
             let parts: BTreeSet<u32> = dead.iter().map(|d| d.0).collect();

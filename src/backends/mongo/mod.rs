@@ -298,6 +298,42 @@ macro_rules! in_tx {
 }
 pub(crate) use in_tx;
 
+/// How many group turns a handle keeps: groups whose names hash alike
+/// share one, which only queues them behind each other.
+const TURNS: usize = 64;
+
+/// One turn per group (by hash) for the transactions of this handle that
+/// write the group's document, and one per stream for its appends (as the
+/// group named ""). They all conflict on that document: MongoDB would abort
+/// all but one and have them run again, and under steady contention one
+/// caller can lose every round until its deadline. Taking the group's turn
+/// first queues this handle's own writers in arrival order (a fair mutex);
+/// only other processes' writers still meet a conflict.
+pub(crate) struct GroupTurns(Box<[tokio::sync::Mutex<()>]>);
+
+impl GroupTurns {
+    fn new() -> GroupTurns {
+        GroupTurns((0..TURNS).map(|_| tokio::sync::Mutex::new(())).collect())
+    }
+
+    /// Waits for `stream`/`group`'s turn; it lasts as long as the guard.
+    pub(crate) async fn take(&self, stream: &str, group: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        use std::hash::BuildHasher;
+        let h = foldhash::fast::FixedState::with_seed(0).hash_one((stream, group));
+        self.0[usize::try_from(h % TURNS as u64).unwrap_or(0)].lock().await
+    }
+}
+
+/// [`in_tx!`] for a transaction that writes a group's document (it takes
+/// the group's lock): run in the group's turn ([`GroupTurns`]).
+macro_rules! in_group_tx {
+    ($self:ident, $stream:expr, $group:expr, $op:expr, |$s:ident| $body:expr) => {{
+        let _turn = $self.turns.take($stream, $group).await;
+        $crate::backends::mongo::in_tx!($self, $op, |$s| $body)
+    }};
+}
+pub(crate) use in_group_tx;
+
 /// The MongoDB backend.
 pub struct MongoBackend {
     client: mongodb::Client,
@@ -311,6 +347,8 @@ pub struct MongoBackend {
     watcher: crate::backends::FeedTask,
     /// How often the facade runs a background retention round.
     retention_interval: Duration,
+    /// The turns of the transactions that write a group's document.
+    turns: GroupTurns,
 }
 
 impl Drop for MongoBackend {
@@ -367,6 +405,7 @@ impl MongoBackend {
             wakeups: Arc::new(WakeupMap::default()),
             watcher: crate::backends::FeedTask::default(),
             retention_interval: o.retention_interval,
+            turns: GroupTurns::new(),
         };
         backend.check_server(url).await?;
         Ok(backend)

@@ -14,7 +14,7 @@ use mongodb::bson::{Bson, DateTime, Document, doc};
 
 use super::groups::{REJECTED, int, int_of};
 use super::streams::get_u64;
-use super::{EVENTS, MongoBackend, Phase, SETTINGS, STREAM_SETTINGS, in_tx, map_err};
+use super::{EVENTS, MongoBackend, Phase, SETTINGS, STREAM_SETTINGS, in_group_tx, map_err};
 use crate::backends::group_store::{self, GroupMove, RetentionStore};
 use crate::error::{Error, Result};
 use crate::model::retention::{PartitionInfo, Retention};
@@ -143,7 +143,7 @@ impl RetentionStore for MongoBackend {
 
     async fn move_group(&self, stream: &str, group: &str, plan: &BTreeMap<u32, u64>) -> Result<Vec<(u32, u64)>> {
         const OP: &str = "enforce_retention";
-        in_tx!(self, OP, |s| {
+        in_group_tx!(self, stream, group, OP, |s| {
             let (frontiers, cursors) = self.lock_group(s, stream, group, OP).await?;
             let mut mv = GroupMove::new(frontiers, cursors);
             for m in mv.steps(plan) {

@@ -308,6 +308,10 @@ impl MongoBackend {
         }
         let at = self.now();
         let batch = Batch { stream, events, routed: &routed, per: &per, at };
+        // Every append writes the stream's document: appends of this handle
+        // take the stream's turn (no group is named "") instead of aborting
+        // each other.
+        let _turn = self.turns.take(stream, "").await;
         super::in_tx!(self, "append", |s| self.append_in(s, &batch).await)
     }
 
