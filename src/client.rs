@@ -449,9 +449,9 @@ impl Rheo {
 
     /// Creates a consumer group, or returns the existing one of that name
     /// (with its position kept). An existing group with another
-    /// `max_attempts` or partition scope is `InvalidArgument`.
+    /// `max_attempts`, partition scope or per-key order is `InvalidArgument`.
     pub async fn ensure_group(&self, stream: &str, group: &str, opts: GroupOptions) -> Result<GroupSummary> {
-        let want_attempts = opts.max_attempts;
+        let (want_attempts, want_order) = (opts.max_attempts, opts.ordered_by_key);
         let mut want_parts = opts.partitions.clone();
         if let Some(p) = want_parts.as_mut() {
             p.sort_unstable();
@@ -467,6 +467,15 @@ impl Rheo {
                         format!(
                             "group {group:?} of stream {stream:?} exists with max_attempts {} and partitions {:?}, not {want_attempts} and {want_parts:?}",
                             summary.max_attempts, summary.partitions
+                        ),
+                    ));
+                }
+                if summary.ordered_by_key != want_order {
+                    let (has, not) = if want_order { ("without", "") } else { ("with", "out") };
+                    return Err(Error::invalid(
+                        "group",
+                        format!(
+                            "group {group:?} of stream {stream:?} exists {has} per-key order, not with{not} it (ordered_by_key)"
                         ),
                     ));
                 }

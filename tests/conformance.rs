@@ -255,6 +255,7 @@ macro_rules! suite {
                     keyed::competing_consumers_never_share_a_key,
                     keyed::a_replay_reopens_a_key_in_order,
                     keyed::a_scheduled_event_holds_its_key_until_settled,
+                    keyed::ensure_group_checks_the_order,
                     keyed::an_expired_lease_whose_key_moved_on_cannot_be_renewed,
                     keyed::an_event_behind_its_key_and_its_time_waits_for_both,
                     retry::retry_makes_delivery_claimable_again_with_next_attempt,

@@ -8,7 +8,7 @@
 //! `Rheo::open("native:DIR")` (default `Durability::Sync`; in three rounds
 //! of four with 4 KiB checkpoints and 16 KiB segments, so that kills land
 //! in checkpoints and rolls), creates a 3-partition stream and two groups
-//! (or finds them), and runs on two worker threads: 8 producer tasks
+//! (or finds them; `g2` orders by key), and runs on two worker threads: 8 producer tasks
 //! (single and batch appends) and 4 competing consumers per group, each
 //! fetching 1–7 deliveries under 500–900 ms leases, then acking (with
 //! `ack_many` half the time, else one by one), retrying (with and without a
@@ -48,7 +48,8 @@
 //! expired and drains both groups: no settled delivery comes back, no event is
 //! delivered twice, every appended event was either delivered or had a
 //! settle called, and the frontier reaches the high watermark (each event
-//! ends acked or dead-lettered exactly once).
+//! ends acked or dead-lettered exactly once); in `g2`, reopened after every
+//! kill, each key's events come one at a time and in sequence order.
 //!
 //! A SIGKILL loses the process, not the machine: everything the child wrote
 //! survives; `crash_native_groups.rs` covers power loss.
@@ -88,6 +89,8 @@ const CHILD_ROUND: &str = "RHEO_GKILL_CHILD_ROUND";
 const STREAM: &str = "gkill";
 const PARTITIONS: u32 = 3;
 const GROUPS: [&str; 2] = ["g1", "g2"];
+/// The group created with per-key order.
+const KEYED: &str = "g2";
 /// High enough that no delivery runs out of attempts: every dead letter is
 /// a reject the child logged.
 const MAX_ATTEMPTS: u32 = 1000;
@@ -150,7 +153,11 @@ fn child(url: &str) {
             Err(e) => panic!("child: create stream: {e}"),
         }
         for g in GROUPS {
-            match rheo.create_group(STREAM, g, GroupOptions::new().max_attempts(MAX_ATTEMPTS)).await {
+            let mut opts = GroupOptions::new().max_attempts(MAX_ATTEMPTS);
+            if g == KEYED {
+                opts = opts.ordered_by_key();
+            }
+            match rheo.create_group(STREAM, g, opts).await {
                 Ok(_) | Err(Error::AlreadyExists { .. }) => {}
                 Err(e) => panic!("child: create group {g}: {e}"),
             }
@@ -667,6 +674,8 @@ async fn drain(url: &str, ledger: &Ledger) -> Result<usize, String> {
         }
         let g = ledger.groups.get(name).unwrap_or(&empty);
         let mut drained = BTreeSet::new();
+        // The keyed group: (partition, key) -> the last sequence drained.
+        let mut last_of_key: BTreeMap<(u32, String), u64> = BTreeMap::new();
         loop {
             let opts = FetchOptions::new().limit(500).consumer("drain").lease(Duration::from_secs(600));
             let leases = rheo.fetch(STREAM, name, opts).await.map_err(|e| format!("drain fetch: {e}"))?;
@@ -684,6 +693,25 @@ async fn drain(url: &str, ledger: &Ledger) -> Result<usize, String> {
                 }
                 if !drained.insert(key) {
                     return Err(format!("{name}: the drain got {key:?} twice"));
+                }
+            }
+            if name == KEYED {
+                // Per-key order after the kills: one event of a key per
+                // fetch (the one before is acked only after it), and each
+                // key's events in sequence order.
+                let mut in_fetch = BTreeSet::new();
+                for l in &leases {
+                    let k = (l.partition(), l.event.key().unwrap_or_default().to_owned());
+                    if !in_fetch.insert(k.clone()) {
+                        return Err(format!("{name}: one drain fetch got two events of key {k:?}"));
+                    }
+                    if let Some(&before) = last_of_key.get(&k).filter(|&&b| b > l.sequence()) {
+                        return Err(format!(
+                            "{name}: key {k:?}: the drain got sequence {} after {before}",
+                            l.sequence()
+                        ));
+                    }
+                    last_of_key.insert(k, l.sequence());
                 }
             }
             for (l, r) in leases.iter().zip(rheo.ack_many(leases.iter()).await.map_err(|e| e.to_string())?) {

@@ -379,6 +379,7 @@ fn build_vectors() -> BTreeMap<&'static str, Vec<u8>> {
     build_delivery_wal_v2(&mut files);
     build_delivery_wal_v3(&mut files);
     build_delivery_wal_v4(&mut files);
+    build_delivery_wal_v5(&mut files);
     build_delivery_wal_corrupt(&mut files);
     build_checkpoint(&mut files);
     build_checkpoint_corrupt(&mut files);
@@ -1621,7 +1622,7 @@ fn the_stated_sizes_hold() {
     assert_eq!(format::MAX_BODY_LEN, 16 << 20);
     assert_eq!(INDEX_INTERVAL_BYTES, 4096);
     assert_eq!(manifest::MAX_MANIFEST_BODY, 64 << 20);
-    assert_eq!((wal::WAL_MIN_VERSION, wal::WAL_VERSION, checkpoint::CKPT_VERSION), (1, 4, 2));
+    assert_eq!((wal::WAL_MIN_VERSION, wal::WAL_VERSION, checkpoint::CKPT_VERSION), (1, 5, 3));
     assert_eq!(checkpoint::CKPT_MIN_VERSION, 1);
     assert_eq!((manifest::MANIFEST_MIN_VERSION, manifest::MANIFEST_VERSION), (1, 2));
     assert_eq!((wal::WAL_MAGIC, checkpoint::CKPT_MAGIC), (*b"RHEOWAL\0", *b"RHEOCKP\0"));
@@ -1667,6 +1668,7 @@ fn ckpt_path(generation: u64) -> String {
 #[derive(Debug, Clone, PartialEq)]
 enum Mp {
     Nil,
+    Bool(bool),
     /// Any non-negative integer (positive fixint, uint 8/16/32/64).
     UInt(u64),
     /// A negative integer (negative fixint, int 8/16/32/64).
@@ -1695,6 +1697,7 @@ fn mp_write(out: &mut Vec<u8>, v: &Mp) {
     }
     match v {
         Mp::Nil => out.push(0xc0),
+        Mp::Bool(b) => out.push(if *b { 0xc3 } else { 0xc2 }),
         Mp::UInt(n) => match *n {
             0..=0x7f => out.push(u8::try_from(*n).expect("fixint")),
             0x80..=0xff => out.extend_from_slice(&[0xcc, u8::try_from(*n).expect("u8")]),
@@ -1791,6 +1794,8 @@ fn mp_read(b: &[u8], at: &mut usize) -> Result<Mp, String> {
         0x90..=0x9f => Mp::Arr(items(b, at, n(tag, 0x0f))?),
         0xa0..=0xbf => Mp::Str(text(take(b, at, n(tag, 0x1f))?)?),
         0xc0 => Mp::Nil,
+        0xc2 => Mp::Bool(false),
+        0xc3 => Mp::Bool(true),
         0xc4..=0xc6 => {
             let l = len(b, at, 1 << (tag - 0xc4))?;
             Mp::Bin(take(b, at, l)?.to_vec())
@@ -1845,6 +1850,9 @@ enum Ty {
     /// order (the u128 big-endian); in JSON its hyphenated form.
     LeaseId,
     Opt(Box<Ty>),
+    /// A struct's last field, a bool written only when true (`true`, c3)
+    /// and left out when false; in JSON `true` or absent.
+    Flag,
     List(Box<Ty>),
     Tuple(Vec<Ty>),
     /// A struct: an array of its fields in this order; in JSON an object.
@@ -1875,18 +1883,23 @@ fn ty_backoff() -> Ty {
 
 /// A group snapshot as the current WAL and checkpoint versions hold it.
 fn ty_group_snapshot() -> Ty {
-    ty_group_snapshot_v(true)
+    ty_group_snapshot_v(true, true)
 }
 
 /// A group snapshot; `skipped`: with each partition's `skipped` count (WAL
-/// version 3, checkpoint version 2).
-fn ty_group_snapshot_v(skipped: bool) -> Ty {
-    let summary = Ty::Struct(vec![
+/// version 3, checkpoint version 2); `keyed`: with the summary's
+/// `ordered_by_key` flag (WAL version 5, checkpoint version 3).
+fn ty_group_snapshot_v(skipped: bool, keyed: bool) -> Ty {
+    let mut summary = vec![
         ("name", Ty::Str),
         ("max_attempts", Ty::U32),
         ("partitions", Ty::Opt(Box::new(Ty::List(Box::new(Ty::U32))))),
         ("created_at", Ty::I64),
-    ]);
+    ];
+    if keyed {
+        summary.push(("ordered_by_key", Ty::Flag));
+    }
+    let summary = Ty::Struct(summary);
     let holding = Ty::Enum(vec![
         ("Available", Variant::Unit),
         ("Leased", Variant::Struct(vec![("lease_id", Ty::LeaseId), ("consumer_id", Ty::Str), ("expires_at", Ty::I64)])),
@@ -1958,7 +1971,10 @@ fn ty_list(t: Ty) -> Ty {
 fn to_mp(ty: &Ty, v: &Value) -> Mp {
     let fields = |fs: &[(&str, Ty)], v: &Value| {
         Mp::Arr(
-            fs.iter().map(|(name, t)| to_mp(t, v.get(*name).unwrap_or_else(|| panic!("no {name} in {v}")))).collect(),
+            fs.iter()
+                .filter(|(name, t)| !matches!(t, Ty::Flag) || v.get(*name) == Some(&Value::Bool(true)))
+                .map(|(name, t)| to_mp(t, v.get(*name).unwrap_or_else(|| panic!("no {name} in {v}"))))
+                .collect(),
         )
     };
     match ty {
@@ -1968,6 +1984,7 @@ fn to_mp(ty: &Ty, v: &Value) -> Mp {
             if n < 0 { Mp::NInt(n) } else { Mp::UInt(n.unsigned_abs()) }
         }
         Ty::Str => Mp::Str(v.as_str().unwrap_or_else(|| panic!("{v} is not a string")).to_owned()),
+        Ty::Flag => Mp::Bool(true),
         Ty::LeaseId => {
             let id = uuid::Uuid::parse_str(v.as_str().unwrap_or_default()).unwrap_or_else(|e| panic!("{v}: {e}"));
             Mp::Bin(id.as_bytes().to_vec())
@@ -2011,7 +2028,9 @@ fn to_mp(ty: &Ty, v: &Value) -> Mp {
 fn from_mp(ty: &Ty, v: &Mp) -> Result<Value, String> {
     let fields = |fs: &[(&str, Ty)], v: &Mp| -> Result<Value, String> {
         let Mp::Arr(items) = v else { return Err(format!("a struct must be an array, got {v:?}")) };
-        if items.len() != fs.len() {
+        // A trailing flag is left out when false.
+        let flag_left_out = matches!(fs.last(), Some((_, Ty::Flag))) && items.len() + 1 == fs.len();
+        if items.len() != fs.len() && !flag_left_out {
             return Err(format!("a struct of {} fields is an array of {}", fs.len(), items.len()));
         }
         let mut o = serde_json::Map::new();
@@ -2026,6 +2045,8 @@ fn from_mp(ty: &Ty, v: &Mp) -> Result<Value, String> {
         (Ty::I64, Mp::UInt(n)) if i64::try_from(*n).is_ok() => json!(n),
         (Ty::I64, Mp::NInt(n)) => json!(n),
         (Ty::Str, Mp::Str(s)) => json!(s),
+        // Written only when true.
+        (Ty::Flag, Mp::Bool(true)) => json!(true),
         (Ty::LeaseId, Mp::Bin(b)) if b.len() == 16 => {
             json!(uuid::Uuid::from_slice(b).map_err(|e| e.to_string())?.hyphenated().to_string())
         }
@@ -2214,7 +2235,7 @@ fn shipping_records() -> Vec<Value> {
 
 /// A delivery WAL header of the current version.
 fn spec_wal_header(generation: u64) -> Vec<u8> {
-    spec_wal_header_v(generation, 4)
+    spec_wal_header_v(generation, 5)
 }
 
 /// A delivery WAL header, byte by byte (`format/delivery-wal.md#header`).
@@ -2232,7 +2253,7 @@ fn spec_wal_header_v(generation: u64, version: u16) -> Vec<u8> {
 /// A record's kind and payload.
 fn spec_wal_payload(r: &Value, version: u16) -> (u8, Vec<u8>) {
     match (r.get("create"), r.get("ops")) {
-        (Some(snap), None) => (1, encode_payload(&ty_group_snapshot_v(version >= 3), snap)),
+        (Some(snap), None) => (1, encode_payload(&ty_group_snapshot_v(version >= 3, version >= 5), snap)),
         (None, Some(ops)) => (2, encode_payload(&ty_list(ty_op()), ops)),
         _ => panic!("a record is a create or a list of ops: {r}"),
     }
@@ -2256,7 +2277,7 @@ fn spec_wal_record(r: &Value, version: u16) -> Vec<u8> {
 /// A WAL file of the current version: the header, then `records`; and
 /// each record's offset.
 fn spec_wal(generation: u64, records: &[Value]) -> (Vec<u8>, Vec<usize>) {
-    spec_wal_v(generation, 4, records)
+    spec_wal_v(generation, 5, records)
 }
 
 /// A WAL file of `version`.
@@ -2272,12 +2293,12 @@ fn spec_wal_v(generation: u64, version: u16, records: &[Value]) -> (Vec<u8>, Vec
 
 /// A checkpoint, byte by byte (`format/checkpoint.md`).
 fn spec_checkpoint(generation: u64, lsn: u64, groups: &Value) -> Vec<u8> {
-    spec_checkpoint_v(2, generation, lsn, groups)
+    spec_checkpoint_v(3, generation, lsn, groups)
 }
 
 /// A checkpoint of `version`.
 fn spec_checkpoint_v(version: u16, generation: u64, lsn: u64, groups: &Value) -> Vec<u8> {
-    let body = encode_payload(&ty_list(ty_group_snapshot_v(version >= 2)), groups);
+    let body = encode_payload(&ty_list(ty_group_snapshot_v(version >= 2, version >= 3)), groups);
     let mut b = b"RHEOCKP\0".to_vec();
     b.extend_from_slice(&version.to_le_bytes()); // version
     b.extend_from_slice(&[0; 6]); // reserved u16, reserved u32
@@ -2318,8 +2339,10 @@ fn wal_record_json(r: &Value, offset: usize, file: &[u8]) -> Value {
         out["ops"] = ops.clone();
     }
     if r.get("create").is_some() {
-        // As this version holds it (before 3: without `skipped`).
-        let ty = ty_group_snapshot_v(le_u16(file, 8) >= 3);
+        // As this version holds it (before 3: without `skipped`; before 5,
+        // without `ordered_by_key`).
+        let v = le_u16(file, 8);
+        let ty = ty_group_snapshot_v(v >= 3, v >= 5);
         out["create"] = decode_payload(&ty, &payload).expect("the create record decodes");
     }
     out
@@ -2439,7 +2462,24 @@ fn build_delivery_wal_v4(files: &mut BTreeMap<&'static str, Vec<u8>>) {
     build_shipping_wal(files, 4, &shipping_records_v4(), description, shipping_parked());
 }
 
-/// `delivery-wal-v<version>.log` holding `records` (generation 1, four
+/// `delivery-wal-v5.log`: version 5, `shipping` created with per-key
+/// order (its summary's trailing `true`), a claim of 1 and 2, an ack of 1.
+fn build_delivery_wal_v5(files: &mut BTreeMap<&'static str, Vec<u8>>) {
+    let keyed = |mut v: Value| {
+        v["summary"]["ordered_by_key"] = json!(true);
+        v
+    };
+    let mut records = shipping_records();
+    records[0]["create"] = keyed(records[0]["create"].clone());
+    let description = "Delivery WAL version 5, generation 1: group shipping created with per-key order (a 5-element summary ending in true), a claim of sequences 1 and 2, and an ack of 1. Reopened, the group is keyed: its materialized deliveries' keys are learned from the log, not stored. The file ends after the last record.";
+    let mut after = keyed(shipping_claimed());
+    let part = &mut after["parts"][0];
+    part["frontier"] = json!(1);
+    part["deliveries"] = json!([part["deliveries"][1].clone()]);
+    build_shipping_wal(files, 5, &records, description, after);
+}
+
+/// `delivery-wal-v<version>.log` holding `records` (generation 1,
 /// records, the file ending after the last), and its JSON: opened, it
 /// leaves `shipping` as `state_after`.
 fn build_shipping_wal(
@@ -2457,9 +2497,9 @@ fn build_shipping_wal(
         "header": wal_header_json(&bytes, 1),
         "records": records.iter().zip(&offsets).map(|(r, &o)| wal_record_json(r, o, &bytes)).collect::<Vec<_>>(),
         "scan_end": {"offset": bytes.len(), "kind": "eof"},
-        "inspect": {"generation": 1, "records": 4, "last_lsn": 4, "end": "clean"},
+        "inspect": {"generation": 1, "records": records.len(), "last_lsn": records.len(), "end": "clean"},
         "open": {
-            "recovery": recovery_json(None, 4, 0, 0),
+            "recovery": recovery_json(None, records.len() as u64, 0, 0),
             "length_after": bytes.len(),
             "state_after": [state_after],
         },
@@ -2467,6 +2507,7 @@ fn build_shipping_wal(
     let (log, json) = match version {
         3 => ("delivery-wal-v3.log", "delivery-wal-v3.json"),
         4 => ("delivery-wal-v4.log", "delivery-wal-v4.json"),
+        5 => ("delivery-wal-v5.log", "delivery-wal-v5.json"),
         _ => panic!("no vector of version {version}"),
     };
     files.insert(log, bytes);
@@ -2535,11 +2576,14 @@ fn build_delivery_wal_corrupt(files: &mut BTreeMap<&'static str, Vec<u8>>) {
 
 /// The checkpoint of `delivery-wal.log`'s state: generation 2, LSN 3.
 fn build_checkpoint(files: &mut BTreeMap<&'static str, Vec<u8>>) {
-    build_checkpoint_v(files, 2, "checkpoint.ckpt", "checkpoint.json");
+    build_checkpoint_v(files, 3, "checkpoint.ckpt", "checkpoint.json");
+    build_checkpoint_v(files, 2, "checkpoint-v2.ckpt", "checkpoint-v2.json");
     build_checkpoint_v(files, 1, "checkpoint-v1.ckpt", "checkpoint-v1.json");
 }
 
 /// The checkpoint of `version` (1: without the partitions' `skipped` counts).
+/// No group of it is keyed (the state of a version 1 WAL): the flag's bytes
+/// are those of `delivery-wal-v5.log`'s create record, the same type.
 fn build_checkpoint_v(
     files: &mut BTreeMap<&'static str, Vec<u8>>,
     version: u16,
@@ -2549,10 +2593,15 @@ fn build_checkpoint_v(
     let state = json!([audit_created(), billing_after()]);
     let bytes = spec_checkpoint_v(version, 2, 3, &state);
     // As this version holds them (version 1: without `skipped`).
-    let groups = decode_payload(&ty_list(ty_group_snapshot_v(version >= 2)), &bytes[48..]).expect("decodes");
+    let groups =
+        decode_payload(&ty_list(ty_group_snapshot_v(version >= 2, version >= 3)), &bytes[48..]).expect("decodes");
     let h = 48;
     let expected = json!({
-        "description": format!("Checkpoint version {version}, generation 2 at LSN 3: the state delivery-wal.log leaves (groups audit and billing, by name), as Engine::checkpoint writes it after replaying that WAL{}.", if version == 1 { " (version 1: without each partition's skipped count, read as 0)" } else { "" }),
+        "description": format!("Checkpoint version {version}, generation 2 at LSN 3: the state delivery-wal.log leaves (groups audit and billing, by name), as Engine::checkpoint writes it after replaying that WAL{}.", match version {
+            1 => " (version 1: without each partition's skipped count, read as 0)",
+            2 => " (version 2: no group summary holds ordered_by_key)",
+            _ => "",
+        }),
         "path": ckpt_path(2),
         "length": bytes.len(),
         "header": {
@@ -2596,13 +2645,14 @@ fn build_checkpoint_corrupt(files: &mut BTreeMap<&'static str, Vec<u8>>) {
 }
 
 /// The delivery vectors, by stem.
-const WAL_VECTORS: [&str; 6] = [
+const WAL_VECTORS: [&str; 7] = [
     "delivery-wal",
     "delivery-wal-torn",
     "delivery-wal-corrupt",
     "delivery-wal-v2",
     "delivery-wal-v3",
     "delivery-wal-v4",
+    "delivery-wal-v5",
 ];
 
 // ------------------------------------------------- decoding (delivery)
@@ -2644,7 +2694,12 @@ fn spec_scan_wal(file: &[u8]) -> (Vec<Value>, Value) {
                 "lsn": le_u64(body, 0), "kind": body[8], "group": group, "payload_hex": hex(payload),
             });
             match body[8] {
-                1 => r["create"] = decode_payload(&ty_group_snapshot_v(le_u16(file, 8) >= 3), payload)?,
+                1 => {
+                    r["create"] = {
+                        let v = le_u16(file, 8);
+                        decode_payload(&ty_group_snapshot_v(v >= 3, v >= 5), payload)?
+                    }
+                }
                 2 => r["ops"] = decode_payload(&ty_list(ty_op()), payload)?,
                 k => return Err(format!("unknown record kind {k}")),
             }
@@ -2749,7 +2804,7 @@ fn check_checkpoint_vector(stem: &str) {
     assert_eq!(u64::from(crc32fast::hash(&file[..44])), ju(h, "header_crc"), "header crc is CRC32 of 0..44");
     assert_eq!(hex(&file[..48]), js(h, "hex"), "checkpoint header bytes");
     assert_eq!(hex(body), js(&e, "body_hex"), "checkpoint body bytes");
-    let ty = ty_list(ty_group_snapshot_v(version >= 2));
+    let ty = ty_list(ty_group_snapshot_v(version >= 2, version >= 3));
     assert_eq!(decode_payload(&ty, body).as_ref(), Ok(&e["groups"]), "{stem}: checkpoint body");
     assert_eq!(
         checkpoint::check_header(&file),
@@ -2779,6 +2834,7 @@ fn delivery_vectors_decode_as_expected() {
         check_wal_vector(stem);
     }
     check_checkpoint_vector("checkpoint");
+    check_checkpoint_vector("checkpoint-v2");
     check_checkpoint_vector("checkpoint-v1");
 }
 
@@ -2920,7 +2976,7 @@ fn delivery_vectors_recover_as_expected() {
     }
     // The checkpoint alone: loaded, nothing replayed; a new WAL generation
     // (its own) is created for the records after it.
-    for stem in ["checkpoint", "checkpoint-v1"] {
+    for stem in ["checkpoint", "checkpoint-v2", "checkpoint-v1"] {
         let e = read_json(&format!("{stem}.json"));
         for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::TruncateAtFirstDamage] {
             let mem = delivery_dir(&[(ckpt_path(2), read_vector(&format!("{stem}.ckpt")))]);
@@ -2974,9 +3030,15 @@ fn the_replayed_groups_behave_as_the_vector_says() {
             let groups = b.list_groups(STREAM).await.expect("groups");
             let summaries: Vec<_> = groups
                 .iter()
-                .map(|g| (g.name.as_str(), g.max_attempts, g.partitions.clone(), g.created_at.as_millis()))
+                .map(|g| {
+                    (g.name.as_str(), g.max_attempts, g.partitions.clone(), g.created_at.as_millis(), g.ordered_by_key)
+                })
                 .collect();
-            assert_eq!(summaries, [("audit", 1, Some(vec![0]), T_AUDIT), ("billing", 3, None, T_BILLING)], "{name}");
+            assert_eq!(
+                summaries,
+                [("audit", 1, Some(vec![0]), T_AUDIT, false), ("billing", 3, None, T_BILLING, false)],
+                "{name}"
+            );
             let info = b.group_info(STREAM, "billing").await.expect("info");
             let p = &info.lag.partitions[0];
             assert_eq!(
@@ -3288,11 +3350,11 @@ fn wal_headers_and_records_are_checked() {
     let ack = |lsn: u64, group: &str| json!({"lsn": lsn, "group": group, "ops": [{"Ack": {"p": 0, "seqs": [1]}}]});
     // Another version, well-formed or not, is a typed error (checked before
     // the checksum), in every mode.
-    for (name, bytes) in [("another version", with_version(5, true)), ("before the checksum", with_version(5, false))] {
+    for (name, bytes) in [("another version", with_version(6, true)), ("before the checksum", with_version(6, false))] {
         for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::TruncateAtFirstDamage] {
             let mem = delivery_dir(&[(wal_path(1), bytes.clone())]);
             match open(&mem, mode) {
-                Err(Error::UnsupportedVersion { file, found: 5, supported: 4 }) if file.ends_with(wal_path(1)) => {}
+                Err(Error::UnsupportedVersion { file, found: 6, supported: 5 }) if file.ends_with(wal_path(1)) => {}
                 other => panic!("{name} {mode:?}: expected UnsupportedVersion, got {:?}", other.err()),
             }
         }
@@ -3319,7 +3381,7 @@ fn wal_headers_and_records_are_checked() {
     // the generation of its name, the body length.
     let ckpt = read_vector("checkpoint.ckpt");
     let mut other_version = ckpt.clone();
-    other_version[8] = 3;
+    other_version[8] = 4;
     let mut header_crc = ckpt.clone();
     header_crc[44] ^= 1;
     let mut longer = ckpt.clone();
@@ -3337,7 +3399,7 @@ fn wal_headers_and_records_are_checked() {
     ];
     let mem = delivery_dir(&[(ckpt_path(2), other_version)]);
     match open(&mem, RecoveryMode::TolerateTornTail) {
-        Err(Error::UnsupportedVersion { file, found: 3, supported: 2 }) if file.ends_with(ckpt_path(2)) => {}
+        Err(Error::UnsupportedVersion { file, found: 4, supported: 3 }) if file.ends_with(ckpt_path(2)) => {}
         other => panic!("checkpoint of another version: expected UnsupportedVersion, got {:?}", other.err()),
     }
     let body_len = ckpt.len() - 48;

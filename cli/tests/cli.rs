@@ -275,12 +275,15 @@ fn groups_fetch_ack_reset_replay_and_dead_letters() {
     let g = cli.json(&["group", "create", "s", "g", "--max-attempts", "5"]);
     assert_eq!(g["name"], "g");
     assert_eq!(g["max_attempts"], 5);
-    // Per-key order is not on the native engine yet: refused, nothing created.
-    let err = cli.fails(&["group", "create", "s", "keyed", "--ordered-by-key"]);
-    assert!(err.contains("ordered_by_key") && err.contains("native"), "{err}");
-    assert!(!cli.ok(&["group", "list", "s"]).contains("keyed"));
+    // A keyed group: created with its order, which list and info show.
+    let k = cli.json(&["group", "create", "s", "keyed", "--ordered-by-key"]);
+    assert_eq!(k["ordered_by_key"], true);
+    assert!(cli.ok(&["group", "info", "s", "keyed"]).contains("order        by key"));
+    assert!(cli.ok(&["group", "info", "s", "g"]).contains("order        by partition"));
     let list = cli.json(&["group", "list", "s"]);
     assert_eq!(list[0]["name"], "g");
+    assert_eq!(list[0].get("ordered_by_key"), None, "not written when false");
+    assert_eq!(list[1]["ordered_by_key"], true);
     let lag = cli.json(&["group", "lag", "s", "g"]);
     assert_eq!(lag["total"], 3);
     assert_eq!(lag["partitions"][1]["lag"], 3);

@@ -47,7 +47,10 @@ impl Stream {
         let log = StreamLog::open(vfs.clone(), opts, entry, now_ms, truncations)?;
         let (groups, report) = DeliveryTable::open(vfs, opts, &log)?;
         let index = StreamIndex::new(entry.partition_count, &entry.indexes);
-        Ok((Stream { log, index, groups, retention: parking_lot::Mutex::new(()), wakeups: Default::default() }, report))
+        let stream = Stream { log, index, groups, retention: parking_lot::Mutex::new(()), wakeups: Default::default() };
+        // Per-key order's queues are derived from the events, not journaled.
+        stream.groups.learn_keys(stream.source())?;
+        Ok((stream, report))
     }
 
     /// The stream's name.

@@ -224,6 +224,32 @@ impl GroupState {
         })
     }
 
+    /// Learns the keys of a keyed group's materialized deliveries from the
+    /// log: what a group reopened from its delivery log needs before it
+    /// hands anything out, since the key queues are derived, not journaled
+    /// (a lease restored without its key would let a later event of the key
+    /// be claimed beside it). A position whose record cannot be read stays
+    /// with its key unknown (claimable, as damage is); a failure to read at
+    /// all is returned.
+    pub(crate) fn learn_keys(&mut self, src: &dyn EventSource) -> Result<()> {
+        const CHUNK: usize = 1024;
+        for (&p, part) in &mut self.parts {
+            if !part.keyed() {
+                continue;
+            }
+            let (start, end) = (src.log_start(p), src.high_watermark(p));
+            let seqs: Vec<u64> = part.deliveries.range(start..=end).map(|(&s, _)| s).collect();
+            for chunk in seqs.chunks(CHUNK) {
+                for (&seq, read) in chunk.iter().zip(src.read_each(p, chunk)?) {
+                    if let Some(key) = read.ok().as_ref().and_then(Event::key) {
+                        part.learn_key(seq, keys::key_hash(key));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The group's partitions within `requested`, checking those exist.
     fn scope(&self, src: &dyn EventSource, requested: Option<&[u32]>) -> Result<Vec<u32>> {
         if let Some(r) = requested {

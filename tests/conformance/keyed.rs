@@ -245,3 +245,25 @@ pub async fn an_event_behind_its_key_and_its_time_waits_for_both(f: Fixture) {
     f.clock.advance(secs(61));
     assert_eq!(sequences(&fetch(&f, 10).await), vec![2]);
 }
+
+/// `ensure_group` keeps a keyed group keyed and refuses to take an
+/// unkeyed group for a keyed one (or the reverse): another order is
+/// `InvalidArgument`, naming the option, and changes nothing.
+pub async fn ensure_group_checks_the_order(f: Fixture) {
+    if !keyed(&f).await {
+        return;
+    }
+    let kept = f.rheo.ensure_group(S, G, GroupOptions::new().ordered_by_key()).await.expect("ensure the keyed group");
+    assert!(kept.ordered_by_key);
+    let err = assert_err!(f.rheo.ensure_group(S, G, GroupOptions::new()).await, Error::InvalidArgument { .. });
+    assert_mentions(&err, &["ordered_by_key", G]);
+    f.rheo.create_group(S, "plain", GroupOptions::new()).await.expect("an unkeyed group");
+    let err = assert_err!(
+        f.rheo.ensure_group(S, "plain", GroupOptions::new().ordered_by_key()).await,
+        Error::InvalidArgument { .. }
+    );
+    assert_mentions(&err, &["ordered_by_key", "plain"]);
+    let groups = f.rheo.list_groups(S).await.expect("list groups");
+    let order: Vec<(&str, bool)> = groups.iter().map(|g| (g.name.as_str(), g.ordered_by_key)).collect();
+    assert!(order.contains(&(G, true)) && order.contains(&("plain", false)), "{order:?}");
+}

@@ -576,6 +576,7 @@ impl Backend for NativeBackend {
         c.wakeups = true;
         c.retention = true;
         c.scheduled_delivery = true;
+        c.ordered_by_key = true;
         c
     }
 
@@ -604,11 +605,6 @@ impl Backend for NativeBackend {
     }
 
     async fn create_group(&self, stream: &str, group: &str, opts: &GroupOptions) -> Result<GroupSummary> {
-        if opts.ordered_by_key {
-            // Not journaled yet (ADR 0037): refused here too, for callers
-            // of the backend itself.
-            return Err(Error::Unsupported { backend: BACKEND, operation: "per-key order (ordered_by_key)" });
-        }
         let s = self.engine.stream(stream)?;
         let now = self.clock.now();
         let (summary, ticket) = s.groups.create(&self.engine.ctx(), s.source(), group, opts, now)?;

@@ -14,9 +14,10 @@ use crate::groups::journal::GroupSnapshot;
 /// Magic of a checkpoint file.
 pub const CKPT_MAGIC: [u8; 8] = *b"RHEOCKP\0";
 /// Version of the checkpoint layout written. Bump with the spec. Version 2
-/// added each group partition's `skipped` count (retention); version 1
-/// files are read with it 0.
-pub const CKPT_VERSION: u16 = 2;
+/// added each group partition's `skipped` count (retention); version 3 a
+/// group summary's trailing `ordered_by_key` (written only when true).
+/// Version 1 files are read with `skipped` 0, older ones unordered.
+pub const CKPT_VERSION: u16 = 3;
 /// The oldest version this build reads.
 pub const CKPT_MIN_VERSION: u16 = 1;
 /// Offset of the generation.

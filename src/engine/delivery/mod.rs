@@ -395,6 +395,17 @@ impl DeliveryTable {
     /// full disk fails the call before anything changes. `f` does every
     /// read that can fail before its first change: when it fails it has
     /// changed nothing, and nothing is logged.
+    /// Learns the keys of every keyed group's materialized deliveries from
+    /// the log (see `GroupState::learn_keys`): once, at open, before the
+    /// groups serve anything.
+    pub(crate) fn learn_keys(&self, src: LogSource<'_>) -> Result<()> {
+        let mut t = self.inner.lock();
+        for g in t.groups.values_mut() {
+            g.learn_keys(&src)?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn with_group<T>(
         &self,
         ctx: &EngineParts<'_>,

@@ -18,9 +18,11 @@ pub const WAL_MAGIC: [u8; 8] = *b"RHEOWAL\0";
 /// Version of the delivery WAL layout written. Bump with the spec.
 /// Version 2 added the `Pass` transition; version 3 the `Drop` transition
 /// (retention) and a group snapshot's `skipped` count per partition;
-/// version 4 the `Park` transition (scheduled delivery). Older files (which
-/// never hold them) are read as they are.
-pub const WAL_VERSION: u16 = 4;
+/// version 4 the `Park` transition (scheduled delivery); version 5 a group
+/// summary's trailing `ordered_by_key` (written only when true: per-key
+/// order, which an older build must not open as an unordered group). Older
+/// files (which never hold them) are read as they are.
+pub const WAL_VERSION: u16 = 5;
 /// The oldest version this build reads.
 pub const WAL_MIN_VERSION: u16 = 1;
 /// Size of the header.
