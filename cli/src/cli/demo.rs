@@ -153,6 +153,7 @@ pub async fn run(backend: &str, out: &mut impl Write) -> Result<(), DemoError> {
     let info = rheo.group_info(stream, "billing").await?;
     writeln!(out, "   billing: {} in flight, {} dead letters.", info.inflight, info.dead_letters)?;
     scheduled(&rheo, stream, out).await?;
+    keyed(&rheo, stream, out).await?;
     writeln!(out, "\nDone. Every event is still in the log; groups only move their own positions.")?;
     if let Some(dir) = backend.strip_prefix("native:") {
         writeln!(
@@ -209,6 +210,46 @@ async fn scheduled(rheo: &Rheo, stream: &str, out: &mut impl Write) -> Result<()
     Ok(())
 }
 
+/// Step 8: a group ordered by key over the orders: customers in parallel,
+/// each customer's orders one at a time and in order (on a backend that
+/// orders by key).
+async fn keyed(rheo: &Rheo, stream: &str, out: &mut impl Write) -> Result<(), DemoError> {
+    writeln!(out, "\n8. A `shipping` group ordered by customer: customers in parallel, a customer's orders in order.")?;
+    if !rheo.capabilities().ordered_by_key {
+        writeln!(out, "   (backend `{}` does not order by key yet: skipped)", rheo.capabilities().backend)?;
+        return Ok(());
+    }
+    rheo.create_group(stream, "shipping", GroupOptions::new().ordered_by_key()).await?;
+    let mut last: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    let (mut fetches, mut shipped, mut widest) = (0u32, 0usize, 0usize);
+    loop {
+        let leases = rheo.fetch(stream, "shipping", FetchOptions::new().limit(100)).await?;
+        if leases.is_empty() {
+            break;
+        }
+        fetches += 1;
+        widest = widest.max(leases.len());
+        for lease in &leases {
+            let customer = lease.event.key().unwrap_or_default().to_owned();
+            let order = lease.event.field("order").and_then(|v| v.as_u64()).unwrap_or_default();
+            if last.get(&customer).is_some_and(|&before| before >= order) {
+                return Err(rheo::Error::failed("demo", format!("{customer}'s order {order} came out of order")).into());
+            }
+            last.insert(customer, order);
+        }
+        shipped += leases.len();
+        rheo.ack_many(leases.iter()).await?;
+        if fetches > 100 {
+            return Err(rheo::Error::failed("demo", "the shipping group did not drain in 100 fetches").into());
+        }
+    }
+    writeln!(
+        out,
+        "   {shipped} orders shipped in {fetches} fetches, at most {widest} at once (one per customer), each customer's in order."
+    )?;
+    Ok(())
+}
+
 async fn print_lag(rheo: &Rheo, stream: &str, group: &str, out: &mut impl Write) -> Result<(), DemoError> {
     let lag = rheo.lag(stream, group).await?;
     let per: Vec<String> = lag.partitions.iter().map(|p| format!("p{}={}", p.partition, p.lag)).collect();
@@ -231,6 +272,7 @@ mod tests {
         assert!(text.contains("billing: 0 in flight, 0 dead letters."), "{text}");
         assert!(text.contains("0 delivered, 1 set aside until its time (lag 1)"), "{text}");
         assert!(text.contains("it is due: delivered on attempt 1 and acknowledged"), "{text}");
+        assert!(text.contains("20 orders shipped in 3 fetches, at most 8 at once (one per customer)"), "{text}");
         assert!(text.trim_end().ends_with("only move their own positions."), "{text}");
     }
 
@@ -269,6 +311,7 @@ mod tests {
         assert!(text.contains("still holds 1 earlier demo run"), "{text}");
         assert!(text.contains("uses stream `orders-2`"), "{text}");
         assert!(text.contains("billing: 0 in flight, 0 dead letters."), "{text}");
+        assert!(text.contains("20 orders shipped in 3 fetches, at most 8 at once"), "{text}");
         let rheo = Rheo::open(&url).await.expect("reopen");
         let info = rheo.group_info("orders", "billing").await.expect("first run's group");
         assert_eq!((info.lag.total, info.inflight, info.dead_letters), (0, 0, 0));
