@@ -260,6 +260,66 @@ fn a_keyed_group_keeps_its_order_across_a_reopen() {
     }
 }
 
+/// Two leased positions of one key, reopened: a replay reopened a1 while a2
+/// was leased, a2's lease expired and a1 was claimed again. The reopened
+/// group must give the key to a1's live lease, not to a2's expired one:
+/// found by review, the first fetch after the reopen handed a1 out a second
+/// time while its lease lived (the later position, learned last, took the
+/// key, and its expiry freed it).
+#[test]
+fn a_reopened_keyed_group_gives_the_key_to_the_live_lease_after_a_replay() {
+    let rt = runtime();
+    for checkpoint in [false, true] {
+        let case = format!("checkpoint {checkpoint}");
+        let mem = MemVfs::new();
+        let clock = ManualClock::new(START);
+        let open = || {
+            let opts = EngineOptions::default().durability(Durability::Sync).background_indexing(false);
+            let engine = Engine::open(Arc::new(mem.clone()), opts).expect("open");
+            let backend = NativeBackend::with_engine(engine.clone(), Arc::new(clock.clone()));
+            let rheo = Rheo::builder().clock(Arc::new(clock.clone())).with_backend(Arc::new(backend)).expect("rheo");
+            (engine, rheo)
+        };
+        rt.block_on(async {
+            let (engine, rheo) = open();
+            rheo.create_stream(STREAM, StreamOptions::new()).await.expect("stream");
+            rheo.create_group(STREAM, "g", GroupOptions::new().ordered_by_key()).await.expect("keyed group");
+            for _ in 0..2 {
+                rheo.append(STREAM, &json!({}), AppendOptions::new().key("a")).await.expect("append");
+            }
+            let short = FetchOptions::new().limit(10).lease(Duration::from_secs(60));
+            let a1 = rheo.fetch(STREAM, "g", short.clone()).await.expect("fetch");
+            rheo.ack(&a1[0]).await.expect("ack a1");
+            let a2 = rheo.fetch(STREAM, "g", short.clone()).await.expect("fetch");
+            assert_eq!(a2.iter().map(|l| l.sequence()).collect::<Vec<_>>(), [2], "{case}");
+            assert_eq!(rheo.replay(STREAM, "g", ReplayOptions::from_sequence(0)).await.expect("replay"), 1);
+            assert!(rheo.fetch(STREAM, "g", short.clone()).await.expect("fetch").is_empty(), "{case}: a1 waits");
+            clock.advance(Duration::from_secs(61));
+            let long = FetchOptions::new().limit(10).lease(Duration::from_secs(600));
+            let again = rheo.fetch(STREAM, "g", long.clone()).await.expect("fetch");
+            assert_eq!(
+                again.iter().map(|l| (l.sequence(), l.attempt)).collect::<Vec<_>>(),
+                [(1, 1)],
+                "{case}: a replay starts its attempts again"
+            );
+            if checkpoint {
+                engine.checkpoint(STREAM).expect("checkpoint");
+            }
+            drop((engine, rheo));
+            let (_engine, rheo) = open();
+            let got = rheo.fetch(STREAM, "g", long.clone()).await.expect("fetch");
+            let seen: Vec<_> = got.iter().map(|l| (l.sequence(), l.attempt)).collect();
+            assert!(seen.is_empty(), "{case}: a1's lease lives and a2 waits behind it, got {seen:?}");
+            let err = rheo.renew(&a2[0], Duration::from_secs(60)).await.expect_err("a2's expired lease");
+            assert!(matches!(err, Error::StaleLease { .. }), "{case}: {err}");
+            rheo.renew(&again[0], Duration::from_secs(600)).await.expect("a1's lease is live");
+            rheo.ack(&again[0]).await.expect("ack a1");
+            let next = rheo.fetch(STREAM, "g", long.clone()).await.expect("fetch");
+            assert_eq!(next.iter().map(|l| (l.sequence(), l.attempt)).collect::<Vec<_>>(), [(2, 2)], "{case}");
+        });
+    }
+}
+
 /// Regression (found by this file's seeded scenarios at 481c5e2, fixed by
 /// 531a3c4): a crash while a checkpoint creates the next WAL generation
 /// (just after the file was created, before its header was written) can

@@ -240,7 +240,20 @@ impl GroupState {
             let (start, end) = (src.log_start(p), src.high_watermark(p));
             let seqs: Vec<u64> = part.deliveries.range(start..=end).map(|(&s, _)| s).collect();
             for chunk in seqs.chunks(CHUNK) {
-                for (&seq, read) in chunk.iter().zip(src.read_each(p, chunk)?) {
+                let reads = src.read_each(p, chunk)?;
+                if reads.len() != chunk.len() {
+                    return Err(Error::failed(
+                        "opening a keyed group",
+                        format!(
+                            "group {:?} of stream {:?}: a read of {} positions of partition {p} came back with {}",
+                            self.summary.name,
+                            src.stream(),
+                            chunk.len(),
+                            reads.len()
+                        ),
+                    ));
+                }
+                for (&seq, read) in chunk.iter().zip(reads) {
                     if let Some(key) = read.ok().as_ref().and_then(Event::key) {
                         part.learn_key(seq, keys::key_hash(key));
                     }

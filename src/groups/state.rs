@@ -526,8 +526,19 @@ impl PartState {
         // left it ready until now.
         self.ready.remove(&seq);
         let Some(k) = &mut self.keys else { return };
-        if matches!(self.deliveries.get(&seq), Some(d) if matches!(d.holding, Holding::Leased { .. })) {
-            k.leased.insert(h, seq);
+        let expiry = |s: &u64| match self.deliveries.get(s).map(|d| &d.holding) {
+            Some(Holding::Leased { expires_at, .. }) => Some(*expires_at),
+            _ => None,
+        };
+        if let Some(mine) = expiry(&seq) {
+            // Two leased positions of one key (only a replay makes them: an
+            // earlier event reopened and claimed once the later one's lease
+            // expired): the key moves only once its holder's lease expired,
+            // and the next lease ends after that, so the holder is the one
+            // whose lease ends last, whatever order they are learned in.
+            if k.leased.get(&h).and_then(expiry).is_none_or(|other| mine > other) {
+                k.leased.insert(h, seq);
+            }
         }
         self.settle_readiness(h);
     }

@@ -387,14 +387,6 @@ impl DeliveryTable {
         Ok((summary, ticket))
     }
 
-    /// Runs `f` on a group's state and logs the transitions it made. The
-    /// ticket resolves once they are as durable as the settings promise.
-    ///
-    /// `room` bounds the size of the WAL record `f` can make (see
-    /// [`Room`]): that much space is reserved before `f` runs, so that a
-    /// full disk fails the call before anything changes. `f` does every
-    /// read that can fail before its first change: when it fails it has
-    /// changed nothing, and nothing is logged.
     /// Learns the keys of every keyed group's materialized deliveries from
     /// the log (see `GroupState::learn_keys`): once, at open, before the
     /// groups serve anything.
@@ -406,6 +398,14 @@ impl DeliveryTable {
         Ok(())
     }
 
+    /// Runs `f` on a group's state and logs the transitions it made. The
+    /// ticket resolves once they are as durable as the settings promise.
+    ///
+    /// `room` bounds the size of the WAL record `f` can make (see
+    /// [`Room`]): that much space is reserved before `f` runs, so that a
+    /// full disk fails the call before anything changes. `f` does every
+    /// read that can fail before its first change: when it fails it has
+    /// changed nothing, and nothing is logged.
     pub(crate) fn with_group<T>(
         &self,
         ctx: &EngineParts<'_>,
