@@ -302,6 +302,10 @@ pub(crate) use in_tx;
 /// share one, which only queues them behind each other.
 const TURNS: usize = 64;
 
+/// How long a call waits for its group's turn before it gives up
+/// (`BackendUnavailable`, nothing changed): three transactions' deadlines.
+const TURN_WAIT: Duration = Duration::from_secs(30);
+
 /// One turn per group (by hash) for the transactions of this handle that
 /// write the group's document, and one per stream for its appends (as the
 /// group named ""). They all conflict on that document: MongoDB would abort
@@ -316,11 +320,28 @@ impl GroupTurns {
         GroupTurns((0..TURNS).map(|_| tokio::sync::Mutex::new(())).collect())
     }
 
-    /// Waits for `stream`/`group`'s turn; it lasts as long as the guard.
-    pub(crate) async fn take(&self, stream: &str, group: &str) -> tokio::sync::MutexGuard<'_, ()> {
+    /// Waits for `stream`/`group`'s turn, at most [`TURN_WAIT`]; it lasts
+    /// as long as the guard.
+    pub(crate) async fn take(
+        &self,
+        stream: &str,
+        group: &str,
+        operation: &'static str,
+    ) -> Result<tokio::sync::MutexGuard<'_, ()>> {
         use std::hash::BuildHasher;
         let h = foldhash::fast::FixedState::with_seed(0).hash_one((stream, group));
-        self.0[usize::try_from(h % TURNS as u64).unwrap_or(0)].lock().await
+        let turn = self.0[usize::try_from(h % TURNS as u64).unwrap_or(0)].lock();
+        tokio::time::timeout(TURN_WAIT, turn).await.map_err(|_| {
+            let whose =
+                if group.is_empty() { format!("stream {stream:?}") } else { format!("group {stream:?}/{group:?}") };
+            Error::unavailable(
+                NAME,
+                operation,
+                format!(
+                    "waited {TURN_WAIT:?} for the turn of {whose} behind this handle's other calls; nothing was changed"
+                ),
+            )
+        })
     }
 }
 
@@ -328,8 +349,10 @@ impl GroupTurns {
 /// the group's lock): run in the group's turn ([`GroupTurns`]).
 macro_rules! in_group_tx {
     ($self:ident, $stream:expr, $group:expr, $op:expr, |$s:ident| $body:expr) => {{
-        let _turn = $self.turns.take($stream, $group).await;
-        $crate::backends::mongo::in_tx!($self, $op, |$s| $body)
+        match $self.turns.take($stream, $group, $op).await {
+            Ok(_turn) => $crate::backends::mongo::in_tx!($self, $op, |$s| $body),
+            Err(e) => Err(e),
+        }
     }};
 }
 pub(crate) use in_group_tx;

@@ -311,7 +311,7 @@ impl MongoBackend {
         // Every append writes the stream's document: appends of this handle
         // take the stream's turn (no group is named "") instead of aborting
         // each other.
-        let _turn = self.turns.take(stream, "").await;
+        let _turn = self.turns.take(stream, "", "append").await?;
         super::in_tx!(self, "append", |s| self.append_in(s, &batch).await)
     }
 
