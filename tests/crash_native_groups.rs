@@ -130,6 +130,15 @@ fn durability_none_with_appends_after_recovery() {
     }
 }
 
+/// The engine on `mem` and a `Rheo` over it, on `clock`.
+fn open_on(mem: &MemVfs, clock: &ManualClock, durability: Durability) -> (Engine, Rheo) {
+    let opts = EngineOptions::default().durability(durability).background_indexing(false);
+    let engine = Engine::open(Arc::new(mem.clone()), opts).expect("open");
+    let backend = NativeBackend::with_engine(engine.clone(), Arc::new(clock.clone()));
+    let rheo = Rheo::builder().clock(Arc::new(clock.clone())).with_backend(Arc::new(backend)).expect("rheo");
+    (engine, rheo)
+}
+
 /// Regression (fixed: reopen checkpoints a clamp). Under `Durability::None`
 /// (or `Batched`) a machine crash loses a log tail whose group state (acks)
 /// is on disk, in a checkpoint or the WAL. Reopening clamps that state; when
@@ -146,13 +155,7 @@ fn a_clamp_at_reopen_is_durable() {
     let rt = runtime();
     let mem = MemVfs::new();
     let clock = ManualClock::new(START);
-    let open = |durability: Durability| {
-        let opts = EngineOptions::default().durability(durability).background_indexing(false);
-        let engine = Engine::open(Arc::new(mem.clone()), opts).expect("open");
-        let backend = NativeBackend::with_engine(engine.clone(), Arc::new(clock.clone()));
-        let rheo = Rheo::builder().clock(Arc::new(clock.clone())).with_backend(Arc::new(backend)).expect("rheo");
-        (engine, rheo)
-    };
+    let open = |durability: Durability| open_on(&mem, &clock, durability);
     rt.block_on(async {
         // 1. Durability::None: e1 and e2 acked; a checkpoint makes the group
         //    state durable (frontier 2), the log tail is not.
@@ -205,13 +208,7 @@ fn a_keyed_group_keeps_its_order_across_a_reopen() {
         let case = format!("checkpoint {checkpoint}, power loss {crash}");
         let mem = MemVfs::new();
         let clock = ManualClock::new(START);
-        let open = || {
-            let opts = EngineOptions::default().durability(Durability::Sync).background_indexing(false);
-            let engine = Engine::open(Arc::new(mem.clone()), opts).expect("open");
-            let backend = NativeBackend::with_engine(engine.clone(), Arc::new(clock.clone()));
-            let rheo = Rheo::builder().clock(Arc::new(clock.clone())).with_backend(Arc::new(backend)).expect("rheo");
-            (engine, rheo)
-        };
+        let open = || open_on(&mem, &clock, Durability::Sync);
         rt.block_on(async {
             let (engine, rheo) = open();
             rheo.create_stream(STREAM, StreamOptions::new()).await.expect("stream");
@@ -273,13 +270,7 @@ fn a_reopened_keyed_group_gives_the_key_to_the_live_lease_after_a_replay() {
         let case = format!("checkpoint {checkpoint}");
         let mem = MemVfs::new();
         let clock = ManualClock::new(START);
-        let open = || {
-            let opts = EngineOptions::default().durability(Durability::Sync).background_indexing(false);
-            let engine = Engine::open(Arc::new(mem.clone()), opts).expect("open");
-            let backend = NativeBackend::with_engine(engine.clone(), Arc::new(clock.clone()));
-            let rheo = Rheo::builder().clock(Arc::new(clock.clone())).with_backend(Arc::new(backend)).expect("rheo");
-            (engine, rheo)
-        };
+        let open = || open_on(&mem, &clock, Durability::Sync);
         rt.block_on(async {
             let (engine, rheo) = open();
             rheo.create_stream(STREAM, StreamOptions::new()).await.expect("stream");
