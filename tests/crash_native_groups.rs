@@ -130,6 +130,12 @@ fn durability_none_with_appends_after_recovery() {
     }
 }
 
+/// Creates `STREAM` (one partition) and its keyed group `g`.
+async fn keyed_group(rheo: &Rheo) {
+    rheo.create_stream(STREAM, StreamOptions::new()).await.expect("stream");
+    rheo.create_group(STREAM, "g", GroupOptions::new().ordered_by_key()).await.expect("keyed group");
+}
+
 /// The engine on `mem` and a `Rheo` over it, on `clock`.
 fn open_on(mem: &MemVfs, clock: &ManualClock, durability: Durability) -> (Engine, Rheo) {
     let opts = EngineOptions::default().durability(durability).background_indexing(false);
@@ -211,8 +217,7 @@ fn a_keyed_group_keeps_its_order_across_a_reopen() {
         let open = || open_on(&mem, &clock, Durability::Sync);
         rt.block_on(async {
             let (engine, rheo) = open();
-            rheo.create_stream(STREAM, StreamOptions::new()).await.expect("stream");
-            rheo.create_group(STREAM, "g", GroupOptions::new().ordered_by_key()).await.expect("keyed group");
+            keyed_group(&rheo).await;
             for k in ["a", "a", "b", "a", "b"] {
                 rheo.append(STREAM, &json!({"k": k}), AppendOptions::new().key(k)).await.expect("append");
             }
@@ -273,8 +278,7 @@ fn a_reopened_keyed_group_gives_the_key_to_the_live_lease_after_a_replay() {
         let open = || open_on(&mem, &clock, Durability::Sync);
         rt.block_on(async {
             let (engine, rheo) = open();
-            rheo.create_stream(STREAM, StreamOptions::new()).await.expect("stream");
-            rheo.create_group(STREAM, "g", GroupOptions::new().ordered_by_key()).await.expect("keyed group");
+            keyed_group(&rheo).await;
             for _ in 0..2 {
                 rheo.append(STREAM, &json!({}), AppendOptions::new().key("a")).await.expect("append");
             }
