@@ -88,6 +88,18 @@ pub struct BenchArgs {
     /// due events behind them (backends of this crate only).
     #[arg(long, value_name = "N")]
     scheduled_ahead: Option<u64>,
+    /// Creates each case's group keyed (`GroupOptions::ordered_by_key`):
+    /// at most one event of a key in flight, the next once it is settled.
+    /// Backends without keyed groups skip the cases.
+    #[arg(long)]
+    keyed: bool,
+    /// Handlers each managed consumer runs at once (`handle`; without
+    /// `--keyed` only 1 keeps a key's order, so only 1 is taken).
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Milliseconds each handler of `handle` sleeps before its ack (0: none).
+    #[arg(long, default_value_t = 1)]
+    handler_ms: u64,
     /// Runs every case this many times, alternating the backends' order.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
@@ -341,6 +353,27 @@ fn check(a: &BenchArgs) -> Result<(), CliError> {
             return bad(format!("{name} values must be 1 to {max}"));
         }
     }
+    if a.concurrency == 0 || a.concurrency > MAX_LIMIT {
+        return bad(format!("--concurrency must be 1 to {MAX_LIMIT}"));
+    }
+    if a.handler_ms > 60_000 {
+        return bad("--handler-ms must be at most 60000".to_owned());
+    }
+    if a.workloads.contains(&Workload::Handle) && !a.keyed {
+        // An unkeyed group keeps a key's order only with one handler per
+        // partition, each partition owned by one consumer.
+        if a.concurrency != 1 {
+            return bad("handle without --keyed keeps per-key order: --concurrency must be 1".to_owned());
+        }
+        if a.consumers.iter().any(|&c| c > a.partitions as usize) {
+            return bad(
+                "handle without --keyed: each consumer owns partitions, so --consumers ≤ --partitions".to_owned()
+            );
+        }
+    }
+    if a.workloads.contains(&Workload::Handle) && a.streams > 1 {
+        return bad("handle runs on one stream (--streams 1)".to_owned());
+    }
     if a.rounds == 0 || a.rounds > 100 {
         return bad("--rounds must be 1 to 100".to_owned());
     }
@@ -460,6 +493,8 @@ pub async fn run(ctx: &Globals, a: BenchArgs) -> CliResult {
                 let target = opened.target(&stream, a.streams);
                 let skip = if !target.supports(w) {
                     Some(format!("{} on {}: not supported", w.name(), opened.label))
+                } else if a.keyed && !target.keyed_groups() {
+                    Some(format!("{} on {}: no keyed groups (--keyed)", w.name(), opened.label))
                 } else if processes > 1 && !opened.shared {
                     Some(format!(
                         "{} on {} with {processes} processes: one process owns its data",
@@ -624,8 +659,9 @@ async fn run_case(
     (w, processes, producers, consumers): (Workload, usize, usize, usize),
 ) -> Result<Case, CliError> {
     let retention = a.retain_events.map_or_else(rheo::Retention::new, |n| rheo::Retention::new().max_events(n));
-    target.setup(a.partitions, retention).await?;
-    let label = format!("{} {}", opened.label, w.name());
+    target.setup(a.partitions, retention, a.keyed).await?;
+    let backend = case_label(a, &opened.label, w);
+    let label = format!("{backend} {}", w.name());
     if let Some(n) = a.scheduled_ahead.filter(|&n| n > 0) {
         if w != Workload::Consume {
             return Err(CliError::new(format!("--scheduled-ahead applies to consume cases, not {}", w.name())));
@@ -655,6 +691,10 @@ async fn run_case(
         processes,
         payload_bytes: a.payload_bytes,
         ids: a.ids,
+        concurrency: a.concurrency,
+        handler_ms: a.handler_ms,
+        keyed: a.keyed,
+        partitions: a.partitions,
         first: 1
             + (0..i)
                 .map(|j| a.events / processes as u64 + u64::from((j as u64) < a.events % processes as u64))
@@ -672,7 +712,7 @@ async fn run_case(
     bar.finish_and_clear();
     let secs = secs.max(1e-9);
     Ok(Case {
-        backend: opened.label.clone(),
+        backend,
         url: opened.url.clone(),
         stream: stream.to_owned(),
         peer: opened.kind.is_peer(),
@@ -698,6 +738,20 @@ async fn run_case(
         round: 0,
         round_trips: (round_trips > 0).then_some(round_trips),
     })
+}
+
+/// A case's backend column: the backend's label, then `keyed` for a keyed
+/// group and the handlers of a `handle` case.
+fn case_label(a: &BenchArgs, backend: &str, w: Workload) -> String {
+    let mut label = backend.to_owned();
+    if a.keyed {
+        label.push_str(", keyed");
+    }
+    if w == Workload::Handle {
+        let s = if a.concurrency == 1 { "" } else { "s" };
+        label.push_str(&format!(", {} handler{s} of {} ms per consumer", a.concurrency, a.handler_ms));
+    }
+    label
 }
 
 /// What a worker process is told to run.

@@ -44,6 +44,13 @@ pub enum Workload {
     EndToEnd,
     /// Queriers ask for the events of one payload value, `--batch` at most.
     Query,
+    /// Managed consumers (`Rheo::consumer`) drain a prefilled stream in
+    /// per-key order, each handler sleeping `--handler-ms`: with `--keyed`
+    /// over a keyed group, `--concurrency` handlers per consumer across
+    /// keys; without, the way an unkeyed group keeps a key's order: each
+    /// consumer owns its share of the partitions and handles one event at
+    /// a time.
+    Handle,
     /// The raw fsync rate of the disk, nothing else.
     Fsync,
 }
@@ -61,6 +68,7 @@ impl Workload {
             Workload::Consume => "consume",
             Workload::EndToEnd => "end-to-end",
             Workload::Query => "query",
+            Workload::Handle => "handle",
             Workload::Fsync => "fsync",
         }
     }
@@ -73,6 +81,7 @@ impl Workload {
             Workload::Consume => "one fetch + ack_many cycle",
             Workload::EndToEnd => "append call start to ack, per event",
             Workload::Query => "one query call",
+            Workload::Handle => "one handler call, its sleep included",
             Workload::Fsync => "one write + fdatasync",
         }
     }
@@ -85,12 +94,12 @@ impl Workload {
     /// Whether consumers run in it (the `--consumers` values apply;
     /// queriers count as consumers).
     pub fn has_consumers(self) -> bool {
-        matches!(self, Workload::Consume | Workload::EndToEnd | Workload::Query)
+        matches!(self, Workload::Consume | Workload::EndToEnd | Workload::Query | Workload::Handle)
     }
 
     /// Whether its events are appended before the clock starts.
     pub fn prefilled(self) -> bool {
-        matches!(self, Workload::Consume | Workload::Query)
+        matches!(self, Workload::Consume | Workload::Query | Workload::Handle)
     }
 }
 
@@ -120,6 +129,23 @@ pub struct Phase {
     /// producer that retries safely gives), so the dedupe check runs.
     #[serde(default)]
     pub ids: bool,
+    /// Handlers per managed consumer (`handle`).
+    #[serde(default = "one_handler")]
+    pub concurrency: usize,
+    /// Milliseconds each handler sleeps (`handle`).
+    #[serde(default)]
+    pub handler_ms: u64,
+    /// Whether the group is keyed (`handle`: else each consumer owns its
+    /// share of the partitions).
+    #[serde(default)]
+    pub keyed: bool,
+    /// The stream's partitions (`handle` shares them out).
+    #[serde(default)]
+    pub partitions: u32,
+}
+
+fn one_handler() -> usize {
+    1
 }
 
 /// What one process measured.
@@ -274,14 +300,19 @@ impl Target {
         }
     }
 
-    /// Creates the case's streams (and groups) on the target.
-    pub async fn setup(&self, partitions: u32, retention: rheo::Retention) -> Result<(), CliError> {
+    /// Creates the case's streams (and groups, keyed when asked) on the
+    /// target.
+    pub async fn setup(&self, partitions: u32, retention: rheo::Retention, keyed: bool) -> Result<(), CliError> {
+        if keyed && !self.keyed_groups() {
+            return Err(CliError::new("this target has no keyed groups (--keyed)"));
+        }
         match self {
             Target::Rheo(t) => {
+                let group = if keyed { GroupOptions::new().ordered_by_key() } else { GroupOptions::new() };
                 for s in t.streams.iter() {
                     let opts = StreamOptions::new().partitions(partitions).retention(retention);
                     t.rheo.create_stream(s, opts).await?;
-                    t.rheo.create_group(s, &t.group, GroupOptions::new()).await?;
+                    t.rheo.create_group(s, &t.group, group.clone()).await?;
                 }
                 Ok(())
             }
@@ -297,7 +328,15 @@ impl Target {
             Target::Rheo(_) => w != Workload::Fsync,
             Target::Engine(_) => matches!(w, Workload::Append | Workload::AppendBatch),
             #[cfg(feature = "peers")]
-            Target::Redis(_) => !matches!(w, Workload::Query | Workload::Fsync),
+            Target::Redis(_) => !matches!(w, Workload::Query | Workload::Fsync | Workload::Handle),
+        }
+    }
+
+    /// Whether it has keyed groups (`--keyed`).
+    pub fn keyed_groups(&self) -> bool {
+        match self {
+            Target::Rheo(t) => t.rheo.capabilities().ordered_by_key,
+            _ => false,
         }
     }
 
@@ -500,6 +539,12 @@ pub async fn run(target: &Target, phase: &Phase, bar: &ProgressBar) -> Result<Ph
                 tasks.spawn(async move { query(&target, &phase, q as u64, count, &bar, &samples).await });
             }
         }
+        Workload::Handle => {
+            for c in 0..phase.consumers {
+                let (target, phase, bar, samples) = (target.clone(), phase.clone(), bar.clone(), samples.clone());
+                tasks.spawn(async move { handle(&target, c, &phase, &bar, &samples).await });
+            }
+        }
         Workload::Append | Workload::AppendBatch | Workload::Fsync => {}
     }
     let mut out = PhaseOut { events: 0, ops: 0, latencies: Latencies::new()? };
@@ -641,6 +686,72 @@ async fn consume(
     Ok(TaskOut { producer: false, events: mine, ops })
 }
 
+/// The partitions consumer `index` of `consumers` owns when an unkeyed
+/// group keeps per-key order (`handle` without `--keyed`): every
+/// `consumers`-th from `index`.
+fn owned_partitions(index: usize, consumers: usize, partitions: u32) -> Vec<u32> {
+    (0..partitions).filter(|&p| p as usize % consumers.max(1) == index).collect()
+}
+
+/// One managed consumer of `handle`: runs until every event of the case is
+/// settled (other processes' consumers included), then shuts down.
+async fn handle(
+    target: &Target,
+    index: usize,
+    phase: &Phase,
+    bar: &ProgressBar,
+    samples: &Arc<Samples>,
+) -> Result<TaskOut, CliError> {
+    let Target::Rheo(t) = target else {
+        return Err(CliError::new("`handle` needs a backend of this crate (not engine: or a peer)"));
+    };
+    let nap = Duration::from_millis(phase.handler_ms);
+    let (bar, samples) = (bar.clone(), samples.clone());
+    let handler = rheo::handler_fn(move |_lease| {
+        let (bar, samples) = (bar.clone(), samples.clone());
+        async move {
+            let started = Instant::now();
+            if !nap.is_zero() {
+                tokio::time::sleep(nap).await;
+            }
+            record(&samples, [micros(started.elapsed())]);
+            bar.inc(1);
+            rheo::Outcome::Ack
+        }
+    });
+    // Fetches ask for half of `max_demand`: one lease per handler, and as
+    // many fetched ahead. Not `--batch`: leases a consumer holds ahead
+    // hold their keys from the other consumers of a keyed group.
+    let demand = (2 * phase.concurrency).min(rheo::MAX_LIMIT);
+    let mut builder = t.rheo.consumer(&*t.stream, &*t.group).concurrency(phase.concurrency).max_demand(demand);
+    if !phase.keyed {
+        builder = builder.partitions(owned_partitions(index, phase.consumers, phase.partitions));
+    }
+    let consumer = builder.spawn(handler).await?;
+    let mut idle: Option<(Instant, u64)> = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let b = target.backlog().await?;
+        if b.appended >= phase.total_events && b.unsettled == 0 {
+            break;
+        }
+        match idle {
+            Some((since, unsettled)) if unsettled == b.unsettled => {
+                if since.elapsed() > STALL {
+                    return Err(CliError::new(format!(
+                        "consumers made no progress for {} s: {} events unsettled",
+                        STALL.as_secs(),
+                        b.unsettled
+                    )));
+                }
+            }
+            _ => idle = Some((Instant::now(), b.unsettled)),
+        }
+    }
+    let summary = consumer.shutdown().await?;
+    Ok(TaskOut { producer: false, events: summary.acked, ops: summary.ack_batches })
+}
+
 /// One querier: `count` queries for spread-out values of `k`.
 async fn query(
     target: &Target,
@@ -667,6 +778,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn owned_partitions_cover_each_once() {
+        for consumers in 1..=4 {
+            let mut all: Vec<u32> = (0..consumers).flat_map(|c| owned_partitions(c, consumers, 4)).collect();
+            all.sort_unstable();
+            assert_eq!(all, vec![0, 1, 2, 3], "{consumers} consumers");
+        }
+        assert_eq!(owned_partitions(1, 2, 4), vec![1, 3]);
+    }
+
+    #[test]
     fn shares_add_up() {
         for (total, tasks) in [(10, 3), (3, 10), (0, 4), (1024, 1024), (7, 1)] {
             let sum: u64 = (0..tasks).map(|i| share(total, tasks, i)).sum();
@@ -688,7 +809,7 @@ mod tests {
                 }
                 let stream = format!("counts-{}-{producers}-{consumers}-{streams}", w.name());
                 let target = Target::Rheo(RheoTarget::new(rheo.clone(), &stream, streams));
-                target.setup(4, rheo::Retention::new()).await.unwrap();
+                target.setup(4, rheo::Retention::new(), false).await.unwrap();
                 if w.prefilled() {
                     prefill(&target, events, 120, &ProgressBar::hidden()).await.unwrap();
                 }
@@ -703,6 +824,10 @@ mod tests {
                     payload_bytes: 120,
                     first: 1,
                     ids: producers > 1,
+                    concurrency: 1,
+                    handler_ms: 0,
+                    keyed: false,
+                    partitions: 4,
                 };
                 let bar = ProgressBar::hidden();
                 let out = run(&target, &phase, &bar).await.unwrap();
@@ -736,11 +861,57 @@ mod tests {
                         assert_eq!(out.ops, queries);
                         assert_eq!(out.events, queries * 3, "query: events returned");
                     }
-                    Workload::Fsync => unreachable!(),
+                    Workload::Fsync | Workload::Handle => unreachable!("not in CASES"),
                 }
                 assert_eq!(bar.position(), if w == Workload::Query { events / 7 } else { events }, "{w:?}: progress");
             }
         }
+    }
+
+    /// `handle` settles every event of the case, keyed (handlers across
+    /// keys) or not (each consumer owning partitions), one sample per
+    /// handler call.
+    async fn handle_settles_every_event(url: &str) {
+        let rheo = Rheo::open(url).await.unwrap();
+        let events = 300u64;
+        for (keyed, consumers, concurrency) in [(false, 1, 1), (false, 3, 1), (true, 2, 4)] {
+            let stream = format!("handle-{keyed}-{consumers}");
+            let target = Target::Rheo(RheoTarget::new(rheo.clone(), &stream, 1));
+            target.setup(4, rheo::Retention::new(), keyed).await.unwrap();
+            prefill(&target, events, 120, &ProgressBar::hidden()).await.unwrap();
+            let phase = Phase {
+                workload: Workload::Handle,
+                producers: 0,
+                consumers,
+                batch: 10,
+                events: 0,
+                total_events: events,
+                processes: 1,
+                payload_bytes: 120,
+                first: 1,
+                ids: false,
+                concurrency,
+                handler_ms: 1,
+                keyed,
+                partitions: 4,
+            };
+            let out = run(&target, &phase, &ProgressBar::hidden()).await.unwrap();
+            assert_eq!(out.events, events, "keyed {keyed}, {consumers} consumers: events acked");
+            assert_eq!(out.latencies.len(), events, "one sample per handler call");
+            assert!(out.latencies.summary().p50_us >= 1000, "a handler sleeps 1 ms");
+            assert_eq!(target.backlog().await.unwrap().unsettled, 0, "the group settled every event");
+        }
+    }
+
+    #[tokio::test]
+    async fn handle_settles_every_event_on_memory() {
+        handle_settles_every_event("memory:").await;
+    }
+
+    #[tokio::test]
+    async fn handle_settles_every_event_on_native() {
+        let dir = tempfile::tempdir().unwrap();
+        handle_settles_every_event(&format!("native:{}", dir.path().display())).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
