@@ -7,10 +7,11 @@
 //! above the frontier are kept as ranges, so memory follows what is in
 //! flight and unsettled, not the length of the log.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::keys::{KeyOrder, KeyTurn};
+use super::keys::{KeyOrder, KeyTurn, Queue};
 use crate::model::time::Timestamp;
 use crate::rangeset::RangeSet;
 
@@ -484,7 +485,7 @@ impl PartState {
     pub(crate) fn key_free(&self, seq: u64) -> bool {
         let Some(k) = &self.keys else { return true };
         let Some(h) = k.of.get(&seq) else { return true };
-        k.queues.get(h).and_then(BTreeSet::first) == Some(&seq) && k.leased.get(h).is_none_or(|&s| s == seq)
+        k.queues.get(h).and_then(Queue::first) == Some(seq) && k.leased.get(h).is_none_or(|&s| s == seq)
     }
 
     /// Whether a position with key hash `h` may go ahead, were it queued:
@@ -495,7 +496,7 @@ impl PartState {
         if taken.contains(&h) {
             return KeyTurn::Behind;
         }
-        let first_ok = k.queues.get(&h).and_then(BTreeSet::first).is_none_or(|&f| seq <= f);
+        let first_ok = k.queues.get(&h).and_then(Queue::first).is_none_or(|f| seq <= f);
         if first_ok && k.leased.get(&h).is_none_or(|&s| s == seq) { KeyTurn::Free } else { KeyTurn::Behind }
     }
 
@@ -515,13 +516,18 @@ impl PartState {
                 self.settle_readiness(h);
                 return;
             }
-            if let Some(q) = k.queues.get_mut(&old) {
-                q.remove(&seq);
+            if k.queues.get_mut(&old).is_some_and(|q| q.remove(seq)) {
+                k.queues.remove(&old);
             }
             self.settle_readiness(old);
         }
         let Some(k) = &mut self.keys else { return };
-        k.queues.entry(h).or_default().insert(seq);
+        match k.queues.entry(h) {
+            Entry::Occupied(mut q) => q.get_mut().insert(seq),
+            Entry::Vacant(v) => {
+                v.insert(Queue::One(seq));
+            }
+        }
         // Ready only if it heads the queue (settled below); an unknown key
         // left it ready until now.
         self.ready.remove(&seq);
@@ -588,11 +594,8 @@ impl PartState {
         if k.leased.get(&h) == Some(&seq) {
             k.leased.remove(&h);
         }
-        if let Some(q) = k.queues.get_mut(&h) {
-            q.remove(&seq);
-            if q.is_empty() {
-                k.queues.remove(&h);
-            }
+        if k.queues.get_mut(&h).is_some_and(|q| q.remove(seq)) {
+            k.queues.remove(&h);
         }
         self.settle_readiness(h);
     }
@@ -609,10 +612,9 @@ impl PartState {
     fn settle_readiness(&mut self, h: u64) {
         let Some(k) = &self.keys else { return };
         let Some(q) = k.queues.get(&h) else { return };
-        let mut it = q.iter();
-        let Some(&head) = it.next() else { return };
+        let Some(head) = q.first() else { return };
         let holder = k.leased.get(&h).copied();
-        let second = it.next().copied();
+        let second = q.second();
         // Claimable: available, or leased with the lease expired (its key
         // released); not while its lease runs or a retry's backoff waits.
         let claimable = holder.is_none_or(|s| s == head)
