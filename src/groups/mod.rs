@@ -106,6 +106,17 @@ pub(crate) const fn scheduled_budget(limit: usize) -> usize {
     }
 }
 
+/// One partition's part of what is left of a fetch's scheduled budget when
+/// `partitions_left` partitions (this one included) are still to be looked
+/// at: an even share, at least one.
+pub(crate) const fn park_share(left: usize, partitions_left: usize) -> usize {
+    let share = match left.checked_div(partitions_left) {
+        Some(share) => share,
+        None => left,
+    };
+    if share == 0 { 1 } else { share }
+}
+
 /// The most scheduled events a fetch of `limit` over `partitions` sets
 /// aside (what its WAL room must hold): its budget, or one per partition
 /// when there are more partitions.

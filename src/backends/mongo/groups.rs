@@ -64,6 +64,19 @@ fn dt(t: Timestamp) -> Bson {
     Bson::DateTime(DateTime::from_millis(t.as_millis()))
 }
 
+/// The path of an event document's delivery time (`DELIVER_AT` in its
+/// metadata, milliseconds), for a projection.
+const METADATA_DELIVER_AT: &str = "metadata.deliver_at";
+
+/// The delivery time an event document holds (projected or whole), if any.
+fn stored_deliver_at(e: &Document) -> Option<Timestamp> {
+    match e.get_document("metadata").ok()?.get(crate::model::path::DELIVER_AT)? {
+        Bson::Int64(n) => Some(Timestamp::from_millis(*n)),
+        Bson::Int32(n) => Some(Timestamp::from_millis(i64::from(*n))),
+        _ => None,
+    }
+}
+
 fn ts(d: &Document, field: &str) -> Option<Timestamp> {
     match d.get(field) {
         Some(Bson::DateTime(t)) => Some(Timestamp::from_millis(t.timestamp_millis())),
@@ -403,7 +416,10 @@ impl MongoBackend {
         group_store::fetch_materialized(self, stream, group, opts).await
     }
 
-    /// [`MaterializedFetch::materialize`] in a session.
+    /// [`MaterializedFetch::materialize`] in a session; returns how many
+    /// scheduled events it set aside (at most `budget`, shared by the
+    /// partitions: past its share a partition's cursor stops before the
+    /// next one, so the next fetch goes on from there).
     #[allow(clippy::too_many_arguments)]
     async fn materialize_in(
         &self,
@@ -411,11 +427,13 @@ impl MongoBackend {
         stream: &str,
         group: &str,
         parts: &[u32],
-        chunk: u64,
+        (chunk, budget): (u64, usize),
         only_near: bool,
         now: Timestamp,
-    ) -> TxResult<()> {
+    ) -> TxResult<u64> {
         const OP: &str = "fetch";
+        let mut park_left = budget;
+        let mut parked = 0u64;
         let (frontiers, mut cursors) = self.lock_group(s, stream, group, OP).await?;
         let sd = self
             .collection(STREAMS)
@@ -426,7 +444,9 @@ impl MongoBackend {
             .ok_or_else(|| Error::stream_not_found(stream))?;
         let hws = get_map(&sd, "next_sequences");
         let mut docs = Vec::new();
-        for &p in parts {
+        for (i, &p) in parts.iter().enumerate() {
+            let share = crate::groups::park_share(park_left, parts.len() - i);
+            let mut parked_here = 0usize;
             let (f, c) = fc(&frontiers, &cursors, p);
             let hw = hws.get(&p).copied().unwrap_or(0);
             if c > hw {
@@ -454,39 +474,57 @@ impl MongoBackend {
             let mut events = self
                 .collection(EVENTS)
                 .find(filter)
-                .projection(doc! { "_id": 1, "sequence": 1 })
+                .projection(doc! { "_id": 1, "sequence": 1, METADATA_DELIVER_AT: 1 })
                 .session(&mut *s)
                 .await
                 .map_err(txe(OP))?;
-            let mut ids: BTreeMap<u64, Bson> = BTreeMap::new();
+            let mut ids: BTreeMap<u64, (Bson, Option<Timestamp>)> = BTreeMap::new();
             while let Some(e) = events.next(&mut *s).await {
                 let e = e.map_err(txe(OP))?;
-                ids.insert(int_of(&e, "sequence"), e.get("_id").cloned().unwrap_or(Bson::Null));
+                let id = e.get("_id").cloned().unwrap_or(Bson::Null);
+                ids.insert(int_of(&e, "sequence"), (id, stored_deliver_at(&e)));
             }
             // Only the unbroken run from the cursor: a sequence counted but
             // not stored yet (the reference allocates, then inserts, in two
             // writes) holds the cursor, so it is never taken for settled.
             // A gap that never fills holds the group there; `skip` moves it.
+            // An event scheduled after now is set aside as it is passed: a
+            // lease with no holder that expires at its time, attempt 0 (a
+            // retry's backoff has the same shape, and every claim takes it
+            // once its time has come).
             let mut next = c;
             while next <= hi {
                 if !have.contains(&next) {
-                    let Some(id) = ids.remove(&next) else { break };
+                    let Some((id, at)) = ids.remove(&next) else { break };
+                    let later = at.filter(|&t| t > now);
+                    if later.is_some() && parked_here >= share {
+                        break;
+                    }
+                    let (status, expires) = match later {
+                        Some(t) => {
+                            parked_here += 1;
+                            (LEASED, dt(t))
+                        }
+                        None => (AVAILABLE, Bson::Null),
+                    };
                     docs.push(doc! {
                         "stream": stream,
                         "group": group,
                         "event_id": id,
                         "partition": i64::from(p),
                         "sequence": int(next),
-                        "status": AVAILABLE,
+                        "status": status,
                         "attempt": 0_i64,
                         "lease_id": Bson::Null,
                         "consumer_id": Bson::Null,
-                        "expires_at": Bson::Null,
+                        "expires_at": expires,
                         "created_at": dt(now),
                     });
                 }
                 next += 1;
             }
+            park_left = park_left.saturating_sub(parked_here);
+            parked += parked_here as u64;
             if next <= hi {
                 tracing::debug!(
                     stream,
@@ -501,7 +539,8 @@ impl MongoBackend {
         if !docs.is_empty() {
             self.deliveries().insert_many(docs).session(&mut *s).await.map_err(txe(OP))?;
         }
-        self.write_maps(s, stream, group, None, Some(&cursors), OP).await
+        self.write_maps(s, stream, group, None, Some(&cursors), OP).await?;
+        Ok(parked)
     }
 
     /// One round of `claim`; `raced` is true when others took candidates
@@ -521,13 +560,21 @@ impl MongoBackend {
             }
             found
         });
+        // A delivery made claimable again before its event's time (a
+        // replay's) is set aside again instead of claimed.
+        let (early, claims): (Vec<Document>, Vec<Document>) = claims
+            .into_iter()
+            .partition(|d| events.get(&event_key(d)).and_then(Event::deliver_at).is_some_and(|t| t > now));
+        let set_aside = self.set_aside(&early, &events, now).await?;
         let dead_positions = self.dead_letter_spent(&dead, now).await?;
         if claims.is_empty() {
-            return Ok((Vec::new(), dead_positions, false));
+            return Ok((Vec::new(), dead_positions, set_aside > 0));
         }
         let expires = now.saturating_add(lease_for);
         let won = self.lease_candidates(&claims, consumer, now, expires).await?;
-        let raced = won.len() < claims.len();
+        // Lost candidates to others, or set some aside: another round may
+        // find more.
+        let raced = won.len() < claims.len() || set_aside > 0;
         let group_name: Arc<str> = Arc::from(group);
         let consumer: Arc<str> = Arc::from(consumer);
         let mut leases = Vec::with_capacity(won.len());
@@ -595,6 +642,30 @@ impl MongoBackend {
             }
         }
         Ok(events)
+    }
+
+    /// Sets aside the claimable deliveries `early` until their events'
+    /// times (those still claimable: another fetch may have met them
+    /// first), in one update; how many it set aside.
+    async fn set_aside(&self, early: &[Document], events: &HashMap<String, Event>, now: Timestamp) -> Result<u64> {
+        if early.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<Bson> = early.iter().filter_map(|d| d.get("_id").cloned()).collect();
+        let times: Vec<Bson> = early
+            .iter()
+            .map(|d| events.get(&event_key(d)).and_then(Event::deliver_at).map_or(Bson::Null, dt))
+            .collect();
+        let mut filter = doc! { "_id": { "$in": ids.clone() } };
+        filter.extend(claimable(now));
+        let update = vec![doc! { "$set": {
+            "status": LEASED,
+            "lease_id": Bson::Null,
+            "consumer_id": Bson::Null,
+            "expires_at": { "$arrayElemAt": [times, { "$indexOfArray": [ids, "$_id"] }] },
+        } }];
+        let r = self.deliveries().update_many(filter, update).await.map_err(werr("fetch"))?;
+        Ok(r.modified_count)
     }
 
     /// Dead-letters the spent deliveries a walk met (those still claimable:
@@ -1112,16 +1183,23 @@ impl GroupStore for MongoBackend {
         let now = dt(self.now());
         let sum = |cond: Document| doc! { "$sum": { "$cond": [cond, 1, 0] } };
         let holder = doc! { "$ne": [{ "$ifNull": ["$lease_id", Bson::Null] }, Bson::Null] };
+        let waiting = doc! { "$and": [
+            { "$eq": ["$status", LEASED] },
+            { "$eq": [{ "$ifNull": ["$lease_id", Bson::Null] }, Bson::Null] },
+            { "$gt": ["$expires_at", now] },
+        ] };
         let pipeline = vec![
             doc! { "$match": sg_and(stream, group, doc! { "status": { "$in": [LEASED, REJECTED] } }) },
             doc! { "$group": {
                 "_id": Bson::Null,
                 "inflight": sum(doc! { "$and": [{ "$eq": ["$status", LEASED] }, holder.clone()] }),
-                "waiting": sum(doc! { "$and": [
-                    { "$eq": ["$status", LEASED] },
-                    { "$eq": [{ "$ifNull": ["$lease_id", Bson::Null] }, Bson::Null] },
-                    { "$gt": ["$expires_at", now] },
-                ] }),
+                // Waiting with attempt 0: a scheduled event set aside; with
+                // more, a retry's backoff.
+                "waiting": sum(doc! { "$and": [waiting.clone(), { "$gt": ["$attempt", 0] }] }),
+                "scheduled": sum(doc! { "$and": [waiting.clone(), { "$lte": ["$attempt", 0] }] }),
+                "next_due": { "$min": { "$cond": [
+                    { "$and": [waiting, { "$lte": ["$attempt", 0] }] }, "$expires_at", Bson::Null,
+                ] } },
                 "dead": sum(doc! { "$eq": ["$status", REJECTED] }),
             } },
         ];
@@ -1139,7 +1217,8 @@ impl GroupStore for MongoBackend {
             inflight: n("inflight"),
             retry_waiting: n("waiting"),
             dead_letters: n("dead"),
-            ..DeliveryCounts::default()
+            scheduled: n("scheduled"),
+            next_due: r.and_then(|r| ts(r, "next_due")),
         })
     }
 
@@ -1204,15 +1283,13 @@ impl MaterializedFetch for MongoBackend {
         group: &str,
         parts: &[u32],
         chunk: u64,
-        _budget: usize,
+        budget: usize,
         only_near: bool,
     ) -> Result<u64> {
-        // MongoDB refuses scheduled appends (ADR 0036): nothing to park.
         let now = self.now();
         in_group_tx!(self, stream, group, "fetch", |s| self
-            .materialize_in(s, stream, group, parts, chunk, only_near, now)
-            .await)?;
-        Ok(0)
+            .materialize_in(s, stream, group, parts, (chunk, budget), only_near, now)
+            .await)
     }
 
     async fn claim(&self, spec: &ClaimSpec<'_>, limit: usize) -> Result<Taken> {

@@ -492,6 +492,7 @@ super::group_store::database_backend! {
             c.wakeups = true;
             c.ops_inspect = true;
             c.retention = true;
+            c.scheduled_delivery = true;
             c
         }
 

@@ -746,7 +746,7 @@ impl SqlBackend {
             // past it the window ends before the next one.
             let mut later = Vec::new();
             if seen.sched {
-                let share = super::schedule::park_share(park_left, scope.len() - i);
+                let share = crate::groups::park_share(park_left, scope.len() - i);
                 later = self.scheduled_ahead(tx, stream, p, (c, window_end), Now::At(seen.now), share + 1).await?;
                 if later.len() > share {
                     window_end = later[share].saturating_sub(1);

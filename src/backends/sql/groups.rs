@@ -389,7 +389,7 @@ impl SqlBackend {
             let hw = hws.get(&p).copied().unwrap_or(0);
             if c <= hw {
                 let mut hi = hw.min(c.saturating_add(chunk - 1));
-                let share = super::schedule::park_share(park_left, parts.len() - i);
+                let share = crate::groups::park_share(park_left, parts.len() - i);
                 let later = self.scheduled_ahead(&mut tx, stream, p, (c, hi), now, share + 1).await?;
                 if later.len() > share {
                     hi = later[share].saturating_sub(1);

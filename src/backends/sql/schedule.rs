@@ -209,14 +209,3 @@ impl SqlBackend {
         Ok(())
     }
 }
-
-/// One partition's part of what is left of a fetch's scheduled budget when
-/// `partitions_left` partitions (this one included) are still to be looked
-/// at: an even share, at least one.
-pub(super) const fn park_share(left: usize, partitions_left: usize) -> usize {
-    let share = match left.checked_div(partitions_left) {
-        Some(share) => share,
-        None => left,
-    };
-    if share == 0 { 1 } else { share }
-}
