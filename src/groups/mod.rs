@@ -109,6 +109,7 @@ pub(crate) const fn scheduled_budget(limit: usize) -> usize {
 /// One partition's part of what is left of a fetch's scheduled budget when
 /// `partitions_left` partitions (this one included) are still to be looked
 /// at: an even share, at least one.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mongo")), allow(dead_code))]
 pub(crate) const fn park_share(left: usize, partitions_left: usize) -> usize {
     let share = match left.checked_div(partitions_left) {
         Some(share) => share,
