@@ -108,7 +108,13 @@ async fn mongo_creates_the_reference_indexes_idempotently() {
     assert_eq!(found["groups"], want(&[("groups_stream_name", true)]));
     assert_eq!(
         found["deliveries"],
-        want(&[("deliveries_claim", false), ("deliveries_frontier", false), ("deliveries_stream_group_event", true)])
+        want(&[
+            ("deliveries_claim", false),
+            ("deliveries_frontier", false),
+            ("deliveries_stream_group_event", true),
+            // Ours: a keyed group's deliveries by key (ADR 0037).
+            ("rheo_rs_deliveries_key", false),
+        ])
     );
 }
 

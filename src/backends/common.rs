@@ -23,6 +23,10 @@ pub(crate) struct GroupSettings {
     /// Events retention dropped before the group settled them.
     #[serde(default)]
     pub retention_skipped: u64,
+    /// Per-key order (`GroupOptions::ordered_by_key`); written only when
+    /// set, so an unkeyed group's settings are as before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ordered_by_key: bool,
 }
 
 /// Frontier and cursor of a partition from a group's maps (defaults: 0,
@@ -74,7 +78,7 @@ impl GroupRow {
             max_attempts: self.max_attempts,
             partitions: self.settings.partitions.clone(),
             created_at: self.created_at,
-            ordered_by_key: false,
+            ordered_by_key: self.settings.ordered_by_key,
         }
     }
 

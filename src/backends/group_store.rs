@@ -201,8 +201,12 @@ pub(crate) async fn create_group<S: GroupStore + ?Sized>(
     });
     let parts: Vec<u32> = subset.clone().unwrap_or_else(|| (0..count).collect());
     let frontiers = start_frontiers(store, stream, count, &opts.start, &parts, &hws).await?;
-    let settings =
-        GroupSettings { partitions: subset.clone(), retry_backoff: opts.retry_backoff, ..GroupSettings::default() };
+    let settings = GroupSettings {
+        partitions: subset.clone(),
+        retry_backoff: opts.retry_backoff,
+        ordered_by_key: opts.ordered_by_key,
+        ..GroupSettings::default()
+    };
     let new = NewGroup { max_attempts: opts.max_attempts, frontiers: &frontiers, settings: &settings };
     let created_at = store.insert_group(stream, group, &new).await?;
     Ok(GroupSummary {
@@ -210,7 +214,7 @@ pub(crate) async fn create_group<S: GroupStore + ?Sized>(
         max_attempts: opts.max_attempts,
         partitions: subset,
         created_at,
-        ordered_by_key: false,
+        ordered_by_key: opts.ordered_by_key,
     })
 }
 
@@ -475,6 +479,9 @@ pub(crate) struct ClaimSpec<'a> {
     pub max_attempts: u32,
     pub consumer: &'a str,
     pub lease: Duration,
+    /// Per-key order: claim only what heads its key (MongoDB).
+    #[cfg_attr(not(feature = "mongo"), allow(dead_code))]
+    pub ordered_by_key: bool,
 }
 
 /// The fetch of a backend that adds delivery records ahead of its claims
@@ -534,7 +541,15 @@ pub(crate) async fn fetch_materialized<S: MaterializedFetch + ?Sized>(
         budget = budget.saturating_sub(usize::try_from(scheduled).unwrap_or(usize::MAX)).max(1);
     }
     let consumer = opts.consumer_id.as_deref().unwrap_or_default();
-    let spec = ClaimSpec { stream, group, scope: &scope, max_attempts: g.max_attempts, consumer, lease: opts.lease };
+    let spec = ClaimSpec {
+        stream,
+        group,
+        scope: &scope,
+        max_attempts: g.max_attempts,
+        consumer,
+        lease: opts.lease,
+        ordered_by_key: g.settings.ordered_by_key,
+    };
     let (mut leases, mut spent) = store.claim(&spec, opts.limit).await?;
     let rest: Vec<u32> = behind.iter().copied().filter(|p| !near.contains(p)).collect();
     if leases.len() < opts.limit && !rest.is_empty() {

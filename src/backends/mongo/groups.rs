@@ -47,6 +47,10 @@ use crate::model::time::Timestamp;
 const SPENT_PER_FETCH: usize = crate::groups::SPENT_PER_FETCH;
 /// Times a fetch claims again when other consumers won every candidate.
 const CLAIM_ROUNDS: u32 = 8;
+/// A keyed group's claim reads this many times a fetch's candidates, as
+/// those behind their keys are passed (a key with a long backlog would
+/// otherwise fill the candidates with positions that cannot go).
+const KEYED_SCAN: usize = 8;
 /// The field of a delivery that orders dead letters (this crate's; the
 /// reference's dead letters have none and list first).
 const MARK: &str = "rheo_rs_mark";
@@ -401,8 +405,8 @@ impl MongoBackend {
                     max_attempts: u32_of(g, "max_attempts"),
                     partitions: settings.get(&name).and_then(|s| s.partitions.clone()),
                     created_at: ts(g, "created_at").unwrap_or_default(),
+                    ordered_by_key: settings.get(&name).is_some_and(|s| s.ordered_by_key),
                     name,
-                    ordered_by_key: false,
                 })
             })
             .collect();
@@ -474,15 +478,16 @@ impl MongoBackend {
             let mut events = self
                 .collection(EVENTS)
                 .find(filter)
-                .projection(doc! { "_id": 1, "sequence": 1, METADATA_DELIVER_AT: 1 })
+                .projection(doc! { "_id": 1, "sequence": 1, "key": 1, METADATA_DELIVER_AT: 1 })
                 .session(&mut *s)
                 .await
                 .map_err(txe(OP))?;
-            let mut ids: BTreeMap<u64, (Bson, Option<Timestamp>)> = BTreeMap::new();
+            let mut ids: BTreeMap<u64, (Bson, Option<Timestamp>, Bson)> = BTreeMap::new();
             while let Some(e) = events.next(&mut *s).await {
                 let e = e.map_err(txe(OP))?;
                 let id = e.get("_id").cloned().unwrap_or(Bson::Null);
-                ids.insert(int_of(&e, "sequence"), (id, stored_deliver_at(&e)));
+                let key = e.get("key").filter(|k| matches!(k, Bson::String(_))).cloned().unwrap_or(Bson::Null);
+                ids.insert(int_of(&e, "sequence"), (id, stored_deliver_at(&e), key));
             }
             // Only the unbroken run from the cursor: a sequence counted but
             // not stored yet (the reference allocates, then inserts, in two
@@ -495,7 +500,7 @@ impl MongoBackend {
             let mut next = c;
             while next <= hi {
                 if !have.contains(&next) {
-                    let Some((id, at)) = ids.remove(&next) else { break };
+                    let Some((id, at, key)) = ids.remove(&next) else { break };
                     let later = at.filter(|&t| t > now);
                     if later.is_some() && parked_here >= share {
                         break;
@@ -519,6 +524,8 @@ impl MongoBackend {
                         "consumer_id": Bson::Null,
                         "expires_at": expires,
                         "created_at": dt(now),
+                        // Its event's key, for per-key order (null: none).
+                        "key": key,
                     });
                 }
                 next += 1;
@@ -548,7 +555,10 @@ impl MongoBackend {
     async fn claim_round(&self, spec: &ClaimSpec<'_>, limit: usize) -> Result<(Vec<Lease>, Vec<(u32, u64)>, bool)> {
         let (stream, group, consumer, lease_for) = (spec.stream, spec.group, spec.consumer, spec.lease);
         let now = self.now();
-        let cands = self.claim_candidates(stream, group, spec.scope, limit, now).await?;
+        let mut cands = self.claim_candidates(stream, group, spec.scope, limit, spec.ordered_by_key, now).await?;
+        if spec.ordered_by_key {
+            cands = self.key_heads(stream, group, cands, now).await?;
+        }
         let (mut claims, dead) = walk_candidates(cands, limit, spec.max_attempts);
         // Their events, before anything changes.
         let events = self.events_of(stream, &claims).await?;
@@ -594,14 +604,16 @@ impl MongoBackend {
     }
 
     /// The claimable deliveries above each frontier in `scope`, at most
-    /// `limit` + the spent allowance per partition, in (partition,
-    /// sequence) order.
+    /// `limit` + the spent allowance per partition (that many times
+    /// [`KEYED_SCAN`] for a keyed group, whose candidates behind their keys
+    /// are passed), in (partition, sequence) order.
     async fn claim_candidates(
         &self,
         stream: &str,
         group: &str,
         scope: &[u32],
         limit: usize,
+        keyed: bool,
         now: Timestamp,
     ) -> Result<Vec<Document>> {
         const OP: &str = "fetch";
@@ -613,7 +625,8 @@ impl MongoBackend {
             .map_err(err(OP))?
             .ok_or_else(|| Error::group_not_found(stream, group))?;
         let frontiers = get_map(&g, "frontiers");
-        let per = i64::try_from(limit + SPENT_PER_FETCH).unwrap_or(i64::MAX);
+        let per = (limit + SPENT_PER_FETCH).saturating_mul(if keyed { KEYED_SCAN } else { 1 });
+        let per = i64::try_from(per).unwrap_or(i64::MAX);
         let mut cands: Vec<Document> = Vec::new();
         for &p in scope {
             let f = frontiers.get(&p).copied().unwrap_or(0);
@@ -627,6 +640,62 @@ impl MongoBackend {
         }
         cands.sort_by_key(position);
         Ok(cands)
+    }
+
+    /// Per-key order: the candidates that may go, in their order. A keyed
+    /// candidate goes only when it heads its key's unsettled deliveries in
+    /// its partition and no other delivery of the key holds a live lease;
+    /// unkeyed ones all go. The unsettled deliveries are read after the
+    /// candidates, so a delivery of the key claimed or made to wait in
+    /// between is seen (a settle in between only frees the key); and the
+    /// claim itself is still fenced on each candidate being claimable.
+    async fn key_heads(
+        &self,
+        stream: &str,
+        group: &str,
+        cands: Vec<Document>,
+        now: Timestamp,
+    ) -> Result<Vec<Document>> {
+        let keys: BTreeSet<&str> = cands.iter().filter_map(|d| d.get_str("key").ok()).collect();
+        if keys.is_empty() {
+            return Ok(cands);
+        }
+        let filter = sg_and(
+            stream,
+            group,
+            doc! { "key": { "$in": keys.iter().copied().collect::<Vec<_>>() }, "status": { "$in": [AVAILABLE, LEASED] } },
+        );
+        let unsettled: Vec<Document> = self
+            .deliveries()
+            .find(filter)
+            .projection(doc! { "partition": 1, "sequence": 1, "key": 1, "lease_id": 1, "expires_at": 1 })
+            .await
+            .map_err(err("fetch"))?
+            .try_collect()
+            .await
+            .map_err(err("fetch"))?;
+        // (partition, key) -> (its first unsettled sequence, the sequences
+        // holding a live lease).
+        let mut of: HashMap<(u32, String), (u64, Vec<u64>)> = HashMap::new();
+        for d in &unsettled {
+            let Ok(key) = d.get_str("key") else { continue };
+            let (p, q) = position(d);
+            let live =
+                !matches!(d.get("lease_id"), None | Some(Bson::Null)) && ts(d, "expires_at").is_some_and(|t| t > now);
+            let e = of.entry((p, key.to_owned())).or_insert((q, Vec::new()));
+            e.0 = e.0.min(q);
+            if live {
+                e.1.push(q);
+            }
+        }
+        Ok(cands
+            .into_iter()
+            .filter(|d| {
+                let Ok(key) = d.get_str("key") else { return true };
+                let (p, q) = position(d);
+                of.get(&(p, key.to_owned())).is_none_or(|(head, live)| *head == q && live.iter().all(|&s| s == q))
+            })
+            .collect())
     }
 
     /// The events of `deliveries`, by event id.
@@ -786,13 +855,51 @@ impl MongoBackend {
         Ok(())
     }
 
+    /// Per-key order: leaves out of `held` the expired leases whose key
+    /// went to another delivery meanwhile (an earlier event a replay
+    /// reopened, claimed once they expired): renewing one would put two of
+    /// the key in flight, so it is answered `StaleLease`.
+    async fn drop_moved_keys(
+        &self,
+        s: &mut ClientSession,
+        (stream, group): (&str, &str),
+        held: &mut BTreeMap<(u32, u64), Bson>,
+        now: Timestamp,
+    ) -> TxResult<()> {
+        const OP: &str = "renew";
+        if held.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<Bson> = held.values().cloned().collect();
+        let filter = doc! { "_id": { "$in": ids }, "expires_at": { "$lte": dt(now) }, "key": { "$type": "string" } };
+        let expired = self.find_all(DELIVERIES, filter, None, None, Some(&mut *s)).await.map_err(txe(OP))?;
+        if expired.is_empty() || !self.settings(stream, group).await?.ordered_by_key {
+            return Ok(());
+        }
+        for d in expired {
+            let (p, q) = position(&d);
+            let Ok(key) = d.get_str("key") else { continue };
+            let live = doc! {
+                "partition": i64::from(p), "key": key, "sequence": { "$ne": int(q) }, "status": LEASED,
+                "lease_id": { "$ne": Bson::Null }, "expires_at": { "$gt": dt(now) },
+            };
+            let other =
+                self.deliveries().find_one(sg_and(stream, group, live)).session(&mut *s).await.map_err(txe(OP))?;
+            if other.is_some() {
+                held.remove(&(p, q));
+            }
+        }
+        Ok(())
+    }
+
     pub(super) async fn renew_many_impl(&self, leases: &[LeaseRef], d: Duration) -> Result<Vec<Result<Timestamp>>> {
         group_store::per_group(self, leases, |stream, group, idx| async move {
             let batch: Vec<&LeaseRef> = idx.iter().map(|&i| &leases[i]).collect();
             let now = self.now();
             let exp = now.saturating_add(d);
             let held = in_tx!(self, "renew", |s| {
-                let held = self.held(s, &stream, &group, &batch, "renew").await?;
+                let mut held = self.held(s, &stream, &group, &batch, "renew").await?;
+                self.drop_moved_keys(s, (&stream, &group), &mut held, now).await?;
                 if !held.is_empty() {
                     let set = doc! { "$set": { "expires_at": dt(exp), "renewed_at": dt(now) } };
                     self.update_held(s, held.values().cloned().collect(), set, "renew").await?;

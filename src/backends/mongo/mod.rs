@@ -493,6 +493,7 @@ super::group_store::database_backend! {
             c.ops_inspect = true;
             c.retention = true;
             c.scheduled_delivery = true;
+            c.ordered_by_key = true;
             c
         }
 

@@ -250,9 +250,9 @@ impl SqlBackend {
                 Ok(GroupSummary {
                     name: r.text(0)?,
                     max_attempts: r.u32(1)?,
-                    partitions: settings.partitions,
                     created_at: r.ts(2)?,
-                    ordered_by_key: false,
+                    ordered_by_key: settings.ordered_by_key,
+                    partitions: settings.partitions,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -272,7 +272,15 @@ impl SqlBackend {
         }
         let consumer = opts.consumer_id.as_deref().unwrap_or_default();
         // max_attempts: the claim reads the group's own.
-        let spec = ClaimSpec { stream, group, scope: &scope, max_attempts: 0, consumer, lease: opts.lease };
+        let spec = ClaimSpec {
+            stream,
+            group,
+            scope: &scope,
+            max_attempts: 0,
+            consumer,
+            lease: opts.lease,
+            ordered_by_key: false,
+        };
         let limit = opts.limit;
         // Lease ids of delivery rows, made only when a claim meets rows.
         let lease_ids =
