@@ -258,6 +258,8 @@ macro_rules! suite {
                     keyed::ensure_group_checks_the_order,
                     keyed::an_expired_lease_whose_key_moved_on_cannot_be_renewed,
                     keyed::an_event_behind_its_key_and_its_time_waits_for_both,
+                    keyed::a_skipped_then_replayed_event_keeps_its_key,
+                    keyed::a_replay_before_the_start_keeps_each_key_in_order,
                     retry::retry_makes_delivery_claimable_again_with_next_attempt,
                     retry::retry_at_max_attempts_dead_letters_with_reason,
                     retry::retry_with_max_attempts_one_dead_letters_at_once,

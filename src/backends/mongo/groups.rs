@@ -47,10 +47,9 @@ use crate::model::time::Timestamp;
 const SPENT_PER_FETCH: usize = crate::groups::SPENT_PER_FETCH;
 /// Times a fetch claims again when other consumers won every candidate.
 const CLAIM_ROUNDS: u32 = 8;
-/// A keyed group's claim reads this many times a fetch's candidates, as
-/// those behind their keys are passed (a key with a long backlog would
-/// otherwise fill the candidates with positions that cannot go).
-const KEYED_SCAN: usize = 8;
+/// Pages of candidates a keyed group's claim reads per partition at most
+/// (each leaves out the keys met in the ones before).
+const KEYED_PAGES: usize = 4;
 /// The field of a delivery that orders dead letters (this crate's; the
 /// reference's dead letters have none and list first).
 const MARK: &str = "rheo_rs_mark";
@@ -151,9 +150,19 @@ fn position(d: &Document) -> (u32, u64) {
     (u32_of(d, "partition"), int_of(d, "sequence"))
 }
 
+/// An event document's key as a delivery keeps it (null: none).
+fn key_of(event: &Document) -> Bson {
+    event.get("key").filter(|k| matches!(k, Bson::String(_))).cloned().unwrap_or(Bson::Null)
+}
+
 /// A delivery's event id as the events are keyed.
 fn event_key(d: &Document) -> String {
-    match d.get("event_id") {
+    id_text(d.get("event_id"))
+}
+
+/// An event id as text (an event's `_id`, a delivery's `event_id`).
+fn id_text(id: Option<&Bson>) -> String {
+    match id {
         Some(Bson::String(s)) => s.clone(),
         Some(other) => other.to_string(),
         None => String::new(),
@@ -486,7 +495,7 @@ impl MongoBackend {
             while let Some(e) = events.next(&mut *s).await {
                 let e = e.map_err(txe(OP))?;
                 let id = e.get("_id").cloned().unwrap_or(Bson::Null);
-                let key = e.get("key").filter(|k| matches!(k, Bson::String(_))).cloned().unwrap_or(Bson::Null);
+                let key = key_of(&e);
                 ids.insert(int_of(&e, "sequence"), (id, stored_deliver_at(&e), key));
             }
             // Only the unbroken run from the cursor: a sequence counted but
@@ -555,10 +564,7 @@ impl MongoBackend {
     async fn claim_round(&self, spec: &ClaimSpec<'_>, limit: usize) -> Result<(Vec<Lease>, Vec<(u32, u64)>, bool)> {
         let (stream, group, consumer, lease_for) = (spec.stream, spec.group, spec.consumer, spec.lease);
         let now = self.now();
-        let mut cands = self.claim_candidates(stream, group, spec.scope, limit, spec.ordered_by_key, now).await?;
-        if spec.ordered_by_key {
-            cands = self.key_heads(stream, group, cands, now).await?;
-        }
+        let cands = self.claim_candidates(stream, group, spec.scope, limit, spec.ordered_by_key, now).await?;
         let (mut claims, dead) = walk_candidates(cands, limit, spec.max_attempts);
         // Their events, before anything changes.
         let events = self.events_of(stream, &claims).await?;
@@ -604,9 +610,9 @@ impl MongoBackend {
     }
 
     /// The claimable deliveries above each frontier in `scope`, at most
-    /// `limit` + the spent allowance per partition (that many times
-    /// [`KEYED_SCAN`] for a keyed group, whose candidates behind their keys
-    /// are passed), in (partition, sequence) order.
+    /// `limit` + the spent allowance per partition, in (partition,
+    /// sequence) order; for a keyed group, only those that may go now
+    /// ([`MongoBackend::keyed_candidates`]).
     async fn claim_candidates(
         &self,
         stream: &str,
@@ -620,15 +626,19 @@ impl MongoBackend {
         let g = self
             .collection(GROUPS)
             .find_one(doc! { "stream": stream, "name": group })
-            .projection(doc! { "frontiers": 1 })
+            .projection(doc! { "frontiers": 1, "cursors": 1 })
             .await
             .map_err(err(OP))?
             .ok_or_else(|| Error::group_not_found(stream, group))?;
-        let frontiers = get_map(&g, "frontiers");
-        let per = (limit + SPENT_PER_FETCH).saturating_mul(if keyed { KEYED_SCAN } else { 1 });
-        let per = i64::try_from(per).unwrap_or(i64::MAX);
+        let (frontiers, cursors) = (get_map(&g, "frontiers"), get_map(&g, "cursors"));
+        let per = i64::try_from(limit + SPENT_PER_FETCH).unwrap_or(i64::MAX);
         let mut cands: Vec<Document> = Vec::new();
         for &p in scope {
+            if keyed {
+                let (f, c) = fc(&frontiers, &cursors, p);
+                cands.extend(self.keyed_candidates((stream, group), p, (f, c), per, now).await?);
+                continue;
+            }
             let f = frontiers.get(&p).copied().unwrap_or(0);
             let mut filter = sg_and(stream, group, doc! { "partition": i64::from(p), "sequence": { "$gt": int(f) } });
             filter.extend(claimable(now));
@@ -642,58 +652,113 @@ impl MongoBackend {
         Ok(cands)
     }
 
-    /// Per-key order: the candidates that may go, in their order. A keyed
-    /// candidate goes only when it heads its key's unsettled deliveries in
-    /// its partition and no other delivery of the key holds a live lease;
-    /// unkeyed ones all go. The unsettled deliveries are read after the
-    /// candidates, so a delivery of the key claimed or made to wait in
-    /// between is seen (a settle in between only frees the key); and the
-    /// claim itself is still fenced on each candidate being claimable.
-    async fn key_heads(
+    /// Per-key order: partition `p`'s claimable deliveries that may go now,
+    /// at most `per`, in sequence order. Only below the cursor (`c`), where
+    /// every unsettled position has its delivery (a replay that moved the
+    /// cursor back reopens deliveries above it, which wait until the
+    /// cursor passes them again, in order). Read in pages: the keys met in
+    /// a page (gone or held) are left out of the next, so a key with a
+    /// long backlog costs one page, not every candidate.
+    async fn keyed_candidates(
         &self,
-        stream: &str,
-        group: &str,
-        cands: Vec<Document>,
+        (stream, group): (&str, &str),
+        p: u32,
+        (f, c): (u64, u64),
+        per: i64,
         now: Timestamp,
     ) -> Result<Vec<Document>> {
-        let keys: BTreeSet<&str> = cands.iter().filter_map(|d| d.get_str("key").ok()).collect();
-        if keys.is_empty() {
-            return Ok(cands);
+        const OP: &str = "fetch";
+        let want = usize::try_from(per).unwrap_or(usize::MAX);
+        let (mut out, mut seen, mut after) = (Vec::new(), BTreeSet::<String>::new(), f);
+        for _ in 0..KEYED_PAGES {
+            let mut filter = sg_and(
+                stream,
+                group,
+                doc! { "partition": i64::from(p), "sequence": { "$gt": int(after), "$lt": int(c) } },
+            );
+            filter.extend(claimable(now));
+            if !seen.is_empty() {
+                filter.insert("key", doc! { "$nin": seen.iter().map(String::as_str).collect::<Vec<_>>() });
+            }
+            let page = self
+                .find_all(DELIVERIES, filter, Some(doc! { "sequence": 1 }), Some(per), None)
+                .await
+                .map_err(err(OP))?;
+            let Some(last) = page.last().map(|d| position(d).1) else { break };
+            let full = page.len() >= want;
+            let heads = self.key_heads((stream, group), p, &page, now).await?;
+            for d in page {
+                let Ok(key) = d.get_str("key") else {
+                    out.push(d);
+                    continue;
+                };
+                let go = heads.get(key).is_some_and(|&(head, free)| free && head == position(&d).1);
+                seen.insert(key.to_owned());
+                if go {
+                    out.push(d);
+                }
+            }
+            if !full || out.len() >= want {
+                break;
+            }
+            after = last;
         }
+        out.truncate(want);
+        Ok(out)
+    }
+
+    /// Per-key order: for each key of `page` (deliveries of partition
+    /// `p`), its first unsettled sequence and whether no delivery of the key
+    /// holds a live lease. A keyed candidate goes only when it is its key's
+    /// first and the key is free. Read (one aggregation) after the
+    /// candidates, so a delivery of the key claimed or made to wait in
+    /// between is seen (a settle in between only frees the key); and each
+    /// claim is still fenced on its candidate being claimable.
+    async fn key_heads(
+        &self,
+        (stream, group): (&str, &str),
+        p: u32,
+        page: &[Document],
+        now: Timestamp,
+    ) -> Result<HashMap<String, (u64, bool)>> {
+        let keys: BTreeSet<&str> = page.iter().filter_map(|d| d.get_str("key").ok()).collect();
+        if keys.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let live = doc! { "$and": [
+            { "$ne": [{ "$ifNull": ["$lease_id", Bson::Null] }, Bson::Null] },
+            { "$gt": ["$expires_at", dt(now)] },
+        ] };
         let filter = sg_and(
             stream,
             group,
-            doc! { "key": { "$in": keys.iter().copied().collect::<Vec<_>>() }, "status": { "$in": [AVAILABLE, LEASED] } },
+            doc! {
+                "partition": i64::from(p),
+                "key": { "$in": keys.into_iter().collect::<Vec<_>>() },
+                "status": { "$in": [AVAILABLE, LEASED] },
+            },
         );
-        let unsettled: Vec<Document> = self
+        let pipeline = vec![
+            doc! { "$match": filter },
+            doc! { "$group": {
+                "_id": "$key",
+                "head": { "$min": "$sequence" },
+                "live": { "$sum": { "$cond": [live, 1, 0] } },
+            } },
+        ];
+        let rows: Vec<Document> = self
             .deliveries()
-            .find(filter)
-            .projection(doc! { "partition": 1, "sequence": 1, "key": 1, "lease_id": 1, "expires_at": 1 })
+            .aggregate(pipeline)
             .await
             .map_err(err("fetch"))?
             .try_collect()
             .await
             .map_err(err("fetch"))?;
-        // (partition, key) -> (its first unsettled sequence, the sequences
-        // holding a live lease).
-        let mut of: HashMap<(u32, String), (u64, Vec<u64>)> = HashMap::new();
-        for d in &unsettled {
-            let Ok(key) = d.get_str("key") else { continue };
-            let (p, q) = position(d);
-            let live =
-                !matches!(d.get("lease_id"), None | Some(Bson::Null)) && ts(d, "expires_at").is_some_and(|t| t > now);
-            let e = of.entry((p, key.to_owned())).or_insert((q, Vec::new()));
-            e.0 = e.0.min(q);
-            if live {
-                e.1.push(q);
-            }
-        }
-        Ok(cands
-            .into_iter()
-            .filter(|d| {
-                let Ok(key) = d.get_str("key") else { return true };
-                let (p, q) = position(d);
-                of.get(&(p, key.to_owned())).is_none_or(|(head, live)| *head == q && live.iter().all(|&s| s == q))
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let key = r.get_str("_id").ok()?.to_owned();
+                Some((key, (get_u64(r, "head")?, get_u64(r, "live") == Some(0))))
             })
             .collect())
     }
@@ -1105,10 +1170,11 @@ impl GroupStore for MongoBackend {
             let e = self
                 .collection(EVENTS)
                 .find_one(doc! { "stream": stream, "partition": i64::from(partition), "sequence": int(sequence) })
-                .projection(doc! { "_id": 1 })
+                .projection(doc! { "_id": 1, "key": 1 })
                 .session(&mut *s)
                 .await
                 .map_err(txe(OP))?;
+            let key = e.as_ref().map_or(Bson::Null, key_of);
             // A sequence counted but never stored (the reference's appends
             // can leave one) is skipped under a placeholder event id.
             let event_id = match e {
@@ -1144,6 +1210,7 @@ impl GroupStore for MongoBackend {
                     let mut new = doc! {
                         "stream": stream, "group": group, "event_id": event_id, "partition": i64::from(partition),
                         "sequence": int(sequence), "attempt": 0_i64, "consumer_id": Bson::Null, "created_at": dt(now),
+                        "key": key,
                     };
                     new.extend(set);
                     self.deliveries().insert_one(new).session(&mut *s).await.map_err(txe(OP))?;
@@ -1260,6 +1327,24 @@ impl GroupStore for MongoBackend {
                         .map_err(txe(OP))?;
                 }
                 if !insert.is_empty() {
+                    // Their events' keys, for per-key order.
+                    let ids: Vec<Bson> = insert.iter().filter_map(|d| d.get("event_id").cloned()).collect();
+                    let mut keys: HashMap<String, Bson> = HashMap::new();
+                    let mut events = self
+                        .collection(EVENTS)
+                        .find(doc! { "_id": { "$in": ids } })
+                        .projection(doc! { "_id": 1, "key": 1 })
+                        .session(&mut *s)
+                        .await
+                        .map_err(txe(OP))?;
+                    while let Some(e) = events.next(&mut *s).await {
+                        let e = e.map_err(txe(OP))?;
+                        keys.insert(id_text(e.get("_id")), key_of(&e));
+                    }
+                    for d in &mut insert {
+                        let key = keys.get(&event_key(d)).cloned().unwrap_or(Bson::Null);
+                        d.insert("key", key);
+                    }
                     self.deliveries().insert_many(insert).session(&mut *s).await.map_err(txe(OP))?;
                 }
             }
