@@ -260,6 +260,7 @@ macro_rules! suite {
                     keyed::an_event_behind_its_key_and_its_time_waits_for_both,
                     keyed::a_skipped_then_replayed_event_keeps_its_key,
                     keyed::a_replay_before_the_start_keeps_each_key_in_order,
+                    keyed::a_busy_key_does_not_hold_up_the_others,
                     retry::retry_makes_delivery_claimable_again_with_next_attempt,
                     retry::retry_at_max_attempts_dead_letters_with_reason,
                     retry::retry_with_max_attempts_one_dead_letters_at_once,

@@ -326,3 +326,28 @@ pub async fn a_replay_before_the_start_keeps_each_key_in_order(f: Fixture) {
     }
     assert_eq!(sequences(&fetch(&f, 10).await), vec![BEFORE + 1]);
 }
+
+/// A key with a long backlog behind an event in flight does not hold up
+/// the other keys: a later key's event is claimed within a few fetches,
+/// and nothing of the busy key is.
+pub async fn a_busy_key_does_not_hold_up_the_others(f: Fixture) {
+    const BACKLOG: u64 = 600;
+    if !keyed(&f).await {
+        return;
+    }
+    append_keys(&f, &[Some("a")]).await;
+    let a1 = fetch_leased(&f, 1, 3600).await;
+    assert_eq!(sequences(&a1), vec![1]);
+    let backlog: Vec<_> =
+        (0..BACKLOG).map(|i| (json!({"type": "step", "i": i}), AppendOptions::new().partition(0).key("a"))).collect();
+    f.rheo.append_batch_with(S, backlog).await.expect("append");
+    append_keys(&f, &[Some("b")]).await;
+    let mut got = Vec::new();
+    for _ in 0..30 {
+        got.extend(sequences(&fetch_leased(&f, 1, 3600).await));
+        if !got.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(got, vec![BACKLOG + 2], "b, past a's backlog");
+}
