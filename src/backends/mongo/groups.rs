@@ -235,6 +235,11 @@ impl MongoBackend {
         }
     }
 
+    /// The documents an aggregation of the deliveries gives.
+    async fn aggregate_deliveries(&self, pipeline: Vec<Document>, op: &'static str) -> Result<Vec<Document>> {
+        self.deliveries().aggregate(pipeline).await.map_err(err(op))?.try_collect().await.map_err(err(op))
+    }
+
     async fn settings(&self, stream: &str, group: &str) -> Result<GroupSettings> {
         let found = self
             .collection(SETTINGS)
@@ -746,14 +751,7 @@ impl MongoBackend {
                 "live": { "$sum": { "$cond": [live, 1, 0] } },
             } },
         ];
-        let rows: Vec<Document> = self
-            .deliveries()
-            .aggregate(pipeline)
-            .await
-            .map_err(err("fetch"))?
-            .try_collect()
-            .await
-            .map_err(err("fetch"))?;
+        let rows = self.aggregate_deliveries(pipeline, "fetch").await?;
         Ok(rows
             .iter()
             .filter_map(|r| {
@@ -1395,14 +1393,7 @@ impl GroupStore for MongoBackend {
                 "dead": sum(doc! { "$eq": ["$status", REJECTED] }),
             } },
         ];
-        let rows: Vec<Document> = self
-            .deliveries()
-            .aggregate(pipeline)
-            .await
-            .map_err(err("group_info"))?
-            .try_collect()
-            .await
-            .map_err(err("group_info"))?;
+        let rows = self.aggregate_deliveries(pipeline, "group_info").await?;
         let r = rows.first();
         let n = |f: &str| r.and_then(|r| get_u64(r, f)).unwrap_or(0);
         Ok(DeliveryCounts {
