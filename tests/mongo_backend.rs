@@ -113,7 +113,7 @@ async fn mongo_creates_the_reference_indexes_idempotently() {
             ("deliveries_frontier", false),
             ("deliveries_stream_group_event", true),
             // Ours: a keyed group's deliveries by key (ADR 0037).
-            ("rheo_rs_deliveries_key", false),
+            ("rheo_rs_deliveries_partition_key", false),
         ])
     );
 }

@@ -41,8 +41,14 @@ fn indexes() -> Vec<(&'static str, &'static str, Document, bool)> {
         (DELIVERIES, "deliveries_stream_group_event", doc! { "stream": 1, "group": 1, "event_id": 1 }, true),
         (DELIVERIES, "deliveries_frontier", doc! { "stream": 1, "group": 1, "partition": 1, "sequence": 1 }, false),
         (DELIVERIES, "deliveries_claim", doc! { "stream": 1, "group": 1, "status": 1, "expires_at": 1 }, false),
-        // Per-key order: a keyed group's unsettled deliveries of a key.
-        (DELIVERIES, "rheo_rs_deliveries_key", doc! { "stream": 1, "group": 1, "key": 1 }, false),
+        // Per-key order: a keyed group's unsettled deliveries of a key in a
+        // partition (not its settled history).
+        (
+            DELIVERIES,
+            "rheo_rs_deliveries_partition_key",
+            doc! { "stream": 1, "group": 1, "partition": 1, "key": 1, "status": 1 },
+            false,
+        ),
         (SETTINGS, "rheo_rs_group_settings_stream_name", doc! { "stream": 1, "name": 1 }, true),
         (STREAM_INDEXES, "rheo_rs_stream_indexes_stream_field", doc! { "stream": 1, "field": 1 }, true),
     ]
