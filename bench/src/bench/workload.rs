@@ -540,10 +540,16 @@ pub async fn run(target: &Target, phase: &Phase, bar: &ProgressBar) -> Result<Ph
             }
         }
         Workload::Handle => {
+            // One task watches the group for every consumer, and tells
+            // them all when the case is settled.
+            let (done, settled) = tokio::sync::watch::channel(false);
             for c in 0..phase.consumers {
-                let (target, phase, bar, samples) = (target.clone(), phase.clone(), bar.clone(), samples.clone());
-                tasks.spawn(async move { handle(&target, c, &phase, &bar, &samples).await });
+                let (target, phase, bar, samples, settled) =
+                    (target.clone(), phase.clone(), bar.clone(), samples.clone(), settled.clone());
+                tasks.spawn(async move { handle(&target, c, &phase, (&bar, &samples), settled).await });
             }
+            let (target, phase) = (target.clone(), phase.clone());
+            tasks.spawn(async move { watch_settled(&target, &phase, &done).await });
         }
         Workload::Append | Workload::AppendBatch | Workload::Fsync => {}
     }
@@ -693,14 +699,14 @@ fn owned_partitions(index: usize, consumers: usize, partitions: u32) -> Vec<u32>
     (0..partitions).filter(|&p| p as usize % consumers.max(1) == index).collect()
 }
 
-/// One managed consumer of `handle`: runs until every event of the case is
-/// settled (other processes' consumers included), then shuts down.
+/// One managed consumer of `handle`: runs until [`watch_settled`] says
+/// every event of the case is settled, then shuts down.
 async fn handle(
     target: &Target,
     index: usize,
     phase: &Phase,
-    bar: &ProgressBar,
-    samples: &Arc<Samples>,
+    (bar, samples): (&ProgressBar, &Arc<Samples>),
+    mut settled: tokio::sync::watch::Receiver<bool>,
 ) -> Result<TaskOut, CliError> {
     let Target::Rheo(t) = target else {
         return Err(CliError::new("`handle` needs a backend of this crate (not engine: or a peer)"));
@@ -728,12 +734,28 @@ async fn handle(
         builder = builder.partitions(owned_partitions(index, phase.consumers, phase.partitions));
     }
     let consumer = builder.spawn(handler).await?;
+    settled
+        .wait_for(|&done| done)
+        .await
+        .map_err(|_| CliError::new("the watch of the case ended before it was settled"))?;
+    let summary = consumer.shutdown().await?;
+    Ok(TaskOut { producer: false, events: summary.acked, ops: summary.ack_batches })
+}
+
+/// Watches `handle`'s group until every event of the case is settled
+/// (other processes' consumers included), then says so to the consumers.
+async fn watch_settled(
+    target: &Target,
+    phase: &Phase,
+    done: &tokio::sync::watch::Sender<bool>,
+) -> Result<TaskOut, CliError> {
     let mut idle: Option<(Instant, u64)> = None;
     loop {
         tokio::time::sleep(Duration::from_millis(2)).await;
         let b = target.backlog().await?;
         if b.appended >= phase.total_events && b.unsettled == 0 {
-            break;
+            done.send_replace(true);
+            return Ok(TaskOut { producer: false, events: 0, ops: 0 });
         }
         match idle {
             Some((since, unsettled)) if unsettled == b.unsettled => {
@@ -748,8 +770,6 @@ async fn handle(
             _ => idle = Some((Instant::now(), b.unsettled)),
         }
     }
-    let summary = consumer.shutdown().await?;
-    Ok(TaskOut { producer: false, events: summary.acked, ops: summary.ack_batches })
 }
 
 /// One querier: `count` queries for spread-out values of `k`.
